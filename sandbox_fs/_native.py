@@ -1,0 +1,148 @@
+"""The one importer of the compiled module ``sandbox_fs._sfs_native``.
+
+It turns the C functions' ``-errno`` returns into exceptions:
+
+* ``EXDEV``  -> :class:`~sandbox_fs.errors.PathEscapeError` (a PermissionError)
+* ``ELOOP``  -> :class:`~sandbox_fs.errors.SymlinkRefusedError`
+* any other -> the matching ``OSError`` subclass (``FileNotFoundError``, ...)
+  with ``filename`` set to the *sandbox* path and ``operation`` set.
+
+It also picks the resolver: ``openat2`` when the kernel has it, else the
+component-walking fallback; ``SANDBOX_FS_RESOLVER=fallback`` (or ``openat2``)
+forces one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
+
+EXPECTED_ABI = 1
+
+try:
+    from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
+except ImportError as exc:  # pragma: no cover - exercised only on broken installs
+    raise NativeUnavailableError(
+        "the compiled module sandbox_fs._sfs_native is missing; reinstall with 'pip install .'",
+        diagnostic=repr(exc),
+    ) from None
+
+if lib.SFS_ABI_VERSION != EXPECTED_ABI:  # pragma: no cover
+    raise NativeUnavailableError(
+        f"native ABI {lib.SFS_ABI_VERSION} does not match the Python package (expects {EXPECTED_ABI}); rebuild",
+    )
+
+RESOLVE_BENEATH = lib.RESOLVE_BENEATH
+RESOLVE_NO_MAGICLINKS = lib.RESOLVE_NO_MAGICLINKS
+RESOLVE_NO_SYMLINKS = lib.RESOLVE_NO_SYMLINKS
+RESOLVE_NO_XDEV = lib.RESOLVE_NO_XDEV
+RENAME_NOREPLACE = lib.RENAME_NOREPLACE
+O_PATH = lib.O_PATH
+O_TMPFILE = lib.O_TMPFILE
+MAX_SYMLINK_HOPS = lib.SFS_MAX_SYMLINK_HOPS
+
+
+def raise_errno(err: int, op: str, sandbox_path: str | None) -> None:
+    """Raise the exception for positive errno ``err`` during ``op`` on ``sandbox_path``.
+
+    Raises:
+        PathEscapeError: err is EXDEV.
+        SymlinkRefusedError: err is ELOOP.
+        OSError: the matching subclass for every other errno.
+    """
+    shown = sandbox_path if sandbox_path is not None else "?"
+    if err == errno.EXDEV:
+        raise PathEscapeError(
+            f"{op}: path resolves outside its root", sandbox_path=sandbox_path,
+            context={"operation": op},
+        )
+    if err == errno.ELOOP:
+        raise SymlinkRefusedError(
+            f"{op}: a symlink is not allowed here, or the chain is too long",
+            sandbox_path=sandbox_path, context={"operation": op},
+        )
+    exc = OSError(err, f"{os.strerror(err)} ({op})", shown)
+    exc.operation = op  # type: ignore[attr-defined]
+    raise exc
+
+
+def check(ret: int, op: str, sandbox_path: str | None) -> int:
+    """Return ``ret`` when >= 0, else raise for ``-ret`` (see :func:`raise_errno`)."""
+    if ret < 0:
+        raise_errno(-ret, op, sandbox_path)
+    return ret
+
+
+def _probe_openat2() -> bool:
+    fd = lib.sfs_openat2(-100, b"/", os.O_RDONLY | os.O_DIRECTORY, 0, 0)  # AT_FDCWD
+    if fd >= 0:
+        os.close(fd)
+        return True
+    return -fd not in (errno.ENOSYS, errno.EPERM)
+
+
+_HAVE_OPENAT2: bool | None = None
+
+
+def have_openat2() -> bool:
+    """True when the kernel offers openat2(2) and seccomp does not block it (probed once)."""
+    global _HAVE_OPENAT2
+    if _HAVE_OPENAT2 is None:
+        _HAVE_OPENAT2 = _probe_openat2()
+    return _HAVE_OPENAT2
+
+
+def choose_resolver() -> str:
+    """Return ``"openat2"`` or ``"fallback"`` from the kernel and ``SANDBOX_FS_RESOLVER``.
+
+    Raises:
+        ValueError: SANDBOX_FS_RESOLVER holds something else than openat2 / fallback / auto.
+    """
+    forced = os.environ.get("SANDBOX_FS_RESOLVER", "auto").strip().lower()
+    if forced == "fallback":
+        return "fallback"
+    if forced in ("openat2", "auto", ""):
+        if have_openat2():
+            return "openat2"
+        if forced == "openat2":
+            raise NativeUnavailableError("SANDBOX_FS_RESOLVER=openat2 but the kernel refuses openat2")
+        return "fallback"
+    raise ValueError("SANDBOX_FS_RESOLVER must be 'openat2', 'fallback' or 'auto'")
+
+
+def open_beneath(resolver: str, dirfd: int, rel: bytes, flags: int, mode: int, resolve: int,
+                 op: str, sandbox_path: str | None) -> int:
+    """Open ``rel`` beneath ``dirfd``; returns a new O_CLOEXEC fd.
+
+    ``resolve`` always gains RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS.  The
+    fallback resolver is used when ``resolver == "fallback"``.
+
+    Raises:
+        PathEscapeError, SymlinkRefusedError, OSError: see :func:`raise_errno`.
+    """
+    resolve |= RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
+    if resolver == "fallback":
+        ret = lib.sfs_open_fallback(dirfd, rel, flags, mode, resolve)
+    else:
+        ret = lib.sfs_openat2(dirfd, rel, flags, mode, resolve)
+        if ret in (-errno.ENOSYS, -errno.EPERM) and not have_openat2():  # pragma: no cover
+            ret = lib.sfs_open_fallback(dirfd, rel, flags, mode, resolve)
+    return check(ret, op, sandbox_path)
+
+
+def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int,
+              op: str, sandbox_path: str | None) -> None:
+    """renameat2(2) on names relative to two dir fds (flags: RENAME_NOREPLACE ...)."""
+    check(lib.sfs_renameat2(olddirfd, old, newdirfd, new, flags), op, sandbox_path)
+
+
+def copy_fd(in_fd: int, out_fd: int, max_bytes: int, op: str, sandbox_path: str | None) -> int:
+    """Copy at most ``max_bytes`` from ``in_fd`` to ``out_fd``; returns bytes copied.
+
+    Raises:
+        OSError(EFBIG): the source holds more than ``max_bytes`` bytes.
+        OSError: any other read/write failure.
+    """
+    return check(lib.sfs_copy(in_fd, out_fd, max_bytes), op, sandbox_path)

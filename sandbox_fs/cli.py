@@ -1,0 +1,109 @@
+"""The ``sandbox-fs`` command line.
+
+Each subcommand lives in its own module ``sandbox_fs._cli_<name>`` that
+defines ``register(subparsers)``; the parser it adds sets ``func(args) ->
+int``.  ``main`` guarantees the contract for every input: a refusal prints
+one line on stderr (code, sandbox path, reason) and exits non-zero; no
+traceback ever reaches the terminal.
+
+Exit codes: 0 success; 1 a refusal (SandboxError) or an OS error;
+2 usage error; 70 an internal error (a bug: please report it); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import resource
+import sys
+
+from .errors import SandboxError
+
+_SUBCOMMANDS = ("demo", "extract", "apply", "schema", "run", "session", "snapshot")
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+
+
+def _raise_nofile() -> None:
+    """Deep trees are walked with one fd per level: lift the soft fd limit to the hard one."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandbox-fs", description="A security-hardened filesystem sandbox.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _SUBCOMMANDS:
+        modname = f"sandbox_fs._cli_{name}"
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name == modname:
+                continue  # subcommand not built yet
+            raise
+        mod.register(sub)
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (also used as console_scripts entry)."""
+    _raise_nofile()
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        return int(args.func(args) or 0)
+    except SandboxError as exc:
+        print(f"sandbox-fs: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_REFUSED
+    except OSError as exc:
+        what = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+        where = f" [{exc.filename}]" if isinstance(exc.filename, str) else ""
+        op = getattr(exc, "operation", None)
+        print(f"sandbox-fs: error: os_error{where}: {what}{f' ({op})' if op else ''}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print("sandbox-fs: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except BaseException as exc:  # never a traceback at the command line
+        if isinstance(exc, BaseExceptionGroup):
+            leaves = _leaves(exc)
+            sandbox = [e for e in leaves if isinstance(e, SandboxError)]
+            if sandbox:
+                print(f"sandbox-fs: error: {_one_line(str(sandbox[0]))}", file=sys.stderr)
+                return EXIT_REFUSED
+        print(f"sandbox-fs: internal error: {type(exc).__name__} (set SANDBOX_FS_DEBUG=1 for details)",
+              file=sys.stderr)
+        if os.environ.get("SANDBOX_FS_DEBUG") == "1":
+            import traceback
+
+            traceback.print_exception(exc, file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    if isinstance(group, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for e in group.exceptions:
+            out.extend(_leaves(e))
+        return out
+    return [group]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The SandboxError family.
+
+Every refusal in sandbox-fs is a :class:`SandboxError` subclass with
+
+* ``code``: a stable, machine-readable string (part of the public API);
+* ``retryable``: set explicitly by each class, never inferred from text;
+* ``sandbox_path``: the sandbox path involved (never a host path), or None;
+* ``reason``: one human sentence;
+* ``context``: a dict of extra, printable facts;
+* ``diagnostic``: host-side detail (host paths, errno text) for logs only.
+  ``str()`` and ``repr()`` never include it.
+
+Errors that carry an errno are also the matching ``OSError`` subclass
+(``PathEscapeError`` is a ``PermissionError`` with errno EXDEV, for example),
+so ``except PermissionError`` keeps working.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+from typing import Any, Iterable, Mapping
+
+__all__ = [
+    "SandboxError",
+    "PathEscapeError",
+    "SymlinkRefusedError",
+    "ReadOnlyError",
+    "InvalidPathError",
+    "WorkspaceClosedError",
+    "NativeUnavailableError",
+    "SandboxOSError",
+    "redact",
+]
+
+_REDACTED = "***"
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Return ``text`` with every non-empty value of ``secrets`` replaced by ``***``.
+
+    Longer secrets are replaced first so that a secret containing another is
+    never half-revealed.
+    """
+    for value in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(value, _REDACTED)
+    return text
+
+
+class SandboxError(Exception):
+    """Base of every sandbox-fs refusal.  Never raised bare.
+
+    Args:
+        reason: one sentence saying what was refused and why.
+        sandbox_path: the sandbox path involved (``str``), or None.
+        context: extra printable facts (``dict[str, Any]``).
+        diagnostic: host-side detail for logs; never printed by ``str()``.
+        secrets: values to redact from the message and context.
+    """
+
+    code: str = "sandbox_error"
+    retryable: bool = False
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        sandbox_path: str | None = None,
+        context: Mapping[str, Any] | None = None,
+        diagnostic: str | None = None,
+        secrets: Iterable[str] = (),
+    ) -> None:
+        if type(self) is SandboxError:
+            raise TypeError("SandboxError is abstract: raise a subclass")
+        secrets = tuple(secrets)
+        self.reason = redact(reason, secrets)
+        self.sandbox_path = sandbox_path
+        self.context = {
+            k: (redact(v, secrets) if isinstance(v, str) else v)
+            for k, v in dict(context or {}).items()
+        }
+        self.diagnostic = diagnostic
+        Exception.__init__(self, self._message())
+
+    def _message(self) -> str:
+        where = f" [{self.sandbox_path}]" if self.sandbox_path is not None else ""
+        return f"{self.code}{where}: {self.reason}"
+
+    def __str__(self) -> str:
+        return self._message()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._message()!r})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (no diagnostic): code, retryable, path, reason, context."""
+        return {
+            "code": self.code,
+            "retryable": self.retryable,
+            "sandbox_path": self.sandbox_path,
+            "reason": self.reason,
+            "context": self.context,
+        }
+
+
+class SandboxOSError(SandboxError, OSError):
+    """A SandboxError that is also an ``OSError`` with a fixed errno.
+
+    Subclasses set ``errno_value``.  ``OSError.__str__`` is overridden so the
+    message never includes a host filename.
+    """
+
+    errno_value: int = _errno.EIO
+
+    def __init__(self, reason: str, **kw: Any) -> None:
+        SandboxError.__init__(self, reason, **kw)
+        self.errno = self.errno_value
+        self.strerror = self.reason
+        self.filename = self.sandbox_path
+
+    def __str__(self) -> str:  # OSError would print "[Errno n] ..."
+        return self._message()
+
+
+class PathEscapeError(SandboxOSError, PermissionError):
+    """A path, symlink or link would resolve outside its root (errno EXDEV)."""
+
+    code = "path_escape"
+    errno_value = _errno.EXDEV
+
+
+class SymlinkRefusedError(SandboxOSError):
+    """A symlink was met where none is allowed, or a chain too long (ELOOP)."""
+
+    code = "symlink_refused"
+    errno_value = _errno.ELOOP
+
+
+class ReadOnlyError(SandboxOSError, PermissionError):
+    """A write was attempted through a read-only Root or grant (EROFS)."""
+
+    code = "read_only"
+    errno_value = _errno.EROFS
+
+
+class InvalidPathError(SandboxError, ValueError):
+    """A sandbox path is malformed: NUL, empty, too long, or climbs above its root."""
+
+    code = "invalid_path"
+
+
+class WorkspaceClosedError(SandboxError, ValueError):
+    """A Root (or an object holding one) was used after close()."""
+
+    code = "workspace_closed"
+
+
+class NativeUnavailableError(SandboxError, ImportError):
+    """The compiled native module is missing or does not match this package."""
+
+    code = "native_unavailable"

@@ -1,0 +1,259 @@
+"""Sandbox paths and the path policy.
+
+A *sandbox path* is what untrusted input names: a portable POSIX path,
+relative to the workspace or absolute under the workspace's sandbox
+location or an extra path grant.  It is a distinct type from a host path:
+:class:`SandboxPath` values are produced only by :func:`normalize`, which
+rejects NUL bytes, empty paths, components over 255 bytes, totals over 4096
+bytes and ``..`` that would climb above the root, and removes ``.``,
+duplicate and trailing slashes.
+
+:class:`PathPolicy` maps a sandbox path to ``(Root, relative path,
+read_only)``: the workspace Root, or the Root of an *extra path grant*
+(an absolute host directory given by the application, read-only or
+read-write, held as its own pinned Root).  A grant nested inside the
+workspace wins for every path under it, and a read-only one is enforced
+physically: the workspace Root handed out refuses writes into that
+directory whatever path (symlink, ``..``) leads there.  Grants are runtime
+access only: nothing persists them.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat as _stat
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .errors import InvalidPathError, PathEscapeError, ReadOnlyError
+from .root import MAX_NAME_BYTES, MAX_PATH_BYTES, Root, open_root
+
+__all__ = ["SandboxPath", "normalize", "Grant", "PathPolicy", "Resolved"]
+
+
+class SandboxPath(str):
+    """A normalized sandbox path (a ``str`` subclass).  Build with :func:`normalize`.
+
+    Relative values never start with ``/`` and never contain ``..``, ``.``
+    or empty components; ``""`` names the root itself.  Absolute values
+    (``is_absolute``) start with exactly one ``/`` and are otherwise the same.
+    """
+
+    __slots__ = ()
+
+    @property
+    def is_absolute(self) -> bool:
+        return self.startswith("/")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(p for p in self.split("/") if p)
+
+
+def normalize(path: str | bytes, *, allow_absolute: bool = False) -> SandboxPath:
+    """Lexically normalize an untrusted sandbox path.
+
+    Args:
+        path: the untrusted path (``str``; ``bytes`` are decoded as UTF-8
+            with surrogateescape).
+        allow_absolute: accept a leading ``/`` (the result stays absolute).
+
+    Returns:
+        The :class:`SandboxPath`: no ``.``, ``..``, empty components, or
+        trailing slash; relative unless ``allow_absolute`` and ``path`` was
+        absolute.
+
+    Raises:
+        InvalidPathError: NUL byte; empty; a component over 255 bytes; a total
+            over 4096 bytes; backslash-separated traversal (``..\\``);
+            ``..`` climbing above the root; absolute when not allowed.
+    """
+    if isinstance(path, bytes):
+        path = path.decode("utf-8", "surrogateescape")
+    if not isinstance(path, str):
+        raise TypeError("sandbox path must be str")
+    shown = path.replace("\0", "\\0")[:200]
+    if "\0" in path:
+        raise InvalidPathError("path contains a NUL byte", sandbox_path=shown)
+    if path == "":
+        raise InvalidPathError("path is empty", sandbox_path=shown)
+    raw = path.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_PATH_BYTES:
+        raise InvalidPathError(f"path is over {MAX_PATH_BYTES} bytes", sandbox_path=shown[:64] + "...")
+    absolute = path.startswith("/")
+    if absolute and not allow_absolute:
+        raise InvalidPathError("absolute paths are not allowed here", sandbox_path=shown)
+    out: list[str] = []
+    for comp in path.split("/"):
+        if comp in ("", "."):
+            continue
+        if len(comp.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+            raise InvalidPathError(f"a component is over {MAX_NAME_BYTES} bytes", sandbox_path=shown)
+        if comp == "..":
+            if not out:
+                raise InvalidPathError("'..' climbs above the root", sandbox_path=shown)
+            out.pop()
+            continue
+        if "\\" in comp and ".." in comp.split("\\"):
+            raise InvalidPathError("backslash-separated '..' traversal", sandbox_path=shown)
+        out.append(comp)
+    body = "/".join(out)
+    return SandboxPath("/" + body if absolute else body)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """An extra path grant: an absolute host directory the application opens up.
+
+    Attributes:
+        path: absolute host directory (trusted: it comes from the application).
+        read_only: True for read-only access.
+    """
+
+    path: str
+    read_only: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.startswith("/"):
+            raise InvalidPathError("a grant must be an absolute host directory", sandbox_path=None)
+        object.__setattr__(self, "path", posixpath.normpath(self.path))
+
+    @classmethod
+    def parse(cls, spec: str) -> "Grant":
+        """Parse ``PATH``, ``PATH:ro`` or ``PATH:rw`` (the CLI form; default read-only)."""
+        path, sep, mode = spec.rpartition(":")
+        if sep and mode in ("ro", "rw"):
+            return cls(path, read_only=(mode == "ro"))
+        return cls(spec, read_only=True)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a sandbox path lands: the Root to use, the path beneath it, and its access."""
+
+    root: Root
+    rel: str
+    read_only: bool
+    sandbox_path: SandboxPath
+
+
+@dataclass
+class _PinnedGrant:
+    grant: Grant
+    root: Root
+    identity: tuple[int, int]
+
+
+class PathPolicy:
+    """Maps sandbox paths to Roots: the workspace, or one of the extra path grants.
+
+    Args:
+        workspace: the workspace Root (the policy keeps using it; the caller
+            still owns and closes it).
+        workspace_path: the absolute sandbox location of the workspace
+            (for example its host directory, or ``"/workspace"``).  Absolute
+            sandbox paths are accepted only under it or under a grant.
+        grants: extra path grants, each opened once and pinned as its own Root.
+
+    Raises:
+        InvalidPathError: a grant path or ``workspace_path`` is not absolute.
+        FileNotFoundError, NotADirectoryError, SymlinkRefusedError: a grant
+            directory cannot be opened as a Root.
+    """
+
+    def __init__(self, workspace: Root, workspace_path: str, grants: Iterable[Grant] = ()) -> None:
+        if not workspace_path.startswith("/"):
+            raise InvalidPathError("workspace_path must be absolute", sandbox_path=None)
+        self.workspace_path = posixpath.normpath(workspace_path)
+        self._grants: list[_PinnedGrant] = []
+        try:
+            for g in grants:
+                r = open_root(g.path, read_only=g.read_only, label=g.path)
+                self._grants.append(_PinnedGrant(g, r, r.identity))
+        except BaseException:
+            self.close()
+            raise
+        # Read-only grants physically inside the workspace: the workspace Root
+        # handed out refuses to write beneath them, whatever path leads there.
+        self._ro_ids = {p.identity for p in self._grants if p.grant.read_only}
+        guard = self._guard if self._ro_ids else None
+        self.workspace = workspace.with_options(write_guard=guard) if guard else workspace
+        self._own_workspace_view = guard is not None
+
+    @property
+    def grants(self) -> list[Grant]:
+        return [p.grant for p in self._grants]
+
+    def _guard(self, parent_fd: int, shown: str) -> None:
+        """Refuse a write whose parent directory is, or is beneath, a read-only grant."""
+        ws_id = self.workspace_identity
+        cur = os.dup(parent_fd)
+        try:
+            for _ in range(MAX_PATH_BYTES):
+                st = os.fstat(cur)
+                ident = (st.st_dev, st.st_ino)
+                if ident in self._ro_ids:
+                    raise ReadOnlyError("write beneath a read-only grant", sandbox_path=shown)
+                if ident == ws_id:
+                    return
+                up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+                ust = os.fstat(up)
+                os.close(cur)
+                cur = up
+                if (ust.st_dev, ust.st_ino) == ident:
+                    return
+        finally:
+            os.close(cur)
+
+    @property
+    def workspace_identity(self) -> tuple[int, int]:
+        return self.workspace.identity
+
+    def resolve(self, path: str, *, for_write: bool = False) -> Resolved:
+        """Resolve an untrusted sandbox path.
+
+        Args:
+            path: relative (to the workspace) or absolute sandbox path.
+            for_write: raise ReadOnlyError at once when the target is read-only.
+
+        Raises:
+            InvalidPathError: see :func:`normalize`.
+            PathEscapeError: an absolute path under neither the workspace nor a grant.
+            ReadOnlyError: ``for_write`` and the path is under a read-only grant.
+        """
+        sp = normalize(path, allow_absolute=True)
+        absolute = sp if sp.is_absolute else SandboxPath(
+            posixpath.join(self.workspace_path, sp) if sp else self.workspace_path)
+        best: tuple[int, Root, str, bool] | None = None
+        candidates = [(self.workspace_path, self.workspace, False)] + [
+            (p.grant.path, p.root, p.grant.read_only) for p in self._grants]
+        for base, root, ro in candidates:
+            if absolute == base or absolute.startswith(base.rstrip("/") + "/"):
+                if best is None or len(base) > best[0]:
+                    rel = absolute[len(base):].lstrip("/")
+                    best = (len(base), root, rel, ro)
+        if best is None:
+            raise PathEscapeError("path is outside the workspace and every grant", sandbox_path=sp,
+                                  context={"operation": "resolve"})
+        _, root, rel, ro = best
+        if for_write and ro:
+            raise ReadOnlyError("path is under a read-only grant", sandbox_path=sp)
+        return Resolved(root, rel, ro, sp)
+
+    def close(self) -> None:
+        """Close the grant Roots (and the guarded workspace view).  Idempotent."""
+        for p in self._grants:
+            p.root.close()
+        if getattr(self, "_own_workspace_view", False):
+            self.workspace.close()
+
+    def __enter__(self) -> "PathPolicy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_dir_mode(mode: int) -> bool:
+    return _stat.S_ISDIR(mode)

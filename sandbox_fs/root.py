@@ -1,0 +1,1034 @@
+"""``Root``: the capability object, the one door to a directory tree.
+
+A :class:`Root` holds one ``O_PATH|O_DIRECTORY`` file descriptor.  Every
+method takes a *relative* POSIX path and resolves it beneath that fd in the
+kernel with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` (or the
+fallback walker that gives the same answers).  Operations on a *name*
+(mkdir, remove, rename, symlink, link, chmod, utime) open the *parent*
+beneath the root and act on the last component without following it.
+
+So ``..``, absolute paths, symlinks pointing out, ``/proc/self/root``-style
+magic links and directories swapped for symlinks between two calls (TOCTOU)
+cannot reach outside: an escape raises :class:`PathEscapeError` (EXDEV),
+a refused symlink raises :class:`SymlinkRefusedError` (ELOOP).  Escapes are
+errors, never silently clamped.
+
+Rule for the whole codebase: nothing outside this module and ``_native.py``
+passes a workspace or host-source path string to ``os``, ``shutil``,
+``open`` or ``pathlib`` for I/O.
+
+Thread-safety: every method may be called from several threads at once.
+``close()`` waits for in-flight calls to release the fd before closing it.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import secrets as _secrets
+import stat as _stat
+import threading
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterable, Iterator
+
+from . import _native
+from .errors import (
+    InvalidPathError,
+    PathEscapeError,
+    ReadOnlyError,
+    SandboxError,
+    SymlinkRefusedError,
+    WorkspaceClosedError,
+)
+
+__all__ = ["Root", "open_root", "UnsafeModeError", "DirEntry", "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
+
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_NAME_BYTES = 255  # NAME_MAX
+
+_O_PATH = _native.O_PATH
+_DIR_FLAGS = _O_PATH | os.O_DIRECTORY
+_COPY_UNBOUNDED = (1 << 62)
+
+
+class UnsafeModeError(SandboxError, ValueError):
+    """A mode outside 0o777 (setuid, setgid, sticky or a file type) was asked for."""
+
+    code = "unsafe_mode"
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    """One entry of :meth:`Root.scandir`.
+
+    Attributes:
+        name: the entry name (``str``, surrogate-escaped if not UTF-8).
+        path: the sandbox path relative to the Root.
+        kind: ``"file" | "dir" | "symlink" | "fifo" | "socket" | "char" | "block" | "unknown"``.
+        stat: the ``lstat`` result (never follows a symlink).
+    """
+
+    name: str
+    path: str
+    kind: str
+    stat: os.stat_result
+
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+    def is_symlink(self) -> bool:
+        return self.kind == "symlink"
+
+
+def kind_of(mode: int) -> str:
+    """Map an ``st_mode`` to the names used by :class:`DirEntry`."""
+    if _stat.S_ISREG(mode):
+        return "file"
+    if _stat.S_ISDIR(mode):
+        return "dir"
+    if _stat.S_ISLNK(mode):
+        return "symlink"
+    if _stat.S_ISFIFO(mode):
+        return "fifo"
+    if _stat.S_ISSOCK(mode):
+        return "socket"
+    if _stat.S_ISCHR(mode):
+        return "char"
+    if _stat.S_ISBLK(mode):
+        return "block"
+    return "unknown"
+
+
+def _check_mode(mode: int, sandbox_path: str | None) -> int:
+    if not isinstance(mode, int) or mode < 0 or mode & ~0o777:
+        raise UnsafeModeError(
+            f"mode {mode!r} is outside 0o777; setuid, setgid and sticky bits are never set",
+            sandbox_path=sandbox_path,
+        )
+    return mode
+
+
+class _FdUse:
+    """Keeps the Root's fd alive for the duration of one call."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: "Root") -> None:
+        self.root = root
+
+    def __enter__(self) -> int:
+        r = self.root
+        with r._lock:
+            if r._fd < 0:
+                raise WorkspaceClosedError("this Root is closed", sandbox_path=r._label or ".")
+            r._users += 1
+            return r._fd
+
+    def __exit__(self, *exc: object) -> None:
+        r = self.root
+        with r._lock:
+            r._users -= 1
+            if r._closing and r._users == 0 and r._fd >= 0:
+                os.close(r._fd)
+                r._fd = -1
+
+
+class Root:
+    """A capability on a directory tree.  Create with :func:`open_root`.
+
+    Paths given to methods are relative POSIX paths (``str`` or ``bytes``);
+    ``""`` and ``"."`` name the root itself.  Symlinks *inside* the tree are
+    followed by reads when they stay beneath the root; writes never follow a
+    leaf symlink.  A Root made with ``no_symlinks=True`` refuses every
+    symlink on every path (``RESOLVE_NO_SYMLINKS``).
+
+    Errors (for every method, besides the ones listed per method):
+        PathEscapeError: the path, or a symlink on it, resolves outside the root.
+        SymlinkRefusedError: a symlink where none is allowed, or > 40 hops.
+        InvalidPathError: NUL byte, a component over 255 bytes, a path over
+            4096 bytes, or a name operation on ``""``, ``"."`` or ``".."``.
+        ReadOnlyError: a write through a read-only Root.
+        WorkspaceClosedError: use after :meth:`close`.
+        OSError: the matching subclass (``FileNotFoundError`` ...) with
+            ``filename`` set to the sandbox path, never a host path.
+    """
+
+    def __init__(self, _fd: int, *, read_only: bool, no_symlinks: bool, resolver: str,
+                 label: str, write_guard: Callable[[int, str], None] | None = None) -> None:
+        self._fd = _fd
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+        self.read_only = read_only
+        self.no_symlinks = no_symlinks
+        self.resolver = resolver
+        self._label = label
+        self._write_guard = write_guard
+        st = os.fstat(_fd)
+        self._root_id = (st.st_dev, st.st_ino)
+
+    # ------------------------------------------------------------------ basics
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("ro" if self.read_only else "rw")
+        return f"<Root {self._label or '.'!s} {state} resolver={self.resolver}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0 or self._closing
+
+    def close(self) -> None:
+        """Release the directory fd.  Idempotent; in-flight calls finish first."""
+        with self._lock:
+            self._closing = True
+            if self._users == 0 and self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> "Root":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            if self._fd >= 0 and self._users == 0:
+                os.close(self._fd)
+                self._fd = -1
+        except Exception:
+            pass
+
+    def _use(self) -> _FdUse:
+        return _FdUse(self)
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """``(st_dev, st_ino)`` of the root directory."""
+        return self._root_id
+
+    def fileno_dup(self) -> int:
+        """Return a new O_CLOEXEC duplicate of the root's O_PATH fd (caller closes it)."""
+        with self._use() as fd:
+            return os.dup(fd)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _show(self, rel: bytes | str) -> str:
+        text = rel if isinstance(rel, str) else os.fsdecode(rel)
+        text = text.strip("/") if text not in ("", ".") else ""
+        if self._label and text:
+            return f"{self._label}/{text}"
+        return text or self._label or "."
+
+    def _rel(self, path: str | bytes | os.PathLike) -> bytes:
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if isinstance(path, str):
+            b = os.fsencode(path)
+        elif isinstance(path, bytes):
+            b = path
+        else:
+            raise TypeError(f"path must be str or bytes, not {type(path).__name__}")
+        if b"\0" in b:
+            raise InvalidPathError("path contains a NUL byte", sandbox_path=self._show(b.replace(b"\0", b"")))
+        if len(b) > MAX_PATH_BYTES:
+            raise InvalidPathError(f"path is over {MAX_PATH_BYTES} bytes", sandbox_path=self._show(b[:64]) + "...")
+        for comp in b.split(b"/"):
+            if len(comp) > MAX_NAME_BYTES:
+                raise InvalidPathError(f"a path component is over {MAX_NAME_BYTES} bytes",
+                                       sandbox_path=self._show(comp[:64]) + "...")
+        if b.startswith(b"/"):
+            raise PathEscapeError("absolute paths are not beneath the root", sandbox_path=os.fsdecode(b),
+                                  context={"operation": "resolve"})
+        return b if b else b"."
+
+    def _split(self, rel: bytes) -> tuple[bytes, bytes]:
+        stripped = rel.rstrip(b"/")
+        if not stripped:
+            raise InvalidPathError("this operation needs a name, not the root itself", sandbox_path=self._show(rel))
+        parent, _, leaf = stripped.rpartition(b"/")
+        if leaf in (b".", b".."):
+            raise InvalidPathError("the last component may not be '.' or '..'", sandbox_path=self._show(rel))
+        return (parent or b"."), leaf
+
+    def _resolve_flags(self) -> int:
+        return _native.RESOLVE_NO_SYMLINKS if self.no_symlinks else 0
+
+    def _open_fd(self, rootfd: int, rel: bytes, flags: int, mode: int, op: str, extra_resolve: int = 0) -> int:
+        return _native.open_beneath(self.resolver, rootfd, rel, flags, mode,
+                                    self._resolve_flags() | extra_resolve, op, self._show(rel))
+
+    def _check_writable(self, rel: bytes, op: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{op}: this root is read-only", sandbox_path=self._show(rel),
+                                context={"operation": op})
+
+    def _open_parent(self, rootfd: int, rel: bytes, op: str, write: bool) -> tuple[int, bytes]:
+        """Open the parent of ``rel`` (O_PATH dir fd) and return it with the leaf name."""
+        parent, leaf = self._split(rel)
+        if write:
+            self._check_writable(rel, op)
+        pfd = self._open_fd(rootfd, parent, _DIR_FLAGS, 0, op)
+        if write and self._write_guard is not None:
+            try:
+                self._write_guard(pfd, self._show(rel))
+            except BaseException:
+                os.close(pfd)
+                raise
+        return pfd, leaf
+
+    def _oserror(self, exc: OSError, op: str, rel: bytes) -> None:
+        """Re-raise an OSError from ``os`` with the sandbox path, never a host path."""
+        if isinstance(exc, SandboxError):
+            raise exc
+        _native.raise_errno(exc.errno or errno.EIO, op, self._show(rel))
+
+    # ------------------------------------------------------------------ opening
+
+    def open_fd(self, path: str | bytes, flags: int = os.O_RDONLY, mode: int = 0o644, *,
+                follow_symlinks: bool = True) -> int:
+        """Open ``path`` beneath the root and return a raw O_CLOEXEC fd (caller closes it).
+
+        Args:
+            path: relative sandbox path.
+            flags: ``os.O_*`` flags.  Flags that write or create need a
+                writable Root; ``O_CREAT`` never follows a leaf symlink.
+            mode: permission bits for a created file, within 0o777.
+            follow_symlinks: False adds ``O_NOFOLLOW`` on the leaf.
+        """
+        rel = self._rel(path)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND) or \
+                (flags & _native.O_TMPFILE) == _native.O_TMPFILE:
+            self._check_writable(rel, "open")
+            follow_symlinks = False
+        _check_mode(mode, self._show(rel))
+        if not follow_symlinks:
+            flags |= os.O_NOFOLLOW
+        with self._use() as rootfd:
+            fd = self._open_fd(rootfd, rel, flags, mode, "open")
+            if self._write_guard is not None and flags & (os.O_WRONLY | os.O_RDWR):
+                try:
+                    self._check_fd_guard(rootfd, rel)
+                except BaseException:
+                    os.close(fd)
+                    raise
+            return fd
+
+    def _check_fd_guard(self, rootfd: int, rel: bytes) -> None:
+        parent, _leaf = self._split(rel)
+        pfd = self._open_fd(rootfd, parent, _DIR_FLAGS, 0, "open")
+        try:
+            assert self._write_guard is not None
+            self._write_guard(pfd, self._show(rel))
+        finally:
+            os.close(pfd)
+
+    def open(self, path: str | bytes, mode: str = "r", *, buffering: int = -1,
+             encoding: str | None = None, errors: str | None = None, newline: str | None = None,
+             perm: int = 0o644) -> IO[Any]:
+        """Open a file beneath the root like the builtin :func:`open`.
+
+        Args:
+            path: relative sandbox path.
+            mode: ``"r" "rb" "w" "wb" "a" "ab" "x" "xb"`` with optional ``"+"``.
+                Modes that write never follow a leaf symlink.
+            perm: permission bits (within 0o777) of a created file; the umask
+                is not applied.
+
+        Returns:
+            A binary or text file object over the opened fd.
+
+        Raises:
+            IsADirectoryError: ``path`` is a directory.
+            UnsafeModeError: ``perm`` is outside 0o777.
+        """
+        m = set(mode)
+        binary = "b" in m
+        plus = "+" in m
+        if "r" in m:
+            flags = os.O_RDWR if plus else os.O_RDONLY
+        elif "w" in m:
+            flags = (os.O_RDWR if plus else os.O_WRONLY) | os.O_CREAT | os.O_TRUNC
+        elif "a" in m:
+            flags = (os.O_RDWR if plus else os.O_WRONLY) | os.O_CREAT | os.O_APPEND
+        elif "x" in m:
+            flags = (os.O_RDWR if plus else os.O_WRONLY) | os.O_CREAT | os.O_EXCL
+        else:
+            raise ValueError(f"invalid mode {mode!r}")
+        fd = self.open_fd(path, flags, perm)
+        created = bool(flags & os.O_CREAT)
+        try:
+            st = os.fstat(fd)
+            if _stat.S_ISDIR(st.st_mode):
+                _native.raise_errno(errno.EISDIR, "open", self._show(self._rel(path)))
+            if created and st.st_size == 0 and _stat.S_IMODE(st.st_mode) != perm and st.st_uid == os.geteuid():
+                os.fchmod(fd, perm)  # explicit mode, never the umask's
+            return io.open(fd, mode, buffering=buffering, encoding=encoding, errors=errors,
+                           newline=newline, closefd=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def read_bytes(self, path: str | bytes, *, max_bytes: int | None = None) -> bytes:
+        """Return the whole content of a regular file.
+
+        Args:
+            max_bytes: refuse files larger than this many bytes (None: no bound).
+
+        Raises:
+            OSError(EFBIG): the file holds more than ``max_bytes``.
+            OSError: the path is not a regular file (EINVAL) or cannot be read.
+        """
+        fd = self.open_fd(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode):
+                _native.raise_errno(errno.EISDIR if _stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                                    "read", self._show(self._rel(path)))
+            chunks = []
+            total = 0
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if max_bytes is not None and total > max_bytes:
+                    _native.raise_errno(errno.EFBIG, "read", self._show(self._rel(path)))
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def read_text(self, path: str | bytes, *, encoding: str = "utf-8", max_bytes: int | None = None) -> str:
+        """Return the content of a regular file decoded with ``encoding``."""
+        return self.read_bytes(path, max_bytes=max_bytes).decode(encoding)
+
+    # ------------------------------------------------------------------ writing
+
+    def write_bytes(self, path: str | bytes, data: bytes | bytearray | memoryview, *,
+                    mode: int = 0o644, fsync: bool = True) -> int:
+        """Atomically replace ``path`` with ``data`` (see :meth:`atomic_write`); returns bytes written."""
+        return self.atomic_write(path, data, mode=mode, fsync=fsync)
+
+    def write_text(self, path: str | bytes, text: str, *, encoding: str = "utf-8", mode: int = 0o644) -> int:
+        """Atomically replace ``path`` with ``text`` encoded as ``encoding``."""
+        return self.atomic_write(path, text.encode(encoding), mode=mode)
+
+    def atomic_write(self, path: str | bytes,
+                     data: bytes | bytearray | memoryview | Iterable[bytes] | IO[bytes] | int, *,
+                     mode: int = 0o644, fsync: bool = True, max_bytes: int | None = None,
+                     mtime_ns: int | None = None) -> int:
+        """Write a new file under a temporary name in the parent, then rename it over ``path``.
+
+        A leaf symlink at ``path`` is *replaced*, never followed.  Readers see
+        the old or the new content, never a mix.  The mode is set explicitly
+        with ``fchmod`` (the umask is never applied).
+
+        Args:
+            path: relative sandbox path of the file.
+            data: bytes, an iterable of bytes chunks, a binary file object, or
+                an ``int`` file descriptor (copied fd to fd with
+                ``copy_file_range``, read/write fallback; the caller keeps it).
+            mode: permission bits within 0o777.
+            fsync: fsync the file before the rename (default True).
+            max_bytes: for file objects and fds, refuse sources larger than
+                this (OSError EFBIG); None for no bound.
+            mtime_ns: set the file's mtime (and atime) in nanoseconds.
+
+        Returns:
+            The number of bytes written.
+
+        Raises:
+            IsADirectoryError: ``path`` is an existing directory.
+            UnsafeModeError: ``mode`` outside 0o777.
+            OSError(EFBIG): the source exceeds ``max_bytes``.
+        """
+        rel = self._rel(path)
+        _check_mode(mode, self._show(rel))
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "write", write=True)
+            try:
+                tmp = b".sfs-tmp-" + _secrets.token_hex(8).encode()
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o600, dir_fd=pfd)
+                except OSError as exc:
+                    self._oserror(exc, "write", rel)
+                try:
+                    try:
+                        written = self._fill(fd, data, max_bytes, rel)
+                        os.fchmod(fd, mode)
+                        if mtime_ns is not None:
+                            os.utime(fd, ns=(mtime_ns, mtime_ns))
+                        if fsync:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    _native.renameat2(pfd, tmp, pfd, leaf, 0, "write", self._show(rel))
+                except BaseException:
+                    try:
+                        os.unlink(tmp, dir_fd=pfd)
+                    except OSError:
+                        pass
+                    raise
+                return written
+            except OSError as exc:
+                self._oserror(exc, "write", rel)
+                raise  # unreachable
+            finally:
+                os.close(pfd)
+
+    def _fill(self, fd: int, data: Any, max_bytes: int | None, rel: bytes) -> int:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            view = memoryview(data)
+            total = 0
+            while total < len(view):
+                total += os.write(fd, view[total:])
+            return total
+        if isinstance(data, int):
+            bound = _COPY_UNBOUNDED if max_bytes is None else max_bytes
+            return _native.copy_fd(data, fd, bound, "write", self._show(rel))
+        if hasattr(data, "fileno"):
+            try:
+                src = data.fileno()
+            except (OSError, io.UnsupportedOperation):
+                src = -1
+            if src >= 0 and not getattr(data, "_sfs_no_fd", False):
+                if hasattr(data, "flush"):
+                    pass
+                bound = _COPY_UNBOUNDED if max_bytes is None else max_bytes
+                return _native.copy_fd(src, fd, bound, "write", self._show(rel))
+        if hasattr(data, "read"):
+            chunks: Iterable[bytes] = iter(lambda: data.read(1 << 20), b"")
+        else:
+            chunks = data
+        total = 0
+        for chunk in chunks:
+            view = memoryview(chunk)
+            total += len(view)
+            if max_bytes is not None and total > max_bytes:
+                _native.raise_errno(errno.EFBIG, "write", self._show(rel))
+            off = 0
+            while off < len(view):
+                off += os.write(fd, view[off:])
+        return total
+
+    def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
+        """Create a directory with exactly ``mode`` (the umask is not applied).
+
+        Args:
+            parents: create missing parents too (each with ``mode``).
+            exist_ok: an existing *directory* (not a symlink to one) is fine.
+
+        Raises:
+            FileExistsError: the name exists and is not a directory, or
+                ``exist_ok`` is False.
+            FileNotFoundError: a parent is missing and ``parents`` is False.
+        """
+        rel = self._rel(path)
+        _check_mode(mode, self._show(rel))
+        self._check_writable(rel, "mkdir")
+        if parents:
+            comps = [c for c in rel.split(b"/") if c not in (b"", b".")]
+            for i in range(1, len(comps)):
+                sub = b"/".join(comps[:i])
+                if comps[i - 1] == b"..":
+                    continue
+                self._mkdir_one(sub, mode, True)
+        self._mkdir_one(rel, mode, exist_ok)
+
+    def _mkdir_one(self, rel: bytes, mode: int, exist_ok: bool) -> None:
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "mkdir", write=True)
+            try:
+                try:
+                    os.mkdir(leaf, mode, dir_fd=pfd)
+                except FileExistsError:
+                    st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+                    if exist_ok and _stat.S_ISDIR(st.st_mode):
+                        return
+                    raise
+                # mkdir applies the umask; set the asked mode on what we made,
+                # through a fd opened without following links.
+                dfd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+                try:
+                    os.fchmod(dfd, mode)
+                finally:
+                    os.close(dfd)
+            except OSError as exc:
+                self._oserror(exc, "mkdir", rel)
+            finally:
+                os.close(pfd)
+
+    def remove(self, path: str | bytes) -> None:
+        """Remove a non-directory.  A leaf symlink is removed, never its target.
+
+        Raises:
+            IsADirectoryError: ``path`` is a directory (use rmdir / rmtree).
+        """
+        rel = self._rel(path)
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "remove", write=True)
+            try:
+                os.unlink(leaf, dir_fd=pfd)
+            except OSError as exc:
+                self._oserror(exc, "remove", rel)
+            finally:
+                os.close(pfd)
+
+    unlink = remove
+
+    def rmdir(self, path: str | bytes) -> None:
+        """Remove an empty directory (never through a leaf symlink)."""
+        rel = self._rel(path)
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "rmdir", write=True)
+            try:
+                os.rmdir(leaf, dir_fd=pfd)
+            except OSError as exc:
+                self._oserror(exc, "rmdir", rel)
+            finally:
+                os.close(pfd)
+
+    def rmtree(self, path: str | bytes, *, missing_ok: bool = False,
+               skip: Callable[[os.stat_result], bool] | None = None) -> None:
+        """Remove a tree with an fd-based walk that never follows a symlink.
+
+        The top, if a symlink, is removed itself.  Each directory is entered
+        through an fd opened ``O_NOFOLLOW`` relative to its parent's fd, so an
+        entry swapped for a symlink during the walk is unlinked, never
+        followed.  Memory and open fds grow with depth, not with size.
+
+        Args:
+            missing_ok: a missing ``path`` is not an error.
+            skip: called with the ``lstat`` of each directory before entering
+                it; True leaves it (and so its ancestors) in place.  Used to
+                keep mount points.
+        """
+        rel = self._rel(path)
+        if rel.rstrip(b"/") in (b"", b"."):
+            with self._use():
+                pass
+            self.clear(skip=skip)
+            return
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "rmtree", write=True)
+            try:
+                try:
+                    os.unlink(leaf, dir_fd=pfd)
+                    return
+                except FileNotFoundError:
+                    if missing_ok:
+                        return
+                    raise
+                except IsADirectoryError:
+                    pass
+                st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+                if skip is not None and skip(st):
+                    return
+                if self._clear_dir(pfd, leaf, rel, skip):
+                    os.rmdir(leaf, dir_fd=pfd)
+            except OSError as exc:
+                self._oserror(exc, "rmtree", rel)
+            finally:
+                os.close(pfd)
+
+    def clear(self, *, skip: Callable[[os.stat_result], bool] | None = None) -> None:
+        """Remove everything *inside* the root, never the root directory itself.
+
+        Args:
+            skip: see :meth:`rmtree`; skipped directories (mount points) stay.
+        """
+        self._check_writable(b".", "clear")
+        with self._use() as rootfd:
+            try:
+                self._clear_dir(rootfd, b".", b".", skip)
+            except OSError as exc:
+                self._oserror(exc, "clear", b".")
+
+    def _clear_dir(self, parent_fd: int, name: bytes, rel: bytes,
+                   skip: Callable[[os.stat_result], bool] | None) -> bool:
+        """Empty directory ``name`` under ``parent_fd``; True when it is empty now."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        top = os.open(name, flags, dir_fd=parent_fd)
+        # stack of [fd, iterator-of-names, name-in-parent, kept-something]
+        stack: list[list[Any]] = [[top, iter(os.listdir(top)), None, False]]
+        emptied = True
+        try:
+            while stack:
+                frame = stack[-1]
+                dfd, names = frame[0], frame[1]
+                child = next(names, None)
+                if child is None:
+                    stack.pop()
+                    os.close(dfd)
+                    kept = frame[3]
+                    if stack:
+                        if kept:
+                            stack[-1][3] = True
+                        else:
+                            try:
+                                os.rmdir(frame[2], dir_fd=stack[-1][0])
+                            except OSError as exc:
+                                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                                    raise
+                                stack[-1][3] = exc.errno != errno.ENOENT
+                    else:
+                        emptied = not kept
+                    continue
+                cname = os.fsencode(child)
+                try:
+                    os.unlink(cname, dir_fd=dfd)
+                    continue
+                except FileNotFoundError:
+                    continue
+                except IsADirectoryError:
+                    pass
+                except PermissionError as exc:
+                    if exc.errno != errno.EPERM:  # EPERM from unlink(dir) on some fs
+                        raise
+                try:
+                    if skip is not None and skip(os.stat(cname, dir_fd=dfd, follow_symlinks=False)):
+                        frame[3] = True
+                        continue
+                    cfd = os.open(cname, flags, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        # swapped for a symlink or file since: unlink that instead
+                        try:
+                            os.unlink(cname, dir_fd=dfd)
+                        except FileNotFoundError:
+                            pass
+                        continue
+                    raise
+                stack.append([cfd, iter(os.listdir(cfd)), cname, False])
+        except BaseException:
+            for frame in stack:
+                os.close(frame[0])
+            raise
+        return emptied
+
+    def rename(self, src: str | bytes, dst: str | bytes, *, no_replace: bool = False) -> None:
+        """Rename ``src`` to ``dst``, both beneath the root; links are moved, never followed.
+
+        Args:
+            no_replace: refuse to replace an existing ``dst`` (renameat2
+                ``RENAME_NOREPLACE``): raises FileExistsError.
+        """
+        srel, drel = self._rel(src), self._rel(dst)
+        with self._use() as rootfd:
+            spfd, sleaf = self._open_parent(rootfd, srel, "rename", write=True)
+            try:
+                dpfd, dleaf = self._open_parent(rootfd, drel, "rename", write=True)
+                try:
+                    flags = _native.RENAME_NOREPLACE if no_replace else 0
+                    _native.renameat2(spfd, sleaf, dpfd, dleaf, flags, "rename", self._show(srel))
+                finally:
+                    os.close(dpfd)
+            finally:
+                os.close(spfd)
+
+    def symlink(self, target: str | bytes, path: str | bytes) -> None:
+        """Create a symlink at ``path`` pointing to ``target``.
+
+        ``target`` must be relative and, resolved lexically from the link's
+        *physical* directory, stay beneath the root; absolute targets are
+        refused.  (This is a creation-time rule; sandbox-fs never follows a
+        link without ``RESOLVE_BENEATH`` anyway.)
+
+        Raises:
+            PathEscapeError: the target is absolute or climbs above the root.
+            InvalidPathError: the target is empty or holds a NUL byte.
+            FileExistsError: ``path`` exists.
+        """
+        rel = self._rel(path)
+        tb = os.fsencode(target) if isinstance(target, str) else bytes(target)
+        if not tb or b"\0" in tb or len(tb) > MAX_PATH_BYTES:
+            raise InvalidPathError("symlink target is empty, too long or holds NUL", sandbox_path=self._show(rel))
+        if tb.startswith(b"/"):
+            raise PathEscapeError("symlink target is absolute", sandbox_path=self._show(rel),
+                                  context={"operation": "symlink"})
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "symlink", write=True)
+            try:
+                depth = self._depth_of(pfd, rootfd, rel)
+                for comp in tb.split(b"/"):
+                    if comp in (b"", b"."):
+                        continue
+                    depth += -1 if comp == b".." else 1
+                    if depth < 0:
+                        raise PathEscapeError("symlink target resolves outside the root",
+                                              sandbox_path=self._show(rel), context={"operation": "symlink"})
+                try:
+                    os.symlink(tb, leaf, dir_fd=pfd)
+                except OSError as exc:
+                    self._oserror(exc, "symlink", rel)
+            finally:
+                os.close(pfd)
+
+    def _depth_of(self, dfd: int, rootfd: int, rel: bytes) -> int:
+        """Physical depth of directory ``dfd`` below the root, by walking ``..`` fds."""
+        depth = 0
+        cur = os.dup(dfd)
+        try:
+            while True:
+                st = os.fstat(cur)
+                if (st.st_dev, st.st_ino) == self._root_id:
+                    return depth
+                up = os.open("..", _DIR_FLAGS | os.O_CLOEXEC, dir_fd=cur)
+                ust = os.fstat(up)
+                os.close(cur)
+                cur = up
+                if (ust.st_dev, ust.st_ino) == (st.st_dev, st.st_ino) or depth > MAX_PATH_BYTES:
+                    raise PathEscapeError("directory is no longer beneath the root",
+                                          sandbox_path=self._show(rel), context={"operation": "symlink"})
+                depth += 1
+        finally:
+            os.close(cur)
+
+    def link(self, src: str | bytes, dst: str | bytes) -> None:
+        """Create hard link ``dst`` to the existing ``src`` (not following a leaf symlink)."""
+        srel, drel = self._rel(src), self._rel(dst)
+        with self._use() as rootfd:
+            spfd, sleaf = self._open_parent(rootfd, srel, "link", write=True)
+            try:
+                dpfd, dleaf = self._open_parent(rootfd, drel, "link", write=True)
+                try:
+                    os.link(sleaf, dleaf, src_dir_fd=spfd, dst_dir_fd=dpfd, follow_symlinks=False)
+                except OSError as exc:
+                    self._oserror(exc, "link", drel)
+                finally:
+                    os.close(dpfd)
+            finally:
+                os.close(spfd)
+
+    def chmod(self, path: str | bytes, mode: int) -> None:
+        """Set permission bits (within 0o777) of ``path``; a leaf symlink is refused, never followed.
+
+        Raises:
+            UnsafeModeError: ``mode`` has bits outside 0o777.
+            SymlinkRefusedError: ``path`` is a symlink.
+        """
+        rel = self._rel(path)
+        _check_mode(mode, self._show(rel))
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "chmod", write=True)
+            try:
+                st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+                if _stat.S_ISLNK(st.st_mode):
+                    raise SymlinkRefusedError("chmod: refusing to change a symlink's target",
+                                              sandbox_path=self._show(rel), context={"operation": "chmod"})
+                os.chmod(leaf, mode, dir_fd=pfd, follow_symlinks=False)
+            except OSError as exc:
+                self._oserror(exc, "chmod", rel)
+            finally:
+                os.close(pfd)
+
+    def utime(self, path: str | bytes, *, ns: tuple[int, int] | None = None, follow_symlinks: bool = False) -> None:
+        """Set (atime_ns, mtime_ns) of ``path`` (now if None); never follows a leaf symlink by default."""
+        rel = self._rel(path)
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "utime", write=True)
+            try:
+                if follow_symlinks:
+                    fd = self._open_fd(rootfd, rel, _O_PATH, 0, "utime")
+                    try:
+                        os.utime(f"/proc/self/fd/{fd}", ns=ns)
+                    finally:
+                        os.close(fd)
+                else:
+                    os.utime(leaf, ns=ns, dir_fd=pfd, follow_symlinks=False)
+            except OSError as exc:
+                self._oserror(exc, "utime", rel)
+            finally:
+                os.close(pfd)
+
+    # ------------------------------------------------------------------ reading
+
+    def stat(self, path: str | bytes = ".", *, follow_symlinks: bool = True) -> os.stat_result:
+        """``stat`` (or ``lstat`` with follow_symlinks=False) of ``path`` beneath the root."""
+        rel = self._rel(path)
+        flags = _O_PATH | (0 if follow_symlinks else os.O_NOFOLLOW)
+        with self._use() as rootfd:
+            fd = self._open_fd(rootfd, rel, flags, 0, "stat")
+            try:
+                return os.fstat(fd)
+            finally:
+                os.close(fd)
+
+    def lstat(self, path: str | bytes) -> os.stat_result:
+        """``lstat`` of ``path``: a leaf symlink is described, not followed."""
+        return self.stat(path, follow_symlinks=False)
+
+    def exists(self, path: str | bytes) -> bool:
+        """True when ``path`` exists beneath the root (a leaf symlink counts itself)."""
+        try:
+            self.lstat(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def readlink(self, path: str | bytes) -> str:
+        """Return the target text of symlink ``path``.
+
+        Raises:
+            OSError(EINVAL): ``path`` is not a symlink.
+        """
+        rel = self._rel(path)
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "readlink", write=False)
+            try:
+                return os.fsdecode(os.readlink(leaf, dir_fd=pfd))
+            except OSError as exc:
+                self._oserror(exc, "readlink", rel)
+                raise
+            finally:
+                os.close(pfd)
+
+    def open_dir_fd(self, path: str | bytes = ".") -> int:
+        """Open directory ``path`` for reading (O_RDONLY|O_DIRECTORY); caller closes the fd."""
+        return self.open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def scandir(self, path: str | bytes = ".") -> list[DirEntry]:
+        """List directory ``path`` with an ``lstat`` of each entry (sorted by name)."""
+        rel = self._rel(path)
+        dfd = self.open_dir_fd(rel)
+        try:
+            return self._scan_fd(dfd, rel)
+        except OSError as exc:
+            self._oserror(exc, "scandir", rel)
+            raise
+        finally:
+            os.close(dfd)
+
+    def _scan_fd(self, dfd: int, rel: bytes) -> list[DirEntry]:
+        base = "" if rel in (b".", b"") else os.fsdecode(rel.rstrip(b"/"))
+        out = []
+        for name in sorted(os.listdir(dfd)):
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            out.append(DirEntry(name, f"{base}/{name}" if base else name, kind_of(st.st_mode), st))
+        return out
+
+    def listdir(self, path: str | bytes = ".") -> list[str]:
+        """Sorted entry names of directory ``path``."""
+        rel = self._rel(path)
+        dfd = self.open_dir_fd(rel)
+        try:
+            return sorted(os.listdir(dfd))
+        finally:
+            os.close(dfd)
+
+    def walk(self, path: str | bytes = ".") -> Iterator[tuple[str, list[str], list[DirEntry]]]:
+        """Top-down fd-based walk that never follows a symlink.
+
+        Yields ``(dirpath, dirnames, nondirs)`` where ``dirpath`` is the sandbox
+        path relative to the root (``""`` for the root), ``dirnames`` a list
+        the caller may prune in place, and ``nondirs`` the :class:`DirEntry`
+        of every non-directory (symlinks included, never followed).  Each
+        directory is opened ``O_NOFOLLOW`` relative to its parent's fd, so a
+        directory swapped for a symlink mid-walk is skipped, never entered.
+        """
+        rel = self._rel(path)
+        top = self.open_dir_fd(rel)
+        base = "" if rel in (b".", b"") else os.fsdecode(rel.rstrip(b"/"))
+        stack: list[tuple[int, str]] = [(top, base)]
+        try:
+            while stack:
+                dfd, dpath = stack.pop()
+                try:
+                    entries = self._scan_fd(dfd, os.fsencode(dpath) or b".")
+                    dirs = [e.name for e in entries if e.kind == "dir"]
+                    nondirs = [e for e in entries if e.kind != "dir"]
+                    yield dpath, dirs, nondirs
+                    children = []
+                    for name in dirs:
+                        try:
+                            cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                          dir_fd=dfd)
+                        except OSError as exc:
+                            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                                continue  # swapped or removed meanwhile: never followed
+                            raise
+                        children.append((cfd, f"{dpath}/{name}" if dpath else name))
+                    stack.extend(reversed(children))
+                finally:
+                    os.close(dfd)
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
+
+    # --------------------------------------------------------------- sub-roots
+
+    def open_root(self, path: str | bytes, *, read_only: bool | None = None,
+                  no_symlinks: bool | None = None) -> "Root":
+        """Return a child capability on directory ``path`` beneath this root.
+
+        A child of a read-only Root is read-only whatever ``read_only`` says.
+        """
+        rel = self._rel(path)
+        ro = self.read_only or bool(read_only)
+        ns = self.no_symlinks if no_symlinks is None else (self.no_symlinks or no_symlinks)
+        with self._use() as rootfd:
+            fd = self._open_fd(rootfd, rel, _DIR_FLAGS, 0, "open_root")
+        label = self._show(rel)
+        return Root(fd, read_only=ro, no_symlinks=ns, resolver=self.resolver,
+                    label="" if label == "." else label, write_guard=self._write_guard)
+
+    def with_options(self, *, read_only: bool | None = None, no_symlinks: bool | None = None,
+                     write_guard: Callable[[int, str], None] | None = None) -> "Root":
+        """A new Root on the same directory with narrower options (never wider)."""
+        with self._use() as rootfd:
+            fd = os.dup(rootfd)
+        return Root(fd, read_only=self.read_only or bool(read_only),
+                    no_symlinks=self.no_symlinks or bool(no_symlinks), resolver=self.resolver,
+                    label=self._label, write_guard=write_guard or self._write_guard)
+
+
+def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,
+              label: str = "") -> Root:
+    """Open ``host_dir`` as a :class:`Root`.  The explicit host-access constructor.
+
+    The directory is opened once with ``O_PATH|O_DIRECTORY|O_NOFOLLOW``;
+    from then on only its fd is used, so renaming or replacing the host
+    path later does not move the capability.
+
+    Args:
+        host_dir: absolute or relative host path of an existing directory
+            (trusted: it comes from the host application).
+        read_only: refuse every write through this Root.
+        no_symlinks: refuse every symlink on every path (RESOLVE_NO_SYMLINKS).
+        label: sandbox-path prefix shown in error messages (never the host path).
+
+    Raises:
+        SymlinkRefusedError: ``host_dir`` itself is a symlink.
+        NotADirectoryError: ``host_dir`` is not a directory.
+        FileNotFoundError: ``host_dir`` does not exist.
+    """
+    resolver = _native.choose_resolver()
+    shown = label or "."
+    try:
+        fd = os.open(host_dir, _DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except NotADirectoryError:
+        try:
+            st = os.lstat(host_dir)
+        except OSError:
+            st = None
+        if st is not None and _stat.S_ISLNK(st.st_mode):
+            raise SymlinkRefusedError("the root directory is a symlink", sandbox_path=shown,
+                                      context={"operation": "open_root"}) from None
+        _native.raise_errno(errno.ENOTDIR, "open_root", shown)
+        raise
+    except OSError as exc:
+        _native.raise_errno(exc.errno or errno.EIO, "open_root", shown)
+        raise
+    return Root(fd, read_only=read_only, no_symlinks=no_symlinks, resolver=resolver, label=label)

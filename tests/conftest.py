@@ -1,0 +1,89 @@
+"""Shared fixtures.
+
+* ``resolver``: parametrized over ``openat2`` and ``fallback``; sets
+  ``SANDBOX_FS_RESOLVER`` for the test so every Root it opens uses it.
+* ``layout``: a temp dir with ``ws/`` (the workspace) and ``outside/``
+  (a sentinel tree with a unique secret marker), plus ``snapshot()`` to hash
+  every node under ``outside/`` (type, mode, size, mtime, content, link
+  target) so attack tests can assert that nothing outside changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import sandbox_fs
+
+
+@pytest.fixture(params=["openat2", "fallback"])
+def resolver(request, monkeypatch):
+    if request.param == "openat2" and not sandbox_fs.features()["openat2"]:
+        pytest.skip("kernel has no openat2 (features()['openat2'] is False)")
+    monkeypatch.setenv("SANDBOX_FS_RESOLVER", request.param)
+    return request.param
+
+
+def tree_digest(top: Path) -> dict[str, tuple]:
+    """lstat + content digest of every node under ``top`` (never follows symlinks)."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            rel = str(p.relative_to(top))
+            if stat.S_ISLNK(st.st_mode):
+                extra = os.readlink(p)
+            elif stat.S_ISREG(st.st_mode):
+                extra = hashlib.sha256(p.read_bytes()).hexdigest()
+            else:
+                extra = None
+            out[rel] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns,
+                        st.st_nlink, extra)
+    st = top.lstat()
+    out["."] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_mtime_ns, st.st_nlink)
+    return out
+
+
+@dataclass
+class Layout:
+    base: Path
+    ws: Path
+    outside: Path
+    secret: str
+
+    def snapshot(self) -> dict[str, tuple]:
+        return tree_digest(self.outside)
+
+    def assert_outside_unchanged(self, before: dict[str, tuple]) -> None:
+        after = self.snapshot()
+        assert after == before, "the outside sentinel tree changed"
+
+    def assert_secret_absent(self) -> None:
+        for dirpath, _dirs, files in os.walk(self.ws, followlinks=False):
+            for name in files:
+                p = Path(dirpath, name)
+                if p.is_symlink() or not p.is_file():
+                    continue
+                assert self.secret.encode() not in p.read_bytes(), f"secret leaked into {p}"
+
+
+@pytest.fixture
+def layout(tmp_path) -> Layout:
+    ws = tmp_path / "ws"
+    outside = tmp_path / "outside"
+    ws.mkdir()
+    (outside / "subdir").mkdir(parents=True)
+    secret = "SECRET-" + secrets.token_hex(16)
+    (outside / "secret.txt").write_text(secret + "\n")
+    (outside / "sentinel.txt").write_text("sentinel\n")
+    (outside / "subdir" / "inner.txt").write_text("inner " + secret + "\n")
+    for p in [outside / "secret.txt", outside / "sentinel.txt", outside / "subdir" / "inner.txt"]:
+        os.utime(p, ns=(10**18, 10**18))
+    return Layout(tmp_path, ws, outside, secret)
