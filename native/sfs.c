@@ -44,7 +44,7 @@ int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint
     memset(&how, 0, sizeof how);
     how.flags = flags | O_CLOEXEC;
     /* openat2 rejects a non-zero mode unless a file may be created. */
-    how.mode = (flags & (O_CREAT | __O_TMPFILE)) ? (mode & 07777) : 0;
+    how.mode = ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) ? (mode & 07777) : 0;
     how.resolve = resolve;
     for (int attempt = 0; attempt < SFS_EAGAIN_RETRIES; attempt++) {
         long fd = syscall(SYS_openat2, dirfd, path, &how, sizeof how);
@@ -205,14 +205,21 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
             /* Final component: open it for real, never through a symlink. */
             fd = openat(walk_cur(&w), name, (int)(flags | O_NOFOLLOW | O_CLOEXEC), (mode_t)mode);
             if (fd < 0) {
-                if (errno != ELOOP || (flags & O_NOFOLLOW)) {
-                    ret = -errno;
+                int err = errno;
+                /* ELOOP (or ENOTDIR with O_DIRECTORY) under our O_NOFOLLOW may
+                 * mean the name is a symlink the caller wants followed. */
+                if ((err != ELOOP && err != ENOTDIR) || (flags & O_NOFOLLOW)) {
+                    ret = -err;
                     goto out;
                 }
-                /* ELOOP with O_NOFOLLOW: the name is (now) a symlink to follow. */
                 fd = openat(walk_cur(&w), name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
                 if (fd < 0) {
                     ret = -errno;
+                    goto out;
+                }
+                if (fstat(fd, &st) < 0 || !S_ISLNK(st.st_mode)) {
+                    close(fd);
+                    ret = -err;         /* not a symlink: the first error stands */
                     goto out;
                 }
             }
