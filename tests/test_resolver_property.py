@@ -1,0 +1,143 @@
+"""Property tests: the fallback resolver answers exactly like openat2.
+
+On random trees with random symlinks (relative, absolute, dangling, loops,
+pointing above the root), every random path opened with random flags must
+give the same result from ``openat2(RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS)``
+and from the component walker: the same object (dev, ino) or the same errno.
+And every object either returns is beneath the root.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sandbox_fs
+from sandbox_fs import _native
+from sandbox_fs.paths import normalize
+from sandbox_fs.errors import InvalidPathError
+
+pytestmark = pytest.mark.skipif(not sandbox_fs.features()["openat2"],
+                                reason="kernel has no openat2: nothing to compare the fallback with")
+
+NAMES = ["a", "b", "c", "d"]
+component = st.sampled_from(NAMES + [".", ".."])
+rel_path = st.lists(component, min_size=1, max_size=7).map("/".join)
+link_target = st.one_of(
+    rel_path,
+    st.sampled_from(["/", "/etc", "/tmp", "..", "../..", "../outside", "a/../../outside", ""]),
+)
+entry = st.tuples(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3).map("/".join),
+                  st.sampled_from(["dir", "file", "symlink"]), link_target)
+
+FLAG_SETS = [
+    os.O_PATH,
+    os.O_PATH | os.O_NOFOLLOW,
+    os.O_RDONLY,
+    os.O_RDONLY | os.O_DIRECTORY,
+    os.O_RDONLY | os.O_NOFOLLOW,
+    os.O_PATH | os.O_DIRECTORY,
+]
+RESOLVES = [0, _native.RESOLVE_NO_SYMLINKS]
+
+
+def build_tree(top: str, entries) -> None:
+    for path, kind, target in entries:
+        full = os.path.join(top, path)
+        parent = os.path.dirname(full)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            if kind == "dir":
+                os.makedirs(full, exist_ok=True)
+            elif kind == "file":
+                with open(full, "x") as f:
+                    f.write(path)
+            elif target:
+                os.symlink(target, full)
+        except OSError:
+            pass  # a parent is a file or link: skip that entry
+
+
+def attempt(fn, rootfd, path, flags, resolve):
+    ret = fn(rootfd, path.encode(), flags, 0, resolve | _native.RESOLVE_BENEATH | _native.RESOLVE_NO_MAGICLINKS)
+    if ret < 0:
+        return ("err", -ret)
+    try:
+        st = os.fstat(ret)
+        return ("ok", st.st_dev, st.st_ino)
+    finally:
+        os.close(ret)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=st.lists(entry, max_size=12), paths=st.lists(rel_path, min_size=1, max_size=8),
+       flags=st.sampled_from(FLAG_SETS), resolve=st.sampled_from(RESOLVES))
+def test_fallback_agrees_with_openat2(entries, paths, flags, resolve):
+    base = tempfile.mkdtemp(prefix="sfs-prop-")
+    try:
+        top = os.path.join(base, "root")
+        os.makedirs(os.path.join(base, "outside"))
+        os.mkdir(top)
+        build_tree(top, entries)
+        inside = set()
+        for dirpath, dirs, files in os.walk(top):
+            for n in dirs + files + ["."]:
+                st_ = os.lstat(os.path.join(dirpath, n))
+                inside.add((st_.st_dev, st_.st_ino))
+        rootfd = os.open(top, os.O_PATH | os.O_DIRECTORY)
+        try:
+            for p in paths:
+                a = attempt(_native.lib.sfs_openat2, rootfd, p, flags, resolve)
+                b = attempt(_native.lib.sfs_open_fallback, rootfd, p, flags, resolve)
+                assert a == b, (p, entries, flags, resolve, a, b)
+                if a[0] == "ok":
+                    assert (a[1], a[2]) in inside, f"{p} opened something outside the root"
+        finally:
+            os.close(rootfd)
+    finally:
+        shutil.rmtree(base)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", ".", "..", "", "x y", "é", "a\\..", "..."]), min_size=1, max_size=12)
+       .map("/".join), st.booleans())
+def test_normalize_never_yields_dotdot_or_leading_slash(raw, absolute):
+    text = ("/" + raw) if absolute else raw
+    try:
+        sp = normalize(text, allow_absolute=absolute)
+    except InvalidPathError:
+        return
+    parts = sp.split("/")
+    assert ".." not in parts
+    assert "." not in parts
+    if absolute:
+        assert sp.startswith("/") and not sp.startswith("//")
+    else:
+        assert not sp.startswith("/")
+    assert not sp.endswith("/") or sp == "/"
+    # idempotent
+    assert normalize(sp, allow_absolute=absolute) == sp if sp else True
+
+
+def test_hop_limit_is_40_in_both_resolvers(tmp_path):
+    top = tmp_path / "r"
+    top.mkdir()
+    (top / "target").mkdir()
+    # l0 -> l1 -> ... -> l40 -> target : 41 hops
+    n = 41
+    for i in range(n):
+        nxt = f"l{i + 1}" if i + 1 < n else "target"
+        os.symlink(nxt, top / f"l{i}")
+    rootfd = os.open(top, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for fn in (_native.lib.sfs_openat2, _native.lib.sfs_open_fallback):
+            assert attempt(fn, rootfd, "l0", os.O_PATH, 0) == ("err", errno.ELOOP)
+            assert attempt(fn, rootfd, "l1", os.O_PATH, 0)[0] == "ok"  # 40 hops is fine
+    finally:
+        os.close(rootfd)
