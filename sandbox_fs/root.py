@@ -302,31 +302,26 @@ class Root:
             follow_symlinks: False adds ``O_NOFOLLOW`` on the leaf.
         """
         rel = self._rel(path)
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND) or \
-                (flags & _native.O_TMPFILE) == _native.O_TMPFILE:
-            self._check_writable(rel, "open")
-            follow_symlinks = False
+        writes = bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)) or \
+            (flags & _native.O_TMPFILE) == _native.O_TMPFILE
         _check_mode(mode, self._show(rel))
+        if writes:
+            # Writes open the parent beneath the root, check it (read-only
+            # grants), then open the leaf relative to that very fd without
+            # following it: nothing can be swapped between check and use.
+            with self._use() as rootfd:
+                pfd, leaf = self._open_parent(rootfd, rel, "open", write=True)
+                try:
+                    return os.open(leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
+                except OSError as exc:
+                    self._oserror(exc, "open", rel)
+                    raise  # unreachable
+                finally:
+                    os.close(pfd)
         if not follow_symlinks:
             flags |= os.O_NOFOLLOW
         with self._use() as rootfd:
-            fd = self._open_fd(rootfd, rel, flags, mode, "open")
-            if self._write_guard is not None and flags & (os.O_WRONLY | os.O_RDWR):
-                try:
-                    self._check_fd_guard(rootfd, rel)
-                except BaseException:
-                    os.close(fd)
-                    raise
-            return fd
-
-    def _check_fd_guard(self, rootfd: int, rel: bytes) -> None:
-        parent, _leaf = self._split(rel)
-        pfd = self._open_fd(rootfd, parent, _DIR_FLAGS, 0, "open")
-        try:
-            assert self._write_guard is not None
-            self._write_guard(pfd, self._show(rel))
-        finally:
-            os.close(pfd)
+            return self._open_fd(rootfd, rel, flags, mode, "open")
 
     def open(self, path: str | bytes, mode: str = "r", *, buffering: int = -1,
              encoding: str | None = None, errors: str | None = None, newline: str | None = None,
