@@ -1,0 +1,970 @@
+"""Streaming snapshots of a workspace: persist (tar), hydrate, stores, fingerprint.
+
+*Persist* walks the workspace through its :class:`~sandbox_fs.root.Root`
+(fd-based, never follows a symlink) and streams a POSIX.1-2001 (PAX) tar
+with workspace-relative member names straight into a :class:`SnapshotStore`:
+an unnamed ``O_TMPFILE`` (or a uniquely named partial file) in the store
+directory, ``fsync``, then an atomic link/rename and an atomic rewrite of the
+snapshot's metadata.  Memory is O(1) in workspace size: one file is open at
+a time and data moves in fixed-size chunks.
+
+Each regular file is opened beneath the workspace with ``O_NOFOLLOW`` and
+``O_NONBLOCK`` and read from that fd, so a file swapped for a symlink (or a
+FIFO) between the directory listing and the open is never read through.
+
+*One policy for persist and hydrate* (a saved snapshot is always restorable):
+regular files, directories, relative symlinks whose target stays beneath the
+workspace (the same lexical rule as :meth:`Root.symlink`), and hard links
+between members.  Absolute or escaping symlinks, FIFOs, sockets and device
+nodes are refused at persist time (:class:`UnrestorableEntryError`) or, with
+``on_unrestorable="skip"``, left out and listed in the report.  Owners are
+never recorded (uid/gid 0, no names); setuid/setgid/sticky bits are never
+stored (modes are masked to 0o777, as :meth:`Root.chmod` enforces).
+
+*Hydrate* verifies the archive's size and SHA-256 against the metadata before
+touching the workspace, so a truncated or corrupted snapshot is refused with
+:class:`SnapshotCorruptError` and the workspace is left as it was; the
+previous good snapshot stays valid because a new one only becomes current
+when its metadata file is atomically replaced.  Extraction goes through the
+archive extractor (:mod:`sandbox_fs.archive`) with limits on when it is
+installed, else through this module's tar reader that applies the same
+rules through the Root.  Directory modes are restored last, deepest first.
+
+The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
+where the tree digest covers, in walk order, every kept entry's path, type,
+size, permission bits and content SHA-256 (symlink: its target text).  It is
+computed in Python over the fd walk, never by running a command in the
+workspace, and lets a resumed session skip a restore when the live
+workspace provably matches the snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import stat as _stat
+import tarfile
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Iterable, Iterator, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import _native
+from .errors import InvalidPathError, SandboxError
+from .paths import normalize
+from .root import MAX_PATH_BYTES, DirEntry, Root, open_root
+
+__all__ = [
+    "SnapshotError",
+    "SnapshotNotFoundError",
+    "SnapshotCorruptError",
+    "SnapshotLimitError",
+    "SnapshotSourceChangedError",
+    "UnrestorableEntryError",
+    "SnapshotLimits",
+    "SnapshotInfo",
+    "PersistReport",
+    "HydrateReport",
+    "SnapshotStore",
+    "LocalSnapshotStore",
+    "NoSnapshot",
+    "persist",
+    "hydrate",
+    "tree_digest",
+    "fingerprint",
+    "validate_name",
+]
+
+SNAPSHOT_FORMAT = "sandbox-fs-snapshot"
+SNAPSHOT_VERSION = 1
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_READ_CHUNK = 1 << 20
+_ATOMIC_TMP_PREFIX = ".sfs-tmp-"  # Root.atomic_write's in-flight names: never persisted
+
+
+# ---------------------------------------------------------------------- errors
+
+
+class SnapshotError(SandboxError):
+    """Base of snapshot refusals."""
+
+    code = "snapshot_error"
+
+
+class SnapshotNotFoundError(SnapshotError, LookupError):
+    """The named snapshot does not exist in the store."""
+
+    code = "snapshot_not_found"
+
+
+class SnapshotCorruptError(SnapshotError, ValueError):
+    """A snapshot's archive or metadata is truncated, altered or malformed."""
+
+    code = "snapshot_corrupt"
+
+
+class SnapshotLimitError(SnapshotError):
+    """A snapshot exceeds :class:`SnapshotLimits` (at persist or at hydrate)."""
+
+    code = "snapshot_limit"
+
+
+class SnapshotSourceChangedError(SnapshotError):
+    """A file changed size while it was being persisted; persisting again may succeed."""
+
+    code = "snapshot_source_changed"
+    retryable = True
+
+
+class UnrestorableEntryError(SnapshotError):
+    """A workspace entry that hydrate would refuse (absolute/escaping symlink, FIFO, device, socket)."""
+
+    code = "snapshot_unrestorable_entry"
+
+
+def validate_name(name: str, what: str = "snapshot name") -> str:
+    """Return ``name`` if it is a plain token (``[A-Za-z0-9][A-Za-z0-9_-]{0,127}``).
+
+    Snapshot names and session ids become file names in trusted host
+    directories, so they may hold no ``/``, ``.``, NUL or anything else.
+
+    Raises:
+        InvalidPathError: ``name`` is not such a token.
+    """
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        shown = name[:64] if isinstance(name, str) else type(name).__name__
+        raise InvalidPathError(f"{what} must be a plain token of letters, digits, '_' or '-'",
+                               sandbox_path=None, context={"value": shown})
+    return name
+
+
+# ---------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class SnapshotLimits:
+    """Bounds applied identically when persisting and when hydrating.
+
+    Attributes:
+        max_entries: most members (files, dirs, links) in one snapshot.
+        max_file_bytes: largest single regular file, in bytes.
+        max_total_bytes: most file content in one snapshot, in bytes.
+        max_archive_bytes: largest archive file hydrate will read, in bytes.
+    """
+
+    max_entries: int = 1_000_000
+    max_file_bytes: int = 16 << 30
+    max_total_bytes: int = 64 << 30
+    max_archive_bytes: int = 80 << 30
+
+
+class SnapshotInfo(BaseModel):
+    """Metadata stored next to each snapshot (``<name>.json`` in a local store)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["sandbox-fs-snapshot"] = SNAPSHOT_FORMAT
+    version: Literal[1] = SNAPSHOT_VERSION
+    name: str
+    archive: str
+    archive_bytes: int = Field(ge=0)
+    archive_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")
+    manifest_digest: str = ""
+    tree_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    excluded: list[str] = Field(default_factory=list)
+    entries: int = Field(ge=0)
+    content_bytes: int = Field(ge=0)
+    created_ns: int = 0
+
+
+@dataclass
+class PersistReport:
+    """What :func:`persist` wrote.
+
+    Attributes:
+        info: the committed snapshot's metadata (None with :class:`NoSnapshot`).
+        skipped: ``(sandbox path, reason)`` of entries left out (mount
+            points, excluded paths, unrestorable entries with ``on_unrestorable="skip"``).
+    """
+
+    info: SnapshotInfo | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class HydrateReport:
+    """What :func:`hydrate` restored: the snapshot's metadata and the extractor used."""
+
+    info: SnapshotInfo
+    extractor: str
+
+
+# ---------------------------------------------------------------------- stores
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """Where snapshots live.  Every method is blocking (call it from a worker thread).
+
+    ``enabled`` is False for :class:`NoSnapshot`.  ``begin`` returns a binary
+    writable sink; ``commit`` makes it the named snapshot atomically (the
+    previous one stays valid until then); ``abort`` discards it.
+    """
+
+    enabled: bool
+
+    def info(self, name: str) -> SnapshotInfo | None: ...
+
+    def begin(self, name: str) -> "PendingArchive": ...
+
+    def commit(self, pending: "PendingArchive", info: SnapshotInfo) -> None: ...
+
+    def abort(self, pending: "PendingArchive") -> None: ...
+
+    def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]: ...
+
+    def list(self) -> list[SnapshotInfo]: ...
+
+    def remove(self, name: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _HashingSink(io.RawIOBase):
+    """A raw writer over a fd that hashes and counts every byte written."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.sha = hashlib.sha256()
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:  # type: ignore[override]
+        view = memoryview(b).cast("B")
+        n = os.write(self.fd, view)
+        self.sha.update(view[:n])
+        self.count += n
+        return n
+
+
+@dataclass
+class PendingArchive:
+    """An archive being written into a store; ``stream`` is the buffered sink."""
+
+    name: str
+    fd: int
+    sink: _HashingSink
+    stream: io.BufferedWriter
+    partial: str | None  # named partial file, or None for an O_TMPFILE
+
+
+class NoSnapshot:
+    """A store that keeps nothing: persist is a no-op and nothing is ever restored."""
+
+    enabled = False
+
+    def info(self, name: str) -> SnapshotInfo | None:
+        return None
+
+    def begin(self, name: str) -> PendingArchive:
+        raise SnapshotError("this client has no snapshot store", sandbox_path=None)
+
+    def commit(self, pending: PendingArchive, info: SnapshotInfo) -> None:
+        raise SnapshotError("this client has no snapshot store", sandbox_path=None)
+
+    def abort(self, pending: PendingArchive) -> None:
+        pass
+
+    def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
+        raise SnapshotNotFoundError("this client has no snapshot store", sandbox_path=None,
+                                    context={"snapshot": name})
+
+    def list(self) -> list[SnapshotInfo]:
+        return []
+
+    def remove(self, name: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LocalSnapshotStore:
+    """Snapshots as files in one trusted host directory (the embedded default).
+
+    Layout: ``<name>.json`` (the :class:`SnapshotInfo`, replaced atomically:
+    the commit point) and ``<name>.<token>.tar`` (the archive it names).
+    Files are created mode 0600; a directory this class creates is 0700.
+    Every access goes through a :class:`Root` opened on the directory.
+    A per-name ``flock`` on ``<name>.lock`` serializes commits of one name.
+
+    Args:
+        directory: trusted host directory (from the host application).
+        create: create it (mode 0700, parents 0700) when missing.
+
+    Raises:
+        FileNotFoundError: ``directory`` is missing and ``create`` is False.
+        SymlinkRefusedError: ``directory`` is a symlink.
+    """
+
+    enabled = True
+
+    def __init__(self, directory: str | os.PathLike, *, create: bool = True) -> None:
+        path = os.fspath(directory)
+        if create and not os.path.isdir(path):
+            os.makedirs(path, mode=0o700, exist_ok=True)  # trusted host path from the application
+        self.root = open_root(path, label="snapshot-store")
+
+    # -- reading
+
+    def info(self, name: str) -> SnapshotInfo | None:
+        """The metadata of snapshot ``name``, or None when it does not exist.
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotCorruptError: the metadata file is not valid.
+        """
+        validate_name(name)
+        try:
+            raw = self.root.read_bytes(f"{name}.json", max_bytes=1 << 20)
+        except FileNotFoundError:
+            return None
+        try:
+            info = SnapshotInfo.model_validate_json(raw)
+        except ValueError as exc:
+            raise SnapshotCorruptError("snapshot metadata is not valid", sandbox_path=None,
+                                       context={"snapshot": name}, diagnostic=str(exc)) from None
+        if info.name != name or not info.archive.startswith(f"{name}.") or "/" in info.archive:
+            raise SnapshotCorruptError("snapshot metadata names another snapshot", sandbox_path=None,
+                                       context={"snapshot": name})
+        return info
+
+    def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
+        """Open and verify snapshot ``name``; returns a binary reader at offset 0 and its info.
+
+        The archive is hashed through the same fd that is returned, so what is
+        verified is what will be read.
+
+        Raises:
+            SnapshotNotFoundError: no such snapshot.
+            SnapshotCorruptError: size or SHA-256 does not match its metadata.
+            SnapshotLimitError: the archive is larger than ``limits.max_archive_bytes``.
+        """
+        info = self.info(name)
+        if info is None:
+            raise SnapshotNotFoundError("no snapshot with this name", sandbox_path=None, context={"snapshot": name})
+        if info.archive_bytes > limits.max_archive_bytes:
+            raise SnapshotLimitError("snapshot archive is larger than max_archive_bytes", sandbox_path=None,
+                                     context={"snapshot": name, "max_archive_bytes": limits.max_archive_bytes})
+        try:
+            fd = self.root.open_fd(info.archive, os.O_RDONLY | os.O_NONBLOCK, follow_symlinks=False)
+        except FileNotFoundError:
+            raise SnapshotCorruptError("snapshot archive is missing", sandbox_path=None,
+                                       context={"snapshot": name}) from None
+        f = io.open(fd, "rb", buffering=_READ_CHUNK, closefd=True)
+        try:
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode) or st.st_size != info.archive_bytes:
+                raise SnapshotCorruptError("snapshot archive size does not match its metadata (truncated?)",
+                                           sandbox_path=None, context={"snapshot": name})
+            sha = hashlib.sha256()
+            buf = bytearray(_READ_CHUNK)
+            total = 0
+            while True:
+                n = os.readv(fd, [buf])
+                if not n:
+                    break
+                sha.update(memoryview(buf)[:n])
+                total += n
+            if total != info.archive_bytes or sha.hexdigest() != info.archive_sha256:
+                raise SnapshotCorruptError("snapshot archive does not match its SHA-256 (corrupted?)",
+                                           sandbox_path=None, context={"snapshot": name})
+            os.lseek(fd, 0, os.SEEK_SET)
+            return f, info
+        except BaseException:
+            f.close()
+            raise
+
+    def list(self) -> list[SnapshotInfo]:
+        """Metadata of every valid snapshot in the store, sorted by name (corrupt ones left out)."""
+        out = []
+        for fname in self.root.listdir("."):
+            if fname.endswith(".json") and _TOKEN.fullmatch(fname[:-5]):
+                try:
+                    info = self.info(fname[:-5])
+                except SnapshotCorruptError:
+                    continue
+                if info is not None:
+                    out.append(info)
+        return out
+
+    # -- writing
+
+    def begin(self, name: str) -> PendingArchive:
+        """Start a new archive for ``name``: an ``O_TMPFILE`` in the store (a named partial as fallback)."""
+        validate_name(name)
+        partial = None
+        try:
+            # Root.open_fd(".", O_TMPFILE) is refused (it wants a name): open the
+            # store's own directory fd and create the unnamed file relative to it.
+            dfd = self.root.open_dir_fd(".")
+            try:
+                fd = os.open(".", os.O_WRONLY | _native.O_TMPFILE | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            partial = f".{name}.{secrets.token_hex(8)}.partial"
+            fd = self.root.open_fd(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fchmod(fd, 0o600)
+        sink = _HashingSink(fd)
+        return PendingArchive(name, fd, sink, io.BufferedWriter(sink, _READ_CHUNK), partial)
+
+    def abort(self, pending: PendingArchive) -> None:
+        """Discard an unfinished archive (idempotent)."""
+        with contextlib.suppress(Exception):
+            pending.stream.close()
+        if pending.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(pending.fd)
+            pending.fd = -1
+        if pending.partial:
+            with contextlib.suppress(OSError):
+                self.root.remove(pending.partial)
+            pending.partial = None
+
+    def commit(self, pending: PendingArchive, info: SnapshotInfo) -> None:
+        """fsync the archive, link it under ``info.archive``, then atomically replace the metadata.
+
+        The metadata rename is the commit point: a crash before it leaves
+        the previous snapshot current and intact.  Archives of this name no
+        longer referenced are removed afterwards.
+        """
+        name = pending.name
+        pending.stream.flush()
+        os.fsync(pending.fd)
+        lock_fd = self.root.open_fd(f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            if pending.partial is None:
+                dfd = self.root.open_dir_fd(".")
+                try:
+                    os.link(f"/proc/self/fd/{pending.fd}", info.archive, dst_dir_fd=dfd, follow_symlinks=True)
+                finally:
+                    os.close(dfd)
+            else:
+                self.root.rename(pending.partial, info.archive, no_replace=True)
+                pending.partial = None
+            self._fsync_dir()
+            self.root.atomic_write(f"{name}.json", info.model_dump_json(indent=1).encode(), mode=0o600)
+            self._fsync_dir()
+            for fname in self.root.listdir("."):
+                if fname.startswith(f"{name}.") and fname.endswith(".tar") and fname != info.archive:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.root.remove(fname)
+        finally:
+            os.close(lock_fd)
+            self.abort(pending)
+
+    def remove(self, name: str) -> None:
+        """Delete snapshot ``name`` (metadata first, then its archives).  Missing is fine."""
+        validate_name(name)
+        for fname in [f"{name}.json"] + [f for f in self.root.listdir(".")
+                                          if f.startswith(f"{name}.") and f.endswith((".tar", ".lock"))]:
+            with contextlib.suppress(FileNotFoundError):
+                self.root.remove(fname)
+        self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        dfd = self.root.open_dir_fd(".")
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def close(self) -> None:
+        """Release the store's directory fd.  Idempotent."""
+        self.root.close()
+
+    def __enter__(self) -> "LocalSnapshotStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------- the walk
+
+
+@dataclass(frozen=True)
+class _Item:
+    path: str  # workspace-relative sandbox path
+    kind: str  # file | dir | symlink | fifo | socket | char | block | unknown
+    st: os.stat_result
+
+
+def _excluded(path: str, excluded: frozenset[str]) -> bool:
+    if path in excluded:
+        return True
+    for i, ch in enumerate(path):
+        if ch == "/" and path[:i] in excluded:
+            return True
+    return False
+
+
+def _norm_set(paths: Iterable[str]) -> frozenset[str]:
+    out = set()
+    for p in paths:
+        sp = normalize(p)
+        if sp:
+            out.add(str(sp))
+    return frozenset(out)
+
+
+def _scan(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
+          mount_points: frozenset[str] = frozenset()) -> Iterator[_Item]:
+    """Deterministic top-down walk, pruning excluded paths and mount points."""
+    root_dev = ws.stat(".").st_dev
+    for dirpath, dirnames, nondirs in ws.walk("."):
+        keep = []
+        for name in dirnames:
+            p = f"{dirpath}/{name}" if dirpath else name
+            if _excluded(p, excluded):
+                skipped.append((p, "excluded"))
+                continue
+            try:
+                st = ws.lstat(p)
+            except FileNotFoundError:
+                continue
+            if st.st_dev != root_dev or p in mount_points:
+                skipped.append((p, "mount point"))
+                continue
+            if not _stat.S_ISDIR(st.st_mode):
+                continue  # swapped meanwhile; the walk will not enter it either
+            keep.append(name)
+            yield _Item(p, "dir", st)
+        dirnames[:] = keep
+        for e in nondirs:
+            if _excluded(e.path, excluded):
+                skipped.append((e.path, "excluded"))
+                continue
+            if e.name.startswith(_ATOMIC_TMP_PREFIX):
+                skipped.append((e.path, "in-flight atomic write"))
+                continue
+            yield _Item(e.path, e.kind, e.stat)
+
+
+def _symlink_escapes(member_path: str, target: str) -> bool:
+    """The lexical rule of :meth:`Root.symlink`: absolute, or climbing above the root."""
+    if not target or target.startswith("/") or "\0" in target:
+        return True
+    depth = member_path.count("/")  # components of the link's directory
+    for comp in target.split("/"):
+        if comp in ("", "."):
+            continue
+        depth += -1 if comp == ".." else 1
+        if depth < 0:
+            return True
+    return False
+
+
+class _FdReader:
+    """Reads exactly ``size`` bytes from ``fd``, hashing them; a short file is an error."""
+
+    def __init__(self, fd: int, size: int, path: str) -> None:
+        self.fd, self.left, self.path = fd, size, path
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0 or n > self.left:
+            n = self.left
+        parts = []
+        want = n
+        while want:
+            chunk = os.read(self.fd, want)
+            if not chunk:
+                raise SnapshotSourceChangedError("file shrank while it was being persisted",
+                                                 sandbox_path=self.path)
+            parts.append(chunk)
+            want -= len(chunk)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.left -= len(data)
+        self.sha.update(data)
+        return data
+
+
+class _Digest:
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+
+    def add(self, path: str, kind: str, size: int, mode: int, content: str) -> None:
+        rec = f"{path}\0{kind}\0{size}\0{mode:o}\0{content}\n"
+        self.sha.update(rec.encode("utf-8", "surrogateescape"))
+
+    def hexdigest(self) -> str:
+        return self.sha.hexdigest()
+
+
+def fingerprint(manifest_digest: str, tree_digest_hex: str) -> str:
+    """The snapshot fingerprint: SHA-256 over a version tag, the manifest digest and the tree digest."""
+    return hashlib.sha256(f"sfs-fp-v1\0{manifest_digest}\0{tree_digest_hex}".encode()).hexdigest()
+
+
+def _open_member(ws: Root, item: _Item) -> int | None:
+    """Open a regular file for reading without following any symlink on its leaf."""
+    try:
+        fd = ws.open_fd(item.path, os.O_RDONLY | os.O_NONBLOCK, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
+            raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
+                                             sandbox_path=item.path) from None
+        raise
+    return fd
+
+
+def _policy_check(item: _Item, target: str | None, on_unrestorable: str,
+                  skipped: list[tuple[str, str]]) -> bool:
+    """True when the item may be persisted; refuses or records it otherwise."""
+    reason = None
+    if item.kind == "symlink":
+        assert target is not None
+        if target.startswith("/"):
+            reason = "absolute symlink"
+        elif _symlink_escapes(item.path, target):
+            reason = "symlink resolves outside the workspace"
+    elif item.kind not in ("file", "dir"):
+        reason = f"{item.kind} entries are not restorable"
+    if reason is None:
+        return True
+    if on_unrestorable == "skip":
+        skipped.append((item.path, reason))
+        return False
+    raise UnrestorableEntryError(f"{reason}; hydrate would refuse it, so persist refuses it too",
+                                 sandbox_path=item.path, context={"kind": item.kind})
+
+
+def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
+                on_unrestorable: Literal["refuse", "skip"] = "skip",
+                limits: SnapshotLimits | None = None) -> str:
+    """SHA-256 tree digest of the workspace, exactly as :func:`persist` would compute it.
+
+    Blocking: call from a worker thread.
+
+    Args:
+        ws: the workspace Root.
+        excluded: sandbox paths (relative) left out, with everything under them.
+        mount_points: sandbox paths of mount points (also detected by ``st_dev``).
+        on_unrestorable: ``"skip"`` leaves unrestorable entries out of the
+            digest (the default here: a digest is a comparison, not a save).
+        limits: bound on entries and bytes hashed.
+
+    Raises:
+        UnrestorableEntryError: ``on_unrestorable="refuse"`` and such an entry exists.
+        SnapshotLimitError: the tree exceeds ``limits``.
+    """
+    digest = _Digest()
+    _walk_into(ws, _norm_set(excluded), _norm_set(mount_points), on_unrestorable,
+               limits or SnapshotLimits(), [], digest, None, None)
+    return digest.hexdigest()
+
+
+def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_unrestorable: str,
+               limits: SnapshotLimits, skipped: list[tuple[str, str]], digest: _Digest,
+               tar: tarfile.TarFile | None, progress: Callable[[int, int], None] | None) -> tuple[int, int]:
+    entries = 0
+    content = 0
+    links: dict[tuple[int, int], tuple[str, str]] = {}  # (dev, ino) -> (first path, sha256)
+    last_report = time.monotonic()
+    for item in _scan(ws, excluded, skipped, mounts):
+        target = None
+        if item.kind == "symlink":
+            try:
+                target = ws.readlink(item.path)
+            except FileNotFoundError:
+                continue
+        if not _policy_check(item, target, on_unrestorable, skipped):
+            continue
+        entries += 1
+        if entries > limits.max_entries:
+            raise SnapshotLimitError("workspace has more entries than max_entries", sandbox_path=item.path,
+                                     context={"max_entries": limits.max_entries})
+        mode = _stat.S_IMODE(item.st.st_mode) & 0o777
+        if item.kind == "dir":
+            digest.add(item.path, "dir", 0, mode, "")
+            if tar is not None:
+                ti = _tarinfo(item.path, tarfile.DIRTYPE, mode, item.st.st_mtime)
+                tar.addfile(ti)
+        elif item.kind == "symlink":
+            assert target is not None
+            digest.add(item.path, "symlink", 0, 0o777, target)
+            if tar is not None:
+                ti = _tarinfo(item.path, tarfile.SYMTYPE, 0o777, item.st.st_mtime)
+                ti.linkname = target
+                tar.addfile(ti)
+        else:
+            fd = _open_member(ws, item)
+            if fd is None:
+                entries -= 1
+                continue
+            try:
+                st = os.fstat(fd)
+                if not _stat.S_ISREG(st.st_mode):
+                    raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
+                                                     sandbox_path=item.path)
+                mode = _stat.S_IMODE(st.st_mode) & 0o777
+                key = (st.st_dev, st.st_ino)
+                if st.st_nlink > 1 and key in links:
+                    first, sha_hex = links[key]
+                    digest.add(item.path, "file", st.st_size, mode, sha_hex)
+                    if tar is not None:
+                        ti = _tarinfo(item.path, tarfile.LNKTYPE, mode, st.st_mtime)
+                        ti.linkname = first
+                        tar.addfile(ti)
+                    continue
+                if st.st_size > limits.max_file_bytes:
+                    raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
+                                             context={"max_file_bytes": limits.max_file_bytes})
+                content += st.st_size
+                if content > limits.max_total_bytes:
+                    raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
+                                             context={"max_total_bytes": limits.max_total_bytes})
+                reader = _FdReader(fd, st.st_size, item.path)
+                if tar is not None:
+                    ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
+                    ti.size = st.st_size
+                    tar.addfile(ti, reader)
+                else:
+                    while reader.left:
+                        reader.read(_READ_CHUNK)
+                sha_hex = reader.sha.hexdigest()
+                if st.st_nlink > 1:
+                    links[key] = (item.path, sha_hex)
+                digest.add(item.path, "file", st.st_size, mode, sha_hex)
+            finally:
+                os.close(fd)
+        if progress is not None:
+            now = time.monotonic()
+            if now - last_report >= 0.2:
+                last_report = now
+                progress(entries, content)
+    if progress is not None:
+        progress(entries, content)
+    return entries, content
+
+
+def _tarinfo(path: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(path + "/" if kind == tarfile.DIRTYPE else path)
+    ti.type = kind
+    ti.mode = mode
+    ti.mtime = mtime
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
+# ----------------------------------------------------------------- persist
+
+
+def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str = "",
+            excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
+            on_unrestorable: Literal["refuse", "skip"] = "refuse",
+            limits: SnapshotLimits | None = None,
+            progress: Callable[[int, int], None] | None = None) -> PersistReport:
+    """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: one worker thread.
+
+    Args:
+        ws: the workspace Root (read through it only; never follows a symlink).
+        store: the destination; :class:`NoSnapshot` makes this a no-op.
+        name: snapshot name, a plain token (see :func:`validate_name`).
+        manifest_digest: the manifest's digest, folded into the fingerprint.
+        excluded: relative sandbox paths left out (ephemeral entries,
+            registered persist skip paths); recorded in the metadata.
+        mount_points: relative sandbox paths of mounts (also found by ``st_dev``).
+        on_unrestorable: ``"refuse"`` (default) raises on an entry hydrate
+            would refuse; ``"skip"`` leaves it out and lists it in the report.
+        limits: the same :class:`SnapshotLimits` hydrate will apply.
+        progress: called with ``(entries, content_bytes)`` at most every 0.2 s.
+
+    Returns:
+        A :class:`PersistReport`; ``info`` is the committed snapshot.
+
+    Raises:
+        UnrestorableEntryError: an absolute/escaping symlink, FIFO, socket or
+            device node, with ``on_unrestorable="refuse"``.
+        SnapshotLimitError: the workspace exceeds ``limits``.
+        SnapshotSourceChangedError: a file shrank or was swapped while read
+            (retryable).
+        InvalidPathError: ``name`` is not a plain token.
+        OSError: the store cannot be written (ENOSPC ...).  In every error
+            case the previous snapshot of ``name`` stays current and intact.
+    """
+    validate_name(name)
+    limits = limits or SnapshotLimits()
+    excl = _norm_set(excluded)
+    mounts = _norm_set(mount_points)
+    skipped: list[tuple[str, str]] = []
+    if not store.enabled:
+        return PersistReport(None, skipped)
+    pending = store.begin(name)
+    try:
+        digest = _Digest()
+        with tarfile.open(fileobj=pending.stream, mode="w|", format=tarfile.PAX_FORMAT,
+                          encoding="utf-8", errors="surrogateescape") as tar:
+            entries, content = _walk_into(ws, excl, mounts, on_unrestorable, limits, skipped,
+                                          digest, tar, progress)
+        pending.stream.flush()
+        tree = digest.hexdigest()
+        info = SnapshotInfo(
+            name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,
+            archive_sha256=pending.sink.sha.hexdigest(), fingerprint=fingerprint(manifest_digest, tree),
+            manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(excl), entries=entries,
+            content_bytes=content, created_ns=time.time_ns())
+        store.commit(pending, info)
+        return PersistReport(info, skipped)
+    except BaseException:
+        store.abort(pending)
+        raise
+
+
+# ------------------------------------------------------------------ hydrate
+
+
+def is_mount_point_of(ws: Root) -> Callable[[os.stat_result], bool]:
+    """A ``skip`` predicate for :meth:`Root.clear`: True for directories on another device."""
+    dev = ws.stat(".").st_dev
+    return lambda st: st.st_dev != dev
+
+
+def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
+            extractor: Literal["auto", "archive", "builtin"] = "auto") -> HydrateReport:
+    """Replace the workspace's contents with snapshot ``name``.  Blocking: one worker thread.
+
+    The archive is verified (size, SHA-256) *before* the workspace is
+    touched.  Then the workspace contents are cleared (never the root
+    directory itself, never a mount point) and the archive is extracted
+    with limits on.  Directory modes are restored after their contents.
+
+    Args:
+        ws: the workspace Root (writable).
+        store: where the snapshot lives.
+        name: snapshot name.
+        limits: :class:`SnapshotLimits` (entries, bytes, archive size).
+        extractor: ``"archive"`` uses :func:`sandbox_fs.archive.extract`,
+            ``"builtin"`` this module's reader, ``"auto"`` the former when installed.
+
+    Raises:
+        SnapshotNotFoundError: no such snapshot.
+        SnapshotCorruptError: the archive fails verification or is not a
+            valid tar (nothing is cleared in the first case).
+        SnapshotLimitError: the archive exceeds ``limits``.
+        UnrestorableEntryError: a member hydrate refuses (builtin reader).
+        SandboxError: whatever the archive extractor refuses.
+    """
+    limits = limits or SnapshotLimits()
+    f, info = store.open_archive(name, limits)
+    with f:
+        ws.clear(skip=is_mount_point_of(ws))
+        used = "builtin"
+        if extractor in ("auto", "archive"):
+            ext = _archive_extractor()
+            if ext is not None:
+                used = "archive"
+                _extract_with_archive(ext, ws, f, limits)
+            elif extractor == "archive":
+                raise SnapshotError("the archive extractor (sandbox_fs.archive) is not installed",
+                                    sandbox_path=None)
+        if used == "builtin":
+            _extract_builtin(ws, f, limits)
+    return HydrateReport(info, used)
+
+
+def _archive_extractor() -> Any:
+    try:
+        from . import archive  # noqa: PLC0415  (issue 3; optional until it lands)
+    except ImportError:
+        return None
+    return archive if hasattr(archive, "extract") else None
+
+
+def _extract_with_archive(archive: Any, ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
+    kwargs: dict[str, Any] = {"format": "tar"}
+    lim_cls = getattr(archive, "ArchiveLimits", None)
+    if lim_cls is not None:
+        wanted = {"max_entries": limits.max_entries, "max_members": limits.max_entries,
+                  "max_file_bytes": limits.max_file_bytes, "max_member_bytes": limits.max_file_bytes,
+                  "max_total_bytes": limits.max_total_bytes}
+        known = set(getattr(lim_cls, "model_fields", {}) or getattr(lim_cls, "__dataclass_fields__", {}))
+        kwargs["limits"] = lim_cls(**{k: v for k, v in wanted.items() if k in known})
+    archive.extract(ws, ".", f, **kwargs)
+
+
+def _member_path(name: str) -> str:
+    try:
+        sp = normalize(name)
+    except InvalidPathError as exc:
+        raise SnapshotCorruptError("snapshot member name is not a relative sandbox path",
+                                   sandbox_path=exc.sandbox_path) from None
+    if not sp:
+        raise SnapshotCorruptError("snapshot member names the workspace root", sandbox_path=name[:200])
+    return str(sp)
+
+
+def _extract_builtin(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
+    """Stream-read a tar into the workspace through the Root, under the persist policy."""
+    dir_modes: list[tuple[str, int]] = []
+    entries = 0
+    content = 0
+    try:
+        with tarfile.open(fileobj=f, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
+            for m in tar:
+                entries += 1
+                if entries > limits.max_entries:
+                    raise SnapshotLimitError("snapshot has more members than max_entries", sandbox_path=None,
+                                             context={"max_entries": limits.max_entries})
+                path = _member_path(m.name)
+                parent = path.rpartition("/")[0]
+                if parent:
+                    ws.mkdir(parent, 0o700, parents=True, exist_ok=True)
+                mode = m.mode & 0o777
+                if m.isdir():
+                    ws.mkdir(path, 0o700, exist_ok=True)
+                    dir_modes.append((path, mode))
+                elif m.isreg():
+                    if m.size > limits.max_file_bytes:
+                        raise SnapshotLimitError("member is larger than max_file_bytes", sandbox_path=path)
+                    content += m.size
+                    if content > limits.max_total_bytes:
+                        raise SnapshotLimitError("snapshot holds more than max_total_bytes", sandbox_path=path)
+                    src = tar.extractfile(m)
+                    assert src is not None
+                    ws.atomic_write(path, iter(lambda: src.read(_READ_CHUNK), b""), mode=mode, fsync=False,
+                                    max_bytes=m.size, mtime_ns=int(m.mtime * 1e9))
+                elif m.issym():
+                    if _symlink_escapes(path, m.linkname):
+                        raise UnrestorableEntryError("snapshot symlink is absolute or escapes the workspace",
+                                                     sandbox_path=path)
+                    ws.symlink(m.linkname, path)
+                elif m.islnk():
+                    ws.link(_member_path(m.linkname), path)
+                else:
+                    raise UnrestorableEntryError("snapshot member type is not restorable", sandbox_path=path,
+                                                 context={"type": repr(m.type)})
+    except (tarfile.TarError, EOFError) as exc:
+        raise SnapshotCorruptError("snapshot archive is not a valid tar", sandbox_path=None,
+                                   diagnostic=str(exc)) from None
+    for path, mode in sorted(dir_modes, key=lambda pm: pm[0].count("/"), reverse=True):
+        ws.chmod(path, mode)
