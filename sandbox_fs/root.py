@@ -18,7 +18,10 @@ passes a workspace or host-source path string to ``os``, ``shutil``,
 ``open`` or ``pathlib`` for I/O.
 
 Thread-safety: every method may be called from several threads at once.
-``close()`` waits for in-flight calls to release the fd before closing it.
+``close()`` never closes the fd under an in-flight call (the last call out
+closes it), so a closed Root can never act on a reused fd number.  The
+pinning relies on the GIL (atomic ``list.append``/``list.pop``); a
+free-threaded build would need a lock there.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import io
 import os
 import secrets as _secrets
 import stat as _stat
-import threading
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator
 
@@ -48,8 +50,11 @@ MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_NAME_BYTES = 255  # NAME_MAX
 
 _O_PATH = _native.O_PATH
+_O_NOFOLLOW = os.O_NOFOLLOW
 _DIR_FLAGS = _O_PATH | os.O_DIRECTORY
 _COPY_UNBOUNDED = (1 << 62)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_O_TMPFILE = _native.O_TMPFILE
 
 
 class UnsafeModeError(SandboxError, ValueError):
@@ -121,20 +126,10 @@ class _FdUse:
         self.root = root
 
     def __enter__(self) -> int:
-        r = self.root
-        with r._lock:
-            if r._fd < 0:
-                raise WorkspaceClosedError("this Root is closed", sandbox_path=r._label or ".")
-            r._users += 1
-            return r._fd
+        return self.root._acquire()
 
     def __exit__(self, *exc: object) -> None:
-        r = self.root
-        with r._lock:
-            r._users -= 1
-            if r._closing and r._users == 0 and r._fd >= 0:
-                os.close(r._fd)
-                r._fd = -1
+        self.root._release()
 
 
 class Root:
@@ -159,9 +154,12 @@ class Root:
 
     def __init__(self, _fd: int, *, read_only: bool, no_symlinks: bool, resolver: str,
                  label: str, write_guard: Callable[[int, str], None] | None = None) -> None:
-        self._fd = _fd
-        self._lock = threading.Lock()
-        self._users = 0
+        # fd pinning without a lock on the hot path (relies on the GIL making
+        # list.append / list.pop atomic): a call appends to _inflight *before*
+        # reading the fd; close() sets _closing *before* looking at _inflight;
+        # the fd is taken out of _fdbox by exactly one pop, then closed.
+        self._fdbox = [_fd]
+        self._inflight: list[None] = []
         self._closing = False
         self.read_only = read_only
         self.no_symlinks = no_symlinks
@@ -170,6 +168,9 @@ class Root:
         self._write_guard = write_guard
         st = os.fstat(_fd)
         self._root_id = (st.st_dev, st.st_ino)
+        self._resolve = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_MAGICLINKS |
+                         (_native.RESOLVE_NO_SYMLINKS if no_symlinks else 0))
+        self._open_native = _native.native_open_function(resolver)
 
     # ------------------------------------------------------------------ basics
 
@@ -179,15 +180,40 @@ class Root:
 
     @property
     def closed(self) -> bool:
-        return self._fd < 0 or self._closing
+        return self._closing or not self._fdbox
+
+    @property
+    def _fd(self) -> int:
+        box = self._fdbox
+        return box[0] if box else -1
+
+    def _acquire(self) -> int:
+        self._inflight.append(None)
+        if not self._closing:
+            try:
+                return self._fdbox[0]
+            except IndexError:
+                pass
+        self._release()
+        raise WorkspaceClosedError("this Root is closed", sandbox_path=self._label or ".")
+
+    def _release(self) -> None:
+        self._inflight.pop()
+        if self._closing and not self._inflight:
+            self._final_close()
+
+    def _final_close(self) -> None:
+        try:
+            fd = self._fdbox.pop()
+        except IndexError:
+            return
+        os.close(fd)
 
     def close(self) -> None:
         """Release the directory fd.  Idempotent; in-flight calls finish first."""
-        with self._lock:
-            self._closing = True
-            if self._users == 0 and self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        self._closing = True
+        if not self._inflight:
+            self._final_close()
 
     def __enter__(self) -> "Root":
         return self
@@ -197,9 +223,8 @@ class Root:
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
-            if self._fd >= 0 and self._users == 0:
-                os.close(self._fd)
-                self._fd = -1
+            if not self._inflight:
+                self._final_close()
         except Exception:
             pass
 
@@ -226,6 +251,21 @@ class Root:
         return text or self._label or "."
 
     def _rel(self, path: str | bytes | os.PathLike) -> bytes:
+        """Validate a relative path and return it as bytes (fast path first)."""
+        t = type(path)
+        if t is str:
+            b = path.encode("utf-8", "surrogateescape")  # type: ignore[union-attr]
+        elif t is bytes:
+            b = path  # type: ignore[assignment]
+        else:
+            return self._rel_slow(path)
+        if not b:
+            return b"."
+        if len(b) > MAX_NAME_BYTES or b"\0" in b or b[0] == 47:  # 47 == "/"
+            return self._rel_slow(b)
+        return b
+
+    def _rel_slow(self, path: str | bytes | os.PathLike) -> bytes:
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
         if isinstance(path, str):
@@ -301,10 +341,25 @@ class Root:
             mode: permission bits for a created file, within 0o777.
             follow_symlinks: False adds ``O_NOFOLLOW`` on the leaf.
         """
+        if type(path) is str and not flags & _WRITE_FLAGS and 0 <= mode <= 0o777:
+            # Hot path for reads: validate inline, pin the fd, one native call.
+            rel = path.encode("utf-8", "surrogateescape")
+            if rel and len(rel) <= MAX_NAME_BYTES and rel[0] != 47 and b"\0" not in rel \
+                    and (flags & _O_TMPFILE) != _O_TMPFILE:
+                if not follow_symlinks:
+                    flags |= _O_NOFOLLOW
+                rootfd = self._acquire()
+                try:
+                    ret = self._open_native(rootfd, rel, flags, mode, self._resolve)
+                finally:
+                    self._release()
+                if ret < 0:
+                    _native.raise_errno(-ret, "open", self._show(rel))
+                return ret
         rel = self._rel(path)
-        writes = bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)) or \
-            (flags & _native.O_TMPFILE) == _native.O_TMPFILE
-        _check_mode(mode, self._show(rel))
+        writes = flags & _WRITE_FLAGS or (flags & _O_TMPFILE) == _O_TMPFILE
+        if mode & ~0o777 or mode < 0:
+            _check_mode(mode, self._show(rel))
         if writes:
             # Writes open the parent beneath the root, check it (read-only
             # grants), then open the leaf relative to that very fd without
@@ -319,9 +374,17 @@ class Root:
                 finally:
                     os.close(pfd)
         if not follow_symlinks:
-            flags |= os.O_NOFOLLOW
-        with self._use() as rootfd:
-            return self._open_fd(rootfd, rel, flags, mode, "open")
+            flags |= _O_NOFOLLOW
+        # Hot path: inline fd pinning and the native call; the sandbox path
+        # for an error message is only built when there is an error.
+        rootfd = self._acquire()
+        try:
+            ret = self._open_native(rootfd, rel, flags, mode, self._resolve)
+        finally:
+            self._release()
+        if ret < 0:
+            _native.raise_errno(-ret, "open", self._show(rel))
+        return ret
 
     def open(self, path: str | bytes, mode: str = "r", *, buffering: int = -1,
              encoding: str | None = None, errors: str | None = None, newline: str | None = None,

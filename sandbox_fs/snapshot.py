@@ -534,8 +534,9 @@ def _norm_set(paths: Iterable[str]) -> frozenset[str]:
 
 
 def _scan(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
-          mount_points: frozenset[str] = frozenset()) -> Iterator[_Item]:
-    """Deterministic top-down walk, pruning excluded paths and mount points."""
+          mount_points: frozenset[str] = frozenset(),
+          skip_ids: frozenset[tuple[int, int]] = frozenset()) -> Iterator[_Item]:
+    """Deterministic top-down walk, pruning excluded paths, mount points and grant roots."""
     root_dev = ws.stat(".").st_dev
     for dirpath, dirnames, nondirs in ws.walk("."):
         keep = []
@@ -550,6 +551,9 @@ def _scan(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
                 continue
             if st.st_dev != root_dev or p in mount_points:
                 skipped.append((p, "mount point"))
+                continue
+            if (st.st_dev, st.st_ino) in skip_ids:
+                skipped.append((p, "extra path grant"))
                 continue
             if not _stat.S_ISDIR(st.st_mode):
                 continue  # swapped meanwhile; the walk will not enter it either
@@ -658,6 +662,7 @@ def _policy_check(item: _Item, target: str | None, on_unrestorable: str,
 
 
 def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
+                skip_identities: Iterable[tuple[int, int]] = (),
                 on_unrestorable: Literal["refuse", "skip"] = "skip",
                 limits: SnapshotLimits | None = None) -> str:
     """SHA-256 tree digest of the workspace, exactly as :func:`persist` would compute it.
@@ -668,6 +673,8 @@ def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterabl
         ws: the workspace Root.
         excluded: sandbox paths (relative) left out, with everything under them.
         mount_points: sandbox paths of mount points (also detected by ``st_dev``).
+        skip_identities: ``(st_dev, st_ino)`` of directories never entered
+            (extra path grants nested in the workspace).
         on_unrestorable: ``"skip"`` leaves unrestorable entries out of the
             digest (the default here: a digest is a comparison, not a save).
         limits: bound on entries and bytes hashed.
@@ -678,18 +685,19 @@ def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterabl
     """
     digest = _Digest()
     _walk_into(ws, _norm_set(excluded), _norm_set(mount_points), on_unrestorable,
-               limits or SnapshotLimits(), [], digest, None, None)
+               limits or SnapshotLimits(), [], digest, None, None, frozenset(skip_identities))
     return digest.hexdigest()
 
 
 def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_unrestorable: str,
                limits: SnapshotLimits, skipped: list[tuple[str, str]], digest: _Digest,
-               tar: tarfile.TarFile | None, progress: Callable[[int, int], None] | None) -> tuple[int, int]:
+               tar: tarfile.TarFile | None, progress: Callable[[int, int], None] | None,
+               skip_ids: frozenset[tuple[int, int]] = frozenset()) -> tuple[int, int]:
     entries = 0
     content = 0
     links: dict[tuple[int, int], tuple[str, str]] = {}  # (dev, ino) -> (first path, sha256)
     last_report = time.monotonic()
-    for item in _scan(ws, excluded, skipped, mounts):
+    for item in _scan(ws, excluded, skipped, mounts, skip_ids):
         target = None
         if item.kind == "symlink":
             try:
@@ -781,6 +789,7 @@ def _tarinfo(path: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo
 
 def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str = "",
             excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
+            skip_identities: Iterable[tuple[int, int]] = (),
             on_unrestorable: Literal["refuse", "skip"] = "refuse",
             limits: SnapshotLimits | None = None,
             progress: Callable[[int, int], None] | None = None) -> PersistReport:
@@ -794,6 +803,8 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
         excluded: relative sandbox paths left out (ephemeral entries,
             registered persist skip paths); recorded in the metadata.
         mount_points: relative sandbox paths of mounts (also found by ``st_dev``).
+        skip_identities: ``(st_dev, st_ino)`` of directories never entered
+            (extra path grants nested in the workspace: grants are never persisted).
         on_unrestorable: ``"refuse"`` (default) raises on an entry hydrate
             would refuse; ``"skip"`` leaves it out and lists it in the report.
         limits: the same :class:`SnapshotLimits` hydrate will apply.
@@ -825,7 +836,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
         with tarfile.open(fileobj=pending.stream, mode="w|", format=tarfile.PAX_FORMAT,
                           encoding="utf-8", errors="surrogateescape") as tar:
             entries, content = _walk_into(ws, excl, mounts, on_unrestorable, limits, skipped,
-                                          digest, tar, progress)
+                                          digest, tar, progress, frozenset(skip_identities))
         pending.stream.flush()
         tree = digest.hexdigest()
         info = SnapshotInfo(

@@ -1,0 +1,266 @@
+"""Landlock ruleset construction from file descriptors (private to :mod:`sandbox_fs.exec`).
+
+The ruleset is built in the parent process from **fds**: the workspace Root's
+``O_PATH`` fd (``Root.fileno_dup()``), each grant Root's fd, and the fixed
+system paths opened ``O_PATH`` by their host paths.  The resulting ruleset fd
+is handed to the ``sfs-exec`` helper, which applies it to itself just before
+``execve`` (see ``native/sfs_exec.c``).
+
+Access rights and their ABI versions follow the kernel's
+``include/uapi/linux/landlock.h`` and Documentation/userspace-api/landlock.rst:
+ABI 1 the 13 basic filesystem rights, ABI 2 ``REFER``, ABI 3 ``TRUNCATE``,
+ABI 4 TCP ``BIND``/``CONNECT``, ABI 5 ``IOCTL_DEV``, ABI 6 scoping of
+abstract unix sockets and signals.  Rights a kernel does not know are never
+asked for, so the same code runs on every ABI >= 1.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as _stat
+from dataclasses import dataclass
+from typing import Iterable
+
+from . import _native
+
+# --- filesystem rights (landlock.h) ---------------------------------------
+FS_EXECUTE = 1 << 0
+FS_WRITE_FILE = 1 << 1
+FS_READ_FILE = 1 << 2
+FS_READ_DIR = 1 << 3
+FS_REMOVE_DIR = 1 << 4
+FS_REMOVE_FILE = 1 << 5
+FS_MAKE_CHAR = 1 << 6
+FS_MAKE_DIR = 1 << 7
+FS_MAKE_REG = 1 << 8
+FS_MAKE_SOCK = 1 << 9
+FS_MAKE_FIFO = 1 << 10
+FS_MAKE_BLOCK = 1 << 11
+FS_MAKE_SYM = 1 << 12
+FS_REFER = 1 << 13        # ABI 2
+FS_TRUNCATE = 1 << 14     # ABI 3
+FS_IOCTL_DEV = 1 << 15    # ABI 5
+
+NET_BIND_TCP = 1 << 0     # ABI 4
+NET_CONNECT_TCP = 1 << 1  # ABI 4
+
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1                # ABI 6
+
+_FS_ABI1 = (1 << 13) - 1
+
+#: Rights that only make sense on a directory: a rule on a regular file
+#: carrying one of them is refused by the kernel with EINVAL.
+FS_DIR_ONLY = (FS_READ_DIR | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_CHAR | FS_MAKE_DIR | FS_MAKE_REG
+               | FS_MAKE_SOCK | FS_MAKE_FIFO | FS_MAKE_BLOCK | FS_MAKE_SYM | FS_REFER)
+
+#: Read-only and execute (system set, read-only grants).
+FS_READ_EXEC = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+
+
+def fs_mask(abi: int) -> int:
+    """All filesystem rights the kernel with Landlock ABI ``abi`` handles."""
+    if abi <= 0:
+        return 0
+    mask = _FS_ABI1
+    if abi >= 2:
+        mask |= FS_REFER
+    if abi >= 3:
+        mask |= FS_TRUNCATE
+    if abi >= 5:
+        mask |= FS_IOCTL_DEV
+    return mask
+
+
+def fs_read_write(abi: int) -> int:
+    """Read-write rights for the workspace and read-write grants.
+
+    Everything the ABI offers except creating character or block devices
+    (``MAKE_CHAR``/``MAKE_BLOCK``: a device node in the workspace is a way
+    out, CVE-style "mknod escape") and ``IOCTL_DEV`` on device files.
+    """
+    return fs_mask(abi) & ~(FS_MAKE_CHAR | FS_MAKE_BLOCK | FS_IOCTL_DEV)
+
+
+def net_mask(abi: int) -> int:
+    return (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0
+
+
+def scope_mask(abi: int) -> int:
+    return (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0
+
+
+def abi() -> int:
+    """The running kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    v = _native.lib.sfs_landlock_abi()
+    return v if v > 0 else 0
+
+
+# --- the system set ----------------------------------------------------------
+
+#: Directories granted read + execute to every confined process.  On a
+#: merged-/usr system ``/bin``, ``/sbin`` and ``/lib*`` are symlinks into
+#: ``/usr``; opening them follows the link, so the rule lands on the target.
+SYSTEM_READ_EXEC_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+#: Device files: (path, rights).  Writing /dev/null, /dev/zero and /dev/full
+#: is what ``cmd > /dev/null`` needs; the random devices are read-only.
+SYSTEM_DEVICES = (
+    ("/dev/null", FS_READ_FILE | FS_WRITE_FILE),
+    ("/dev/zero", FS_READ_FILE | FS_WRITE_FILE),
+    ("/dev/full", FS_READ_FILE | FS_WRITE_FILE),
+    ("/dev/random", FS_READ_FILE),
+    ("/dev/urandom", FS_READ_FILE),
+)
+
+#: Entries of ``/etc`` never granted (besides every entry that is not
+#: world-readable, such as ``shadow`` and ``gshadow``): credentials, private
+#: keys and privilege configuration.  Nested names are handled by granting
+#: the parent's other entries one by one.
+ETC_EXCLUDED = frozenset({
+    "shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "ssl/private",
+    "security/opasswd", "credstore", "credstore.encrypted", "wireguard", "krb5.keytab",
+    "ppp", "NetworkManager/system-connections", ".pwd.lock", "machine-id",
+})
+
+
+@dataclass(frozen=True)
+class SystemRule:
+    """One system rule: a fixed host path, its rights, and whether it is a directory."""
+
+    host_path: str
+    access: int
+
+
+def _etc_rules(top: str = "/etc") -> list[SystemRule]:
+    """Enumerate ``/etc`` minus :data:`ETC_EXCLUDED` and entries not world-readable."""
+    rules: list[SystemRule] = []
+    nested: dict[str, set[str]] = {}
+    for item in ETC_EXCLUDED:
+        head, _, tail = item.partition("/")
+        if tail:
+            nested.setdefault(head, set()).add(tail)
+
+    def walk(dir_path: str, excluded: set[str], nested_map: dict[str, set[str]]) -> None:
+        try:
+            names = sorted(os.listdir(dir_path))
+        except OSError:
+            return
+        for name in names:
+            if name in excluded:
+                continue
+            path = f"{dir_path}/{name}"
+            try:
+                st = os.stat(path)  # follows symlinks: the rule lands on the target
+            except OSError:
+                continue
+            if not st.st_mode & 0o004:
+                continue  # not world-readable: shadow, gshadow, private keys ...
+            if name in nested_map and _stat.S_ISDIR(st.st_mode):
+                sub_excl = {t for t in nested_map[name] if "/" not in t}
+                walk(path, sub_excl, {})
+                continue
+            access = FS_READ_EXEC if _stat.S_ISDIR(st.st_mode) else FS_READ_FILE | FS_EXECUTE
+            rules.append(SystemRule(path, access))
+
+    top_excl = {e for e in ETC_EXCLUDED if "/" not in e}
+    walk(top, top_excl, nested)
+    return rules
+
+
+_SYSTEM_CACHE: list[SystemRule] | None = None
+
+
+def system_rules() -> list[SystemRule]:
+    """The documented read-only system set (computed once per process).
+
+    ``/usr``, ``/bin``, ``/sbin``, ``/lib*`` (read + execute), the device
+    files of :data:`SYSTEM_DEVICES`, and ``/etc`` entry by entry minus
+    :data:`ETC_EXCLUDED` and what is not world-readable.  ``/proc/self`` is
+    added by the helper itself (see ``--proc-self`` in ``native/sfs_exec.c``),
+    because the parent's ``/proc/self`` is another process.
+    """
+    global _SYSTEM_CACHE
+    if _SYSTEM_CACHE is None:
+        rules = [SystemRule(p, FS_READ_EXEC) for p in SYSTEM_READ_EXEC_DIRS]
+        rules += [SystemRule(p, a) for p, a in SYSTEM_DEVICES]
+        rules += _etc_rules()
+        _SYSTEM_CACHE = rules
+    return list(_SYSTEM_CACHE)
+
+
+class RulesetError(OSError):
+    """A Landlock syscall failed (carries errno)."""
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        raise RulesetError(-ret, f"{what}: {os.strerror(-ret)}")
+    return ret
+
+
+class Ruleset:
+    """A Landlock ruleset fd under construction (O_CLOEXEC; close it when done).
+
+    Args:
+        abi_version: the kernel's ABI (from :func:`abi`), >= 1.
+        handle_net: handle TCP bind/connect (ABI >= 4), i.e. deny unless a port rule allows.
+        handle_scopes: scope abstract unix sockets and signals (ABI >= 6).
+
+    Raises:
+        RulesetError: the kernel refused to create the ruleset.
+    """
+
+    def __init__(self, abi_version: int, *, handle_net: bool = True, handle_scopes: bool = True) -> None:
+        self.abi = abi_version
+        self.fs = fs_mask(abi_version)
+        self.net = net_mask(abi_version) if handle_net else 0
+        self.scoped = scope_mask(abi_version) if handle_scopes else 0
+        self.fd = _check(_native.lib.sfs_landlock_create(self.fs, self.net, self.scoped),
+                         "landlock_create_ruleset")
+
+    def add_fd(self, fd: int, access: int) -> None:
+        """Allow ``access`` beneath the object ``fd`` refers to (dir or file).
+
+        Directory-only rights are dropped for a non-directory.
+        """
+        st = os.fstat(fd)
+        if not _stat.S_ISDIR(st.st_mode):
+            access &= ~FS_DIR_ONLY
+        access &= self.fs
+        if access:
+            _check(_native.lib.sfs_landlock_add_path(self.fd, fd, access), "landlock_add_rule")
+
+    def add_host_path(self, host_path: str, access: int) -> bool:
+        """Open a fixed system path ``O_PATH`` and add it; False when it does not exist."""
+        try:
+            fd = os.open(host_path, _native.O_PATH | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            self.add_fd(fd, access)
+        finally:
+            os.close(fd)
+        return True
+
+    def allow_tcp(self, ports: Iterable[int], access: int) -> None:
+        """Allow TCP ``access`` (NET_BIND_TCP / NET_CONNECT_TCP) on each port (ABI >= 4)."""
+        access &= self.net
+        if not access:
+            return
+        for port in ports:
+            if not 0 <= int(port) <= 65535:
+                raise RulesetError(errno.EINVAL, f"TCP port out of range: {port}")
+            _check(_native.lib.sfs_landlock_add_port(self.fd, int(port), access), "landlock_add_rule")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "Ruleset":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,241 @@
+"""Counting readers and compression detection.
+
+The source is read through :class:`InputCounter` (bytes actually read from
+the source: the *compressed* bytes), a tar stream's decompressed bytes through
+:class:`StreamCounter`.  :class:`Meter` holds the totals and enforces
+``max_input_bytes``, ``max_total_bytes`` and the expansion ratio, measured
+while streaming.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import struct
+import zlib
+from typing import Any, BinaryIO
+
+from ._errors import ArchiveFormatError, ArchiveLimitError
+from ._models import ArchiveLimits
+
+__all__ = ["Meter", "InputCounter", "SeekCounter", "StreamCounter", "sniff", "decompressor", "PARSE_ERRORS"]
+
+# Exceptions the parsers (tarfile, zipfile, gzip, bz2, lzma) raise on bad input.
+PARSE_ERRORS: tuple[type[BaseException], ...] = (
+    EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile, struct.error, UnicodeError,
+    NotImplementedError, OverflowError, ValueError, KeyError, IndexError, TypeError,
+)
+
+_MAGIC = {
+    b"\x1f\x8b": "gz",
+    b"BZh": "bz2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zst",
+    b"PK\x03\x04": "zip",
+    b"PK\x05\x06": "zip",
+    b"PK\x07\x08": "zip",
+}
+
+
+class Meter:
+    """Totals of one extraction and the limits that bound them.
+
+    Attributes:
+        input_bytes: bytes read from the source (compressed bytes).
+        stream_bytes: decompressed archive-stream bytes (tar only).
+        written_bytes: file bytes written to disk.
+        member: the member being processed (for error messages).
+    """
+
+    __slots__ = ("limits", "input_bytes", "stream_bytes", "written_bytes", "member", "_ratio", "_grace")
+
+    def __init__(self, limits: ArchiveLimits) -> None:
+        self.limits = limits
+        self.input_bytes = 0
+        self.stream_bytes = 0
+        self.written_bytes = 0
+        self.member: str | bytes | None = None
+        self._ratio = limits.max_expansion_ratio
+        self._grace = limits.ratio_grace_bytes
+
+    def add_input(self, n: int) -> None:
+        self.input_bytes += n
+        if self.input_bytes > self.limits.max_input_bytes:
+            raise ArchiveLimitError("max_input_bytes", self.limits.max_input_bytes, self.input_bytes, self.member)
+
+    def add_stream(self, n: int) -> None:
+        self.stream_bytes += n
+        if self.stream_bytes > self._grace:
+            self._check_ratio()
+
+    def add_written(self, n: int) -> None:
+        self.written_bytes += n
+        if self.written_bytes > self.limits.max_total_bytes:
+            raise ArchiveLimitError("max_total_bytes", self.limits.max_total_bytes, self.written_bytes, self.member)
+        if self.written_bytes > self._grace:
+            self._check_ratio()
+
+    def _check_ratio(self) -> None:
+        produced = max(self.stream_bytes, self.written_bytes)
+        if produced > self._grace and produced > self._ratio * max(self.input_bytes, 1):
+            observed = round(produced / max(self.input_bytes, 1), 1)
+            raise ArchiveLimitError("max_expansion_ratio", self._ratio, observed, self.member,
+                                    reason=f"expansion ratio {observed} > {self._ratio} "
+                                           f"({produced} bytes from {self.input_bytes} compressed bytes read)")
+
+
+class InputCounter:
+    """A forward-only reader over the source that counts bytes read.
+
+    ``prefix`` holds bytes already read for format detection; they are
+    returned first.  Never seeks.
+    """
+
+    def __init__(self, raw: Any, meter: Meter, prefix: bytes = b"") -> None:
+        self._raw = raw
+        self._meter = meter
+        self._prefix = prefix
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        if self._prefix:
+            if n is None or n < 0:
+                out = self._prefix + self._read_raw(-1)
+                self._prefix = b""
+                return out
+            out, self._prefix = self._prefix[:n], self._prefix[n:]
+            return out
+        return self._read_raw(n)
+
+    def _read_raw(self, n: int) -> bytes:
+        if n is None or n < 0:
+            n = self._meter.limits.max_input_bytes - self._meter.input_bytes + 1
+        data = self._raw.read(n)
+        if data:
+            self._meter.add_input(len(data))
+        return data or b""
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:  # the caller owns the source
+        pass
+
+
+class SeekCounter:
+    """A seekable view of a seekable source that counts bytes read (for zip)."""
+
+    def __init__(self, raw: BinaryIO, meter: Meter) -> None:
+        self._raw = raw
+        self._meter = meter
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self._meter.limits.max_input_bytes - self._meter.input_bytes + 1
+        data = self._raw.read(n)
+        if data:
+            self._meter.add_input(len(data))
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+class StreamCounter:
+    """Counts decompressed tar-stream bytes and maps decompressor errors.
+
+    While tarfile parses a header (``header_depth > 0``) the bytes it reads
+    are bounded too: a PAX sparse map or an old-GNU sparse extension chain
+    can never pull more than ``max_header_bytes`` (plus one read buffer)
+    into memory.
+    """
+
+    def __init__(self, stream: Any, meter: Meter) -> None:
+        self._stream = stream
+        self._meter = meter
+        self.position = 0
+        self.header_depth = 0
+        self.header_start = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            data = self._stream.read(n)
+        except (OSError, *PARSE_ERRORS) as exc:
+            raise ArchiveFormatError(f"corrupt compressed data: {type(exc).__name__}", member=self._meter.member,
+                                     diagnostic=str(exc)) from None
+        if data:
+            self.position += len(data)
+            self._meter.add_stream(len(data))
+            if self.header_depth and self.position - self.header_start > self._meter.limits.max_header_bytes + (1 << 16):
+                raise ArchiveLimitError("max_header_bytes", self._meter.limits.max_header_bytes,
+                                        self.position - self.header_start, self._meter.member,
+                                        reason="tar header data (PAX, GNU long name or sparse map) is too large")
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+def sniff(reader: Any, n: int = 6) -> bytes:
+    """Read up to ``n`` bytes (fewer only at EOF) for format detection."""
+    out = b""
+    while len(out) < n:
+        chunk = reader.read(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def detect(head: bytes) -> str:
+    """Return ``"gz" | "bz2" | "xz" | "zst" | "zip"`` from the first bytes, else ``"tar"``."""
+    for magic, kind in _MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    return "tar"
+
+
+def decompressor(kind: str, reader: Any) -> Any:
+    """Wrap ``reader`` in a streaming decompressor for ``kind`` (``"tar"``: no compression).
+
+    Raises:
+        ArchiveFormatError: ``kind`` is ``"zst"`` (no well-kept zstd library
+            is a dependency of sandbox-fs) or unknown.
+    """
+    if kind == "tar":
+        return reader
+    if kind == "gz":
+        return gzip.GzipFile(fileobj=reader, mode="rb")
+    if kind == "bz2":
+        return bz2.BZ2File(reader, mode="rb")
+    if kind == "xz":
+        return lzma.LZMAFile(reader, mode="rb")
+    if kind == "zst":
+        raise ArchiveFormatError("zstd-compressed archives are not supported (no zstd library is a dependency)")
+    raise ArchiveFormatError(f"unknown compression {kind!r}")

@@ -1,0 +1,520 @@
+"""The extraction rules: every node is created through a ``Root`` with
+``no_symlinks=True`` (``RESOLVE_NO_SYMLINKS`` on every path), beneath a
+private staging directory.
+
+Why this is immune by construction rather than by a list of checks: the
+kernel refuses any symlink on the path of every open, mkdir, rename and link
+we make, so a link planted earlier (by this archive, a previous one, or a
+racing process) can never redirect a later write.  Symlink members are
+*created last*, after every file, directory and hard link, and a member whose
+path passes through a pending symlink is refused (rule ``through_symlink``).
+
+Layout (atomic mode, the default):
+
+* destination missing: stage in ``<parent>/.sfs-extract-<random>``, then one
+  ``rename(RENAME_NOREPLACE)`` makes it the destination;
+* destination exists (including the root itself, e.g. snapshot hydrate):
+  stage in ``<dest>/.sfs-extract-<random>``; once complete, every staged
+  top-level entry is moved in.  Pre-existing files of the destination are
+  kept unless the archive has a member with the same name: a new file (or
+  symlink) then *replaces* a pre-existing file or symlink (one rename each,
+  atomic per name); a new directory is merged into a pre-existing directory
+  (whose own mode and mtime are kept).  A new directory over a pre-existing
+  non-directory, or a new non-directory over a pre-existing directory, is a
+  ``conflict`` found before anything is moved: nothing new remains.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat as _stat
+from typing import Callable
+
+from ..errors import PathEscapeError, SandboxError, SymlinkRefusedError
+from ..root import Root
+from ._errors import ArchiveLimitError, UnsafeArchiveMemberError, show_name
+from ._models import ArchiveLimits, ExtractPolicy, SkippedMember
+from ._names import normalize_member, symlink_walk
+from ._streams import Meter
+
+__all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX"]
+
+STAGING_PREFIX = ".sfs-extract-"
+CHUNK_BYTES = 1 << 20
+_FILE, _DIR, _LINK = "file", "dir", "symlink"
+
+
+def file_mode(mode: int | None) -> int:
+    """Permission bits for an extracted file: setuid/setgid/sticky and group/other
+    write cleared, owner read/write added, executable only when the archive says so
+    (PEP 706 ``data`` filter rules)."""
+    if mode is None:
+        return 0o644
+    return (mode & 0o755) | 0o600
+
+
+def dir_mode(mode: int | None) -> int:
+    """Permission bits for an extracted directory: as :func:`file_mode`, plus owner rwx."""
+    if mode is None:
+        return 0o755
+    return (mode & 0o755) | 0o700
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def _mtime_ns(mtime: float | int | None) -> int | None:
+    if mtime is None:
+        return None
+    try:
+        ns = int(mtime * 1_000_000_000) if isinstance(mtime, float) else int(mtime) * 1_000_000_000
+    except (OverflowError, ValueError):
+        return None
+    if not (-(1 << 62) < ns < (1 << 62)):
+        return None
+    return ns
+
+
+class Extractor:
+    """Applies members to a destination beneath ``root``.  One per extraction; not thread-safe.
+
+    Args:
+        root: the capability holding the destination.
+        dest: sandbox path of the destination relative to ``root``
+            (``""``/``"."``: the root itself).
+        limits, policy: see :class:`ArchiveLimits`, :class:`ExtractPolicy`.
+        meter: the byte totals of this extraction.
+    """
+
+    def __init__(self, root: Root, dest: str, limits: ArchiveLimits, policy: ExtractPolicy, meter: Meter) -> None:
+        self.limits = limits
+        self.policy = policy
+        self.meter = meter
+        self.members = 0
+        self.files = self.dirs = self.symlinks = self.hardlinks = 0
+        self.skipped: list[SkippedMember] = []
+        self._kinds: dict[bytes, str] = {}
+        self._pending: dict[bytes, tuple[str | bytes, int | None, str | bytes]] = {}
+        self._dir_meta: dict[bytes, tuple[int, int | None, tuple[int, int] | None]] = {}
+        self._umask = _umask()
+        self._owner = policy.preserve_owner and os.geteuid() == 0
+        self._parent_root: Root | None = None  # holds a sibling staging dir
+        self._dest_root: Root | None = None    # an existing destination
+        self._dest_leaf: str | None = None
+        self._staging: str | None = None
+        self._opened: list[Root] = []
+        self._setup(root, dest)
+
+    # ----------------------------------------------------------------- setup
+
+    def _setup(self, root: Root, dest: str) -> None:
+        d = dest.strip("/") if dest not in ("", ".") else ""
+        d = "/".join(c for c in d.split("/") if c not in ("", "."))
+        if any(c == ".." for c in d.split("/")):
+            raise PathEscapeError("destination may not contain '..'", sandbox_path=dest)
+        self.shown_dest = d or "."
+        base = root.with_options(no_symlinks=True)
+        self._opened.append(base)
+        try:
+            dest_root = base.open_root(d or ".") if d else base
+            if dest_root is not base:
+                self._opened.append(dest_root)
+        except FileNotFoundError:
+            parent, _, leaf = d.rpartition("/")
+            prt = base.open_root(parent) if parent else base
+            if prt is not base:
+                self._opened.append(prt)
+            if self.policy.in_place:
+                prt.mkdir(leaf, 0o755)
+                self.work = prt.open_root(leaf)
+                self._opened.append(self.work)
+                return
+            self._parent_root, self._dest_leaf = prt, leaf
+            self._staging = STAGING_PREFIX + secrets.token_hex(8)
+            prt.mkdir(self._staging, 0o700)
+            self.work = prt.open_root(self._staging)
+            self._opened.append(self.work)
+            return
+        self._dest_root = dest_root
+        if self.policy.in_place:
+            self.work = dest_root
+            return
+        self._staging = STAGING_PREFIX + secrets.token_hex(8)
+        dest_root.mkdir(self._staging, 0o700)
+        self.work = dest_root.open_root(self._staging)
+        self._opened.append(self.work)
+
+    @property
+    def fresh(self) -> bool:
+        """True when the work tree started empty (staging): nothing exists we did not make."""
+        return self._staging is not None
+
+    # ---------------------------------------------------------------- helpers
+
+    def _skip_or_refuse(self, setting: str, rule: str, member: str | bytes, reason: str) -> None:
+        if setting == "skip":
+            self.skipped.append(SkippedMember(member=show_name(member) or "", rule=rule, reason=reason))
+            return
+        raise UnsafeArchiveMemberError(rule, member, reason)
+
+    def count_member(self, member: str | bytes) -> None:
+        """Count one member against ``max_members``.
+
+        Raises:
+            ArchiveLimitError: more than ``max_members`` members.
+        """
+        self.members += 1
+        self.meter.member = member
+        if self.members > self.limits.max_members:
+            raise ArchiveLimitError("max_members", self.limits.max_members, self.members, member)
+
+    def name(self, name: str | bytes) -> bytes:
+        """Normalize a member name (see :func:`normalize_member`)."""
+        return normalize_member(name, self.limits)
+
+    def _guard(self, member: str | bytes, fn: Callable[[], object]) -> object:
+        """Run a Root write; a refused symlink / escape becomes ``through_symlink``."""
+        try:
+            return fn()
+        except (SymlinkRefusedError, PathEscapeError):
+            raise UnsafeArchiveMemberError("through_symlink", member,
+                                           "a symlink on the path was refused (writes never follow symlinks)") from None
+
+    def _parents(self, path: bytes, member: str | bytes) -> None:
+        parent = path.rpartition(b"/")[0]
+        if not parent or self._kinds.get(parent) == _DIR:
+            return
+        comps = parent.split(b"/")
+        for i in range(1, len(comps) + 1):
+            pre = b"/".join(comps[:i])
+            kind = self._kinds.get(pre)
+            if kind == _DIR:
+                continue
+            if kind == _LINK:
+                raise UnsafeArchiveMemberError("through_symlink", member,
+                                               "the path passes through a symlink member of this archive")
+            if kind == _FILE:
+                raise UnsafeArchiveMemberError("conflict", member, "a parent of this member is a file")
+            try:
+                self._guard(member, lambda: self.work.mkdir(pre, 0o755, exist_ok=True))
+            except FileExistsError:
+                raise UnsafeArchiveMemberError("conflict", member,
+                                               "a parent of this member exists and is not a directory") from None
+            self._kinds[pre] = _DIR
+
+    # ----------------------------------------------------------------- members
+
+    def add_dir(self, name: str | bytes, mode: int | None, mtime: float | int | None,
+                owner: tuple[int, int] | None = None) -> None:
+        """Create directory member ``name`` (mode and mtime applied at the end).
+
+        A directory member naming the destination itself (``./``, as made by
+        ``tar -C dir -cf x .``) is skipped and reported: the destination's own
+        mode and mtime are never changed by an archive.
+
+        Raises:
+            UnsafeArchiveMemberError: name rules; ``conflict`` when a file or
+                a symlink member already holds the name.
+        """
+        path = self.name(name)
+        if not path:
+            self.skipped.append(SkippedMember(member=show_name(name) or "", rule="names_destination",
+                                              reason="a directory member naming the destination itself is ignored"))
+            return
+        kind = self._kinds.get(path)
+        if kind == _FILE:
+            raise UnsafeArchiveMemberError("conflict", name, "a directory never replaces a file")
+        if kind == _LINK:
+            raise UnsafeArchiveMemberError("conflict", name, "a directory never replaces a symlink")
+        if kind is None:
+            self._parents(path, name)
+            try:
+                self._guard(name, lambda: self.work.mkdir(path, 0o700 if self.fresh else 0o755, exist_ok=True))
+            except FileExistsError:
+                raise UnsafeArchiveMemberError("conflict", name, "the name exists and is not a directory") from None
+            self._kinds[path] = _DIR
+            self.dirs += 1
+        self._dir_meta[path] = (dir_mode(mode), _mtime_ns(mtime) if self.policy.apply_mtime else None, owner)
+
+    def add_file(self, name: str | bytes, read: Callable[[int], bytes], mode: int | None,
+                 mtime: float | int | None, declared_size: int | None = None,
+                 owner: tuple[int, int] | None = None) -> None:
+        """Write regular-file member ``name`` from ``read(n)`` chunks.
+
+        A new name is created ``O_CREAT|O_EXCL`` and written; a name that
+        exists (an earlier member, or a pre-existing file in in-place mode)
+        is replaced atomically (temporary file, then rename), so the inode of
+        an earlier hard link is never written through.
+
+        Raises:
+            UnsafeArchiveMemberError: name rules; ``conflict`` when a
+                directory holds the name; ``through_symlink``.
+            ArchiveLimitError: ``max_member_bytes`` (the declared size is
+                refused early when it alone is over), ``max_total_bytes``,
+                ``max_expansion_ratio``.
+        """
+        path = self.name(name)
+        if not path:
+            raise UnsafeArchiveMemberError("names_destination", name, "a file may not name the destination itself")
+        lim = self.limits.max_member_bytes
+        if declared_size is not None and declared_size > lim:
+            raise ArchiveLimitError("max_member_bytes", lim, declared_size, name,
+                                    reason=f"declared size {declared_size} > max_member_bytes {lim}")
+        kind = self._kinds.get(path)
+        if kind == _DIR:
+            raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory")
+        if kind == _LINK:
+            del self._pending[path]  # a later file replaces the earlier (pending) symlink
+        self._parents(path, name)
+        fmode = file_mode(mode)
+        mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
+        meter = self.meter
+
+        def chunks():
+            total = 0
+            while True:
+                data = read(CHUNK_BYTES)
+                if not data:
+                    return
+                total += len(data)
+                if total > lim:
+                    raise ArchiveLimitError("max_member_bytes", lim, total, name)
+                meter.add_written(len(data))
+                yield data
+
+        fd = -1
+        if kind is None:
+            try:
+                fd = self._guard(name, lambda: self.work.open_fd(
+                    path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fmode))  # type: ignore[assignment]
+            except FileExistsError:
+                fd = -1
+            except IsADirectoryError:
+                raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
+        if fd >= 0:
+            try:
+                try:
+                    for data in chunks():
+                        view = memoryview(data)
+                        off = 0
+                        while off < len(view):
+                            off += os.write(fd, view[off:])
+                    if fmode & ~self._umask != fmode:
+                        os.fchmod(fd, fmode)
+                    if mt is not None:
+                        os.utime(fd, ns=(mt, mt))
+                    if self._owner and owner is not None:
+                        os.fchown(fd, owner[0], owner[1])
+                finally:
+                    os.close(fd)
+            except BaseException:
+                try:
+                    self.work.remove(path)  # never leave a partial member
+                except (OSError, SandboxError):
+                    pass
+                raise
+        else:
+            try:
+                self._guard(name, lambda: self.work.atomic_write(path, chunks(), mode=fmode, fsync=False, mtime_ns=mt))
+            except IsADirectoryError:
+                raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
+            if self._owner and owner is not None:
+                self._chown(path, owner)
+        self._kinds[path] = _FILE
+        self.files += 1
+
+    def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
+        """Record symlink member ``name`` -> ``target``; it is created by :meth:`finish`.
+
+        Raises:
+            UnsafeArchiveMemberError: policy ``refuse`` (rule
+                ``symlink_refused``); ``symlink_target`` (absolute, empty,
+                climbing out); ``conflict`` (a file or directory member holds
+                the name); name rules.
+        """
+        if self.policy.symlinks != "create":
+            self._skip_or_refuse(self.policy.symlinks, "symlink_refused", name, "symlink members are not allowed")
+            return
+        path = self.name(name)
+        if not path:
+            raise UnsafeArchiveMemberError("names_destination", name, "a symlink may not name the destination itself")
+        symlink_walk(path, target, self.limits, name)  # early, clear refusal of escapes
+        if self._kinds.get(path) in (_FILE, _DIR):
+            raise UnsafeArchiveMemberError("conflict", name, "a symlink never replaces an earlier file or directory")
+        self._parents(path, name)
+        self._pending[path] = (target, _mtime_ns(mtime) if self.policy.apply_mtime else None, name)
+        self._kinds[path] = _LINK
+
+    def add_hardlink(self, name: str | bytes, target: str | bytes) -> None:
+        """Create hard link ``name`` to ``target``, a regular file extracted earlier in this run.
+
+        Raises:
+            UnsafeArchiveMemberError: ``hardlink_target`` (target not a
+                regular file of this run, or fails the name rules);
+                ``hardlink_refused`` (policy); ``conflict``; name rules.
+        """
+        if self.policy.hardlinks != "create":
+            self._skip_or_refuse(self.policy.hardlinks, "hardlink_refused", name, "hard link members are not allowed")
+            return
+        path = self.name(name)
+        if not path:
+            raise UnsafeArchiveMemberError("names_destination", name, "a hard link may not name the destination")
+        try:
+            tpath = normalize_member(target, self.limits, shown=name)
+        except UnsafeArchiveMemberError as exc:
+            raise UnsafeArchiveMemberError("hardlink_target", name, f"hard link target refused: {exc.rule}") from None
+        if self._kinds.get(tpath) != _FILE:
+            raise UnsafeArchiveMemberError("hardlink_target", name,
+                                           "hard links may only point to a regular file extracted earlier")
+        if tpath == path:
+            return
+        kind = self._kinds.get(path)
+        if kind == _DIR:
+            raise UnsafeArchiveMemberError("conflict", name, "a hard link never replaces a directory")
+        if kind == _LINK:
+            del self._pending[path]
+        self._parents(path, name)
+        if kind == _FILE:
+            self._guard(name, lambda: self.work.remove(path))
+        try:
+            self._guard(name, lambda: self.work.link(tpath, path))
+        except FileExistsError:
+            raise UnsafeArchiveMemberError("conflict", name, "the name already exists") from None
+        self._kinds[path] = _FILE
+        self.hardlinks += 1
+
+    def special(self, name: str | bytes, what: str) -> None:
+        """Handle a device, FIFO, socket or unknown-type member (refuse or skip by policy).
+
+        Raises:
+            UnsafeArchiveMemberError: rule ``special_file`` (or
+                ``unknown_type``) when ``policy.special_files == "refuse"``.
+        """
+        rule = "unknown_type" if what == "unknown" else "special_file"
+        self._skip_or_refuse(self.policy.special_files, rule, name, f"{what} members are not extracted")
+
+    def _chown(self, path: bytes, owner: tuple[int, int]) -> None:
+        fd = self.work.open_fd(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        try:
+            os.fchown(fd, owner[0], owner[1])
+        finally:
+            os.close(fd)
+
+    # ----------------------------------------------------------------- finish
+
+    def _is_link_on_disk(self, root: Root, path: bytes) -> bool:
+        try:
+            return _stat.S_ISLNK(root.lstat(path).st_mode)
+        except (SymlinkRefusedError, PathEscapeError):
+            return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def _create_symlinks(self) -> None:
+        check_roots = [] if self.fresh else [self.work]
+        if self._dest_root is not None and self._dest_root is not self.work:
+            check_roots.append(self._dest_root)
+        for path, (target, mt, member) in self._pending.items():
+            for through in symlink_walk(path, target, self.limits, member):
+                kind = self._kinds.get(through)
+                if kind == _LINK or (kind is None and any(self._is_link_on_disk(r, through) for r in check_roots)):
+                    raise UnsafeArchiveMemberError("symlink_target", member,
+                                                   "symlink target passes through another symlink")
+            try:
+                self._guard(member, lambda: self.work.symlink(target, path))
+            except FileExistsError:
+                raise UnsafeArchiveMemberError("conflict", member, "the symlink's name already exists") from None
+            if mt is not None:
+                self.work.utime(path, ns=(mt, mt))
+            self.symlinks += 1
+
+    def _apply_dir_meta(self) -> None:
+        for path in sorted(self._dir_meta, key=lambda p: p.count(b"/"), reverse=True):
+            mode, mt, owner = self._dir_meta[path]
+            self.work.chmod(path, mode)
+            if self._owner and owner is not None:
+                self._chown(path, owner)
+            if mt is not None:
+                self.work.utime(path, ns=(mt, mt))
+        if self.fresh:  # implicit directories were made 0o700 only when listed; make all readable
+            pass
+
+    def finish(self) -> None:
+        """Create the symlinks, apply directory modes/mtimes, then move the staged tree in.
+
+        Raises:
+            UnsafeArchiveMemberError: a symlink rule or a ``conflict`` with a
+                pre-existing entry of the destination (found before anything moves).
+        """
+        self._create_symlinks()
+        self._apply_dir_meta()
+        if self._staging is None:
+            return
+        if self._parent_root is not None:
+            assert self._dest_leaf is not None
+            self._parent_root.chmod(self._staging, 0o755)
+            try:
+                self._parent_root.rename(self._staging, self._dest_leaf, no_replace=True)
+            except FileExistsError:
+                raise UnsafeArchiveMemberError("conflict", None,
+                                               "the destination appeared during extraction") from None
+            self._staging = None
+            return
+        assert self._dest_root is not None
+        moves: list[tuple[str, str, bool]] = []
+        self._plan(self._staging, "", moves)
+        for src, dst, replace in moves:
+            self._dest_root.rename(src, dst, no_replace=not replace)
+
+    def _plan(self, srel: str, drel: str, moves: list[tuple[str, str, bool]]) -> None:
+        dest = self._dest_root
+        assert dest is not None
+        for entry in dest.scandir(srel):
+            s = f"{srel}/{entry.name}"
+            d = f"{drel}/{entry.name}" if drel else entry.name
+            try:
+                st = dest.lstat(d)
+            except FileNotFoundError:
+                moves.append((s, d, False))
+                continue
+            except (SymlinkRefusedError, PathEscapeError):
+                raise UnsafeArchiveMemberError("through_symlink", d,
+                                               "a pre-existing symlink of the destination is on this path") from None
+            if entry.kind == "dir":
+                if not _stat.S_ISDIR(st.st_mode):
+                    raise UnsafeArchiveMemberError("conflict", d, "a directory never replaces a pre-existing file")
+                self._plan(s, d, moves)
+            else:
+                if _stat.S_ISDIR(st.st_mode):
+                    raise UnsafeArchiveMemberError("conflict", d, "a file never replaces a pre-existing directory")
+                moves.append((s, d, True))
+
+    def abort(self) -> None:
+        """Remove the staging tree (atomic mode).  In-place mode leaves what was extracted."""
+        try:
+            if self._staging is not None:
+                owner = self._parent_root if self._parent_root is not None else self._dest_root
+                if owner is not None:
+                    owner.rmtree(self._staging, missing_ok=True)
+        finally:
+            self._staging = None
+
+    def close(self) -> None:
+        """Remove what is left of the staging directory and close the Roots this extractor opened."""
+        try:
+            self.abort()
+        finally:
+            for r in reversed(self._opened):
+                r.close()
+            self._opened.clear()

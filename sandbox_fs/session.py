@@ -1,0 +1,739 @@
+"""Sandbox sessions under trio: lifecycle, file operations, hooks and cleanup.
+
+A :class:`Session` is one workspace plus what runs in it.  Create sessions
+with :class:`sandbox_fs.client.LocalSandboxClient` (``create`` / ``resume``),
+then::
+
+    async with client.create(manifest=m) as session:
+        await session.write("notes.txt", b"hi")
+
+Lifecycle:
+
+* :meth:`Session.start` opens the workspace Root; if a restorable snapshot
+  exists it skips the restore when the live workspace provably matches the
+  snapshot's fingerprint, else clears the workspace *contents* (never the
+  root directory, never a mount point) and hydrates; with no snapshot it
+  applies the full manifest.  Ephemeral manifest entries are re-applied on
+  every start.  A failure part-way cleans up what start created and raises
+  that one error.
+* :meth:`Session.stop`: persistence only (transient cleanup, then persist).
+* :meth:`Session.shutdown`: tear down processes and mounts.
+* :meth:`Session.aclose` (``__aexit__``): pre-stop hooks exactly once, stop,
+  shutdown, close dependencies.  Shutdown always runs, even when persistence
+  fails.  Idempotent.  **Error rule:** one failing step re-raises that error;
+  several raise an ``ExceptionGroup`` of them in step order.
+
+Blocking filesystem work runs in worker threads, one hop per whole
+operation (a start, a persist, one file operation), never one per file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import stat as _stat
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterator, Literal
+
+import trio
+
+from .errors import InvalidPathError, SandboxError
+from .paths import Grant, PathPolicy, SandboxPath, normalize
+from .root import DirEntry, Root, open_root
+from . import snapshot as _snap
+
+__all__ = [
+    "Session",
+    "SessionConfig",
+    "SessionError",
+    "SessionBusyError",
+    "SessionNotStartedError",
+    "MountOverlapError",
+    "CrossRootError",
+    "FeatureUnavailableError",
+]
+
+DEFAULT_MAX_READ_BYTES = 64 << 20
+
+
+class SessionError(SandboxError):
+    """Base of session refusals."""
+
+    code = "session_error"
+
+
+class SessionBusyError(SessionError):
+    """The session is already bound to another run (one run at a time)."""
+
+    code = "session_busy"
+    retryable = True
+
+
+class SessionNotStartedError(SessionError):
+    """A file operation on a session that is not started, or already closed."""
+
+    code = "session_not_started"
+
+
+class MountOverlapError(SessionError):
+    """A persist skip path equals, contains or lies inside a mount point."""
+
+    code = "mount_overlap"
+
+
+class CrossRootError(SessionError):
+    """A rename between the workspace and a grant (or two grants): not one filesystem capability."""
+
+    code = "cross_root"
+
+
+class FeatureUnavailableError(SessionError):
+    """A session feature needs a module that is not installed (archive, manifest, exec)."""
+
+    code = "feature_unavailable"
+
+
+@dataclass
+class SessionConfig:
+    """Everything a session is allowed to do, derived by the client from trusted options.
+
+    Never built from serialized state: the workspace location, its ownership
+    and the grants come from the client's options only.
+
+    Attributes:
+        session_id: plain token naming the session (and its snapshot).
+        workspace_dir: trusted host directory of the workspace.
+        owned: True when the client created the workspace (``delete`` may remove it).
+        parent: for owned workspaces, a Root on the client's workspaces
+            directory (the workspace is created and removed through it).
+        store: the snapshot store.
+        grants: extra path grants (from client options).
+        workspace_path: absolute sandbox location of the workspace.
+        base_dir: trusted base directory for manifest host sources.
+        limits: snapshot limits (persist and hydrate).
+        archive_limits: limits object handed to the archive extractor (or None for its default).
+        on_unrestorable: ``"refuse"`` or ``"skip"`` at persist time.
+        max_read_bytes: default bound of :meth:`Session.read`, in bytes.
+        hook_timeout_s: longest a pre-stop hook may run, in seconds.
+        materialize: ``async (root, manifest, options, only_ephemeral) -> result``
+            (default: :func:`sandbox_fs.materialize.materialize`).
+    """
+
+    session_id: str
+    workspace_dir: str
+    owned: bool
+    parent: Root | None
+    store: Any
+    grants: tuple[Grant, ...] = ()
+    workspace_path: str = "/workspace"
+    base_dir: str | None = None
+    limits: _snap.SnapshotLimits = field(default_factory=_snap.SnapshotLimits)
+    archive_limits: Any = None
+    on_unrestorable: Literal["refuse", "skip"] = "refuse"
+    max_read_bytes: int = DEFAULT_MAX_READ_BYTES
+    hook_timeout_s: float = 30.0
+    materialize: Callable[..., Awaitable[Any]] | None = None
+
+
+def _materialize_default() -> Callable[..., Awaitable[Any]] | None:
+    try:
+        from .materialize import materialize  # noqa: PLC0415  (issue 4; optional until it lands)
+    except ImportError:
+        return None
+    return materialize
+
+
+def _materialize_options(cfg: SessionConfig) -> Any:
+    try:
+        from .materialize import MaterializeOptions  # noqa: PLC0415
+    except ImportError:
+        return {"base_dir": cfg.base_dir, "extra_path_grants": list(cfg.grants)}
+    return MaterializeOptions(base_dir=cfg.base_dir, extra_path_grants=list(cfg.grants))
+
+
+class Session:
+    """One workspace and its lifecycle.  Build through the client, not directly.
+
+    Attributes:
+        id: the session id (plain token).
+        start_mode: after :meth:`start`: ``"materialized"`` (full manifest
+            applied), ``"restored"`` (hydrated from a snapshot),
+            ``"reattached"`` (live workspace matched the snapshot or was
+            resumed without one) or ``None`` before.
+        fingerprint: fingerprint of the last snapshot persisted or matched.
+        snapshot_name: name of the snapshot to restore from / last persisted.
+        workspace_root_ready: the workspace directory exists and was filled.
+
+    Thread-safety: use one Session from one trio run.
+    """
+
+    def __init__(self, config: SessionConfig, *, manifest: Any = None, restore_from: str | None = None,
+                 require_snapshot: bool = False, fingerprint: str | None = None,
+                 resumed: bool = False) -> None:
+        self.config = config
+        self.id = config.session_id
+        self.manifest = manifest
+        self.snapshot_name = restore_from
+        self._require_snapshot = require_snapshot
+        self.fingerprint = fingerprint
+        self._resumed = resumed
+        self.workspace_root_ready = False
+        self.start_mode: str | None = None
+        self._root: Root | None = None
+        self._policy: PathPolicy | None = None
+        self._started = False
+        self._closed = False
+        self._shut_down = False
+        self._pre_stop_done = False
+        self._pre_stop_hooks: list[Callable[["Session"], Awaitable[None]]] = []
+        self._transient_cleanups: list[Callable[["Session"], Awaitable[None]]] = []
+        self._shutdown_hooks: list[Callable[["Session"], Awaitable[None]]] = []
+        self._skip_paths: set[str] = set()
+        self._mounts: set[str] = set()
+        self._supervisor: Any = None
+        self._bound_run: str | None = None
+        self.last_persist: _snap.PersistReport | None = None
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {'owned' if self.config.owned else 'caller-owned'} mode={self.start_mode}>"
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def owned(self) -> bool:
+        """True when the client created the workspace and may delete it."""
+        return self.config.owned
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def workspace(self) -> Root:
+        """The workspace Root (guarded by read-only grants nested in it).
+
+        Raises:
+            SessionNotStartedError: before :meth:`start` or after :meth:`aclose`.
+        """
+        if self._policy is None or self._closed:
+            raise SessionNotStartedError("the session is not started", sandbox_path=None)
+        return self._policy.workspace
+
+    @property
+    def policy(self) -> PathPolicy:
+        if self._policy is None or self._closed:
+            raise SessionNotStartedError("the session is not started", sandbox_path=None)
+        return self._policy
+
+    def _manifest_digest(self) -> str:
+        if self.manifest is None:
+            return ""
+        return str(self.manifest.digest())
+
+    def _ephemeral_paths(self) -> list[str]:
+        if self.manifest is None or not hasattr(self.manifest, "ephemeral_paths"):
+            return []
+        return [str(p) for p in self.manifest.ephemeral_paths()]
+
+    def _excluded(self) -> list[str]:
+        out = []
+        for p in [*self._ephemeral_paths(), *self._skip_paths]:
+            rel = self._relative(p)
+            if rel:
+                out.append(rel)
+        return out
+
+    def _relative(self, path: str) -> str:
+        """A sandbox path as a workspace-relative path ('' for the root)."""
+        sp = normalize(path, allow_absolute=True)
+        if not sp.is_absolute:
+            return str(sp)
+        base = posixpath.normpath(self.config.workspace_path)
+        if sp == base:
+            return ""
+        if sp.startswith(base.rstrip("/") + "/"):
+            return sp[len(base):].lstrip("/")
+        raise InvalidPathError("path is not under the workspace", sandbox_path=str(sp))
+
+    def _grant_ids(self) -> frozenset[tuple[int, int]]:
+        if self._policy is None:
+            return frozenset()
+        return frozenset(p.identity for p in self._policy._grants)
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> "Session":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> "Session":
+        """Open (create) the workspace and fill it: reattach, restore or materialize.
+
+        Returns:
+            self.
+
+        Raises:
+            SnapshotNotFoundError: a seed snapshot was named and does not exist.
+            SnapshotCorruptError: the snapshot to restore fails verification.
+            SessionError: the session was already started or closed.
+            SandboxError / OSError: from hydrate or materialize; everything
+                start created (the owned workspace directory, open Roots) is
+                removed first.
+
+        Cancellation:
+            A cancel during start cleans up like a failure (shielded) and
+            re-raises ``trio.Cancelled``; a caller-owned workspace may be
+            left partly filled.
+        """
+        if self._started or self._closed:
+            raise SessionError("start: the session was already started or closed", sandbox_path=None)
+        created = [False]
+        try:
+            mode = await trio.to_thread.run_sync(self._prepare_sync, created)
+            if self.manifest is not None:
+                mat = self.config.materialize or _materialize_default()
+                if mat is None:
+                    raise FeatureUnavailableError("a manifest needs sandbox_fs.materialize, which is not installed",
+                                                  sandbox_path=None)
+                await mat(self._policy.workspace, self.manifest, _materialize_options(self.config),
+                          only_ephemeral=(mode != "materialized"))
+            else:
+                await trio.lowlevel.checkpoint()
+            self.start_mode = mode
+            self.workspace_root_ready = True
+            self._started = True
+            return self
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await trio.to_thread.run_sync(self._undo_start, created[0])
+            raise
+
+    def _prepare_sync(self, created: list[bool]) -> str:
+        cfg = self.config
+        if cfg.owned:
+            assert cfg.parent is not None
+            try:
+                cfg.parent.mkdir(self.id, 0o700)
+                created[0] = True
+            except FileExistsError:
+                if not self._resumed:
+                    raise
+            self._root = cfg.parent.open_root(self.id)
+        else:
+            self._root = open_root(cfg.workspace_dir, label="")
+        self._policy = PathPolicy(self._root, cfg.workspace_path, cfg.grants)
+        name = self.snapshot_name
+        info = cfg.store.info(name) if (name and cfg.store.enabled) else None
+        if info is None:
+            if self._require_snapshot:
+                raise _snap.SnapshotNotFoundError("the seed snapshot does not exist", sandbox_path=None,
+                                                  context={"snapshot": name})
+            if self._resumed and not created[0]:
+                return "reattached"  # live workspace, nothing to restore from
+            return "materialized"
+        ws = self._root
+        if not created[0] and info.manifest_digest == self._manifest_digest():
+            live = _snap.tree_digest(ws, excluded=info.excluded, mount_points=self._mounts,
+                                     skip_identities=self._grant_ids(), limits=cfg.limits)
+            if _snap.fingerprint(info.manifest_digest, live) == info.fingerprint:
+                self.fingerprint = info.fingerprint
+                return "reattached"
+        _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits)
+        self.fingerprint = info.fingerprint
+        return "restored"
+
+    def _undo_start(self, created: bool) -> None:
+        errors: list[BaseException] = []
+        for close in (self._policy.close if self._policy else None, self._root.close if self._root else None):
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:  # pragma: no cover - close is idempotent
+                    errors.append(exc)
+        self._policy = None
+        self._root = None
+        if created and self.config.parent is not None:
+            self.config.parent.rmtree(self.id, missing_ok=True)
+
+    async def stop(self) -> _snap.PersistReport | None:
+        """Persistence only: run transient cleanups, then persist the snapshot.
+
+        Returns:
+            The :class:`~sandbox_fs.snapshot.PersistReport` (``info`` is None
+            with :class:`~sandbox_fs.snapshot.NoSnapshot`), or None when the
+            session never started.
+
+        Raises:
+            UnrestorableEntryError, SnapshotLimitError, SnapshotSourceChangedError,
+            OSError: from persist; the previous snapshot stays current.
+
+        Cancellation:
+            A cancel while persisting waits for the worker thread to finish
+            the archive (it cannot be abandoned half-written); the previous
+            snapshot stays current unless the commit already happened.
+        """
+        if not self._started or self._root is None:
+            await trio.lowlevel.checkpoint()
+            return None
+        for fn in list(self._transient_cleanups):
+            await fn(self)
+        cfg = self.config
+        report = await trio.to_thread.run_sync(
+            lambda: _snap.persist(self._root, cfg.store, self.id, manifest_digest=self._manifest_digest(),
+                                  excluded=self._excluded(), mount_points=self._mounts,
+                                  skip_identities=self._grant_ids(), on_unrestorable=cfg.on_unrestorable,
+                                  limits=cfg.limits))
+        self.last_persist = report
+        if report.info is not None:
+            self.fingerprint = report.info.fingerprint
+            self.snapshot_name = report.info.name
+        return report
+
+    async def shutdown(self) -> None:
+        """Tear down processes (the attached supervisor) and mounts.  Idempotent.
+
+        Raises:
+            Exception: from the supervisor's ``kill_all`` or a shutdown hook
+                (all hooks still run; the first error is re-raised).
+
+        Cancellation:
+            Runs shielded: a cancel waits for processes and mounts to go.
+        """
+        if self._shut_down:
+            await trio.lowlevel.checkpoint()
+            return
+        self._shut_down = True
+        errors: list[BaseException] = []
+        with trio.CancelScope(shield=True):
+            if self._supervisor is not None:
+                try:
+                    await self._supervisor.kill_all()
+                except Exception as exc:
+                    errors.append(exc)
+            for fn in reversed(self._shutdown_hooks):
+                try:
+                    await fn(self)
+                except Exception as exc:
+                    errors.append(exc)
+            await trio.lowlevel.checkpoint()
+        if errors:
+            raise errors[0]
+
+    async def aclose(self) -> None:
+        """Pre-stop hooks (once) -> stop -> shutdown -> close.  Idempotent.
+
+        Shutdown always runs, even when a hook or persistence fails, and the
+        workspace Root and grant Roots are always closed.
+
+        Raises:
+            Exception: the one failing step's error, or an ``ExceptionGroup``
+                of every failing step's error (step order) when several fail.
+
+        Cancellation:
+            The whole close runs shielded (pre-stop hooks are bounded by
+            ``hook_timeout_s``), so a cancel never leaves processes, mounts or
+            fds behind; it is delivered at the next checkpoint after.
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        errors: list[Exception] = []
+        with trio.CancelScope(shield=True):
+            if not self._pre_stop_done:
+                self._pre_stop_done = True
+                for hook in list(self._pre_stop_hooks):
+                    try:
+                        with trio.fail_after(self.config.hook_timeout_s):
+                            await hook(self)
+                    except Exception as exc:
+                        errors.append(exc)
+            try:
+                await self.stop()
+            except Exception as exc:
+                errors.append(exc)
+            try:
+                await self.shutdown()
+            except Exception as exc:
+                errors.append(exc)
+            self._closed = True
+            try:
+                await trio.to_thread.run_sync(self._undo_start, False)
+            except Exception as exc:  # pragma: no cover
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ExceptionGroup(f"closing session {self.id} failed in {len(errors)} steps", errors)
+
+    # ------------------------------------------------------------- bindings
+
+    @contextlib.contextmanager
+    def bind_run(self, run_key: str) -> Iterator["Session"]:
+        """Bind the session to one run for the duration of the ``with`` block.
+
+        The guard is released on every exit, including when persistence or
+        cleanup inside the block fails.
+
+        Raises:
+            SessionBusyError: the session is already bound to a run.
+        """
+        if self._bound_run is not None:
+            raise SessionBusyError("the session is already bound to another run", sandbox_path=None,
+                                   context={"session": self.id})
+        self._bound_run = run_key
+        try:
+            yield self
+        finally:
+            self._bound_run = None
+
+    @property
+    def bound_run(self) -> str | None:
+        return self._bound_run
+
+    def register_pre_stop_hook(self, hook: Callable[["Session"], Awaitable[None]]) -> None:
+        """Run ``await hook(session)`` once, before the stop-time persist in :meth:`aclose`."""
+        self._pre_stop_hooks.append(hook)
+
+    def register_transient_cleanup(self, fn: Callable[["Session"], Awaitable[None]]) -> None:
+        """Run ``await fn(session)`` at every :meth:`stop`, before persisting."""
+        self._transient_cleanups.append(fn)
+
+    def register_shutdown_hook(self, fn: Callable[["Session"], Awaitable[None]]) -> None:
+        """Run ``await fn(session)`` at :meth:`shutdown` (unmounts, ...), last registered first."""
+        self._shutdown_hooks.append(fn)
+
+    def register_mount(self, path: str) -> None:
+        """Declare a mount point at sandbox path ``path``: never persisted, never cleared."""
+        self._mounts.add(self._relative(path))
+
+    def register_persist_skip_path(self, path: str) -> None:
+        """Leave sandbox path ``path`` (and everything under it) out of every persist.
+
+        Raises:
+            InvalidPathError: ``path`` is malformed or not under the workspace.
+            MountOverlapError: ``path`` equals, contains or is inside a mount point.
+        """
+        rel = self._relative(path)
+        if not rel:
+            raise InvalidPathError("the workspace root cannot be a persist skip path", sandbox_path=path)
+        for m in self._mounts:
+            if rel == m or rel.startswith(m + "/") or m.startswith(rel + "/"):
+                raise MountOverlapError("persist skip path overlaps a mount point", sandbox_path=path,
+                                        context={"mount": m})
+        self._skip_paths.add(rel)
+
+    def attach_supervisor(self, supervisor: Any) -> None:
+        """Attach a process supervisor; :meth:`shutdown` awaits its ``kill_all()``."""
+        self._supervisor = supervisor
+
+    # ------------------------------------------------------- file operations
+
+    def _resolve(self, path: str, for_write: bool = False) -> tuple[Root, str]:
+        r = self.policy.resolve(path, for_write=for_write)
+        return r.root, r.rel or "."
+
+    async def read(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a regular file, bounded.
+
+        Args:
+            path: sandbox path (relative to the workspace, or absolute under it or a grant).
+            max_bytes: refuse files larger than this many bytes (default the
+                session's ``max_read_bytes``).
+
+        Raises:
+            OSError(EFBIG): the file is larger than ``max_bytes``.
+            PathEscapeError, InvalidPathError, FileNotFoundError: see PathPolicy / Root.
+
+        Cancellation:
+            Nothing is left behind (the read runs in a worker thread and its result is dropped).
+        """
+        root, rel = self._resolve(path)
+        bound = self.config.max_read_bytes if max_bytes is None else max_bytes
+        return await trio.to_thread.run_sync(lambda: root.read_bytes(rel, max_bytes=bound))
+
+    async def read_chunks(self, path: str, *, chunk_bytes: int = 1 << 20, max_bytes: int | None = None):
+        """Yield the file's content in chunks of at most ``chunk_bytes`` (one thread hop per chunk).
+
+        Raises:
+            OSError(EFBIG): more than ``max_bytes`` (default ``max_read_bytes``) were read.
+
+        Cancellation:
+            The file descriptor is closed when the generator is closed.
+        """
+        root, rel = self._resolve(path)
+        bound = self.config.max_read_bytes if max_bytes is None else max_bytes
+        f = await trio.to_thread.run_sync(lambda: root.open(rel, "rb", buffering=0))
+        total = 0
+        try:
+            while True:
+                chunk = await trio.to_thread.run_sync(f.read, chunk_bytes)
+                if not chunk:
+                    return
+                total += len(chunk)
+                if total > bound:
+                    import errno as _errno  # noqa: PLC0415
+
+                    raise OSError(_errno.EFBIG, "file is larger than max_bytes (read)", path)
+                yield chunk
+        finally:
+            f.close()
+
+    async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> int:
+        """Atomically replace the file at ``path`` with ``data``; returns bytes written.
+
+        Raises:
+            ReadOnlyError: ``path`` is under a read-only grant.
+            UnsafeModeError: ``mode`` outside 0o777.
+
+        Cancellation:
+            The write completes or leaves the old file (atomic rename).
+        """
+        root, rel = self._resolve(path, for_write=True)
+        return await trio.to_thread.run_sync(lambda: root.atomic_write(rel, data, mode=mode))
+
+    async def ls(self, path: str = ".") -> list[DirEntry]:
+        """List a directory (sorted, ``lstat`` of each entry; symlinks never followed).
+
+        Cancellation:
+            Nothing is left behind.
+        """
+        root, rel = self._resolve(path)
+        return await trio.to_thread.run_sync(root.scandir, rel)
+
+    async def mkdir(self, path: str, *, mode: int = 0o755, parents: bool = False, exist_ok: bool = False) -> None:
+        """Create a directory (see :meth:`Root.mkdir`).
+
+        Cancellation:
+            With ``parents``, some parents may already exist.
+        """
+        root, rel = self._resolve(path, for_write=True)
+        await trio.to_thread.run_sync(lambda: root.mkdir(rel, mode, parents=parents, exist_ok=exist_ok))
+
+    async def rm(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
+        """Remove a file or symlink, or with ``recursive`` a whole tree (fd-based, mount points kept).
+
+        Raises:
+            IsADirectoryError: a directory without ``recursive``.
+            FileNotFoundError: missing and not ``missing_ok``.
+
+        Cancellation:
+            A recursive removal may be partial.
+        """
+        root, rel = self._resolve(path, for_write=True)
+        if rel == ".":
+            raise InvalidPathError("rm: refusing to remove the workspace root", sandbox_path=path)
+
+        def work() -> None:
+            if recursive:
+                root.rmtree(rel, missing_ok=missing_ok, skip=_snap.is_mount_point_of(root))
+            else:
+                try:
+                    root.remove(rel)
+                except FileNotFoundError:
+                    if not missing_ok:
+                        raise
+
+        await trio.to_thread.run_sync(work)
+
+    async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
+        """Rename within one root (the workspace or one grant).
+
+        Raises:
+            CrossRootError: ``src`` and ``dst`` are under different roots.
+            FileExistsError: ``no_replace`` and ``dst`` exists.
+
+        Cancellation:
+            The rename happened or not (atomic).
+        """
+        sroot, srel = self._resolve(src, for_write=True)
+        droot, drel = self._resolve(dst, for_write=True)
+        if sroot is not droot:
+            raise CrossRootError("rename across the workspace and a grant is not supported", sandbox_path=src)
+        await trio.to_thread.run_sync(lambda: sroot.rename(srel, drel, no_replace=no_replace))
+
+    async def stat(self, path: str, *, follow_symlinks: bool = False) -> os.stat_result:
+        """``lstat`` (default) or ``stat`` of a sandbox path.
+
+        Cancellation:
+            Nothing is left behind.
+        """
+        root, rel = self._resolve(path)
+        return await trio.to_thread.run_sync(lambda: root.stat(rel, follow_symlinks=follow_symlinks))
+
+    async def extract(self, source: Any, dest: str = ".", *, format: str = "auto") -> Any:
+        """Extract an archive into ``dest`` with the session's limits (:mod:`sandbox_fs.archive`).
+
+        Args:
+            source: what :func:`sandbox_fs.archive.extract_async` accepts
+                (a binary file object, bytes, or an fd).
+            dest: sandbox directory to extract into.
+            format: ``"auto"``, ``"tar"`` or ``"zip"``.
+
+        Returns:
+            The extractor's report.
+
+        Raises:
+            FeatureUnavailableError: the archive extractor is not installed.
+            ArchiveLimitError, UnsafeArchiveMemberError, ArchiveFormatError: from the extractor.
+
+        Cancellation:
+            See :func:`sandbox_fs.archive.extract_async`: members already written stay.
+        """
+        try:
+            from . import archive  # noqa: PLC0415
+        except ImportError:
+            raise FeatureUnavailableError("archive extraction needs sandbox_fs.archive, which is not installed",
+                                          sandbox_path=dest) from None
+        root, rel = self._resolve(dest, for_write=True)
+        kwargs: dict[str, Any] = {"format": format}
+        if self.config.archive_limits is not None:
+            kwargs["limits"] = self.config.archive_limits
+        return await archive.extract_async(root, rel, source, **kwargs)
+
+    async def exec(self, *args: Any, **kwargs: Any) -> Any:
+        """Run a confined process in the workspace (thin delegation to :mod:`sandbox_fs.exec`).
+
+        Raises:
+            FeatureUnavailableError: :mod:`sandbox_fs.exec` is not installed.
+
+        Cancellation:
+            See :func:`sandbox_fs.exec.run_confined`; the process group is killed.
+        """
+        try:
+            from . import exec as _exec  # noqa: PLC0415
+        except ImportError:
+            raise FeatureUnavailableError("process execution needs sandbox_fs.exec, which is not installed",
+                                          sandbox_path=None) from None
+        if self._supervisor is None and hasattr(_exec, "ProcessSupervisor"):
+            self._supervisor = _exec.ProcessSupervisor()
+        kwargs.setdefault("supervisor", self._supervisor)
+        return await _exec.run_confined(self.workspace, *args, **kwargs)
+
+    def describe(self) -> str:
+        """A rendered tree of the manifest (or a note that there is none)."""
+        m = self.manifest
+        if m is None:
+            return f"session {self.id}: no manifest\n"
+        for attr in ("describe", "render_tree"):
+            fn = getattr(m, attr, None)
+            if callable(fn):
+                return str(fn())
+        entries = getattr(m, "entries", None)
+        paths = sorted(entries.keys()) if isinstance(entries, dict) else []
+        lines = [f"session {self.id}: manifest {self._manifest_digest()[:12]}"]
+        ephemeral = set(self._ephemeral_paths())
+        for p in paths:
+            depth = p.count("/")
+            name = p.rsplit("/", 1)[-1]
+            kind = getattr(entries[p], "type", None) or getattr(entries[p], "kind", "") or ""
+            lines.append("  " * (depth + 1) + f"{name} ({kind}{', ephemeral' if p in ephemeral else ''})")
+        return "\n".join(lines) + "\n"
