@@ -1,0 +1,258 @@
+/*
+ * sfs-exec: the single-threaded exec helper of sandbox_fs.exec.
+ *
+ * The Python parent (a multi-threaded trio process) must not run Python in a
+ * forked child, so every step between fork and the target's execve happens
+ * here, in C, in a fresh single-threaded process:
+ *
+ *   sfs-exec [OPTIONS] -- PROG [ARGS...]
+ *
+ *   --status FD        write "STAGE ERRNO\n" to FD on failure; FD is closed
+ *                      by execve on success (O_CLOEXEC), so EOF means "exec'd"
+ *   --cgroup FD        join the cgroup v2 directory FD (write "0" to its
+ *                      cgroup.procs) before anything else runs
+ *   --rlimit RES=N     set soft and hard limit of RES (cpu, as, fsize,
+ *                      nofile, nproc, core) to N; repeatable
+ *   --unshare FLAGS    unshare(2) with these CLONE_NEW* flags (decimal)
+ *   --tty              setsid() then ioctl(0, TIOCSCTTY): fd 0 becomes the
+ *                      controlling terminal (PTY sessions)
+ *   --cwd FD           fchdir(FD): the working directory, opened by the
+ *                      parent through a Root (never a host path string)
+ *   --drop-caps        empty the capability bounding, ambient, inheritable,
+ *                      permitted and effective sets (root keeps uid 0 but no
+ *                      capabilities)
+ *   --ruleset FD       landlock_restrict_self(FD) after PR_SET_NO_NEW_PRIVS
+ *   --proc-self ACCESS add a Landlock rule for this process's own /proc/PID
+ *                      directory (it is the target's after execve) with the
+ *                      given access bits, before restricting
+ *
+ * setsid() always runs (a new session and process group, so the parent can
+ * signal the whole group), PR_SET_NO_NEW_PRIVS is always set, and every fd
+ * but 0/1/2 is marked close-on-exec (close_range), so the target starts with
+ * exactly stdin/stdout/stderr.
+ *
+ * PR_SET_PDEATHSIG is deliberately not used: trio forks from a worker
+ * thread, and the death signal fires when that *thread* exits, which trio's
+ * thread cache does after a few idle seconds.  The ProcessSupervisor (process
+ * group + cgroup v2 leaf) is what ends confined processes.  Exit status 127 with a status line means the
+ * helper failed before execve; the target's own 127 comes with no line.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <linux/capability.h>
+
+#ifndef SYS_landlock_add_rule
+#define SYS_landlock_add_rule 445
+#endif
+#ifndef SYS_landlock_restrict_self
+#define SYS_landlock_restrict_self 446
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#endif
+
+struct sfs_path_beneath {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+
+static int status_fd = -1;
+
+/* Report the failed stage and errno to the parent, then exit 127. */
+static void fail(const char *stage, int err)
+{
+    if (status_fd >= 0) {
+        char line[96];
+        int n = snprintf(line, sizeof line, "%s %d\n", stage, err);
+        if (n > 0) {
+            ssize_t w = write(status_fd, line, (size_t)n);
+            (void)w;
+        }
+    } else {
+        fprintf(stderr, "sfs-exec: %s: %s\n", stage, strerror(err));
+    }
+    _exit(127);
+}
+
+static int parse_int(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_fd(const char *s)
+{
+    long long v;
+    if (parse_int(s, &v) || v < 0 || v > 1 << 20)
+        fail("usage", EINVAL);
+    return (int)v;
+}
+
+static int rlimit_resource(const char *name, size_t len)
+{
+    static const struct { const char *name; int res; } table[] = {
+        { "cpu", RLIMIT_CPU }, { "as", RLIMIT_AS }, { "fsize", RLIMIT_FSIZE },
+        { "nofile", RLIMIT_NOFILE }, { "nproc", RLIMIT_NPROC }, { "core", RLIMIT_CORE },
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strlen(table[i].name) == len && memcmp(table[i].name, name, len) == 0)
+            return table[i].res;
+    return -1;
+}
+
+static void set_rlimit(const char *spec)
+{
+    const char *eq = strchr(spec, '=');
+    long long v;
+    if (!eq)
+        fail("usage", EINVAL);
+    int res = rlimit_resource(spec, (size_t)(eq - spec));
+    if (res < 0 || parse_int(eq + 1, &v) || v < 0)
+        fail("usage", EINVAL);
+    struct rlimit rl = { (rlim_t)v, (rlim_t)v };
+    if (setrlimit(res, &rl) < 0)
+        fail("rlimit", errno);
+}
+
+static void join_cgroup(int dirfd)
+{
+    int fd = openat(dirfd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        fail("cgroup", errno);
+    if (write(fd, "0\n", 2) != 2)
+        fail("cgroup", errno);
+    close(fd);
+}
+
+static void drop_capabilities(void)
+{
+    for (int cap = 0; cap < 64; cap++) {
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+            fail("capabilities", errno);
+    }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+        fail("capabilities", errno);
+    struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        fail("capabilities", errno);
+}
+
+int main(int argc, char **argv)
+{
+    int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0;
+    long long unshare_flags = 0, proc_self_access = 0;
+    int i;
+
+    /* First pass: --status, so later usage errors are reported through it. */
+    for (i = 1; i + 1 < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "--status") == 0)
+            status_fd = parse_fd(argv[++i]);
+
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(a, "--tty") == 0) {
+            tty = 1;
+            continue;
+        }
+        if (strcmp(a, "--drop-caps") == 0) {
+            drop_caps = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            fail("usage", EINVAL);
+        const char *v = argv[++i];
+        if (strcmp(a, "--status") == 0)
+            continue;
+        else if (strcmp(a, "--ruleset") == 0)
+            ruleset_fd = parse_fd(v);
+        else if (strcmp(a, "--cwd") == 0)
+            cwd_fd = parse_fd(v);
+        else if (strcmp(a, "--cgroup") == 0)
+            cgroup_fd = parse_fd(v);
+        else if (strcmp(a, "--rlimit") == 0)
+            set_rlimit(v);
+        else if (strcmp(a, "--unshare") == 0) {
+            if (parse_int(v, &unshare_flags))
+                fail("usage", EINVAL);
+        } else if (strcmp(a, "--proc-self") == 0) {
+            if (parse_int(v, &proc_self_access))
+                fail("usage", EINVAL);
+        } else
+            fail("usage", EINVAL);
+    }
+    if (i >= argc)
+        fail("usage", EINVAL);
+
+    if (cgroup_fd >= 0) {
+        join_cgroup(cgroup_fd);
+        close(cgroup_fd);
+    }
+    if (setsid() < 0)
+        fail("setsid", errno);
+    if (tty && ioctl(0, TIOCSCTTY, 0) < 0)
+        fail("tty", errno);
+    if (unshare_flags && unshare((int)unshare_flags) < 0)
+        fail("unshare", errno);
+    if (cwd_fd >= 0) {
+        if (fchdir(cwd_fd) < 0)
+            fail("cwd", errno);
+        close(cwd_fd);
+    }
+    if (drop_caps)
+        drop_capabilities();
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        fail("no_new_privs", errno);
+    if (ruleset_fd >= 0) {
+        if (proc_self_access) {
+            int pfd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);
+            if (pfd < 0)
+                fail("proc_self", errno);
+            struct sfs_path_beneath rule = { (uint64_t)proc_self_access, pfd };
+            if (syscall(SYS_landlock_add_rule, ruleset_fd, 1 /* PATH_BENEATH */, &rule, 0U) < 0)
+                fail("proc_self", errno);
+            close(pfd);
+        }
+        if (syscall(SYS_landlock_restrict_self, ruleset_fd, 0U) < 0)
+            fail("landlock", errno);
+        close(ruleset_fd);
+    }
+    /* Every fd but 0/1/2 (the status fd included) is gone at execve. */
+    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {
+        int maxfd = (int)sysconf(_SC_OPEN_MAX);
+        for (int fd = 3; fd < maxfd; fd++)
+            fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    execvp(argv[i], argv + i);
+    fail("exec", errno);
+    return 127;
+}

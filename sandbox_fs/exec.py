@@ -1,0 +1,1357 @@
+"""Confined command execution under trio: Landlock, rlimits, bounded output, supervision, PTY.
+
+Processes started in a workspace are untrusted.  :func:`run_confined` starts
+one so that on Linux it
+
+* reads, writes and executes only beneath the workspace (read-write, or
+  read-only when the workspace Root is read-only), the application's extra
+  path grants (by their mode) and a documented read-only system set;
+* cannot connect to or bind TCP ports unless allowed per port (Landlock
+  ABI >= 4), and cannot signal processes or reach abstract unix sockets
+  outside its sandbox (ABI >= 6);
+* runs with rlimits, no capabilities (when started as root), no new
+  privileges, in its own session and process group (and cgroup v2 leaf when
+  one can be made), with only fds 0/1/2 open;
+* sees an environment built from an allow-list plus the caller's entries,
+  never the host's whole environment, with ``HOME`` and ``TMPDIR`` inside
+  the workspace;
+* cannot make the host hold more than ``max_output_bytes`` per stream.
+
+How confinement is applied
+--------------------------
+No Python code runs in a forked child (trio keeps worker threads, so
+``preexec_fn`` is unsafe).  The parent builds the Landlock ruleset from
+**file descriptors** (the workspace Root's ``O_PATH`` fd, each grant Root's
+fd, the fixed system paths opened ``O_PATH``), opens the working directory
+through the Root, and spawns the tiny single-threaded C helper
+``sandbox_fs/sfs-exec`` (``native/sfs_exec.c``) with those fds in
+``pass_fds``.  The helper joins the cgroup leaf, calls ``setsid`` (and
+``TIOCSCTTY`` for a PTY), sets the rlimits, ``fchdir``\\ s to the cwd fd,
+drops capabilities, sets ``PR_SET_NO_NEW_PRIVS``, adds its own
+``/proc/self`` and calls ``landlock_restrict_self``, marks every fd but
+0/1/2 close-on-exec (``close_range``) and ``execvp``\\ s the target.  A
+status pipe tells the parent which step failed, if one did.
+
+The default read-only system set (:mod:`sandbox_fs._landlock`)
+--------------------------------------------------------------
+* read + execute beneath ``/usr``, ``/bin``, ``/sbin``, ``/lib``,
+  ``/lib32``, ``/lib64``, ``/libx32`` (whichever exist);
+* ``/etc`` entry by entry, minus every entry that is not world-readable
+  (``shadow``, ``gshadow`` ...) and minus ``sudoers``, ``sudoers.d``,
+  ``ssh``, ``ssl/private``, ``security/opasswd``, ``credstore*``,
+  ``wireguard``, ``krb5.keytab``, ``ppp``,
+  ``NetworkManager/system-connections``, ``machine-id``;
+* ``/dev/null``, ``/dev/zero``, ``/dev/full`` (read, write),
+  ``/dev/random``, ``/dev/urandom`` (read); ``/dev/tty`` for PTY sessions;
+* ``/proc/self`` of the started process (read).  Its own children do not
+  get their ``/proc/self``; the rest of ``/proc``, ``/sys``, ``/tmp``,
+  ``/root``, ``/home`` and ``/run`` are not granted.
+
+Tools living outside that set (on the project machine Python lives under
+``/root/.pyenv``) need an explicit read-only grant of their prefix, never a
+wider default.  Landlock rules only add rights: a read-only grant *inside* a
+read-write workspace cannot be enforced, so it is refused
+(:class:`ConfinementError`) unless ``confinement="none"``.
+
+Default rlimits (:class:`ConfinementPolicy`)
+--------------------------------------------
+CPU 3600 s, address space 8 GiB, file size 4 GiB, 4096 open files, 4096
+processes (``RLIMIT_NPROC`` counts per user and Linux does not enforce it
+for uid 0: the cgroup ``pids.max`` is what bounds a root child, when the
+cgroup v2 ``pids`` controller is available), core dumps 0.  Soft and hard
+limits are equal and capabilities are dropped, so the child cannot raise
+them.
+
+Supervision guarantees (:class:`ProcessSupervisor`)
+---------------------------------------------------
+* Always: every started process leads its own process group (``setsid``);
+  the group is killed with ``os.killpg``; the leader is signalled through
+  its pidfd and always reaped (no zombies).  A descendant that calls
+  ``setsid`` itself leaves the group and escapes this mechanism.
+* Where a cgroup v2 hierarchy is mounted and writable (root here), each
+  process also starts in its own cgroup leaf, and ``cgroup.kill`` ends
+  every descendant, ``setsid`` or not.  ``pids.max`` is set when the
+  ``pids`` controller is enabled for cgroup v2.
+* ``PR_SET_PDEATHSIG`` is not used: trio forks from a worker thread and the
+  signal fires when that thread exits.
+
+Optional namespaces (``ConfinementPolicy.namespaces``, root only)
+-----------------------------------------------------------------
+``"net"``: a new network namespace with only a down loopback (no network at
+all, UDP included, which Landlock does not cover).  ``"ipc"``: a private
+System V IPC / POSIX message queue namespace.  ``"uts"``: a private host
+name.  PID and mount namespaces are not offered (they need a forking init in
+the helper).
+
+Thread-safety: the async functions are meant for one trio run; a
+ProcessSupervisor and a PtyManager belong to one trio run.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import itertools
+import math
+import os
+import shlex
+import signal
+import struct
+import subprocess
+import termios
+import time
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterable, Iterable, Literal, Mapping, Sequence
+
+import trio
+
+from . import _landlock
+from .errors import SandboxError, redact
+from .paths import PathPolicy
+from .root import Root
+
+__all__ = [
+    "ExecResult",
+    "ExecError",
+    "ExecTimeoutError",
+    "ExecFailedError",
+    "CommandNotFoundError",
+    "ConfinementError",
+    "PtyNotFoundError",
+    "ConfinementPolicy",
+    "ProcessSupervisor",
+    "PtyManager",
+    "run_confined",
+    "build_ruleset",
+    "build_env",
+    "helper_path",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "ENV_ALLOWLIST",
+]
+
+#: Default bound on each of stdout and stderr kept in memory (1 MiB).
+DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
+
+#: Host environment names copied to the child (exact names; ``LC_*`` by prefix).
+ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "COLORTERM", "NO_COLOR")
+_ENV_PREFIXES = ("LC_",)
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+#: Workspace directories used as ``HOME`` and ``TMPDIR`` (created when missing).
+HOME_DIR = ".home"
+TMP_DIR = ".tmp"
+
+_CHUNK = 1 << 16
+_STATUS_MAX = 256
+_NS_FLAGS = {"net": 0x40000000, "ipc": 0x08000000, "uts": 0x04000000}
+
+Confinement = Literal["required", "best_effort", "none"]
+
+
+# ----------------------------------------------------------------- errors
+
+class ExecError(SandboxError):
+    """A command could not be started or run as asked."""
+
+    code = "exec_error"
+
+
+class ConfinementError(ExecError):
+    """Confinement was required but cannot be applied (fails closed).
+
+    Raised when Landlock is unavailable (ABI 0), the exec helper is missing,
+    a step of the helper fails (landlock, capabilities, cgroup, namespaces),
+    or a rule cannot be expressed (a read-only grant inside the workspace).
+    """
+
+    code = "confinement_unavailable"
+
+
+class CommandNotFoundError(ExecError):
+    """The program (``argv[0]``) does not exist or is not executable inside the sandbox."""
+
+    code = "command_not_found"
+
+
+class ExecTimeoutError(ExecError):
+    """The command ran past ``timeout_s`` and its whole process group was killed.
+
+    Attributes:
+        result: the :class:`ExecResult` with the output captured so far.
+    """
+
+    code = "exec_timeout"
+    retryable = False
+
+    def __init__(self, reason: str, *, result: "ExecResult", **kw) -> None:
+        super().__init__(reason, **kw)
+        self.result = result
+
+
+class ExecFailedError(ExecError):
+    """``check=True`` and the command exited non-zero.
+
+    Attributes:
+        result: the :class:`ExecResult`.
+    """
+
+    code = "exec_failed"
+
+    def __init__(self, reason: str, *, result: "ExecResult", **kw) -> None:
+        super().__init__(reason, **kw)
+        self.result = result
+
+
+class PtyNotFoundError(ExecError, KeyError):
+    """No live PTY session has this id (never started, terminated or pruned)."""
+
+    code = "pty_not_found"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self._message()
+
+
+# ----------------------------------------------------------------- data
+
+@dataclass(frozen=True)
+class ConfinementPolicy:
+    """Limits and network rules for confined processes.  Defaults are the documented ones.
+
+    Attributes:
+        cpu_time_s: ``RLIMIT_CPU`` in CPU seconds (None: unlimited).
+        address_space_bytes: ``RLIMIT_AS`` in bytes.
+        file_size_bytes: ``RLIMIT_FSIZE`` in bytes (largest file the child may write).
+        open_files: ``RLIMIT_NOFILE``.
+        processes: ``RLIMIT_NPROC`` (per user; not enforced by Linux for uid 0).
+        core_dump_bytes: ``RLIMIT_CORE`` (0: no core dumps that could hold secrets).
+        pids_max: cgroup ``pids.max`` of each process's leaf (cgroup v2 ``pids``
+            controller only).
+        allow_tcp_connect: TCP ports the child may connect to (Landlock ABI >= 4).
+        allow_tcp_bind: TCP ports the child may bind (Landlock ABI >= 4).
+        unrestricted_tcp: do not handle TCP at all (every port allowed).
+        scope_signals: deny signals to processes outside the sandbox (ABI >= 6).
+        scope_abstract_unix: deny connecting to abstract unix sockets
+            outside the sandbox (ABI >= 6).
+        drop_capabilities: drop every capability when running as root.
+        namespaces: subset of ``{"net", "ipc", "uts"}`` to unshare (root only).
+        kill_grace_s: seconds between SIGTERM and SIGKILL on timeout or terminate.
+        eof_grace_s: seconds to keep reading stdout/stderr after the main
+            process exited (a background child may keep the pipes open).
+        use_cgroup: put each process in its own cgroup v2 leaf when possible.
+    """
+
+    cpu_time_s: int | None = 3600
+    address_space_bytes: int | None = 8 << 30
+    file_size_bytes: int | None = 4 << 30
+    open_files: int | None = 4096
+    processes: int | None = 4096
+    core_dump_bytes: int | None = 0
+    pids_max: int | None = 4096
+    allow_tcp_connect: frozenset[int] = frozenset()
+    allow_tcp_bind: frozenset[int] = frozenset()
+    unrestricted_tcp: bool = False
+    scope_signals: bool = True
+    scope_abstract_unix: bool = True
+    drop_capabilities: bool = True
+    namespaces: frozenset[str] = frozenset()
+    kill_grace_s: float = 2.0
+    eof_grace_s: float = 1.0
+    use_cgroup: bool = True
+
+    def rlimit_args(self) -> list[str]:
+        """The helper's ``--rlimit NAME=VALUE`` arguments."""
+        out: list[str] = []
+        for name, value in (("cpu", self.cpu_time_s), ("as", self.address_space_bytes),
+                            ("fsize", self.file_size_bytes), ("nofile", self.open_files),
+                            ("nproc", self.processes), ("core", self.core_dump_bytes)):
+            if value is not None:
+                if int(value) < 0:
+                    raise ValueError(f"rlimit {name} must be >= 0")
+                out += ["--rlimit", f"{name}={int(value)}"]
+        return out
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a command did.
+
+    Attributes:
+        exit_code: the exit status; ``-N`` when killed by signal N.
+        stdout: captured standard output (head and tail when truncated).
+        stderr: captured standard error (head and tail when truncated).
+        stdout_truncated: stdout was longer than ``max_output_bytes``; the
+            middle was dropped.
+        stderr_truncated: the same for stderr.
+        duration_s: wall-clock seconds from spawn to exit.
+        confinement: the level applied: ``"landlock"`` or ``"none"``.
+        landlock_abi: the Landlock ABI used (0 when none).
+        stdout_bytes: total bytes the child wrote to stdout.
+        stderr_bytes: total bytes the child wrote to stderr.
+    """
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_s: float
+    confinement: str
+    landlock_abi: int = 0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+
+    def __repr__(self) -> str:
+        return (f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes"
+                f"{', truncated' if self.stdout_truncated else ''}>, stderr=<{len(self.stderr)} bytes"
+                f"{', truncated' if self.stderr_truncated else ''}>, duration_s={self.duration_s:.3f}, "
+                f"confinement={self.confinement!r})")
+
+
+class _HeadTail:
+    """Keeps the first and last bytes of a stream: memory <= ~1.5 x max_bytes whatever arrives."""
+
+    __slots__ = ("head_cap", "tail_cap", "head", "tail", "total")
+
+    def __init__(self, max_bytes: int) -> None:
+        max_bytes = max(0, int(max_bytes))
+        self.tail_cap = max_bytes // 2
+        self.head_cap = max_bytes - self.tail_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def append(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self.tail_cap:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_cap:
+                del self.tail[:-self.tail_cap]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_cap + self.tail_cap
+
+    def value(self) -> bytes:
+        tail = self.tail[-self.tail_cap:] if self.tail_cap else b""
+        return bytes(self.head) + bytes(tail)
+
+
+# ----------------------------------------------------------------- helper, env, ruleset
+
+def helper_path() -> str:
+    """Host path of the ``sfs-exec`` helper shipped inside the package."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "sfs-exec")
+
+
+def _helper_or_raise(secrets: Iterable[str]) -> str:
+    path = helper_path()
+    if not os.access(path, os.X_OK):
+        raise ConfinementError("the exec helper sandbox_fs/sfs-exec is missing; reinstall the package",
+                               secrets=secrets)
+    return path
+
+
+def build_env(caller_env: Mapping[str, str] | None, *, workspace_host_path: str,
+              host_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Build a child's environment: the allow-list from the host, then the caller's entries.
+
+    Args:
+        caller_env: entries from the application or manifest; they override
+            the allow-list (``HOME``/``TMPDIR`` included).
+        workspace_host_path: the workspace's host path (trusted, from the
+            application); ``HOME`` is ``<it>/.home`` and ``TMPDIR``
+            ``<it>/.tmp`` unless ``caller_env`` sets them.
+        host_env: the host environment (``os.environ`` when None).  Only
+            :data:`ENV_ALLOWLIST` names and ``LC_*`` are copied.
+
+    Returns:
+        A new ``dict[str, str]``.
+
+    Raises:
+        InvalidEnvError: a name is empty or holds ``=`` or NUL, or a value holds NUL.
+    """
+    host = os.environ if host_env is None else host_env
+    env = {k: v for k, v in host.items() if k in ENV_ALLOWLIST or k.startswith(_ENV_PREFIXES)}
+    env.setdefault("PATH", _DEFAULT_PATH)
+    base = workspace_host_path.rstrip("/") or "/"
+    env["HOME"] = f"{base}/{HOME_DIR}"
+    env["TMPDIR"] = f"{base}/{TMP_DIR}"
+    for k, v in (caller_env or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\0" in k or "\0" in v:
+            raise InvalidEnvError("environment names must be non-empty without '=' or NUL, values without NUL",
+                                  context={"name": str(k)[:64]})
+        env[k] = v
+    return env
+
+
+class InvalidEnvError(ExecError, ValueError):
+    """An environment entry is malformed."""
+
+    code = "invalid_env"
+
+
+def _grant_roots(grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> list[tuple[Root, bool]]:
+    if grants is None:
+        return []
+    if isinstance(grants, PathPolicy):
+        out = []
+        for g in grants.grants:
+            out.append((grants.resolve(g.path).root, g.read_only))
+        return out
+    return [(r, bool(ro) or r.read_only) for r, ro in grants]
+
+
+def _is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
+    """True when directory ``child_fd`` is ``ancestor`` or below it (walking ``..`` by fd)."""
+    cur = os.dup(child_fd)
+    try:
+        for _ in range(4096):
+            st = os.fstat(cur)
+            ident = (st.st_dev, st.st_ino)
+            if ident == ancestor:
+                return True
+            up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            ust = os.fstat(up)
+            os.close(cur)
+            cur = up
+            if (ust.st_dev, ust.st_ino) == ident:
+                return False
+        return False
+    finally:
+        os.close(cur)
+
+
+def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None = None,
+                  policy: "ConfinementPolicy | None" = None, *, tty: bool = False,
+                  abi: int | None = None) -> _landlock.Ruleset:
+    """Build the Landlock ruleset for one confined process, from file descriptors.
+
+    Rules: read-write beneath the workspace (read-only when the Root is), each
+    grant by its mode, the read-only system set of :mod:`sandbox_fs._landlock`
+    (``/dev/tty`` too when ``tty``), TCP ports of ``policy``; signal and
+    abstract-unix scoping per ``policy`` (ABI >= 6).
+
+    Args:
+        workspace: the workspace Root (its ``O_PATH`` fd is duplicated).
+        grants: ``[(Root, read_only), ...]`` or a :class:`PathPolicy` whose
+            grants are used.
+        policy: network and scoping choices (default :class:`ConfinementPolicy`).
+        tty: also allow ``/dev/tty`` (read, write, ioctl) for a PTY session.
+        abi: Landlock ABI to target (default: the kernel's).
+
+    Returns:
+        A :class:`sandbox_fs._landlock.Ruleset`; the caller closes it.
+
+    Raises:
+        ConfinementError: Landlock is unavailable, the kernel refuses a rule,
+            or a read-only grant lies inside the read-write workspace (Landlock
+            rules only add rights, so it could not be enforced).
+    """
+    policy = policy or ConfinementPolicy()
+    version = _landlock.abi() if abi is None else abi
+    if version <= 0:
+        raise ConfinementError("Landlock is not available on this kernel")
+    roots = _grant_roots(grants)
+    try:
+        rs = _landlock.Ruleset(version, handle_net=not policy.unrestricted_tcp,
+                               handle_scopes=policy.scope_signals or policy.scope_abstract_unix)
+    except OSError as exc:
+        raise ConfinementError("the kernel refused to create a Landlock ruleset",
+                               diagnostic=str(exc)) from None
+    if not policy.scope_signals:
+        rs.scoped &= ~_landlock.SCOPE_SIGNAL
+    try:
+        rw = _landlock.fs_read_write(version)
+        ws_fd = workspace.fileno_dup()
+        try:
+            rs.add_fd(ws_fd, _landlock.FS_READ_EXEC if workspace.read_only else rw)
+        finally:
+            os.close(ws_fd)
+        for root, read_only in roots:
+            gfd = root.fileno_dup()
+            try:
+                if read_only and not workspace.read_only and _is_beneath(gfd, workspace.identity):
+                    raise ConfinementError(
+                        "a read-only grant inside the read-write workspace cannot be enforced by Landlock")
+                rs.add_fd(gfd, _landlock.FS_READ_EXEC if read_only else rw)
+            finally:
+                os.close(gfd)
+        for rule in _landlock.system_rules():
+            rs.add_host_path(rule.host_path, rule.access)
+        if tty:
+            rs.add_host_path("/dev/tty", _landlock.FS_READ_FILE | _landlock.FS_WRITE_FILE | _landlock.FS_IOCTL_DEV)
+        rs.allow_tcp(sorted(policy.allow_tcp_connect), _landlock.NET_CONNECT_TCP)
+        rs.allow_tcp(sorted(policy.allow_tcp_bind), _landlock.NET_BIND_TCP)
+    except ConfinementError:
+        rs.close()
+        raise
+    except OSError as exc:
+        rs.close()
+        raise ConfinementError("a Landlock rule was refused by the kernel", diagnostic=str(exc)) from None
+    return rs
+
+
+# ----------------------------------------------------------------- cgroups
+
+def _find_cgroup2() -> str | None:
+    """Host path of this process's cgroup v2 directory, or None without a cgroup2 mount."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+        with open("/proc/self/cgroup") as f:
+            own = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+    except OSError:
+        return None
+    for parts in mounts:
+        try:
+            sep = parts.index("-")
+        except ValueError:
+            continue
+        if parts[sep + 1] == "cgroup2" and own is not None:
+            root, mnt = parts[3], parts[4]
+            rel = own
+            if root != "/" and rel.startswith(root):
+                rel = rel[len(root):]
+            path = mnt.rstrip("/") + "/" + rel.strip("/")
+            return path.rstrip("/")
+    return None
+
+
+class _CgroupTree:
+    """One cgroup v2 directory per supervisor, one leaf per started process."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, base: str, pids_max: int | None) -> None:
+        self.dir = f"{base}/sandbox-fs-{os.getpid()}-{next(self._ids)}-{os.urandom(3).hex()}"
+        os.mkdir(self.dir, 0o755)
+        self._leaves = itertools.count(1)
+        self.pids = False
+        try:
+            with open(f"{self.dir}/cgroup.controllers") as f:
+                if "pids" in f.read().split() and pids_max is not None:
+                    with open(f"{self.dir}/cgroup.subtree_control", "w") as f2:
+                        f2.write("+pids")
+                    self.pids = True
+        except OSError:
+            self.pids = False
+
+    @classmethod
+    def create(cls, pids_max: int | None) -> "_CgroupTree | None":
+        base = _find_cgroup2()
+        if base is None:
+            return None
+        try:
+            return cls(base, pids_max)
+        except OSError:
+            return None
+
+    def new_leaf(self, pids_max: int | None) -> str:
+        leaf = f"{self.dir}/p{next(self._leaves)}"
+        os.mkdir(leaf, 0o755)
+        if self.pids and pids_max is not None:
+            try:
+                with open(f"{leaf}/pids.max", "w") as f:
+                    f.write(str(int(pids_max)))
+            except OSError:
+                pass
+        return leaf
+
+    @staticmethod
+    def populated(leaf: str) -> bool:
+        try:
+            with open(f"{leaf}/cgroup.events") as f:
+                for line in f:
+                    if line.startswith("populated "):
+                        return line.split()[1] != "0"
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    @staticmethod
+    def kill(leaf: str) -> None:
+        try:
+            with open(f"{leaf}/cgroup.kill", "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+
+    @staticmethod
+    def remove(leaf: str) -> bool:
+        try:
+            os.rmdir(leaf)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        try:
+            for name in os.listdir(self.dir):
+                p = f"{self.dir}/{name}"
+                if name.startswith("p") and os.path.isdir(p):
+                    self.kill(p)
+                    self.remove(p)
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+# ----------------------------------------------------------------- supervision
+
+@dataclass(eq=False)
+class _Tracked:
+    process: trio.Process
+    pgid: int
+    pidfd: int
+    leaf: str | None
+    argv0: str
+
+
+class ProcessSupervisor:
+    """Tracks every process group (and cgroup leaf) started through it, and kills them all.
+
+    Give one to :func:`run_confined` / :class:`PtyManager` per session;
+    call :meth:`kill_all` (or ``await aclose()``) at shutdown.  What is
+    guaranteed where is described in the module docstring: process groups
+    always, every descendant (``setsid`` included) where a cgroup v2 leaf
+    could be made (:attr:`uses_cgroup`).
+
+    Args:
+        use_cgroup: try a cgroup v2 leaf per process (needs a writable
+            cgroup2 mount: root here).
+        pids_max: ``pids.max`` of each leaf (only with the cgroup v2 ``pids``
+            controller).
+    """
+
+    def __init__(self, *, use_cgroup: bool = True, pids_max: int | None = 4096) -> None:
+        self._tracked: list[_Tracked] = []
+        self._cg: _CgroupTree | None = _CgroupTree.create(pids_max) if use_cgroup else None
+        self._closed = False
+
+    @property
+    def uses_cgroup(self) -> bool:
+        """True when processes start in their own cgroup v2 leaf."""
+        return self._cg is not None
+
+    def __len__(self) -> int:
+        return len(self._tracked)
+
+    def _new_leaf(self, pids_max: int | None) -> str | None:
+        if self._cg is None:
+            return None
+        try:
+            return self._cg.new_leaf(pids_max)
+        except OSError:
+            return None
+
+    def _track(self, process: trio.Process, leaf: str | None, argv0: str) -> _Tracked:
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except OSError:
+            pidfd = -1
+        t = _Tracked(process, process.pid, pidfd, leaf, argv0)
+        self._tracked.append(t)
+        return t
+
+    @staticmethod
+    def _signal_group(t: _Tracked, sig: int) -> None:
+        if t.process.returncode is None and t.pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(t.pidfd, sig)
+            except OSError:
+                pass
+        try:
+            os.killpg(t.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _group_alive(self, t: _Tracked) -> bool:
+        if t.leaf is not None:
+            return _CgroupTree.populated(t.leaf)
+        if t.process.returncode is None:
+            return True
+        try:
+            os.killpg(t.pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def _untrack(self, t: _Tracked) -> None:
+        if t in self._tracked:
+            self._tracked.remove(t)
+        if t.pidfd >= 0:
+            os.close(t.pidfd)
+            t.pidfd = -1
+        if t.leaf is not None:
+            _CgroupTree.remove(t.leaf)
+
+    def _release_if_done(self, t: _Tracked) -> None:
+        """Forget ``t`` once its leader is reaped and nothing of its group/leaf is left."""
+        if t.process.returncode is not None and not self._group_alive(t):
+            self._untrack(t)
+
+    async def _kill_one(self, t: _Tracked, grace_s: float) -> None:
+        """SIGTERM the group, wait up to ``grace_s`` for the leader, then SIGKILL everything and reap."""
+        if grace_s > 0 and t.process.returncode is None:
+            self._signal_group(t, signal.SIGTERM)
+            with trio.move_on_after(grace_s):
+                await t.process.wait()
+        self._signal_group(t, signal.SIGKILL)
+        if t.leaf is not None:
+            _CgroupTree.kill(t.leaf)
+        await t.process.wait()
+        if t.leaf is not None:
+            for _ in range(200):
+                if not _CgroupTree.populated(t.leaf):
+                    break
+                await trio.sleep(0.005)
+        self._untrack(t)
+
+    async def kill_all(self, *, grace_s: float = 0.0) -> None:
+        """Kill every process group and cgroup leaf started through this supervisor, and reap.
+
+        Args:
+            grace_s: seconds to wait after SIGTERM before SIGKILL (0: SIGKILL at once).
+
+        *Cancellation*: the kill runs shielded; a cancel arriving meanwhile is
+        delivered at the next checkpoint after every process is gone.
+        """
+        with trio.CancelScope(shield=True):
+            await trio.lowlevel.checkpoint()
+            for t in list(self._tracked):
+                await self._kill_one(t, grace_s)
+
+    async def aclose(self) -> None:
+        """:meth:`kill_all`, then remove the supervisor's cgroup directory.  Idempotent.
+
+        *Cancellation*: shielded like :meth:`kill_all`.
+        """
+        await self.kill_all()
+        if self._cg is not None:
+            self._cg.close()
+            self._cg = None
+        self._closed = True
+
+    async def __aenter__(self) -> "ProcessSupervisor":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+# ----------------------------------------------------------------- spawning
+
+def _command(argv: Sequence[str], shell: bool | Sequence[str]) -> list[str]:
+    if isinstance(argv, (str, bytes)) or not argv:
+        raise ExecError("argv must be a non-empty list of strings")
+    argv = [str(a) for a in argv]
+    if any("\0" in a for a in argv):
+        raise ExecError("an argument holds a NUL byte")
+    if shell is False:
+        return argv
+    cmd = argv[0] if len(argv) == 1 else shlex.join(argv)
+    prefix = ["/bin/sh", "-c"] if shell is True else [str(p) for p in shell]
+    if not prefix:
+        raise ExecError("a custom shell prefix must not be empty")
+    return prefix + [cmd]
+
+
+@dataclass
+class _Prepared:
+    helper_argv: list[str]
+    env: dict[str, str]
+    pass_fds: list[int]
+    status_r: int
+    level: str
+    abi: int
+    leaf: str | None
+    secrets: tuple[str, ...]
+    cwd_shown: str
+
+    def close_child_fds(self) -> None:
+        for fd in self.pass_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pass_fds = []
+
+    def close_all(self) -> None:
+        self.close_child_fds()
+        if self.status_r >= 0:
+            os.close(self.status_r)
+            self.status_r = -1
+
+
+def _ensure_dirs(workspace: Root) -> None:
+    if workspace.read_only:
+        return
+    for name in (HOME_DIR, TMP_DIR):
+        try:
+            workspace.mkdir(name, 0o700, exist_ok=True)
+        except FileExistsError:
+            pass
+
+
+def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
+             grants: Sequence[tuple[Root, bool]] | PathPolicy | None, cwd: str,
+             env: Mapping[str, str] | None, secret_env: Iterable[str], shell: bool | Sequence[str],
+             confinement: str, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
+             tty: bool) -> _Prepared:
+    caller_env = dict(env or {})
+    secrets = tuple(v for k, v in caller_env.items() if k in set(secret_env) and v)
+    if confinement not in ("required", "best_effort", "none"):
+        raise ExecError("confinement must be 'required', 'best_effort' or 'none'", secrets=secrets)
+    bad_ns = set(policy.namespaces) - set(_NS_FLAGS)
+    if bad_ns:
+        raise ExecError(f"unknown namespaces: {sorted(bad_ns)}", secrets=secrets)
+    command = _command(argv, shell)
+    helper = _helper_or_raise(secrets)
+    child_env = build_env(caller_env, workspace_host_path=workspace_host_path)
+    _ensure_dirs(workspace)
+
+    pass_fds: list[int] = []
+    prep = _Prepared([], child_env, pass_fds, -1, "none", 0, None, secrets, cwd or ".")
+    try:
+        args = [helper]
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        prep.status_r = status_r
+        pass_fds.append(status_w)
+        args += ["--status", str(status_w)]
+
+        if isinstance(grants, PathPolicy) and cwd.startswith("/"):
+            resolved = grants.resolve(cwd)
+            cwd_fd = resolved.root.open_dir_fd(resolved.rel or ".")
+        else:
+            cwd_fd = workspace.open_dir_fd(cwd or ".")
+        pass_fds.append(cwd_fd)
+        args += ["--cwd", str(cwd_fd)]
+
+        leaf = supervisor._new_leaf(policy.pids_max) if policy.use_cgroup else None
+        if leaf is not None:
+            prep.leaf = leaf
+            cg_fd = os.open(leaf, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            pass_fds.append(cg_fd)
+            args += ["--cgroup", str(cg_fd)]
+
+        args += policy.rlimit_args()
+        if tty:
+            args.append("--tty")
+        if policy.namespaces:
+            if os.geteuid() != 0:
+                raise ConfinementError("namespaces are only offered when running as root", secrets=secrets)
+            flags = 0
+            for ns in policy.namespaces:
+                flags |= _NS_FLAGS[ns]
+            args += ["--unshare", str(flags)]
+        if policy.drop_capabilities and os.geteuid() == 0:
+            args.append("--drop-caps")
+
+        if confinement != "none":
+            version = _landlock.abi()
+            if version <= 0:
+                if confinement == "required":
+                    raise ConfinementError("Landlock is not available on this kernel; "
+                                           "confinement='required' fails closed", secrets=secrets)
+            else:
+                rs = build_ruleset(workspace, grants, policy, tty=tty, abi=version)
+                pass_fds.append(rs.fd)
+                args += ["--ruleset", str(rs.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
+                prep.level, prep.abi = "landlock", version
+        prep.helper_argv = args + ["--"] + command
+        return prep
+    except BaseException:
+        prep.close_all()
+        if prep.leaf is not None:
+            _CgroupTree.remove(prep.leaf)
+        raise
+
+
+_STAGE_TEXT = {
+    "landlock": "applying the Landlock ruleset failed",
+    "no_new_privs": "setting no_new_privs failed",
+    "capabilities": "dropping capabilities failed",
+    "cgroup": "joining the cgroup failed",
+    "unshare": "creating namespaces failed",
+    "rlimit": "setting an rlimit failed",
+    "setsid": "starting a new session failed",
+    "tty": "making the PTY the controlling terminal failed",
+    "cwd": "changing to the working directory failed",
+    "proc_self": "granting /proc/self failed",
+    "usage": "the exec helper was called wrongly",
+}
+
+
+async def _read_status(fd: int) -> bytes:
+    """Read the helper's status pipe to EOF (EOF with nothing: execve succeeded)."""
+    data = b""
+    stream = trio.lowlevel.FdStream(fd)
+    try:
+        while len(data) < _STATUS_MAX:
+            chunk = await stream.receive_some(_STATUS_MAX)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        await stream.aclose()
+    return data
+
+
+def _status_error(status: bytes, argv0: str, prep: _Prepared) -> ExecError:
+    try:
+        stage, err_s = status.decode("ascii", "replace").split()[:2]
+        err = int(err_s)
+    except ValueError:
+        stage, err = "unknown", 0
+    name = errno.errorcode.get(err, str(err))
+    shown = redact(argv0, prep.secrets)
+    if stage == "exec":
+        if err in (errno.ENOENT, errno.ENOTDIR):
+            return CommandNotFoundError(f"program not found: {shown}", sandbox_path=prep.cwd_shown,
+                                        context={"errno": name}, secrets=prep.secrets)
+        if err == errno.EACCES:
+            return CommandNotFoundError(
+                f"program not executable inside the sandbox: {shown} (outside the system set and every grant?)",
+                sandbox_path=prep.cwd_shown, context={"errno": name}, secrets=prep.secrets)
+        return ExecError(f"starting {shown} failed ({name})", sandbox_path=prep.cwd_shown,
+                         context={"errno": name}, secrets=prep.secrets)
+    if stage == "cwd":
+        return ExecError("changing to the working directory failed", sandbox_path=prep.cwd_shown,
+                         context={"errno": name}, secrets=prep.secrets)
+    return ConfinementError(f"{_STAGE_TEXT.get(stage, 'the exec helper failed')} ({name})",
+                            sandbox_path=prep.cwd_shown, context={"stage": stage, "errno": name},
+                            secrets=prep.secrets)
+
+
+async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, stdin: object,
+                 stdout: object, stderr: object) -> tuple[trio.Process, _Tracked]:
+    """Start the helper; raise the helper's failure, else return the tracked process."""
+    try:
+        proc = await trio.lowlevel.open_process(
+            prep.helper_argv, stdin=stdin, stdout=stdout, stderr=stderr, env=prep.env,
+            pass_fds=tuple(prep.pass_fds), close_fds=True)
+    except BaseException:
+        prep.close_all()
+        if prep.leaf is not None:
+            _CgroupTree.remove(prep.leaf)
+        raise
+    prep.close_child_fds()
+    tracked = supervisor._track(proc, prep.leaf, argv0)
+    status_fd, prep.status_r = prep.status_r, -1
+    try:
+        status = await _read_status(status_fd)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await supervisor._kill_one(tracked, 0)
+        raise
+    if status:
+        with trio.CancelScope(shield=True):
+            await supervisor._kill_one(tracked, 0)
+            for s in (proc.stdin, proc.stdout, proc.stderr):
+                if s is not None:
+                    await s.aclose()
+        raise _status_error(status, argv0, prep)
+    return proc, tracked
+
+
+async def run_confined(
+    argv: Sequence[str],
+    *,
+    workspace: Root,
+    workspace_host_path: str,
+    grants: Sequence[tuple[Root, bool]] | PathPolicy | None = None,
+    cwd: str = "",
+    env: Mapping[str, str] | None = None,
+    secret_env: Iterable[str] = frozenset(),
+    stdin: bytes | AsyncIterable[bytes] | None = None,
+    shell: bool | Sequence[str] = False,
+    timeout_s: float | None = None,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    confinement: Confinement = "required",
+    supervisor: ProcessSupervisor | None = None,
+    policy: ConfinementPolicy = ConfinementPolicy(),
+    check: bool = False,
+) -> ExecResult:
+    """Run a command confined to the workspace and return its result.
+
+    Args:
+        argv: program and arguments (``list[str]``); ``argv[0]`` is looked
+            up on the child's ``PATH`` and must be executable inside the sandbox.
+        workspace: the workspace Root; the child gets read-write access
+            beneath it (read-only when the Root is read-only).
+        workspace_host_path: the workspace's host path (trusted, from the
+            application); used only for ``HOME``/``TMPDIR`` in the child's
+            environment, never for I/O.
+        grants: extra path grants ``[(Root, read_only), ...]`` or a
+            :class:`PathPolicy`; each reaches the child by its mode.
+        cwd: working directory as a sandbox path relative to the workspace
+            (absolute under a grant or the workspace when ``grants`` is a
+            PathPolicy); opened through the Root, handed over as an fd.
+        env: environment entries added over the allow-list (see :func:`build_env`).
+        secret_env: names in ``env`` whose values are secrets: they never
+            appear in error messages or reprs.
+        stdin: bytes, an async iterable of byte chunks, or None (``/dev/null``).
+        shell: False (run ``argv``), True (``/bin/sh -c``) or a custom prefix
+            such as ``["bash", "-lc"]``; a multi-element ``argv`` is joined with
+            :func:`shlex.join`.
+        timeout_s: wall-clock seconds before SIGTERM to the process group,
+            ``policy.kill_grace_s`` of grace, then SIGKILL (None: no limit).
+        max_output_bytes: bytes kept per stream (head half and tail half);
+            memory does not grow with what the child prints.
+        confinement: ``"required"`` fails closed without Landlock;
+            ``"best_effort"`` runs anyway and reports the level in
+            :attr:`ExecResult.confinement`; ``"none"`` skips Landlock (the
+            helper still applies rlimits, setsid, fd closing, capabilities).
+        supervisor: tracks the process group; background processes the
+            command leaves are killed by ``supervisor.kill_all()``.  Without
+            one, a private supervisor kills them before this returns.
+        policy: rlimits, network ports, namespaces, grace periods.
+        check: raise :class:`ExecFailedError` on a non-zero exit status.
+
+    Returns:
+        :class:`ExecResult`; a non-zero exit is a result, not an exception.
+
+    Raises:
+        ConfinementError: ``confinement="required"`` and Landlock is
+            unavailable, or a confinement step fails (fails closed).
+        CommandNotFoundError: the program does not exist or may not be
+            executed inside the sandbox.
+        ExecTimeoutError: ``timeout_s`` passed; ``.result`` has the partial output.
+        ExecFailedError: ``check`` and the exit status is non-zero.
+        InvalidEnvError: a malformed ``env`` entry.
+        ExecError: bad ``argv``/``shell``/``confinement`` values, or the cwd
+            cannot be entered.
+        PathEscapeError, FileNotFoundError, NotADirectoryError: ``cwd`` does
+            not resolve to a directory beneath the workspace.
+
+    *Cancellation*: a cancel kills the whole process group (and cgroup leaf)
+    with SIGKILL and reaps it before propagating; nothing keeps running and
+    no fd is left open.
+    """
+    await trio.lowlevel.checkpoint()
+    own = supervisor is None
+    sup = supervisor if supervisor is not None else ProcessSupervisor(use_cgroup=policy.use_cgroup,
+                                                                     pids_max=policy.pids_max)
+    try:
+        return await _run(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
+                          cwd=cwd, env=env, secret_env=secret_env, stdin=stdin, shell=shell,
+                          timeout_s=timeout_s, max_output_bytes=max_output_bytes, confinement=confinement,
+                          sup=sup, policy=policy, check=check)
+    finally:
+        if own:
+            with trio.CancelScope(shield=True):
+                await sup.aclose()
+
+
+async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret_env, stdin, shell, timeout_s,
+               max_output_bytes, confinement, sup, policy, check) -> ExecResult:
+    prep = _prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants, cwd=cwd,
+                    env=env, secret_env=secret_env, shell=shell, confinement=confinement, supervisor=sup,
+                    policy=policy, tty=False)
+    argv0 = _command(argv, shell)[0]
+    start = time.monotonic()
+    proc, tracked = await _spawn(prep, sup, argv0, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = _HeadTail(max_output_bytes), _HeadTail(max_output_bytes)
+    out_eof, err_eof = trio.Event(), trio.Event()
+    timed_out = False
+
+    async def pump(stream: trio.abc.ReceiveStream, buf: _HeadTail, done: trio.Event) -> None:
+        try:
+            while True:
+                try:
+                    data = await stream.receive_some(_CHUNK)
+                except trio.BrokenResourceError:
+                    break
+                if not data:
+                    break
+                buf.append(data)
+        finally:
+            done.set()
+
+    async def feed(stream: trio.abc.SendStream) -> None:
+        try:
+            if isinstance(stdin, (bytes, bytearray, memoryview)):
+                if stdin:
+                    await stream.send_all(bytes(stdin))
+            else:
+                async for chunk in stdin:  # type: ignore[union-attr]
+                    await stream.send_all(bytes(chunk))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, proc.stdout, out, out_eof)
+            nursery.start_soon(pump, proc.stderr, err, err_eof)
+            if proc.stdin is not None:
+                nursery.start_soon(feed, proc.stdin)
+            deadline = trio.current_time() + timeout_s if timeout_s is not None else math.inf
+            with trio.move_on_at(deadline) as cs:
+                await proc.wait()
+            if cs.cancelled_caught:
+                timed_out = True
+                await sup._kill_one(tracked, policy.kill_grace_s)
+            with trio.move_on_after(policy.eof_grace_s):
+                await out_eof.wait()
+                await err_eof.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.returncode is None:
+                await sup._kill_one(tracked, 0)
+            for s in (proc.stdin, proc.stdout, proc.stderr):
+                if s is not None:
+                    await s.aclose()
+            sup._release_if_done(tracked)
+    result = ExecResult(
+        exit_code=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+        stdout=out.value(), stderr=err.value(),
+        stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+        duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
+        stdout_bytes=out.total, stderr_bytes=err.total)
+    shown = redact(argv0, prep.secrets)
+    if timed_out:
+        raise ExecTimeoutError(f"{shown} ran past {timeout_s} s; its process group was killed",
+                               result=result, sandbox_path=prep.cwd_shown,
+                               context={"timeout_s": timeout_s}, secrets=prep.secrets)
+    if check and result.exit_code != 0:
+        raise ExecFailedError(f"{shown} exited with status {result.exit_code}", result=result,
+                              sandbox_path=prep.cwd_shown, context={"exit_code": result.exit_code},
+                              secrets=prep.secrets)
+    return result
+
+
+# ----------------------------------------------------------------- PTY
+
+@dataclass(eq=False)
+class _Pty:
+    pty_id: str
+    tracked: _Tracked
+    stream: trio.lowlevel.FdStream
+    started: float
+    last_activity: float
+    pending: bytearray = field(default_factory=bytearray)
+    dropped_bytes: int = 0
+    eof: bool = False
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+
+class PtyManager:
+    """Interactive confined processes on pseudo-terminals, with bounded buffers and a live cap.
+
+    Each session runs through the same confinement path as
+    :func:`run_confined` (the helper makes the PTY its controlling terminal
+    with ``setsid`` + ``TIOCSCTTY``).  Output is read on demand: the kernel's
+    PTY buffer applies back-pressure to the child, and at most
+    ``max_buffer_bytes`` read but not yet returned is kept (oldest bytes
+    dropped first, counted in :meth:`pty_info`).
+
+    Cap: at most ``max_live`` sessions exist at once.  Starting one more
+    prunes (terminates and forgets) the session idle the longest, where
+    *idle* means no start, write or read: sessions whose process has already
+    exited go first.
+
+    Args:
+        supervisor: tracks the PTY processes (killed by its ``kill_all`` too).
+        max_live: the cap on sessions (>= 1).
+        max_buffer_bytes: bound on buffered unread output per session.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, supervisor: ProcessSupervisor, *, max_live: int = 8,
+                 max_buffer_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> None:
+        if max_live < 1:
+            raise ValueError("max_live must be >= 1")
+        self.supervisor = supervisor
+        self.max_live = max_live
+        self.max_buffer_bytes = max_buffer_bytes
+        self._ptys: dict[str, _Pty] = {}
+
+    def __len__(self) -> int:
+        return len(self._ptys)
+
+    def _get(self, pty_id: str) -> _Pty:
+        p = self._ptys.get(pty_id)
+        if p is None:
+            raise PtyNotFoundError("no live PTY session with this id", context={"pty_id": str(pty_id)[:64]})
+        return p
+
+    async def pty_exec_start(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: Root,
+        workspace_host_path: str,
+        grants: Sequence[tuple[Root, bool]] | PathPolicy | None = None,
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+        secret_env: Iterable[str] = frozenset(),
+        shell: bool | Sequence[str] = False,
+        confinement: Confinement = "required",
+        policy: ConfinementPolicy = ConfinementPolicy(),
+        rows: int = 24,
+        cols: int = 80,
+        first_output_timeout_s: float = 0.5,
+    ) -> tuple[str, bytes]:
+        """Start ``argv`` on a new PTY, confined like :func:`run_confined`.
+
+        Args:
+            argv, workspace, workspace_host_path, grants, cwd, env, secret_env,
+                shell, confinement, policy: as for :func:`run_confined`.
+                ``TERM`` defaults to ``xterm`` when neither the host allow-list
+                nor ``env`` sets it.
+            rows, cols: the terminal size.
+            first_output_timeout_s: seconds to wait for the first output.
+
+        Returns:
+            ``(pty_id, first_output)``.
+
+        Raises:
+            ConfinementError, CommandNotFoundError, ExecError, InvalidEnvError:
+                as for :func:`run_confined`.
+
+        *Cancellation*: a cancel before the process is registered kills it;
+        after that the session stays registered and is ended by
+        :meth:`pty_terminate` / :meth:`pty_terminate_all`.
+        """
+        await trio.lowlevel.checkpoint()
+        if len(self._ptys) >= self.max_live:
+            await self._prune_one()
+        caller_env = dict(env or {})
+        prep = _prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
+                        cwd=cwd, env=caller_env, secret_env=secret_env, shell=shell, confinement=confinement,
+                        supervisor=self.supervisor, policy=policy, tty=True)
+        prep.env.setdefault("TERM", "xterm")
+        argv0 = _command(argv, shell)[0]
+        master, slave = os.openpty()
+        try:
+            os.set_inheritable(master, False)
+            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            proc, tracked = await _spawn(prep, self.supervisor, argv0, stdin=slave, stdout=slave, stderr=slave)
+        except BaseException:
+            os.close(master)
+            os.close(slave)
+            raise
+        os.close(slave)
+        now = time.monotonic()
+        pty_id = f"pty-{next(self._ids)}-{os.urandom(4).hex()}"
+        p = _Pty(pty_id, tracked, trio.lowlevel.FdStream(master), now, now)
+        self._ptys[pty_id] = p
+        first = await self.pty_read(pty_id, timeout_s=first_output_timeout_s)
+        return pty_id, first
+
+    async def _prune_one(self) -> None:
+        def key(p: _Pty) -> tuple[int, float]:
+            return (0 if p.tracked.process.returncode is not None else 1, p.last_activity)
+        victim = min(self._ptys.values(), key=key)
+        await self.pty_terminate(victim.pty_id)
+
+    async def pty_write_stdin(self, pty_id: str, data: bytes) -> None:
+        """Write ``data`` (bytes) to the session's terminal input.
+
+        Raises:
+            PtyNotFoundError: unknown ``pty_id``.
+            ExecError: the session's process has exited and the terminal is closed.
+
+        *Cancellation*: a cancel may leave part of ``data`` written.
+        """
+        p = self._get(pty_id)
+        p.last_activity = time.monotonic()
+        try:
+            await p.stream.send_all(bytes(data))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ExecError("the PTY session's terminal is closed", context={"pty_id": pty_id}) from None
+
+    async def pty_read(self, pty_id: str, *, timeout_s: float = 0.1, max_bytes: int = 1 << 16) -> bytes:
+        """Return output available now, waiting up to ``timeout_s`` seconds for some.
+
+        After the first bytes arrive, keeps collecting while more follows
+        within 50 ms, up to ``max_bytes``.  Returns ``b""`` when nothing came
+        (or the session ended and everything was read).
+
+        Raises:
+            PtyNotFoundError: unknown ``pty_id``.
+
+        *Cancellation*: bytes already read are kept in the session's buffer
+        for the next call, never lost.
+        """
+        p = self._get(pty_id)
+        p.last_activity = time.monotonic()
+        async with p.lock:
+            deadline = trio.current_time() + max(0.0, timeout_s)
+            with trio.move_on_at(deadline) as cs:
+                while not p.eof and len(p.pending) < max_bytes:
+                    if p.pending:
+                        cs.deadline = min(cs.deadline, trio.current_time() + 0.05)
+                    try:
+                        data = await p.stream.receive_some(_CHUNK)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""  # EIO: every slave fd is closed
+                    if not data:
+                        p.eof = True
+                        break
+                    p.pending += data
+                    if len(p.pending) > self.max_buffer_bytes:
+                        excess = len(p.pending) - self.max_buffer_bytes
+                        del p.pending[:excess]
+                        p.dropped_bytes += excess
+            out = bytes(p.pending[:max_bytes])
+            del p.pending[:max_bytes]
+            return out
+
+    def pty_info(self, pty_id: str) -> dict[str, object]:
+        """``{"pid", "exit_code" (None while running), "dropped_bytes", "idle_s"}`` of a session.
+
+        Raises:
+            PtyNotFoundError: unknown ``pty_id``.
+        """
+        p = self._get(pty_id)
+        return {"pid": p.tracked.process.pid, "exit_code": p.tracked.process.returncode,
+                "dropped_bytes": p.dropped_bytes, "idle_s": time.monotonic() - p.last_activity}
+
+    async def pty_terminate(self, pty_id: str, *, grace_s: float = 0.5) -> int:
+        """End a session: SIGTERM its process group, ``grace_s`` seconds, SIGKILL; reap; close the PTY.
+
+        Returns:
+            The exit status (``-N`` when ended by signal N).
+
+        Raises:
+            PtyNotFoundError: unknown ``pty_id``.
+
+        *Cancellation*: shielded: the session is always fully ended.
+        """
+        p = self._get(pty_id)
+        del self._ptys[pty_id]
+        with trio.CancelScope(shield=True):
+            await self.supervisor._kill_one(p.tracked, grace_s)
+            await p.stream.aclose()
+        code = p.tracked.process.returncode
+        return code if code is not None else -signal.SIGKILL
+
+    async def pty_terminate_all(self) -> None:
+        """End every session (SIGKILL at once).
+
+        *Cancellation*: shielded like :meth:`pty_terminate`.
+        """
+        for pty_id in list(self._ptys):
+            await self.pty_terminate(pty_id, grace_s=0)
+
+    async def aclose(self) -> None:
+        """Same as :meth:`pty_terminate_all`.
+
+        *Cancellation*: shielded.
+        """
+        await self.pty_terminate_all()
