@@ -1,0 +1,457 @@
+"""The local sandbox client: create, resume and delete sessions; serialized state; run state.
+
+Authority comes only from :class:`ClientOptions` (trusted, given by the host
+application).  Serialized :class:`SessionState` carries **no authority**: it
+holds the session id, the manifest data, a snapshot reference, a readiness
+flag and a fingerprint.  On resume the workspace location
+(``<workspaces_dir>/<session id>``, the id checked to be a plain token), its
+ownership and the extra path grants are re-derived from the options, and the
+manifest is re-loaded as *untrusted* (it cannot grant).  A state with any
+other field (``root``, ``grants``, ``owned`` ...) is refused.  With
+``ClientOptions.state_key`` the state is also HMAC-SHA256 protected
+(RFC 2104) and a tampered or unsigned state is refused.
+
+The reference implementation stored the host root, the ownership flag and
+the grants in the state, so an edited payload could add a grant, point the
+root elsewhere, or make ``delete`` remove another directory.  None of those
+fields exist here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import SandboxError
+from .paths import Grant
+from .root import Root, open_root
+from .session import Session, SessionConfig, SessionError
+from .snapshot import LocalSnapshotStore, NoSnapshot, SnapshotLimits, SnapshotStore, validate_name
+
+__all__ = [
+    "ClientOptions",
+    "LocalSandboxClient",
+    "SessionState",
+    "RunState",
+    "SessionStateError",
+    "SessionStateVersionError",
+    "SessionStateTamperedError",
+    "open_session",
+    "STATE_VERSION",
+]
+
+STATE_VERSION = 1
+_MAC_DOMAIN = b"sandbox-fs/session-state/v1\0"
+
+
+class SessionStateError(SessionError, ValueError):
+    """Serialized session or run state is malformed or carries fields it may not carry."""
+
+    code = "session_state_invalid"
+
+
+class SessionStateVersionError(SessionStateError):
+    """Serialized state has a version this sandbox-fs does not read."""
+
+    code = "session_state_version"
+
+
+class SessionStateTamperedError(SessionStateError):
+    """The state's HMAC is missing or does not match (``ClientOptions.state_key`` set)."""
+
+    code = "session_state_tampered"
+
+
+class SessionState(BaseModel):
+    """What is needed to reconnect to a session, and nothing that grants anything.
+
+    Attributes:
+        version: format version (1).
+        session_id: plain token; the workspace is ``<workspaces_dir>/<id>``.
+        manifest: the manifest's JSON data (re-loaded untrusted on resume), or None.
+        snapshot: name of the snapshot to restore from, or None.
+        workspace_root_ready: the workspace was filled at least once.
+        fingerprint: fingerprint of the last persisted snapshot, or None.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = STATE_VERSION
+    session_id: str
+    manifest: dict[str, Any] | None = None
+    snapshot: str | None = None
+    workspace_root_ready: bool = False
+    fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("session_id", "snapshot")
+    @classmethod
+    def _token(cls, v: str | None) -> str | None:
+        if v is not None:
+            validate_name(v, "session id / snapshot name")
+        return v
+
+
+class RunState(BaseModel):
+    """A run's sessions, keyed by stable caller-chosen keys (never object identity).
+
+    Attributes:
+        version: format version (1).
+        current_key: the key of the session the run is on now.
+        sessions: key -> serialized :class:`SessionState` (as from
+            :meth:`LocalSandboxClient.serialize_state`).
+        display_names: key -> display name (two keys may share one).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    current_key: str | None = None
+    sessions: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    display_names: dict[str, str] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """Trusted configuration from the host application.  The only source of authority.
+
+    Attributes:
+        workspaces_dir: trusted host directory under which private workspaces
+            (mode 0700) are created as ``<workspaces_dir>/<session id>``;
+            created 0700 when missing.
+        snapshot_store: a :class:`~sandbox_fs.snapshot.SnapshotStore`; None
+            with ``snapshot_dir`` None means :class:`NoSnapshot`.
+        snapshot_dir: trusted host directory for a :class:`LocalSnapshotStore`.
+        extra_path_grants: extra path grants given to every session.
+        base_dir: the trusted base directory for manifest host sources.
+        workspace_path: absolute sandbox location of the workspace.
+        state_key: HMAC-SHA256 key for serialized state (bytes, >= 16), or None.
+        limits: snapshot limits (persist and hydrate).
+        archive_limits: limits handed to the archive extractor by ``Session.extract``.
+        on_unrestorable: persist policy for unrestorable entries: ``"refuse"`` or ``"skip"``.
+        max_read_bytes: default bound of ``Session.read``, in bytes.
+        hook_timeout_s: longest a pre-stop hook may run, in seconds.
+        materialize: override of :func:`sandbox_fs.materialize.materialize`.
+        manifest_loader: ``(data, trust) -> Manifest`` used on resume
+            (default :func:`sandbox_fs.manifest.load_manifest`).
+    """
+
+    workspaces_dir: str
+    snapshot_store: Any = None
+    snapshot_dir: str | None = None
+    extra_path_grants: tuple[Grant, ...] = ()
+    base_dir: str | None = None
+    workspace_path: str = "/workspace"
+    state_key: bytes | None = None
+    limits: SnapshotLimits = field(default_factory=SnapshotLimits)
+    archive_limits: Any = None
+    on_unrestorable: Literal["refuse", "skip"] = "refuse"
+    max_read_bytes: int = 64 << 20
+    hook_timeout_s: float = 30.0
+    materialize: Callable[..., Awaitable[Any]] | None = None
+    manifest_loader: Callable[[Any, str], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.state_key is not None and (not isinstance(self.state_key, bytes) or len(self.state_key) < 16):
+            raise ValueError("state_key must be at least 16 bytes")
+        object.__setattr__(self, "extra_path_grants", tuple(self.extra_path_grants))
+
+
+def _canonical(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _default_loader(data: Any, trust: str) -> Any:
+    try:
+        from .manifest import load_manifest  # noqa: PLC0415  (issue 4; optional until it lands)
+    except ImportError:
+        raise SessionError("the state holds a manifest but sandbox_fs.manifest is not installed",
+                           sandbox_path=None) from None
+    return load_manifest(data, trust=trust)
+
+
+def _manifest_data(manifest: Any) -> dict[str, Any] | None:
+    if manifest is None:
+        return None
+    for attr in ("to_data", "model_dump"):
+        fn = getattr(manifest, attr, None)
+        if callable(fn):
+            return fn(mode="json") if attr == "model_dump" else fn()
+    raise SessionError("manifest cannot be serialized (no model_dump)", sandbox_path=None)
+
+
+class LocalSandboxClient:
+    """Creates, resumes and deletes sessions on this host.
+
+    Args:
+        options: the trusted :class:`ClientOptions`.
+
+    Raises:
+        SymlinkRefusedError: ``workspaces_dir`` or ``snapshot_dir`` is a symlink.
+        OSError: a directory cannot be created or opened.
+
+    Use as ``with LocalSandboxClient(opts) as client:`` or call :meth:`close`.
+    """
+
+    def __init__(self, options: ClientOptions) -> None:
+        self.options = options
+        path = os.fspath(options.workspaces_dir)
+        if not os.path.isdir(path):
+            os.makedirs(path, mode=0o700, exist_ok=True)  # trusted host path from the application
+        self._parent: Root = open_root(path, label="workspaces")
+        self._own_store = False
+        if options.snapshot_store is not None:
+            self.store: SnapshotStore = options.snapshot_store
+        elif options.snapshot_dir is not None:
+            self.store = LocalSnapshotStore(options.snapshot_dir)
+            self._own_store = True
+        else:
+            self.store = NoSnapshot()
+
+    def close(self) -> None:
+        """Release the client's directory fds (sessions keep their own).  Idempotent."""
+        self._parent.close()
+        if self._own_store:
+            self.store.close()
+
+    def __enter__(self) -> "LocalSandboxClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- sessions
+
+    def _config(self, session_id: str, root: str | os.PathLike | None) -> SessionConfig:
+        o = self.options
+        owned = root is None
+        return SessionConfig(
+            session_id=session_id,
+            workspace_dir=os.path.join(os.fspath(o.workspaces_dir), session_id) if owned else os.fspath(root),
+            owned=owned, parent=self._parent if owned else None, store=self.store,
+            grants=o.extra_path_grants, workspace_path=o.workspace_path, base_dir=o.base_dir,
+            limits=o.limits, archive_limits=o.archive_limits, on_unrestorable=o.on_unrestorable,
+            max_read_bytes=o.max_read_bytes, hook_timeout_s=o.hook_timeout_s, materialize=o.materialize)
+
+    def create(self, manifest: Any = None, snapshot: str | None = None, *,
+               root: str | os.PathLike | None = None, session_id: str | None = None) -> Session:
+        """A new, not yet started session (``async with client.create(...) as s`` starts it).
+
+        Args:
+            manifest: a loaded manifest (trusted by whoever loaded it), or None.
+            snapshot: name of a snapshot in the store to seed the workspace
+                from (instead of applying the full manifest).
+            root: a caller-owned host directory to use as the workspace
+                (never deleted by the client); None for a private workspace
+                ``<workspaces_dir>/<id>`` (mode 0700) the client owns.
+            session_id: a plain token; default 32 random hex digits.
+
+        Raises:
+            InvalidPathError: ``session_id`` or ``snapshot`` is not a plain token.
+        """
+        sid = validate_name(session_id or secrets.token_hex(16), "session id")
+        if snapshot is not None:
+            validate_name(snapshot)
+        return Session(self._config(sid, root), manifest=manifest, restore_from=snapshot or sid,
+                       require_snapshot=snapshot is not None)
+
+    def resume(self, state: "SessionState | dict[str, Any]", *, root: str | os.PathLike | None = None,
+               manifest: Any = None) -> Session:
+        """A session that reconnects to serialized ``state`` (start it to reattach or rebuild).
+
+        Only the id, manifest data, snapshot reference and fingerprint are
+        taken from the state; location, ownership and grants come from the
+        options (and ``root`` for a caller-owned workspace).
+
+        Args:
+            state: a :class:`SessionState` or its serialized dict.
+            root: the caller-owned workspace directory again, or None for the
+                private ``<workspaces_dir>/<id>``.
+            manifest: a trusted manifest that replaces the state's copy;
+                otherwise the state's manifest data is loaded as untrusted.
+
+        Raises:
+            SessionStateError, SessionStateVersionError, SessionStateTamperedError:
+                see :meth:`deserialize_state`.
+        """
+        st = state if isinstance(state, SessionState) else self.deserialize_state(state)
+        if manifest is None and st.manifest is not None:
+            loader = self.options.manifest_loader or _default_loader
+            manifest = loader(st.manifest, "untrusted")
+        return Session(self._config(st.session_id, root), manifest=manifest,
+                       restore_from=st.snapshot or st.session_id, fingerprint=st.fingerprint, resumed=True)
+
+    async def delete(self, session: Session, *, snapshot: bool = False) -> bool:
+        """Close the session (if open) and remove what the client owns.
+
+        Removes the private workspace ``<workspaces_dir>/<id>`` with an
+        fd-based walk that never follows a symlink and keeps mount points;
+        a caller-owned workspace is never touched.
+
+        Args:
+            snapshot: also remove the session's own snapshot (named by its id).
+
+        Returns:
+            True when a workspace was removed.
+
+        Raises:
+            Exception: from :meth:`Session.aclose` when the session was still open.
+
+        Cancellation:
+            Runs shielded once started: a removal is never left half done by a cancel.
+        """
+        if not session.closed:
+            await session.aclose()
+        sid = validate_name(session.id, "session id")
+        removed = False
+        with trio.CancelScope(shield=True):
+            if session.owned and session.config.parent is self._parent:
+                def work() -> bool:
+                    if not self._parent.exists(sid):
+                        return False
+                    dev = self._parent.stat(".").st_dev
+                    self._parent.rmtree(sid, missing_ok=True, skip=lambda st: st.st_dev != dev)
+                    return True
+                removed = await trio.to_thread.run_sync(work)
+            if snapshot:
+                await trio.to_thread.run_sync(self.store.remove, sid)
+        await trio.lowlevel.checkpoint()
+        return removed
+
+    # ----------------------------------------------------------------- state
+
+    def serialize_state(self, session: Session) -> dict[str, Any]:
+        """A JSON-ready dict of the session's :class:`SessionState` (+ ``mac`` with a state key)."""
+        st = SessionState(session_id=session.id, manifest=_manifest_data(session.manifest),
+                          snapshot=session.snapshot_name if self.store.enabled and session.fingerprint else None,
+                          workspace_root_ready=session.workspace_root_ready, fingerprint=session.fingerprint)
+        payload = st.model_dump(mode="json")
+        if self.options.state_key is not None:
+            payload["mac"] = hmac.new(self.options.state_key, _MAC_DOMAIN + _canonical(payload),
+                                      hashlib.sha256).hexdigest()
+        return payload
+
+    def deserialize_state(self, data: dict[str, Any]) -> SessionState:
+        """Validate serialized state.
+
+        Raises:
+            SessionStateVersionError: ``version`` is missing or not 1.
+            SessionStateTamperedError: a state key is configured and the
+                ``mac`` is missing or wrong (checked before anything else is trusted).
+            SessionStateError: any other malformed or extra field (``root``,
+                ``grants``, ``owned`` ... are refused, never ignored).
+        """
+        if not isinstance(data, dict):
+            raise SessionStateError("session state must be a JSON object", sandbox_path=None)
+        version = data.get("version")
+        if version != STATE_VERSION or isinstance(version, bool):
+            raise SessionStateVersionError(
+                f"session state version {version!r} is not supported (this sandbox-fs reads {STATE_VERSION})",
+                sandbox_path=None)
+        payload = dict(data)
+        mac = payload.pop("mac", None)
+        if self.options.state_key is not None:
+            want = hmac.new(self.options.state_key, _MAC_DOMAIN + _canonical(payload), hashlib.sha256).hexdigest()
+            if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
+                raise SessionStateTamperedError("session state HMAC is missing or does not match", sandbox_path=None)
+        try:
+            return SessionState.model_validate(payload)
+        except ValidationError as exc:
+            fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+            raise SessionStateError("session state is malformed or carries fields it may not carry",
+                                    sandbox_path=None, context={"fields": fields[:10]},
+                                    diagnostic=str(exc)) from None
+        except SandboxError as exc:
+            raise SessionStateError("session state is malformed: " + exc.reason, sandbox_path=None) from None
+
+
+# ------------------------------------------------------------ source resolution
+
+
+@contextlib.asynccontextmanager
+async def open_session(client: LocalSandboxClient, *, session: Session | None = None,
+                       run_state: RunState | None = None, session_state: "SessionState | dict[str, Any] | None" = None,
+                       manifest: Any = None, snapshot: str | None = None, key: str | None = None,
+                       display_name: str | None = None, keep_workspace: bool = False) -> AsyncIterator[Session]:
+    """Resolve the session for a run and manage it for the ``async with`` block.
+
+    Order: (1) an injected live ``session`` (caller-owned: started if needed,
+    used, never stopped or deleted here); (2) the state stored in
+    ``run_state.sessions[key]`` (``key`` defaults to ``run_state.current_key``);
+    (3) an explicit ``session_state``; (4) a fresh session from ``manifest`` /
+    ``snapshot``.  Manifest and snapshot only seed a fresh session.
+
+    Sessions from (2)-(4) are runner-owned: on exit they are closed (pre-stop
+    hooks, persist, shutdown), their state is written back into
+    ``run_state`` under ``key``, and the workspace is deleted unless
+    ``keep_workspace`` or the close failed (then it stays for a later resume).
+    ``run_state.current_key`` is set to ``key`` on entry, and the entry's
+    state is recorded at once, so an interrupted run resumes every session it
+    had and selects the right one.  The session is bound to this run for the
+    block (:meth:`Session.bind_run`); the guard is released on every exit.
+
+    Args:
+        key: stable caller-chosen key of this session in the run state;
+            default the run state's current key, else a new unique key.
+        display_name: shown name; several keys may share one.
+        keep_workspace: keep a runner-owned workspace after close.
+
+    Raises:
+        SessionBusyError: the session is already bound to another run.
+        SessionStateError: the stored state is invalid.
+        Exception: from start or close (see :meth:`Session.aclose`).
+
+    Cancellation:
+        Close runs shielded, so a cancel still persists, shuts down and
+        releases the guard before propagating.
+    """
+    if key is None and run_state is not None:
+        key = run_state.current_key
+    if key is None:
+        key = f"{display_name or 'session'}-{secrets.token_hex(6)}"
+    caller_owned = session is not None
+    if session is None:
+        stored = run_state.sessions.get(key) if run_state is not None else None
+        if stored is not None:
+            session = client.resume(stored)
+        elif session_state is not None:
+            session = client.resume(session_state)
+        else:
+            session = client.create(manifest=manifest, snapshot=snapshot)
+
+    def record() -> None:
+        if run_state is not None:
+            run_state.sessions[key] = client.serialize_state(session)
+            run_state.current_key = key
+            if display_name is not None:
+                run_state.display_names[key] = display_name
+
+    with session.bind_run(key):
+        if not session.started:
+            await session.start()
+        record()
+        if caller_owned:
+            try:
+                yield session
+            finally:
+                record()
+            return
+        close_ok = False
+        try:
+            yield session
+        finally:
+            try:
+                await session.aclose()
+                close_ok = True
+            finally:
+                record()
+                if close_ok and not keep_workspace:
+                    await client.delete(session)
