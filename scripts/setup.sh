@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up a development environment on a fresh Debian 12 machine (idempotent).
+#   - system packages the build and tests need (only when missing; needs root)
+#   - a virtualenv in .venv with sandbox-fs installed editable plus test extras
+# Environment: PYTHON (default python3), VENV (default <repo>/.venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-$PWD/.venv}
+
+need_apt=()
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v tar >/dev/null 2>&1 || need_apt+=(tar)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+    else
+        echo "setup: please install: ${need_apt[*]}" >&2
+        exit 1
+    fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored" || true
+# Versions measured to work on this machine kind (PLATFORM.md): pinned for CI.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" \
+    "hypothesis==6.170.17" 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" -c "import sandbox_fs; print('sandbox-fs installed; kernel features:', sandbox_fs.features())"
