@@ -1,0 +1,160 @@
+"""``sandbox-fs apply MANIFEST --base DIR [--root DIR] [--grant PATH[:ro|:rw]]... [--json]``.
+
+Applies an (untrusted) manifest to a workspace directory.  The command-line
+user is the trusted party: the manifest file, ``--base``, ``--grant`` and the
+workspace location are theirs to choose, so the manifest's ``root`` is
+honoured here (``--root`` overrides it).  The manifest itself still cannot
+grant host access (``load_manifest(trust="untrusted")``).  The workspace
+directory is created when missing (only its last component, mode 0700); a
+symlink in its place is refused.
+
+Output: a summary line on stdout, or the JSON result with ``--json``
+(``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``).  On a
+TTY, and never in JSON mode, a progress line (files, bytes) is redrawn on
+stderr while a long apply runs.  A refusal prints one line on stderr naming
+the field or sandbox path, and exits 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import trio
+
+from .errors import SandboxError
+from .manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifest
+from .materialize import MaterializeOptions, MaterializeProgress, materialize
+from .paths import Grant
+from .root import open_root
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("apply", help="materialize a manifest into a workspace directory",
+                              description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("manifest", help="manifest JSON file ('-' for stdin)")
+    p.add_argument("--base", metavar="DIR", default=None,
+                   help="trusted base directory that local_file/local_dir/archive sources are read beneath "
+                        "(no default: without it such sources are refused)")
+    p.add_argument("--root", metavar="DIR", default=None,
+                   help="workspace directory (overrides the manifest's root; created if missing)")
+    p.add_argument("--grant", metavar="PATH[:ro|:rw]", action="append", default=[],
+                   help="extra path grant sources may be read from (absolute src under PATH); repeatable")
+    p.add_argument("--json", action="store_true", help="print the result (or error) as JSON on stdout")
+    p.add_argument("--no-digest", action="store_true", help="skip sha256 of written files (fd-to-fd copy)")
+    p.add_argument("--only-ephemeral", action="store_true", help="apply only the ephemeral entries")
+    p.set_defaults(func=handler)
+
+
+def _read_manifest(path: str) -> bytes:
+    if path == "-":
+        data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+    else:
+        try:
+            with open(path, "rb") as fh:  # the CLI user's own file (trusted input path)
+                data = fh.read(MAX_MANIFEST_BYTES + 1)
+        except OSError as exc:
+            raise ManifestError(f"cannot read the manifest file ({os.strerror(exc.errno or 5)})",
+                                field="MANIFEST") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest is over {MAX_MANIFEST_BYTES} bytes", field="MANIFEST")
+    return data
+
+
+def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
+    if args.root is not None:
+        return os.path.abspath(args.root)
+    if manifest_root is None:
+        raise ManifestError("the manifest has no root and --root was not given", field="root")
+    if not manifest_root.startswith("/"):
+        raise ManifestError("root must be an absolute directory (it is never resolved against the cwd)",
+                            field="root")
+    return manifest_root
+
+
+def _make_root_dir(path: str) -> None:
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        raise ManifestError("the workspace's parent directory does not exist", field="root") from None
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+async def _run(args: argparse.Namespace, ws_dir: str, manifest: Any, opts: MaterializeOptions) -> Any:
+    ws = await trio.to_thread.run_sync(lambda: open_root(ws_dir, label=""))
+    try:
+        show = (not args.json) and sys.stderr.isatty()
+        if not show:
+            return await materialize(ws, manifest, opts, only_ephemeral=args.only_ephemeral)
+        prog = opts.progress
+        assert prog is not None
+        result: list[Any] = []
+        async with trio.open_nursery() as nursery:
+            async def work() -> None:
+                result.append(await materialize(ws, manifest, opts, only_ephemeral=args.only_ephemeral))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(work)
+            await trio.sleep(0.5)  # short applies print nothing
+            while True:
+                sys.stderr.write(f"\r\x1b[Kapplying: {prog.files} files, {_human(prog.bytes)}")
+                sys.stderr.flush()
+                await trio.sleep(0.2)
+        return result[0]
+    finally:
+        if (not args.json) and sys.stderr.isatty():
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+        ws.close()
+
+
+def handler(args: argparse.Namespace) -> int:
+    try:
+        manifest = load_manifest(_read_manifest(args.manifest), trust="untrusted")
+        ws_dir = _workspace_dir(args, manifest.root)
+        base = os.path.abspath(args.base) if args.base else None
+        grants = []
+        for spec in args.grant:
+            g = Grant.parse(spec)
+            grants.append(Grant(os.path.abspath(g.path), read_only=g.read_only))
+        _make_root_dir(ws_dir)
+        opts = MaterializeOptions(base_dir=base, extra_path_grants=grants, digest=not args.no_digest,
+                                  progress=MaterializeProgress())
+        result = trio.run(_run, args, ws_dir, manifest, opts)
+    except BaseException as exc:
+        if args.json:
+            leaf = _first_sandbox_error(exc)
+            if leaf is not None:
+                print(json.dumps({"ok": False, "error": leaf.to_dict()}, default=str))
+                raise leaf from None
+        raise
+    if args.json:
+        print(json.dumps({"ok": True, "result": result.to_dict()}))
+    else:
+        print(result.summary())
+        for s in result.skipped[:20]:
+            print(f"skipped [{s.sandbox_path}]: {s.rule}: {s.reason}")
+    return 0
+
+
+def _first_sandbox_error(exc: BaseException) -> SandboxError | None:
+    if isinstance(exc, SandboxError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            found = _first_sandbox_error(e)
+            if found is not None:
+                return found
+    return None

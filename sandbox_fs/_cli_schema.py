@@ -1,0 +1,32 @@
+"""``sandbox-fs schema [manifest]``: print the JSON Schema of a sandbox-fs document.
+
+Only the manifest schema exists today (pydantic's ``Manifest.model_json_schema()``,
+draft 2020-12); the positional argument leaves room for more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .manifest import Manifest
+
+_SCHEMAS = {"manifest": Manifest}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("schema", help="print the JSON Schema of the manifest format")
+    p.add_argument("what", nargs="?", default="manifest", choices=sorted(_SCHEMAS))
+    p.add_argument("--indent", type=int, default=2, help="JSON indentation (0: compact)")
+    p.set_defaults(func=handler)
+
+
+def schema(what: str = "manifest") -> dict[str, Any]:
+    """The JSON Schema (``dict``) of document kind ``what`` (``"manifest"``)."""
+    return _SCHEMAS[what].model_json_schema()
+
+
+def handler(args: argparse.Namespace) -> int:
+    print(json.dumps(schema(args.what), indent=args.indent or None, sort_keys=True))
+    return 0

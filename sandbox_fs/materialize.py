@@ -1,0 +1,942 @@
+"""Materialization: apply a :class:`~sandbox_fs.manifest.Manifest` to a workspace.
+
+``await materialize(workspace, manifest, options)`` writes every entry
+through the workspace :class:`~sandbox_fs.root.Root` and returns a
+:class:`MaterializationResult` listing each written file (sandbox path,
+size in bytes, sha256, mode, source kind).
+
+Host access comes only from the application: ``MaterializeOptions.base_dir``
+(the *trusted base directory*, opened once as a read-only Root) and
+``MaterializeOptions.extra_path_grants`` (each opened as a read-only Root,
+even a read-write grant: sources are only ever read).  There is no default
+base directory, never the process cwd.  A relative ``src`` is resolved
+beneath the base Root, an absolute ``src`` beneath the grant that contains
+it, at use time and in the kernel (``RESOLVE_BENEATH``), so a symlink in the
+source tree, a parent directory swapped for a symlink mid-copy, or a
+``/proc/self/root``-style alias cannot read outside (CVE-2017-1002101,
+CVE-2018-15664 class).
+
+Symlink-safe copying:
+
+* a ``local_file`` source is first opened ``O_PATH|O_NOFOLLOW`` and
+  ``fstat``-ed, so a FIFO, socket or device is refused without ever being
+  opened for reading (no hang, no device side effect; PEP 706's rule for
+  special files); then it is opened ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK`` and
+  its identity compared with the first look;
+* a ``local_dir`` is walked with :meth:`Root.walk` on a child Root opened
+  with ``no_symlinks=True`` (``RESOLVE_NO_SYMLINKS``): directories are
+  entered ``O_NOFOLLOW`` by fd, every file is opened with no symlink allowed
+  on any component, and its ``(st_dev, st_ino)`` must match the walk's
+  ``lstat`` (else :class:`SourceChangedError`).  A symlink inside the tree
+  is reproduced only when its target stays inside the copied tree
+  (:func:`~sandbox_fs.manifest.check_link_target`), otherwise it is refused
+  (default) or skipped and reported.  Hard links become separate files;
+  modes are copied with setuid/setgid/sticky cleared; mtimes are kept;
+* data is written with :meth:`Root.atomic_write` through a view of the
+  workspace Root that refuses every symlink (``no_symlinks=True``): a
+  destination is never written through a symlink, and a symlink planted at
+  a destination is replaced, not followed.
+
+Concurrency (trio): entries run concurrently under *one* pair of
+``trio.CapacityLimiter`` objects shared by every entry, nested ``dir``
+children included (they are flattened first, so nesting never multiplies
+the fan-out): ``limiter_entries`` bounds entries in flight,
+``limiter_files`` bounds worker threads copying files.  Blocking work runs
+in worker threads in coarse batches (up to ``batch_files`` files per hop),
+never on the trio thread and never one hop per file.
+
+Partial failure: the first error stops every other entry at its next file
+boundary; it is re-raised with ``context["written"]`` (up to 50 sandbox
+paths) and ``context["written_count"]``.  Each written file is complete
+(atomic write), and applying the manifest again repairs the workspace:
+files are replaced, a non-directory standing where a directory belongs
+(or a directory where a file belongs) is removed first.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat as _stat
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, Callable, Iterator, Sequence
+
+import trio
+
+from .errors import PathEscapeError, SandboxError, SymlinkRefusedError
+from .manifest import (
+    Archive,
+    Dir,
+    File,
+    FlatEntry,
+    LocalDir,
+    LocalFile,
+    Manifest,
+    ManifestError,
+    Symlink,
+    check_link_target,
+)
+from .paths import Grant
+from .root import Root, kind_of, open_root
+
+__all__ = [
+    "materialize",
+    "MaterializeOptions",
+    "MaterializationResult",
+    "MaterializeProgress",
+    "WrittenFile",
+    "WrittenSymlink",
+    "SkippedEntry",
+    "MaterializeError",
+    "SourceRefusedError",
+    "SourceChangedError",
+    "MaterializeLimitError",
+]
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+_SRC_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_WRITTEN_SHOWN = 50
+_CHUNK = 1 * MiB
+
+
+# ------------------------------------------------------------------------ errors
+
+
+class MaterializeError(SandboxError):
+    """Materialization failed on an entry (wraps a plain OS error; names the sandbox path)."""
+
+    code = "materialize_failed"
+
+
+class SourceRefusedError(MaterializeError):
+    """A source is refused: special file, escaping symlink in a local_dir, no base or grant covers it."""
+
+    code = "source_refused"
+
+
+class SourceChangedError(MaterializeError):
+    """A source changed while it was copied (a race); nothing outside was read.  Retry."""
+
+    code = "source_changed"
+    retryable = True
+
+
+class MaterializeLimitError(MaterializeError):
+    """A size or count bound of :class:`MaterializeOptions` was hit."""
+
+    code = "materialize_limit"
+
+
+# ------------------------------------------------------------------ options/result
+
+
+class MaterializeProgress:
+    """Counters a caller may poll while :func:`materialize` runs (e.g. for a TTY display).
+
+    Attributes:
+        files: files written so far.
+        bytes: file bytes written so far.
+    Updated from worker threads under a lock; reads are racy but monotonic.
+    """
+
+    def __init__(self) -> None:
+        self.files = 0
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, files: int, nbytes: int) -> None:
+        with self._lock:
+            self.files += files
+            self.bytes += nbytes
+
+
+@dataclass
+class MaterializeOptions:
+    """What the *application* (trusted) allows and bounds.  Never taken from a manifest.
+
+    Attributes:
+        base_dir: the trusted base directory (absolute host path) that
+            relative ``src`` values are resolved beneath; None disables
+            relative sources (there is no default, never the process cwd).
+        extra_path_grants: application grants; an absolute ``src`` must lie
+            under one of them.  Sources are read through read-only Roots
+            whatever the grant's mode.
+        limiter_entries: bounds entries applied at once (default: a new
+            ``CapacityLimiter(8)``); share one across calls to bound them together.
+        limiter_files: bounds worker threads copying files (default: a new
+            ``CapacityLimiter(max(2, os.cpu_count()))``).  Must not be the
+            same object as ``limiter_entries``.
+        archive_limits: ``sandbox_fs.archive.ArchiveLimits`` for ``archive``
+            entries (default: its defaults); a manifest may only narrow them.
+        archive_policy: ``sandbox_fs.archive.ExtractPolicy`` (default: its defaults).
+        max_file_bytes: largest single file copied from a host source (bytes).
+        max_total_bytes: bytes written by one materialization, all files.
+        max_files: files + dirs + symlinks created by one materialization.
+        digest: compute each written file's sha256 (reads the data through
+            Python; False copies fd to fd with ``copy_file_range`` and
+            reports ``sha256=None``).
+        fsync: fsync each file before its rename (default False, like ``cp -a``).
+        batch_files: files per worker-thread hop inside a local_dir.
+        progress: optional :class:`MaterializeProgress` to update.
+
+    Raises (on construction):
+        ValueError: ``base_dir`` is not absolute, or a bound is negative.
+    """
+
+    base_dir: str | None = None
+    extra_path_grants: Sequence[Grant] = field(default_factory=list)
+    limiter_entries: trio.CapacityLimiter | None = None
+    limiter_files: trio.CapacityLimiter | None = None
+    archive_limits: Any = None
+    archive_policy: Any = None
+    max_file_bytes: int = 4 * GiB
+    max_total_bytes: int = 64 * GiB
+    max_files: int = 1_000_000
+    digest: bool = True
+    fsync: bool = False
+    batch_files: int = 256
+    progress: MaterializeProgress | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_dir is not None:
+            self.base_dir = os.fspath(self.base_dir)
+            if not self.base_dir.startswith("/"):
+                raise ValueError("base_dir must be an absolute host path (never resolved against the cwd)")
+        grants = []
+        for g in self.extra_path_grants:
+            grants.append(g if isinstance(g, Grant) else Grant.parse(str(g)))
+        self.extra_path_grants = grants
+        for name in ("max_file_bytes", "max_total_bytes", "max_files", "batch_files"):
+            if getattr(self, name) < (1 if name == "batch_files" else 0):
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    """One file written: sandbox path, size (bytes), sha256 hex (None when not computed), mode, source kind."""
+
+    sandbox_path: str
+    size: int
+    sha256: str | None
+    mode: int
+    source_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenSymlink:
+    """One symlink created: sandbox path, target text, source kind."""
+
+    sandbox_path: str
+    target: str
+    source_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedEntry:
+    """Something left out under an explicit policy: sandbox path, rule, reason."""
+
+    sandbox_path: str
+    rule: str
+    reason: str
+
+
+@dataclass
+class MaterializationResult:
+    """What :func:`materialize` wrote.
+
+    Attributes:
+        files: every regular file written (sorted by sandbox path); archive
+            members are summarized in ``archives`` instead.
+        dirs: directories created or repaired (sandbox paths).
+        symlinks: symlinks created.
+        skipped: nodes left out under a ``skip`` policy, with the reason.
+        archives: per ``archive`` entry: ``{"sandbox_path", **ExtractReport}``.
+        elapsed_s: wall time in seconds.
+    """
+
+    files: list[WrittenFile] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+    symlinks: list[WrittenSymlink] = field(default_factory=list)
+    skipped: list[SkippedEntry] = field(default_factory=list)
+    archives: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of regular files written, archive members included."""
+        return sum(f.size for f in self.files) + sum(int(a.get("bytes_written", 0)) for a in self.archives)
+
+    def file(self, sandbox_path: str) -> WrittenFile | None:
+        """The :class:`WrittenFile` for ``sandbox_path``, or None."""
+        for f in self.files:
+            if f.sandbox_path == sandbox_path:
+                return f
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (modes as integers)."""
+        return {
+            "files": [asdict(f) for f in self.files],
+            "dirs": list(self.dirs),
+            "symlinks": [asdict(s) for s in self.symlinks],
+            "skipped": [asdict(s) for s in self.skipped],
+            "archives": list(self.archives),
+            "total_bytes": self.total_bytes,
+            "elapsed_s": round(self.elapsed_s, 6),
+        }
+
+    def summary(self) -> str:
+        """One line for humans."""
+        extra = f", {len(self.archives)} archives" if self.archives else ""
+        skipped = f", {len(self.skipped)} skipped" if self.skipped else ""
+        return (f"materialized {len(self.files)} files ({self.total_bytes} bytes), {len(self.dirs)} dirs, "
+                f"{len(self.symlinks)} symlinks{extra}{skipped} in {self.elapsed_s:.2f} s")
+
+
+# ------------------------------------------------------------------------ sources
+
+
+class _Sources:
+    """Read-only Roots on the trusted base and the grants; resolves an entry's ``src``."""
+
+    def __init__(self, opts: MaterializeOptions) -> None:
+        self.base: Root | None = None
+        self.grants: list[tuple[str, Root]] = []
+        self._opts = opts
+        self._lock = threading.Lock()
+
+    def _open(self) -> None:
+        if self.base is None and self._opts.base_dir is not None:
+            self.base = open_root(self._opts.base_dir, read_only=True, label="<base>")
+        if not self.grants and self._opts.extra_path_grants:
+            gs = sorted(self._opts.extra_path_grants, key=lambda g: len(g.path), reverse=True)
+            for g in gs:
+                self.grants.append((g.path, open_root(g.path, read_only=True, label=g.path)))
+
+    def resolve(self, src: str, dest: str, fld: str) -> tuple[Root, str]:
+        """Return ``(read-only Root, relative path)`` for ``src``.
+
+        Raises:
+            SourceRefusedError: absolute ``src`` under no grant, or a relative
+                ``src`` with no trusted base directory.
+        """
+        with self._lock:
+            self._open()
+        if src.startswith("/"):
+            for gpath, root in self.grants:
+                if src == gpath or src.startswith(gpath.rstrip("/") + "/"):
+                    return root, src[len(gpath):].strip("/") or "."
+            raise SourceRefusedError("an absolute src must lie under an extra path grant of the application",
+                                     sandbox_path=dest, context={"field": fld + ".src"})
+        if self.base is None:
+            raise SourceRefusedError("no trusted base directory was given, so local sources are disabled",
+                                     sandbox_path=dest, context={"field": fld + ".src"})
+        return self.base, src
+
+    def close(self) -> None:
+        if self.base is not None:
+            self.base.close()
+        for _, r in self.grants:
+            r.close()
+
+
+def _join(a: str, b: str) -> str:
+    if not b or b == ".":
+        return a
+    return f"{a}/{b}" if a else b
+
+
+def _refuse_special(mode: int, shown: str, dest: str) -> None:
+    raise SourceRefusedError(f"source is a {kind_of(mode)}, not a regular file; special files are never read",
+                             sandbox_path=dest, context={"source": shown})
+
+
+def _open_source_file(root: Root, rel: str, dest: str) -> tuple[int, os.stat_result]:
+    """Open a single source file: O_PATH look first (never opens a device or FIFO), then read-open.
+
+    Raises:
+        SymlinkRefusedError: the final component is a symlink.
+        PathEscapeError: the path leaves the base or grant.
+        SourceRefusedError: not a regular file.
+        SourceChangedError: swapped between the two opens.
+    """
+    pfd = root.open_fd(rel, _O_PATH | os.O_NOFOLLOW, 0)
+    try:
+        pst = os.fstat(pfd)
+    finally:
+        os.close(pfd)
+    if not _stat.S_ISREG(pst.st_mode):
+        _refuse_special(pst.st_mode, rel, dest)
+    fd = root.open_fd(rel, _SRC_FLAGS, 0)
+    try:
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (pst.st_dev, pst.st_ino):
+            raise SourceChangedError("the source file was replaced while it was opened", sandbox_path=dest)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+# ---------------------------------------------------------------------------- run
+
+
+class _Stopped(Exception):
+    """Internal: another entry failed; stop at this file boundary."""
+
+
+class _Run:
+    """Shared state of one materialize call (used from the trio thread and worker threads)."""
+
+    def __init__(self, ws: Root, opts: MaterializeOptions, lim_entries: trio.CapacityLimiter,
+                 lim_files: trio.CapacityLimiter) -> None:
+        self.ws = ws
+        self.opts = opts
+        self.sources = _Sources(opts)
+        self.lim_entries = lim_entries
+        self.lim_files = lim_files
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.result = MaterializationResult()
+        self.error: BaseException | None = None
+        self.bytes_budget = 0
+        self.nodes = 0
+        self.cancel_scope: trio.CancelScope | None = None
+
+    # -- bookkeeping (thread-safe)
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise _Stopped()
+
+    def reserve(self, nbytes: int, nodes: int, dest: str) -> None:
+        with self.lock:
+            self.bytes_budget += nbytes
+            self.nodes += nodes
+            if self.bytes_budget > self.opts.max_total_bytes:
+                raise MaterializeLimitError(f"more than max_total_bytes={self.opts.max_total_bytes} bytes",
+                                            sandbox_path=dest)
+            if self.nodes > self.opts.max_files:
+                raise MaterializeLimitError(f"more than max_files={self.opts.max_files} nodes", sandbox_path=dest)
+
+    def add_files(self, files: list[WrittenFile]) -> None:
+        if not files:
+            return
+        with self.lock:
+            self.result.files.extend(files)
+        if self.opts.progress is not None:
+            self.opts.progress.add(len(files), sum(f.size for f in files))
+
+    def add(self, attr: str, items: list[Any]) -> None:
+        if items:
+            with self.lock:
+                getattr(self.result, attr).extend(items)
+
+    def fail(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.error is None and not isinstance(exc, _Stopped):
+                self.error = exc
+        self.stop.set()
+        if self.cancel_scope is not None:
+            self.cancel_scope.cancel()
+
+    # -- workspace writes (worker threads)
+
+    def ensure_dir(self, path: str, mode: int) -> None:
+        """mkdir -p with repair: a non-directory standing on the path is replaced."""
+        ws = self.ws
+        try:
+            ws.mkdir(path, mode, exist_ok=True)
+            return
+        except FileNotFoundError:
+            parent = path.rpartition("/")[0]
+            if not parent:
+                raise
+            self.ensure_dir(parent, 0o755)
+        except (FileExistsError, NotADirectoryError, SymlinkRefusedError):
+            self._repair_parents(path)
+            if ws.exists(path) and not _stat.S_ISDIR(ws.lstat(path).st_mode):
+                ws.rmtree(path)
+        ws.mkdir(path, mode, exist_ok=True)
+
+    def _repair_parents(self, path: str) -> None:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            sub = "/".join(parts[:i])
+            try:
+                st = self.ws.lstat(sub)
+            except FileNotFoundError:
+                self.ws.mkdir(sub, 0o755)
+                continue
+            if not _stat.S_ISDIR(st.st_mode):
+                self.ws.rmtree(sub)
+                self.ws.mkdir(sub, 0o755)
+
+    def write(self, dest: str, make_data: Callable[[], Any], mode: int, mtime_ns: int | None) -> int:
+        """Atomic write with repair (a directory where the file belongs is removed first)."""
+        ws = self.ws
+        try:
+            return ws.atomic_write(dest, make_data(), mode=mode, fsync=self.opts.fsync,
+                                   max_bytes=self.opts.max_file_bytes, mtime_ns=mtime_ns)
+        except (IsADirectoryError, NotADirectoryError, SymlinkRefusedError, FileNotFoundError) as exc:
+            if isinstance(exc, FileNotFoundError) and "/" not in dest:
+                raise
+            parent = dest.rpartition("/")[0]
+            if parent:
+                self.ensure_dir(parent, 0o755)
+            if ws.exists(dest):
+                ws.rmtree(dest)
+        return ws.atomic_write(dest, make_data(), mode=mode, fsync=self.opts.fsync,
+                               max_bytes=self.opts.max_file_bytes, mtime_ns=mtime_ns)
+
+    def make_symlink(self, target: str, dest: str) -> None:
+        ws = self.ws
+        try:
+            ws.symlink(target, dest)
+            return
+        except FileExistsError:
+            st = ws.lstat(dest)
+            if _stat.S_ISLNK(st.st_mode) and ws.readlink(dest) == target:
+                return
+            ws.rmtree(dest)
+        except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError):
+            parent = dest.rpartition("/")[0]
+            if not parent:
+                raise
+            self.ensure_dir(parent, 0o755)
+        ws.symlink(target, dest)
+
+    def copy_fd(self, fd: int, st: os.stat_result, dest: str, mode: int, kind: str) -> WrittenFile:
+        """Copy an open regular source fd into ``dest`` (bounded; sha256 when asked)."""
+        opts = self.opts
+        if st.st_size > opts.max_file_bytes:
+            raise MaterializeLimitError(f"source is over max_file_bytes={opts.max_file_bytes} bytes",
+                                        sandbox_path=dest)
+        self.reserve(st.st_size, 1, dest)
+        if opts.digest:
+            box: list[Any] = [None]
+
+            def make() -> Iterator[bytes]:
+                os.lseek(fd, 0, os.SEEK_SET)
+                h = hashlib.sha256()
+                box[0] = h
+                return _chunks(fd, st.st_size, h)
+
+            n = self.write(dest, make, mode, st.st_mtime_ns)
+            sha = box[0].hexdigest()
+        else:
+            def make_fd() -> int:
+                os.lseek(fd, 0, os.SEEK_SET)
+                return fd
+
+            n = self.write(dest, make_fd, mode, st.st_mtime_ns)
+            sha = None
+        if n != st.st_size:
+            self.reserve(n - st.st_size, 0, dest)
+        return WrittenFile(dest, n, sha, mode, kind)
+
+
+def _chunks(fd: int, size_hint: int, h: Any) -> Iterator[bytes]:
+    want = min(max(size_hint + 1, 4 * KiB), _CHUNK)
+    read = os.read
+    while True:
+        b = read(fd, want)
+        if not b:
+            return
+        h.update(b)
+        yield b
+        want = _CHUNK
+
+
+def _wrap(exc: BaseException, dest: str) -> BaseException:
+    """Turn a plain OSError into a MaterializeError naming the sandbox path (never a host path)."""
+    if isinstance(exc, SandboxError) or not isinstance(exc, OSError):
+        return exc
+    where = exc.filename if isinstance(exc.filename, str) else dest
+    what = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+    op = getattr(exc, "operation", None)
+    err = MaterializeError(f"{what}{f' ({op})' if op else ''}", sandbox_path=where,
+                           context={"entry": dest, "errno": exc.errno})
+    err.__cause__ = exc
+    return err
+
+
+# ------------------------------------------------------------------ entry workers
+
+
+def _apply_simple(run: _Run, batch: list[FlatEntry]) -> None:
+    """File, Symlink and LocalFile entries: one worker-thread hop for the whole batch."""
+    files: list[WrittenFile] = []
+    links: list[WrittenSymlink] = []
+    try:
+        for fe in batch:
+            run.check_stop()
+            ent = fe.entry
+            try:
+                if isinstance(ent, File):
+                    data = ent.data()
+                    mode = 0o644 if ent.mode is None else ent.mode
+                    run.reserve(len(data), 1, fe.path)
+                    n = run.write(fe.path, lambda: data, mode, None)
+                    files.append(WrittenFile(fe.path, n, hashlib.sha256(data).hexdigest() if run.opts.digest
+                                             else None, mode, "file"))
+                elif isinstance(ent, Symlink):
+                    target = check_link_target(fe.path, ent.target, field=fe.field + ".target")
+                    run.reserve(0, 1, fe.path)
+                    run.make_symlink(target, fe.path)
+                    links.append(WrittenSymlink(fe.path, target, "symlink"))
+                elif isinstance(ent, LocalFile):
+                    root, rel = run.sources.resolve(ent.src, fe.path, fe.field)
+                    fd, st = _open_source_file(root, rel, fe.path)
+                    try:
+                        mode = _stat.S_IMODE(st.st_mode) & 0o777 if ent.mode is None else ent.mode
+                        files.append(run.copy_fd(fd, st, fe.path, mode, "local_file"))
+                    finally:
+                        os.close(fd)
+            except BaseException as exc:
+                raise _wrap(exc, fe.path) from None
+    finally:
+        run.add_files(files)
+        run.add("symlinks", links)
+
+
+@dataclass
+class _DirPlan:
+    tree: Root
+    dest: str
+    dirs: list[tuple[str, os.stat_result]]
+    files: list[tuple[str, os.stat_result]]
+    links: list[tuple[str, str]]
+
+
+def _matches(rel: str, patterns: list[str]) -> bool:
+    p = PurePosixPath(rel)
+    return any(p.match(pat) for pat in patterns)
+
+
+def _plan_local_dir(run: _Run, fe: FlatEntry) -> _DirPlan:
+    """Walk the source tree (one hop), check every symlink and special file, create the directories."""
+    ent: LocalDir = fe.entry
+    root, rel = run.sources.resolve(ent.src, fe.path, fe.field)
+    tree = root.open_root(rel, no_symlinks=True)
+    try:
+        top = tree.stat(".")
+        dirs: list[tuple[str, os.stat_result]] = [("", top)]
+        files: list[tuple[str, os.stat_result]] = []
+        links: list[tuple[str, str]] = []
+        skipped: list[SkippedEntry] = []
+        for dirpath, dirnames, nondirs in tree.walk():
+            run.check_stop()
+            keep = []
+            for name in dirnames:
+                rp = _join(dirpath, name)
+                if ent.exclude and _matches(rp, ent.exclude):
+                    continue
+                keep.append(name)
+                dirs.append((rp, tree.lstat(rp)))
+            dirnames[:] = keep
+            for e in nondirs:
+                if ent.exclude and _matches(e.path, ent.exclude):
+                    continue
+                if ent.include and not _matches(e.path, ent.include):
+                    continue
+                dest = _join(fe.path, e.path)
+                if e.kind == "file":
+                    files.append((e.path, e.stat))
+                elif e.kind == "symlink":
+                    target = tree.readlink(e.path)
+                    try:
+                        links.append((e.path, check_link_target(e.path, target)))
+                    except ManifestError as why:
+                        if ent.symlinks == "skip":
+                            skipped.append(SkippedEntry(dest, "symlink", why.reason))
+                            continue
+                        raise SourceRefusedError(
+                            f"symlink inside local_dir does not stay inside the copied tree ({why.reason})",
+                            sandbox_path=dest, context={"field": fe.field + ".symlinks"}) from None
+                else:
+                    if ent.special_files == "skip":
+                        skipped.append(SkippedEntry(dest, "special_file", f"{e.kind} is never copied"))
+                        continue
+                    _refuse_special(e.stat.st_mode, e.path, dest)
+            if len(files) + len(dirs) + len(links) > run.opts.max_files:
+                raise MaterializeLimitError(f"local_dir has more than max_files={run.opts.max_files} nodes",
+                                            sandbox_path=fe.path)
+        run.reserve(0, len(dirs) + len(links), fe.path)
+        for rp, _st in dirs:
+            run.check_stop()
+            run.ensure_dir(_join(fe.path, rp), 0o700)
+        run.add("skipped", skipped)
+        return _DirPlan(tree, fe.path, dirs, files, links)
+    except BaseException:
+        tree.close()
+        raise
+
+
+def _copy_batch(run: _Run, plan: _DirPlan, batch: list[tuple[str, os.stat_result]]) -> None:
+    """Copy one batch of a local_dir's files (one worker-thread hop)."""
+    out: list[WrittenFile] = []
+    tree = plan.tree
+    try:
+        for rp, wst in batch:
+            run.check_stop()
+            dest = _join(plan.dest, rp)
+            try:
+                fd = tree.open_fd(rp, _SRC_FLAGS, 0)
+            except (SymlinkRefusedError, PathEscapeError, NotADirectoryError) as exc:
+                raise SourceChangedError("the source tree changed during the copy (a path component is now a "
+                                         "symlink or a file); nothing outside was read", sandbox_path=dest,
+                                         diagnostic=repr(exc)) from None
+            except FileNotFoundError:
+                raise SourceChangedError("a source file disappeared during the copy", sandbox_path=dest) from None
+            try:
+                st = os.fstat(fd)
+                if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (wst.st_dev, wst.st_ino):
+                    raise SourceChangedError("a source file was replaced during the copy", sandbox_path=dest)
+                out.append(run.copy_fd(fd, st, dest, _stat.S_IMODE(st.st_mode) & 0o777, "local_dir"))
+            except BaseException as exc:
+                raise _wrap(exc, dest) from None
+            finally:
+                os.close(fd)
+    finally:
+        run.add_files(out)
+
+
+def _finish_local_dir(run: _Run, plan: _DirPlan) -> None:
+    """Symlinks, then directory modes and mtimes, deepest first (one hop)."""
+    links = []
+    for rp, target in plan.links:
+        run.check_stop()
+        dest = _join(plan.dest, rp)
+        try:
+            run.make_symlink(target, dest)
+        except BaseException as exc:
+            raise _wrap(exc, dest) from None
+        links.append(WrittenSymlink(dest, target, "local_dir"))
+    run.add("symlinks", links)
+    for rp, st in sorted(plan.dirs, key=lambda d: d[0].count("/") + (1 if d[0] else 0), reverse=True):
+        dest = _join(plan.dest, rp)
+        run.ws.chmod(dest, _stat.S_IMODE(st.st_mode) & 0o777)
+        run.ws.utime(dest, ns=(st.st_mtime_ns, st.st_mtime_ns))
+    run.add("dirs", [_join(plan.dest, rp) for rp, _ in plan.dirs])
+
+
+async def _apply_local_dir(run: _Run, fe: FlatEntry) -> None:
+    plan = await trio.to_thread.run_sync(_plan_local_dir, run, fe, limiter=run.lim_files)
+    try:
+        batches = _batches(plan.files, run.opts.batch_files, 64 * MiB)
+        async with trio.open_nursery() as nursery:
+            for b in batches:
+                nursery.start_soon(_guarded, run, trio.to_thread.run_sync, _copy_batch, run, plan, b)
+        run.check_stop()
+        await trio.to_thread.run_sync(_finish_local_dir, run, plan, limiter=run.lim_files)
+    finally:
+        plan.tree.close()
+
+
+def _batches(files: list[tuple[str, os.stat_result]], count: int, nbytes: int) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    cur: list[Any] = []
+    size = 0
+    for item in files:
+        cur.append(item)
+        size += item[1].st_size
+        if len(cur) >= count or size >= nbytes:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _narrow_limits(app_limits: Any, wanted: dict[str, int], fe: FlatEntry) -> Any:
+    if not wanted:
+        return app_limits
+    update = {}
+    for k, v in wanted.items():
+        if not hasattr(app_limits, k):
+            raise ManifestError(f"unknown archive limit {k!r}", field=fe.field + ".limits", sandbox_path=fe.path)
+        cur = getattr(app_limits, k)
+        update[k] = min(cur, type(cur)(v))
+    return app_limits.model_copy(update=update)
+
+
+async def _apply_archive(run: _Run, fe: FlatEntry) -> None:
+    try:
+        from .archive import ArchiveLimits, ExtractPolicy, extract_async
+    except ImportError:
+        raise SourceRefusedError("archive entries need sandbox_fs.archive, which is not available",
+                                 sandbox_path=fe.path) from None
+    ent: Archive = fe.entry
+    limits = _narrow_limits(run.opts.archive_limits or ArchiveLimits(), ent.limits, fe)
+    policy = run.opts.archive_policy or ExtractPolicy()
+
+    def _open() -> tuple[int, os.stat_result]:
+        root, rel = run.sources.resolve(ent.src, fe.path, fe.field)
+        fd, st = _open_source_file(root, rel, fe.path)
+        try:
+            run.ensure_dir(fe.path, 0o755)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    fd, _st = await trio.to_thread.run_sync(_open, limiter=run.lim_files)
+    with os.fdopen(fd, "rb") as src:
+        report = await extract_async(run.ws, fe.path, src, format=ent.format, limits=limits, policy=policy,
+                                     limiter=run.lim_files)
+    info = report.model_dump(mode="json") if hasattr(report, "model_dump") else dict(vars(report))
+    info["sandbox_path"] = fe.path
+    run.add("archives", [info])
+    if run.opts.progress is not None:
+        run.opts.progress.add(int(info.get("files", 0)), int(info.get("bytes_written", 0)))
+
+
+async def _guarded(run: _Run, fn: Callable[..., Any], *args: Any) -> None:
+    """Run one unit; the first failure is recorded and cancels the rest."""
+    try:
+        if fn is trio.to_thread.run_sync:
+            await fn(*args, limiter=run.lim_files)
+        else:
+            await fn(*args)
+    except _Stopped:
+        pass
+    except Exception as exc:  # noqa: BLE001 - recorded and re-raised by materialize()
+        run.fail(exc)
+
+
+async def _entry_task(run: _Run, fn: Callable[..., Any], *args: Any) -> None:
+    async with run.lim_entries:
+        await _guarded(run, fn, *args)
+
+
+def _prepare(run: _Run, flat: list[FlatEntry]) -> None:
+    """One hop: create every directory the entries need (declared dirs get u+rwx until the end)."""
+    want: dict[str, int] = {}
+    for fe in flat:
+        parts = fe.path.split("/")
+        for i in range(1, len(parts)):
+            want.setdefault("/".join(parts[:i]), 0o755)
+        if isinstance(fe.entry, Dir):
+            want[fe.path] = (0o755 if fe.entry.mode is None else fe.entry.mode) | 0o700
+    run.reserve(0, len(want), ".")
+    for path in sorted(want, key=lambda p: p.count("/")):
+        run.check_stop()
+        try:
+            run.ensure_dir(path, want[path])
+        except BaseException as exc:
+            raise _wrap(exc, path) from None
+
+
+def _finish_dirs(run: _Run, flat: list[FlatEntry]) -> None:
+    """One hop: declared dirs get their final mode, deepest first."""
+    dirs = [fe for fe in flat if isinstance(fe.entry, Dir)]
+    for fe in sorted(dirs, key=lambda f: f.path.count("/"), reverse=True):
+        mode = 0o755 if fe.entry.mode is None else fe.entry.mode
+        try:
+            run.ws.chmod(fe.path, mode)
+        except BaseException as exc:
+            raise _wrap(exc, fe.path) from None
+    run.add("dirs", [fe.path for fe in dirs])
+
+
+async def materialize(workspace: Root, manifest: Manifest, options: MaterializeOptions, *,
+                      only_ephemeral: bool = False) -> MaterializationResult:
+    """Apply ``manifest`` to ``workspace``.
+
+    Args:
+        workspace: the workspace Root (writable).  It is used through a view
+            that refuses every symlink; the caller still owns and closes it.
+        manifest: a validated :class:`~sandbox_fs.manifest.Manifest` (from
+            :func:`~sandbox_fs.manifest.load_manifest`).  Its ``root``,
+            ``base_dir`` and ``extra_path_grants`` are never used.
+        options: the application's :class:`MaterializeOptions`.
+        only_ephemeral: apply only the ephemeral entries (and what they
+            need), e.g. on session start after hydrating a snapshot.
+
+    Returns:
+        The :class:`MaterializationResult` (files sorted by sandbox path).
+
+    Raises:
+        SourceRefusedError: a source is a FIFO/socket/device, a local_dir
+            holds an escaping symlink (policy ``refuse``), or no base / grant
+            covers a ``src``.
+        SourceChangedError: a source changed during the copy (retryable).
+        SymlinkRefusedError: a ``local_file`` src ends in a symlink, or a
+            symlink was met in a local_dir source path.
+        PathEscapeError: a ``src`` resolves outside the base or grant.
+        MaterializeLimitError: ``max_file_bytes``, ``max_total_bytes`` or
+            ``max_files`` exceeded.
+        MaterializeError: any other OS error, with the sandbox path.
+        ManifestError: an archive entry names an unknown limit.
+        sandbox_fs.archive errors: an archive entry is refused by the extractor.
+        ReadOnlyError: ``workspace`` is read-only.
+        Every error carries ``context["written"]`` / ``["written_count"]``.
+
+    Cancellation:
+        A checkpoint.  On cancel, worker threads stop at their next file
+        boundary (each running thread finishes the file it is writing, so
+        the cancel may wait for one file); files already written stay,
+        complete (atomic writes: no partial file, no temp file left).  The
+        workspace may then hold a subset of the manifest; applying it again
+        repairs it.
+    """
+    await trio.lowlevel.checkpoint()
+    if not isinstance(manifest, Manifest):
+        raise TypeError("manifest must be a Manifest (use load_manifest)")
+    started = time.monotonic()
+    flat = [fe for fe in manifest.iter_entries() if fe.ephemeral or not only_ephemeral]
+    lim_e = options.limiter_entries or trio.CapacityLimiter(8)
+    lim_f = options.limiter_files or trio.CapacityLimiter(max(2, os.cpu_count() or 2))
+    if lim_e is lim_f:
+        raise ValueError("limiter_entries and limiter_files must be different limiters")
+    ws = workspace.with_options(no_symlinks=True)
+    run = _Run(ws, options, lim_e, lim_f)
+    try:
+        try:
+            await trio.to_thread.run_sync(_prepare, run, flat, limiter=lim_f)
+            simple = [fe for fe in flat if isinstance(fe.entry, (File, Symlink, LocalFile))]
+            with trio.CancelScope() as scope:
+                run.cancel_scope = scope
+                async with trio.open_nursery() as nursery:
+                    for i in range(0, len(simple), 64):
+                        nursery.start_soon(_entry_task, run, trio.to_thread.run_sync, _apply_simple, run,
+                                           simple[i:i + 64])
+                    for fe in flat:
+                        if isinstance(fe.entry, LocalDir):
+                            nursery.start_soon(_entry_task, run, _apply_local_dir, run, fe)
+                        elif isinstance(fe.entry, Archive):
+                            nursery.start_soon(_entry_task, run, _apply_archive, run, fe)
+            if run.error is None:
+                await trio.to_thread.run_sync(_finish_dirs, run, flat, limiter=lim_f)
+        except (_Stopped, Exception) as exc:
+            if not isinstance(exc, _Stopped):
+                run.fail(exc)
+        if run.error is not None:
+            raise _with_written(_wrap(run.error, "."), run.result) from None
+    finally:
+        run.stop.set()
+        run.sources.close()
+        ws.close()
+    res = run.result
+    res.files.sort(key=lambda f: f.sandbox_path)
+    res.symlinks.sort(key=lambda s: s.sandbox_path)
+    res.dirs = sorted(set(res.dirs))
+    res.elapsed_s = time.monotonic() - started
+    return res
+
+
+def _with_written(exc: BaseException, result: MaterializationResult) -> BaseException:
+    written = sorted(f.sandbox_path for f in result.files) + sorted(s.sandbox_path for s in result.symlinks)
+    if isinstance(exc, SandboxError):
+        exc.context["written"] = written[:_WRITTEN_SHOWN]
+        exc.context["written_count"] = len(written)
+    return exc
