@@ -85,6 +85,17 @@ class Meter:
                                            f"({produced} bytes from {self.input_bytes} compressed bytes read)")
 
 
+def _read_to_eof(raw: Any, meter: Meter) -> bytes:
+    """Read until EOF in 1 MiB chunks, counting each (the count stops at ``max_input_bytes``)."""
+    parts = []
+    while True:
+        data = raw.read(1 << 20)
+        if not data:
+            return b"".join(parts)
+        meter.add_input(len(data))
+        parts.append(data)
+
+
 class InputCounter:
     """A forward-only reader over the source that counts bytes read.
 
@@ -115,7 +126,7 @@ class InputCounter:
 
     def _read_raw(self, n: int) -> bytes:
         if n is None or n < 0:
-            n = self._meter.limits.max_input_bytes - self._meter.input_bytes + 1
+            return _read_to_eof(self._raw, self._meter)
         data = self._raw.read(n)
         if data:
             self._meter.add_input(len(data))
@@ -151,7 +162,7 @@ class SeekCounter:
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            n = self._meter.limits.max_input_bytes - self._meter.input_bytes + 1
+            return _read_to_eof(self._raw, self._meter)
         data = self._raw.read(n)
         if data:
             self._meter.add_input(len(data))

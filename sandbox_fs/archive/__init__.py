@@ -1,0 +1,46 @@
+"""Bounded, streaming, race-free extraction of tar and zip archives into a ``Root``.
+
+Entry points: :func:`extract` (synchronous) and :func:`extract_async` (trio,
+one worker thread per archive).  Limits are :class:`ArchiveLimits` (on by
+default), choices are :class:`ExtractPolicy`, the result an
+:class:`ExtractReport`.
+
+Rules (each refusal an :class:`UnsafeArchiveMemberError` with a stable ``rule``):
+
+* names: absolute, drive letters, ``..`` (``/`` or ``\\`` separated), NUL,
+  empty after normalization, or naming the destination itself are refused
+  (a *directory* member ``./`` is skipped and reported instead);
+* every file and directory is created through a ``Root`` that refuses
+  symlinks on the whole path (``RESOLVE_NO_SYMLINKS``): nothing is ever
+  written through a symlink, whatever an earlier member or another process
+  did;
+* symlink members are created **last**, only with relative targets that stay
+  beneath the destination without passing through another symlink; a member
+  under a pending symlink is refused (``through_symlink``);
+* hard links only to a regular file extracted earlier in this run;
+* devices, FIFOs, sockets and unknown types are refused (or skipped by policy);
+* modes: setuid/setgid/sticky and group/other write cleared, owner rw(x)
+  added, executable only when the archive says so; ownership only with
+  ``preserve_owner`` and running as root; mtimes set without following links;
+* duplicates: a later file replaces an earlier file atomically; a file never
+  replaces a directory, nor a directory (or file) a symlink or the reverse.
+"""
+
+from __future__ import annotations
+
+from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
+from ._extract import FORMATS, extract, extract_async
+from ._models import ArchiveLimits, ExtractPolicy, ExtractReport, SkippedMember
+
+__all__ = [
+    "extract",
+    "extract_async",
+    "ArchiveLimits",
+    "ExtractPolicy",
+    "ExtractReport",
+    "SkippedMember",
+    "ArchiveLimitError",
+    "UnsafeArchiveMemberError",
+    "ArchiveFormatError",
+    "FORMATS",
+]

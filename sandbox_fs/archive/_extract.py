@@ -1,0 +1,176 @@
+"""``extract`` and ``extract_async``: the public entry points."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, BinaryIO, Callable
+
+import trio
+
+from ..root import Root
+from ._errors import ArchiveFormatError
+from ._models import ArchiveLimits, ExtractPolicy, ExtractReport
+from ._streams import InputCounter, Meter, decompressor, detect, sniff
+from ._tar import extract_tar
+from ._writer import Extractor
+from ._zip import extract_zip
+
+__all__ = ["extract", "extract_async", "FORMATS"]
+
+#: Accepted ``format`` values and the compression each forces (None: detect).
+FORMATS: dict[str, str | None] = {
+    "auto": None, "tar": None, "tar.gz": "gz", "tgz": "gz", "tar.bz2": "bz2", "tbz2": "bz2",
+    "tar.xz": "xz", "txz": "xz", "zip": "zip",
+}
+_NAMES = {"tar": "tar", "gz": "tar.gz", "bz2": "tar.bz2", "xz": "tar.xz", "zip": "zip", "zst": "tar.zst"}
+
+_DEFAULT_LIMITS = ArchiveLimits()
+_DEFAULT_POLICY = ExtractPolicy()
+
+
+def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, format: str = "auto",
+            limits: ArchiveLimits = _DEFAULT_LIMITS, policy: ExtractPolicy = _DEFAULT_POLICY) -> ExtractReport:
+    """Extract a tar or zip archive into ``dest`` beneath ``root``, bounded and race-free.
+
+    Every node is created through a ``Root`` that refuses symlinks on every
+    path (``RESOLVE_NO_SYMLINKS``), so no member can be written through a
+    symlink, whatever came earlier; symlink members are created last and only
+    when their target stays beneath the destination without passing through
+    another symlink.  See :mod:`sandbox_fs.archive` for the full rule list.
+
+    Atomic by default: members go to a private staging directory (next to a
+    missing destination, or inside an existing one as
+    ``.sfs-extract-<random>``) and are moved into place only when all of
+    them were extracted; on any failure nothing new remains.  Pre-existing
+    files of an existing destination are kept, except that a member with the
+    same name replaces a pre-existing file or symlink (a directory is merged
+    into a pre-existing directory; type conflicts are refused before anything
+    moves).  ``ExtractPolicy(in_place=True)`` writes directly (faster, not
+    atomic).  The archive itself is never copied into the workspace.
+
+    Args:
+        root: the workspace capability.
+        dest: sandbox path of the destination relative to ``root``; ``""`` or
+            ``"."`` is the root itself.  Its parent must exist; ``dest`` must
+            not involve a symlink.
+        source: a readable binary stream (tar: read once, forward only; zip:
+            must be seekable) or a host path (``str``/``os.PathLike``, trusted,
+            from the host application) that is opened and closed here.
+        format: ``"auto"`` (from the magic bytes), ``"tar"`` (any
+            compression, detected), ``"tar.gz"``/``"tgz"``, ``"tar.bz2"``,
+            ``"tar.xz"``, or ``"zip"``.  zstd is not supported (no zstd library
+            is a dependency).
+        limits: resource bounds, checked while streaming (see :class:`ArchiveLimits`).
+        policy: what to do with links and special files (see :class:`ExtractPolicy`).
+
+    Returns:
+        An :class:`ExtractReport` with counts, bytes written and skipped members.
+
+    Raises:
+        ArchiveLimitError: a limit was reached (``limit``, ``allowed``,
+            ``observed``, ``member``).
+        UnsafeArchiveMemberError: a member breaks a rule (``rule``, ``member``).
+        ArchiveFormatError: unreadable, corrupt, or of another format than asked.
+        PathEscapeError, SymlinkRefusedError: ``dest`` escapes ``root`` or
+            involves a symlink.
+        FileNotFoundError: ``dest``'s parent, or the host path ``source``, is missing.
+        ValueError: ``format`` is not one of the accepted values.
+    """
+    return _extract(root, dest, source, format, limits, policy, None)
+
+
+def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLimits, policy: ExtractPolicy,
+             check_cancel: Callable[[], None] | None) -> ExtractReport:
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as fh:  # a trusted host path given by the host application
+            return _extract(root, dest, fh, format, limits, policy, check_cancel)
+    meter = Meter(limits)
+    forced = FORMATS[format]
+    if forced == "zip":
+        kind = "zip"
+        head = b""
+        raw = None
+    else:
+        raw = InputCounter(source, meter)
+        head = sniff(raw)
+        kind = detect(head)
+        if not head:
+            raise ArchiveFormatError("the archive is empty")
+        if forced is not None and kind != forced:
+            raise ArchiveFormatError(f"format {format!r} was asked but the data looks like {_NAMES.get(kind, kind)}")
+        if format == "tar" and kind == "zip":
+            raise ArchiveFormatError("format 'tar' was asked but the data is a zip archive")
+    if kind == "zip" and raw is not None:
+        # zip needs random access: rewind the caller's seekable stream.
+        seekable = getattr(source, "seekable", None)
+        if seekable is None or not seekable():
+            raise ArchiveFormatError("zip archives need a seekable source (a regular file)")
+        source.seek(source.tell() - len(head))
+        meter.input_bytes = 0
+    if kind != "zip":
+        assert raw is not None
+        stream = decompressor(kind, InputCounter(source, meter, prefix=head))
+        meter.input_bytes = len(head)
+    ex = Extractor(root, dest, limits, policy, meter)
+    try:
+        if kind == "zip":
+            extract_zip(source, ex, limits, meter, check_cancel)
+        else:
+            extract_tar(stream, ex, limits, meter, check_cancel)
+        if check_cancel is not None:
+            check_cancel()
+        ex.finish()
+    except BaseException:
+        ex.abort()
+        raise
+    finally:
+        ex.close()
+    return ExtractReport(format=_NAMES.get(kind, kind), members=ex.members, files=ex.files, dirs=ex.dirs,
+                         symlinks=ex.symlinks, hardlinks=ex.hardlinks, bytes_written=meter.written_bytes,
+                         input_bytes=meter.input_bytes, skipped=ex.skipped)
+
+
+_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sandbox_fs_archive_limiter")
+
+
+def default_limiter() -> trio.CapacityLimiter:
+    """The archive module's own ``CapacityLimiter`` for this trio run (2 concurrent extractions)."""
+    try:
+        return _LIMITER.get()
+    except LookupError:
+        lim = trio.CapacityLimiter(2)
+        _LIMITER.set(lim)
+        return lim
+
+
+async def extract_async(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, format: str = "auto",
+                        limits: ArchiveLimits = _DEFAULT_LIMITS, policy: ExtractPolicy = _DEFAULT_POLICY,
+                        limiter: trio.CapacityLimiter | None = None) -> ExtractReport:
+    """Run :func:`extract` in one worker thread (one hop per archive, never per member).
+
+    Args:
+        root, dest, source, format, limits, policy: as for :func:`extract`.
+        limiter: the ``trio.CapacityLimiter`` bounding concurrent extractions;
+            None uses this module's own limiter (2 at a time per trio run).
+
+    Returns:
+        The :class:`ExtractReport`.
+
+    Raises:
+        The same errors as :func:`extract`, and ``trio.Cancelled``.
+
+    Cancellation:
+        This function is always a checkpoint.  A cancel is noticed between
+        members (``trio.from_thread.check_cancelled``): the worker stops,
+        removes the partly written member and, in atomic mode, the whole
+        staging tree, so nothing new remains in the destination; then
+        ``Cancelled`` propagates.  In in-place mode the members completed
+        before the cancel remain.  The thread is never abandoned: the call
+        returns only once the worker has cleaned up.
+    """
+    lim = limiter if limiter is not None else default_limiter()
+    return await trio.to_thread.run_sync(
+        _extract, root, dest, source, format, limits, policy, trio.from_thread.check_cancelled,
+        limiter=lim, abandon_on_cancel=False)
