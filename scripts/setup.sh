@@ -24,10 +24,17 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored" || true
+LOG="$VENV/setup.log"
+pipi() {
+    if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" >>"$LOG" 2>&1; then
+        echo "setup: pip install $* failed; log follows" >&2
+        tail -40 "$LOG" >&2
+        exit 1
+    fi
+}
+: >"$LOG"
+pipi -U pip
 # Versions measured to work on this machine kind (PLATFORM.md): pinned for CI.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" \
-    "hypothesis==6.170.17" 2>&1 | grep -v "is ignored" || true
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored" || true
+pipi "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" "hypothesis==6.170.17"
+pipi -e ".[test]"
 "$VENV/bin/python" -c "import sandbox_fs; print('sandbox-fs installed; kernel features:', sandbox_fs.features())"
