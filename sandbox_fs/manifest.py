@@ -64,6 +64,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializationInfo,
+    StrictInt,
     ValidationError,
     field_serializer,
     field_validator,
@@ -266,7 +267,7 @@ class File(_EntryBase):
     type: Literal["file"] = "file"
     content: str = ""
     encoding: Literal["utf-8", "base64"] = "utf-8"
-    mode: int | None = Field(None, description="Permission bits within 0o777; default 0o644.")
+    mode: StrictInt | None = Field(None, description="Permission bits within 0o777; default 0o644.")
 
     _v_mode = field_validator("mode")(lambda cls, v: _check_mode(v, "file"))
 
@@ -308,7 +309,7 @@ class Dir(_EntryBase):
     """
 
     type: Literal["dir"] = "dir"
-    mode: int | None = Field(None, description="Permission bits within 0o777; default 0o755.")
+    mode: StrictInt | None = Field(None, description="Permission bits within 0o777; default 0o755.")
     children: dict[str, "Entry"] = Field(default_factory=dict)
 
     _v_mode = field_validator("mode")(lambda cls, v: _check_mode(v, "dir"))
@@ -327,7 +328,7 @@ class LocalFile(_EntryBase):
 
     type: Literal["local_file"] = "local_file"
     src: str
-    mode: int | None = None
+    mode: StrictInt | None = None
 
     _v_mode = field_validator("mode")(lambda cls, v: _check_mode(v, "file"))
     _v_src = field_validator("src")(lambda cls, v: _check_src(v))
