@@ -13,11 +13,13 @@ Each regular file is opened beneath the workspace with ``O_NOFOLLOW`` and
 FIFO) between the directory listing and the open is never read through.
 
 *One policy for persist and hydrate* (a saved snapshot is always restorable):
-regular files, directories, relative symlinks whose target stays beneath the
-workspace (the same lexical rule as :meth:`Root.symlink`), and hard links
-between members.  Absolute or escaping symlinks, FIFOs, sockets and device
-nodes are refused at persist time (:class:`UnrestorableEntryError`) or, with
-``on_unrestorable="skip"``, left out and listed in the report.  Owners are
+persist applies the archive extractor's own rules (its member-name and
+symlink-target functions, and the same limits): regular files, directories,
+relative symlinks whose target stays beneath the workspace without passing
+through another symlink, and hard links between members.  Absolute or
+escaping symlinks, FIFOs, sockets, device nodes and names the extractor
+refuses are refused at persist time (:class:`UnrestorableEntryError`) or,
+with ``on_unrestorable="skip"``, left out and listed in the report.  Owners are
 never recorded (uid/gid 0, no names); setuid/setgid/sticky bits are never
 stored (modes are masked to 0o777, as :meth:`Root.chmod` enforces).
 
@@ -26,9 +28,8 @@ touching the workspace, so a truncated or corrupted snapshot is refused with
 :class:`SnapshotCorruptError` and the workspace is left as it was; the
 previous good snapshot stays valid because a new one only becomes current
 when its metadata file is atomically replaced.  Extraction goes through the
-archive extractor (:mod:`sandbox_fs.archive`) with limits on when it is
-installed, else through this module's tar reader that applies the same
-rules through the Root.  Directory modes are restored last, deepest first.
+archive extractor (:mod:`sandbox_fs.archive`) with limits on; exact modes
+are re-applied after it, directories last and deepest first.
 
 The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
 where the tree digest covers, in walk order, every kept entry's path, type,
@@ -87,7 +88,8 @@ SNAPSHOT_FORMAT = "sandbox-fs-snapshot"
 SNAPSHOT_VERSION = 1
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _READ_CHUNK = 1 << 20
-_ATOMIC_TMP_PREFIX = ".sfs-tmp-"  # Root.atomic_write's in-flight names: never persisted
+# In-flight names (Root.atomic_write temp files, archive staging dirs): never persisted.
+_IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-")
 
 
 # ---------------------------------------------------------------------- errors
@@ -545,6 +547,9 @@ def _scan(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
             if _excluded(p, excluded):
                 skipped.append((p, "excluded"))
                 continue
+            if name.startswith(_IN_FLIGHT_PREFIXES):
+                skipped.append((p, "in-flight staging"))
+                continue
             try:
                 st = ws.lstat(p)
             except FileNotFoundError:
@@ -564,24 +569,10 @@ def _scan(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
             if _excluded(e.path, excluded):
                 skipped.append((e.path, "excluded"))
                 continue
-            if e.name.startswith(_ATOMIC_TMP_PREFIX):
+            if e.name.startswith(_IN_FLIGHT_PREFIXES):
                 skipped.append((e.path, "in-flight atomic write"))
                 continue
             yield _Item(e.path, e.kind, e.stat)
-
-
-def _symlink_escapes(member_path: str, target: str) -> bool:
-    """The lexical rule of :meth:`Root.symlink`: absolute, or climbing above the root."""
-    if not target or target.startswith("/") or "\0" in target:
-        return True
-    depth = member_path.count("/")  # components of the link's directory
-    for comp in target.split("/"):
-        if comp in ("", "."):
-            continue
-        depth += -1 if comp == ".." else 1
-        if depth < 0:
-            return True
-    return False
 
 
 class _FdReader:
@@ -640,18 +631,42 @@ def _open_member(ws: Root, item: _Item) -> int | None:
     return fd
 
 
-def _policy_check(item: _Item, target: str | None, on_unrestorable: str,
-                  skipped: list[tuple[str, str]]) -> bool:
-    """True when the item may be persisted; refuses or records it otherwise."""
+def _policy_check(ws: Root, item: _Item, target: str | None, on_unrestorable: str,
+                  skipped: list[tuple[str, str]], alimits: Any) -> bool:
+    """True when the item may be persisted; refuses or records it otherwise.
+
+    The rules are the archive extractor's own (:func:`sandbox_fs.archive._names.normalize_member`
+    and ``symlink_walk``), applied here so a saved snapshot always hydrates:
+    names (zip slip, CVE-2007-4559; backslash ``..``, CVE-2021-37713; drive
+    letters), symlink targets (absolute, escaping, or passing through
+    another symlink: CVE-2025-4517), and special files.
+    """
+    from .archive import ArchiveLimitError, UnsafeArchiveMemberError  # noqa: PLC0415
+    from .archive._names import normalize_member, symlink_walk  # noqa: PLC0415
+
     reason = None
-    if item.kind == "symlink":
-        assert target is not None
-        if target.startswith("/"):
-            reason = "absolute symlink"
-        elif _symlink_escapes(item.path, target):
-            reason = "symlink resolves outside the workspace"
-    elif item.kind not in ("file", "dir"):
-        reason = f"{item.kind} entries are not restorable"
+    raw = item.path.encode("utf-8", "surrogateescape")
+    try:
+        normalize_member(raw, alimits)
+        if item.kind == "symlink":
+            assert target is not None
+            for through in symlink_walk(raw, target, alimits, raw):
+                try:
+                    if _stat.S_ISLNK(ws.lstat(through).st_mode):
+                        reason = "symlink target passes through another symlink"
+                        break
+                except (FileNotFoundError, NotADirectoryError):
+                    break
+                except SandboxError:
+                    reason = "symlink target passes through another symlink"
+                    break
+        elif item.kind not in ("file", "dir"):
+            reason = f"{item.kind} entries are not restorable"
+    except UnsafeArchiveMemberError as exc:
+        reason = {"symlink_target": "symlink is absolute or resolves outside the workspace"}.get(
+            exc.rule, f"name is refused by hydrate ({exc.rule})")
+    except ArchiveLimitError as exc:
+        reason = f"path exceeds {exc.limit}"
     if reason is None:
         return True
     if on_unrestorable == "skip":
@@ -693,6 +708,7 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                limits: SnapshotLimits, skipped: list[tuple[str, str]], digest: _Digest,
                tar: tarfile.TarFile | None, progress: Callable[[int, int], None] | None,
                skip_ids: frozenset[tuple[int, int]] = frozenset()) -> tuple[int, int]:
+    alimits = _archive_limits(limits)
     entries = 0
     content = 0
     links: dict[tuple[int, int], tuple[str, str]] = {}  # (dev, ino) -> (first path, sha256)
@@ -704,7 +720,7 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                 target = ws.readlink(item.path)
             except FileNotFoundError:
                 continue
-        if not _policy_check(item, target, on_unrestorable, skipped):
+        if not _policy_check(ws, item, target, on_unrestorable, skipped, alimits):
             continue
         entries += 1
         if entries > limits.max_entries:
@@ -860,122 +876,85 @@ def is_mount_point_of(ws: Root) -> Callable[[os.stat_result], bool]:
     return lambda st: st.st_dev != dev
 
 
-def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
-            extractor: Literal["auto", "archive", "builtin"] = "auto") -> HydrateReport:
+def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None) -> HydrateReport:
     """Replace the workspace's contents with snapshot ``name``.  Blocking: one worker thread.
 
     The archive is verified (size, SHA-256) *before* the workspace is
     touched.  Then the workspace contents are cleared (never the root
-    directory itself, never a mount point) and the archive is extracted
-    with limits on.  Directory modes are restored after their contents.
+    directory itself, never a mount point) and the archive is extracted by
+    :func:`sandbox_fs.archive.extract` with limits on (atomic staging: on a
+    refusal nothing of the snapshot remains).  The extractor applies the
+    PEP 706 data-filter modes; the snapshot's exact permission bits (within
+    0o777) are then re-applied from the archive headers, directories last
+    and deepest first, so directory modes are restored.
 
     Args:
         ws: the workspace Root (writable).
         store: where the snapshot lives.
         name: snapshot name.
         limits: :class:`SnapshotLimits` (entries, bytes, archive size).
-        extractor: ``"archive"`` uses :func:`sandbox_fs.archive.extract`,
-            ``"builtin"`` this module's reader, ``"auto"`` the former when installed.
 
     Raises:
         SnapshotNotFoundError: no such snapshot.
-        SnapshotCorruptError: the archive fails verification or is not a
-            valid tar (nothing is cleared in the first case).
-        SnapshotLimitError: the archive exceeds ``limits``.
-        UnrestorableEntryError: a member hydrate refuses (builtin reader).
-        SandboxError: whatever the archive extractor refuses.
+        SnapshotCorruptError: the archive fails verification (nothing is
+            cleared) or is not a readable tar.
+        SnapshotLimitError: the archive is larger than ``max_archive_bytes``.
+        ArchiveLimitError, UnsafeArchiveMemberError: the extractor refuses a
+            member (a forged store: persist never writes such members).
     """
     limits = limits or SnapshotLimits()
     f, info = store.open_archive(name, limits)
     with f:
         ws.clear(skip=is_mount_point_of(ws))
-        used = "builtin"
-        if extractor in ("auto", "archive"):
-            ext = _archive_extractor()
-            if ext is not None:
-                used = "archive"
-                _extract_with_archive(ext, ws, f, limits)
-            elif extractor == "archive":
-                raise SnapshotError("the archive extractor (sandbox_fs.archive) is not installed",
-                                    sandbox_path=None)
-        if used == "builtin":
-            _extract_builtin(ws, f, limits)
-    return HydrateReport(info, used)
+        _extract_with_archive(ws, f, limits)
+        f.seek(0)
+        _restore_modes(ws, f)
+    return HydrateReport(info, "archive")
 
 
-def _archive_extractor() -> Any:
+def _archive_limits(limits: SnapshotLimits) -> Any:
+    """The extractor's limits for a snapshot: the same bounds persist applied.
+
+    Depth and path length are as wide as the Root allows (PATH_MAX), so
+    whatever persist accepted, hydrate accepts.  An uncompressed tar never
+    expands, so the expansion-ratio bound is left at its default.
+    """
+    from .archive import ArchiveLimits  # noqa: PLC0415
+
+    return ArchiveLimits(max_members=limits.max_entries, max_member_bytes=limits.max_file_bytes,
+                         max_total_bytes=limits.max_total_bytes, max_input_bytes=limits.max_archive_bytes,
+                         max_depth=MAX_PATH_BYTES // 2, max_path_bytes=MAX_PATH_BYTES)
+
+
+def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
+    from .archive import ArchiveFormatError, ExtractPolicy, extract  # noqa: PLC0415
+
+    policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
+                           preserve_owner=False, apply_mtime=True)
     try:
-        from . import archive  # noqa: PLC0415  (issue 3; optional until it lands)
-    except ImportError:
-        return None
-    return archive if hasattr(archive, "extract") else None
-
-
-def _extract_with_archive(archive: Any, ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
-    kwargs: dict[str, Any] = {"format": "tar"}
-    lim_cls = getattr(archive, "ArchiveLimits", None)
-    if lim_cls is not None:
-        wanted = {"max_entries": limits.max_entries, "max_members": limits.max_entries,
-                  "max_file_bytes": limits.max_file_bytes, "max_member_bytes": limits.max_file_bytes,
-                  "max_total_bytes": limits.max_total_bytes}
-        known = set(getattr(lim_cls, "model_fields", {}) or getattr(lim_cls, "__dataclass_fields__", {}))
-        kwargs["limits"] = lim_cls(**{k: v for k, v in wanted.items() if k in known})
-    archive.extract(ws, ".", f, **kwargs)
-
-
-def _member_path(name: str) -> str:
-    try:
-        sp = normalize(name)
-    except InvalidPathError as exc:
-        raise SnapshotCorruptError("snapshot member name is not a relative sandbox path",
-                                   sandbox_path=exc.sandbox_path) from None
-    if not sp:
-        raise SnapshotCorruptError("snapshot member names the workspace root", sandbox_path=name[:200])
-    return str(sp)
-
-
-def _extract_builtin(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
-    """Stream-read a tar into the workspace through the Root, under the persist policy."""
-    dir_modes: list[tuple[str, int]] = []
-    entries = 0
-    content = 0
-    try:
-        with tarfile.open(fileobj=f, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
-            for m in tar:
-                entries += 1
-                if entries > limits.max_entries:
-                    raise SnapshotLimitError("snapshot has more members than max_entries", sandbox_path=None,
-                                             context={"max_entries": limits.max_entries})
-                path = _member_path(m.name)
-                parent = path.rpartition("/")[0]
-                if parent:
-                    ws.mkdir(parent, 0o700, parents=True, exist_ok=True)
-                mode = m.mode & 0o777
-                if m.isdir():
-                    ws.mkdir(path, 0o700, exist_ok=True)
-                    dir_modes.append((path, mode))
-                elif m.isreg():
-                    if m.size > limits.max_file_bytes:
-                        raise SnapshotLimitError("member is larger than max_file_bytes", sandbox_path=path)
-                    content += m.size
-                    if content > limits.max_total_bytes:
-                        raise SnapshotLimitError("snapshot holds more than max_total_bytes", sandbox_path=path)
-                    src = tar.extractfile(m)
-                    assert src is not None
-                    ws.atomic_write(path, iter(lambda: src.read(_READ_CHUNK), b""), mode=mode, fsync=False,
-                                    max_bytes=m.size, mtime_ns=int(m.mtime * 1e9))
-                elif m.issym():
-                    if _symlink_escapes(path, m.linkname):
-                        raise UnrestorableEntryError("snapshot symlink is absolute or escapes the workspace",
-                                                     sandbox_path=path)
-                    ws.symlink(m.linkname, path)
-                elif m.islnk():
-                    ws.link(_member_path(m.linkname), path)
-                else:
-                    raise UnrestorableEntryError("snapshot member type is not restorable", sandbox_path=path,
-                                                 context={"type": repr(m.type)})
-    except (tarfile.TarError, EOFError) as exc:
-        raise SnapshotCorruptError("snapshot archive is not a valid tar", sandbox_path=None,
+        extract(ws, ".", f, format="tar", limits=_archive_limits(limits), policy=policy)
+    except ArchiveFormatError as exc:
+        raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None
-    for path, mode in sorted(dir_modes, key=lambda pm: pm[0].count("/"), reverse=True):
+
+
+def _restore_modes(ws: Root, f: IO[bytes]) -> None:
+    """Re-apply each member's exact permission bits (headers only: data is skipped by seeking)."""
+    from .archive._writer import dir_mode, file_mode  # noqa: PLC0415  (the extractor's own mode rule)
+
+    dirs: list[tuple[str, int]] = []
+    try:
+        with tarfile.open(fileobj=f, mode="r:", encoding="utf-8", errors="surrogateescape") as tar:
+            for m in tar:
+                mode = m.mode & 0o777
+                path = m.name.rstrip("/")
+                if m.isdir():
+                    if mode != dir_mode(m.mode):
+                        dirs.append((path, mode))
+                elif m.isreg() and mode != file_mode(m.mode):
+                    ws.chmod(path, mode)
+    except tarfile.TarError as exc:  # pragma: no cover - the same bytes were just extracted
+        raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
+                                   diagnostic=str(exc)) from None
+    for path, mode in sorted(dirs, key=lambda pm: pm[0].count("/"), reverse=True):
         ws.chmod(path, mode)

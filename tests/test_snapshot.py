@@ -1,0 +1,504 @@
+"""Snapshots: persist/hydrate round trip, one policy for both, verification, races, crash safety."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandbox_fs import open_root
+from sandbox_fs.snapshot import (
+    LocalSnapshotStore,
+    NoSnapshot,
+    SnapshotCorruptError,
+    SnapshotInfo,
+    SnapshotLimitError,
+    SnapshotLimits,
+    SnapshotNotFoundError,
+    SnapshotSourceChangedError,
+    UnrestorableEntryError,
+    hydrate,
+    persist,
+    tree_digest,
+    validate_name,
+)
+from tests.conftest import tree_digest as host_tree
+
+
+def _host_view(top: Path) -> dict:
+    """Type, mode, size, content/target of every node (mtimes and nlink left out)."""
+    return {k: (v[0], v[1], v[2], v[5]) for k, v in host_tree(top).items() if k != "."}
+
+
+def _fill(ws: Path) -> None:
+    (ws / "a" / "b").mkdir(parents=True)
+    (ws / "a" / "f.txt").write_bytes(b"hello\n")
+    (ws / "empty").write_bytes(b"")
+    (ws / "exec.sh").write_bytes(b"#!/bin/sh\n")
+    os.chmod(ws / "exec.sh", 0o755)
+    os.chmod(ws / "a" / "f.txt", 0o600)
+    (ws / "a" / "link").symlink_to("f.txt")
+    (ws / "uplink").symlink_to("a/b")
+    os.link(ws / "a" / "f.txt", ws / "hard")
+    (ws / "bin.dat").write_bytes(bytes(range(256)) * 5000)
+    (ws / os.fsdecode(b"caf\xe9-latin1")).write_bytes(b"x")
+    os.chmod(ws / "a" / "b", 0o500)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = LocalSnapshotStore(tmp_path / "store")
+    yield s
+    s.close()
+
+
+def test_round_trip_restores_exactly(layout, store, resolver, tmp_path):
+    _fill(layout.ws)
+    before = layout.snapshot()
+    with open_root(layout.ws) as ws:
+        rep = persist(ws, store, "s1", manifest_digest="m1")
+    assert rep.info is not None and rep.info.entries == 10
+    dst = tmp_path / "restored"
+    dst.mkdir()
+    (dst / "stale").write_text("gone after hydrate")
+    with open_root(dst) as r:
+        hydrate(r, store, "s1")
+        assert tree_digest(r) == rep.info.tree_digest
+    assert _host_view(dst) == _host_view(layout.ws)
+    assert os.stat(dst / "hard").st_ino == os.stat(dst / "a" / "f.txt").st_ino
+    assert stat.S_IMODE(os.stat(dst / "a" / "b").st_mode) == 0o500
+    layout.assert_outside_unchanged(before)
+
+
+def test_store_files_are_private_and_member_names_relative(layout, store, tmp_path):
+    _fill(layout.ws)
+    with open_root(layout.ws) as ws:
+        info = persist(ws, store, "s1").info
+    sdir = tmp_path / "store"
+    assert stat.S_IMODE(sdir.stat().st_mode) == 0o700
+    for p in sdir.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p.name
+    with tarfile.open(sdir / info.archive) as tar:
+        for m in tar.getmembers():
+            assert not m.name.startswith("/") and ".." not in m.name.split("/")
+            assert m.uid == 0 and m.uname == ""
+
+
+@pytest.mark.parametrize("kind", ["abs_symlink", "escaping_symlink", "fifo", "socket"])
+def test_unrestorable_entries_refused_at_persist(layout, store, kind):
+    (layout.ws / "ok.txt").write_text("ok")
+    (layout.ws / "d").mkdir()
+    bad = layout.ws / "d" / "bad"
+    if kind == "abs_symlink":
+        bad.symlink_to(layout.outside / "secret.txt")
+    elif kind == "escaping_symlink":
+        bad.symlink_to("../../outside/secret.txt")
+    elif kind == "fifo":
+        os.mkfifo(bad)
+    else:
+        import socket
+
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(bad))
+        s.close()
+    with open_root(layout.ws) as ws:
+        with pytest.raises(UnrestorableEntryError) as ei:
+            persist(ws, store, "s1")
+        assert ei.value.sandbox_path == "d/bad"
+        assert str(layout.base) not in str(ei.value)
+        assert store.info("s1") is None  # nothing committed
+        rep = persist(ws, store, "s1", on_unrestorable="skip")
+        assert ("d/bad", rep.skipped[0][1]) == rep.skipped[0]
+    dst = layout.base / "restored"
+    dst.mkdir()
+    with open_root(dst) as r:
+        hydrate(r, store, "s1")
+    assert sorted(os.listdir(dst)) == ["d", "ok.txt"] and os.listdir(dst / "d") == []
+    layout.assert_secret_absent()
+
+
+def test_absolute_symlink_fifo_hardlink_workspace_refused_or_exact(layout, store):
+    """Issue case: absolute symlink + FIFO + hard link: refused at persist, or (skip) restores the rest exactly."""
+    (layout.ws / "f").write_text("data")
+    os.link(layout.ws / "f", layout.ws / "h")
+    (layout.ws / "abs").symlink_to("/etc/passwd")
+    os.mkfifo(layout.ws / "p")
+    with open_root(layout.ws) as ws:
+        with pytest.raises(UnrestorableEntryError):
+            persist(ws, store, "x")
+        rep = persist(ws, store, "x", on_unrestorable="skip")
+    assert sorted(p for p, _ in rep.skipped) == ["abs", "p"]
+    dst = layout.base / "r"
+    dst.mkdir()
+    with open_root(dst) as r:
+        hydrate(r, store, "x")
+    assert sorted(os.listdir(dst)) == ["f", "h"]
+    assert os.stat(dst / "h").st_ino == os.stat(dst / "f").st_ino and (dst / "h").read_text() == "data"
+
+
+def test_excluded_mount_and_tmp_entries_not_persisted(layout, store):
+    (layout.ws / "keep").write_text("k")
+    (layout.ws / "cache" / "deep").mkdir(parents=True)
+    (layout.ws / "cache" / "deep" / "x").write_text("x")
+    (layout.ws / "mnt").mkdir()
+    (layout.ws / "mnt" / "y").write_text("y")
+    (layout.ws / ".sfs-tmp-0123").write_text("in flight")
+    with open_root(layout.ws) as ws:
+        rep = persist(ws, store, "s", excluded=["cache"], mount_points=["mnt"])
+    assert set(rep.info.excluded) == {"cache"}
+    with tarfile.open(layout.base / "store" / rep.info.archive) as tar:
+        assert tar.getnames() == ["keep"]
+
+
+def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store):
+    (layout.ws / "victim").write_text("harmless")
+    with open_root(layout.ws) as ws:
+        real_walk = ws.walk
+
+        def racing_walk(path="."):
+            for top, dirs, nondirs in real_walk(path):
+                if top == "":
+                    os.unlink(layout.ws / "victim")
+                    os.symlink(layout.outside / "secret.txt", layout.ws / "victim")
+                yield top, dirs, nondirs
+
+        ws.walk = racing_walk  # the listing said "file"; the open finds a symlink
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s")
+        assert ei.value.retryable
+    assert store.info("s") is None
+    for p in (layout.base / "store").iterdir():
+        assert layout.secret.encode() not in p.read_bytes()
+
+
+def test_file_swapped_for_fifo_mid_walk_does_not_block(layout, store):
+    (layout.ws / "victim").write_text("harmless")
+    with open_root(layout.ws) as ws:
+        real_walk = ws.walk
+
+        def racing_walk(path="."):
+            for top, dirs, nondirs in real_walk(path):
+                os.unlink(layout.ws / "victim")
+                os.mkfifo(layout.ws / "victim")
+                yield top, dirs, nondirs
+
+        ws.walk = racing_walk
+        with pytest.raises(SnapshotSourceChangedError):
+            persist(ws, store, "s")
+
+
+def test_corrupted_or_truncated_snapshot_refused_previous_stays_valid(layout, store, tmp_path):
+    (layout.ws / "v").write_text("one")
+    with open_root(layout.ws) as ws:
+        good = persist(ws, store, "s").info
+        (layout.ws / "v").write_text("two, longer")
+        newer = persist(ws, store, "s").info
+    assert store.info("s") == newer
+    assert not (tmp_path / "store" / good.archive).exists()  # superseded archive removed
+    arch = tmp_path / "store" / newer.archive
+    data = arch.read_bytes()
+    dst = tmp_path / "r"
+    dst.mkdir()
+    (dst / "precious").write_text("untouched on refusal")
+    for bad in (data[: len(data) // 2], data[:600] + b"X" + data[601:]):
+        arch.write_bytes(bad)
+        with open_root(dst) as r, pytest.raises(SnapshotCorruptError):
+            hydrate(r, store, "s")
+        assert (dst / "precious").read_text() == "untouched on refusal"
+    arch.write_bytes(data)
+    with open_root(dst) as r:
+        hydrate(r, store, "s")
+    assert (dst / "v").read_text() == "two, longer" and not (dst / "precious").exists()
+
+
+def test_corrupt_metadata_and_missing_snapshot(store, tmp_path):
+    with pytest.raises(SnapshotNotFoundError):
+        store.open_archive("nope", SnapshotLimits())
+    (tmp_path / "store" / "bad.json").write_text("{not json")
+    with pytest.raises(SnapshotCorruptError):
+        store.info("bad")
+    other = SnapshotInfo(name="other", archive="../../etc/passwd", archive_bytes=1, archive_sha256="0" * 64,
+                         fingerprint="0" * 64, tree_digest="0" * 64, entries=0, content_bytes=0)
+    (tmp_path / "store" / "evil.json").write_text(other.model_dump_json())
+    with pytest.raises(SnapshotCorruptError):
+        store.info("evil")
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("name", ["", "../x", "a/b", ".hidden", "a.b", "x" * 129, "a\0b"])
+def test_snapshot_names_are_plain_tokens(name, store):
+    with pytest.raises(Exception) as ei:
+        validate_name(name)
+    assert getattr(ei.value, "code", None) == "invalid_path"
+
+
+def _malicious_tar(members) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for kind, name, extra in members:
+            ti = tarfile.TarInfo(name)
+            if kind == "file":
+                ti.size = len(extra)
+                tar.addfile(ti, io.BytesIO(extra))
+            elif kind == "sym":
+                ti.type, ti.linkname = tarfile.SYMTYPE, extra
+                tar.addfile(ti)
+            elif kind == "lnk":
+                ti.type, ti.linkname = tarfile.LNKTYPE, extra
+                tar.addfile(ti)
+            elif kind == "chr":
+                ti.type = tarfile.CHRTYPE
+                tar.addfile(ti)
+    return buf.getvalue()
+
+
+def _forge(store_dir: Path, name: str, data: bytes) -> None:
+    """Write an archive + matching metadata, as someone with write access to the store could."""
+    from sandbox_fs.snapshot import SnapshotInfo
+
+    info = SnapshotInfo(name=name, archive=f"{name}.forged.tar", archive_bytes=len(data),
+                        archive_sha256=hashlib.sha256(data).hexdigest(), fingerprint="0" * 64,
+                        tree_digest="0" * 64, entries=1, content_bytes=0)
+    (store_dir / info.archive).write_bytes(data)
+    (store_dir / f"{name}.json").write_text(info.model_dump_json())
+
+
+@pytest.mark.parametrize("members", [
+    [("file", "../outside/evil", b"pwn")],
+    [("file", "/abs/evil", b"pwn")],
+    [("sym", "esc", "../outside"), ("file", "esc/evil", b"pwn")],
+    [("sym", "abs", "/tmp"), ("file", "abs/evil", b"pwn")],
+    [("lnk", "hl", "../outside/secret.txt")],
+    [("chr", "dev", "")],
+])
+def test_hydrate_of_forged_snapshot_refuses_zip_slip(layout, members, resolver, store, tmp_path):
+    """A forged store entry (valid metadata) still cannot escape: zip slip, CVE-2007-4559."""
+    before = layout.snapshot()
+    _forge(tmp_path / "store", "forged", _malicious_tar(members))
+    with open_root(layout.ws) as ws:
+        with pytest.raises(Exception) as ei:
+            hydrate(ws, store, "forged")
+    assert hasattr(ei.value, "code"), repr(ei.value)
+    layout.assert_outside_unchanged(before)
+    assert not (layout.outside / "evil").exists()
+
+
+def test_limits_apply_at_persist(layout, store):
+    for i in range(5):
+        (layout.ws / f"f{i}").write_bytes(b"x" * 100)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotLimitError):
+            persist(ws, store, "s", limits=SnapshotLimits(max_entries=3))
+        with pytest.raises(SnapshotLimitError):
+            persist(ws, store, "s", limits=SnapshotLimits(max_total_bytes=250))
+        with pytest.raises(SnapshotLimitError):
+            persist(ws, store, "s", limits=SnapshotLimits(max_file_bytes=99))
+    assert store.info("s") is None
+
+
+def test_no_snapshot_store_is_a_noop(layout):
+    with open_root(layout.ws) as ws:
+        assert persist(ws, NoSnapshot(), "s").info is None
+        with pytest.raises(SnapshotNotFoundError):
+            hydrate(ws, NoSnapshot(), "s")
+
+
+def test_fingerprint_tracks_content_mode_and_manifest(layout):
+    (layout.ws / "f").write_text("a")
+    with open_root(layout.ws) as ws:
+        d1 = tree_digest(ws)
+        (layout.ws / "f").write_text("b")
+        d2 = tree_digest(ws)
+        os.chmod(layout.ws / "f", 0o600)
+        d3 = tree_digest(ws)
+        os.utime(layout.ws / "f", ns=(1, 1))
+        d4 = tree_digest(ws)
+    assert len({d1, d2, d3}) == 3 and d3 == d4  # mtime is not part of it
+
+
+_names = st.text(alphabet="abcxyz019_-.", min_size=1, max_size=8).filter(lambda s: s not in (".", ".."))
+
+
+@st.composite
+def _trees(draw):
+    nodes = {}
+    dirs = [""]
+    for _ in range(draw(st.integers(0, 14))):
+        parent = draw(st.sampled_from(dirs))
+        name = draw(_names)
+        path = f"{parent}/{name}" if parent else name
+        if path in nodes or any(path.startswith(p + "/") for p, v in nodes.items() if v[0] != "dir"):
+            continue
+        kind = draw(st.sampled_from(["file", "file", "dir", "symlink"]))
+        if kind == "file":
+            nodes[path] = ("file", draw(st.binary(max_size=300)), draw(st.sampled_from([0o644, 0o600, 0o755, 0o400])))
+        elif kind == "dir":
+            nodes[path] = ("dir", None, draw(st.sampled_from([0o755, 0o700, 0o555])))
+            dirs.append(path)
+        else:
+            ups = draw(st.integers(0, path.count("/")))
+            nodes[path] = ("symlink", "../" * ups + draw(_names), None)
+    return nodes
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=_trees())
+def test_property_persist_then_hydrate_is_identity(tree, tmp_path_factory):
+    """Any tree persist accepts hydrates back to the same types, modes, sizes and contents."""
+    base = tmp_path_factory.mktemp("prop")
+    ws, dst = base / "ws", base / "dst"
+    ws.mkdir()
+    dst.mkdir()
+    for path, (kind, data, mode) in sorted(tree.items()):
+        p = ws / path
+        if kind == "dir":
+            p.mkdir()
+        elif kind == "file":
+            p.write_bytes(data)
+            os.chmod(p, mode)
+        else:
+            p.symlink_to(data)
+    for path, (kind, _d, mode) in sorted(tree.items(), reverse=True):
+        if kind == "dir":
+            os.chmod(ws / path, mode)
+    s = LocalSnapshotStore(base / "store")
+    with s, open_root(ws) as w, open_root(dst) as d:
+        rep = persist(w, s, "p")
+        hydrate(d, s, "p")
+        assert tree_digest(d) == rep.info.tree_digest
+    assert _host_view(dst) == _host_view(ws)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 10_000), flip=st.integers(0, 10_000), mode=st.sampled_from(["truncate", "flip"]))
+def test_fuzz_damaged_archive_always_refused(cut, flip, mode, tmp_path_factory):
+    base = tmp_path_factory.mktemp("fz")
+    ws = base / "ws"
+    ws.mkdir()
+    (ws / "a").write_bytes(os.urandom(3000))
+    (ws / "d").mkdir()
+    (ws / "d" / "b").write_text("b" * 4000)
+    s = LocalSnapshotStore(base / "store")
+    with s, open_root(ws) as w:
+        info = persist(w, s, "z").info
+        arch = base / "store" / info.archive
+        data = bytearray(arch.read_bytes())
+        if mode == "truncate":
+            data = data[: cut % len(data)]
+        else:
+            data[flip % len(data)] ^= 0x01
+        arch.write_bytes(bytes(data))
+        dst = base / "dst"
+        dst.mkdir()
+        with open_root(dst) as d, pytest.raises(SnapshotCorruptError):
+            hydrate(d, s, "z")
+
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import sys
+    from sandbox_fs import open_root
+    from sandbox_fs.snapshot import LocalSnapshotStore, persist
+    ws, store = sys.argv[1], sys.argv[2]
+    def progress(entries, nbytes):
+        if nbytes > (8 << 20):
+            print("mid", flush=True)
+            sys.stdin.read()  # parent SIGKILLs us here, mid-persist
+    with open_root(ws) as w:
+        persist(w, LocalSnapshotStore(store), "s", progress=progress)
+""")
+
+
+def test_sigkill_mid_persist_leaves_previous_snapshot_intact(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "small").write_text("previous")
+    s = LocalSnapshotStore(tmp_path / "store")
+    with open_root(ws) as w:
+        prev = persist(w, s, "s").info
+    for i in range(40):
+        (ws / f"big{i}").write_bytes(os.urandom(1 << 20))
+    script = tmp_path / "kill_me.py"
+    script.write_text(_KILL_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, str(script), str(ws), str(tmp_path / "store")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline().strip() == b"mid"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert s.info("s") == prev
+    leftovers = sorted(os.listdir(tmp_path / "store"))
+    assert leftovers == sorted([prev.archive, "s.json", "s.lock"])  # O_TMPFILE: nothing half-written stays
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with open_root(dst) as d:
+        hydrate(d, s, "s")
+    assert os.listdir(dst) == ["small"] and (dst / "small").read_text() == "previous"
+    s.close()
+
+
+def test_persist_memory_does_not_buffer_workspace(layout, store):
+    """Structural O(1) check: the sink is written while files are read (not at the end)."""
+    for i in range(8):
+        (layout.ws / f"f{i}").write_bytes(os.urandom(1 << 20))
+    seen = []
+    with open_root(layout.ws) as ws:
+        orig_begin = store.begin
+
+        def begin(name):
+            pending = orig_begin(name)
+            seen.append(pending)
+            return pending
+
+        store.begin = begin
+
+        def progress(entries, nbytes):
+            seen.append(seen[0].sink.count)
+
+        persist(ws, store, "s", progress=progress)
+    # by the final progress call nearly everything already reached the file, in 1 MiB-bounded buffers
+    assert seen[-1] >= 7 << 20
+
+
+@pytest.mark.parametrize("case", ["through_symlink", "backslash_dotdot", "drive_letter"])
+def test_names_and_links_the_extractor_refuses_are_refused_at_persist(layout, store, case):
+    """One policy: persist uses the extractor's own name/target rules (CVE-2021-37713, CVE-2025-4517)."""
+    (layout.ws / "real").mkdir()
+    if case == "through_symlink":
+        (layout.ws / "l1").symlink_to("real")
+        (layout.ws / "bad").symlink_to("l1/x")
+        bad = "bad"
+    elif case == "backslash_dotdot":
+        bad = "..\\evil"
+        (layout.ws / bad).write_text("x")
+    else:
+        bad = "C:evil"
+        (layout.ws / bad).write_text("x")
+    with open_root(layout.ws) as ws:
+        with pytest.raises(UnrestorableEntryError) as ei:
+            persist(ws, store, "s")
+        assert ei.value.sandbox_path == bad
+        rep = persist(ws, store, "s", on_unrestorable="skip")
+    assert [p for p, _ in rep.skipped] == [bad]
+    dst = layout.base / "dst"
+    dst.mkdir()
+    with open_root(dst) as d:
+        hydrate(d, store, "s")  # what was saved restores
+        assert tree_digest(d) == rep.info.tree_digest
