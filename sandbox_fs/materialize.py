@@ -373,6 +373,9 @@ def _open_source_file(root: Root, rel: str, dest: str) -> tuple[int, os.stat_res
         pst = os.fstat(pfd)
     finally:
         os.close(pfd)
+    if _stat.S_ISLNK(pst.st_mode):
+        raise SymlinkRefusedError("the source is a symlink; a final symlink in a src is never followed",
+                                  sandbox_path=dest, context={"operation": "open_source"})
     if not _stat.S_ISREG(pst.st_mode):
         _refuse_special(pst.st_mode, rel, dest)
     fd = root.open_fd(rel, _SRC_FLAGS, 0)
