@@ -18,6 +18,12 @@
  *                      controlling terminal (PTY sessions)
  *   --cwd FD           fchdir(FD): the working directory, opened by the
  *                      parent through a Root (never a host path string)
+ *   --ro-mounts        a private mount namespace in which every mount is
+ *                      read-only except clones of the --rw-tree directories
+ *                      (root only).  Landlock does not cover chmod, chown,
+ *                      utime or xattr changes; a read-only mount does (EROFS)
+ *   --rw-tree FD       with --ro-mounts: keep the tree at directory FD
+ *                      writable (the workspace, read-write grants); repeatable
  *   --drop-caps        empty the capability bounding, ambient, inheritable,
  *                      permitted and effective sets (root keeps uid 0 but no
  *                      capabilities)
@@ -48,6 +54,8 @@
 #include <unistd.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -65,6 +73,26 @@
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#define SFS_OPEN_TREE_CLONE 1
+#define SFS_AT_RECURSIVE 0x8000
+#define SFS_MOVE_MOUNT_F_EMPTY_PATH 0x4
+#define SFS_MOVE_MOUNT_T_EMPTY_PATH 0x40
+#define SFS_MOUNT_ATTR_RDONLY 0x1
+#define SFS_MAX_TREES 64
+
+struct sfs_mount_attr {
+    uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+
 #ifndef PR_CAP_AMBIENT
 #define PR_CAP_AMBIENT 47
 #define PR_CAP_AMBIENT_CLEAR_ALL 4
@@ -163,9 +191,87 @@ static void drop_capabilities(void)
         fail("capabilities", errno);
 }
 
+/* The path the kernel reports for fd (read before leaving the namespace). */
+static char *fd_path(int fd, const char *stage)
+{
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n < 0)
+        fail(stage, errno);
+    path[n] = '\0';
+    if (path[0] != '/')
+        fail(stage, ENOENT);
+    char *copy = strdup(path);
+    if (!copy)
+        fail(stage, ENOMEM);
+    return copy;
+}
+
+/*
+ * fd was opened in the parent's mount namespace; return an O_PATH fd on the
+ * same directory as seen in ours, through the path read before unshare.
+ * The identity check (dev, ino) refuses a path swapped meanwhile.
+ */
+static int reopen_here(int fd, const char *path, const char *stage)
+{
+    struct stat a, b;
+    int nfd = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (nfd < 0)
+        fail(stage, errno);
+    if (fstat(fd, &a) < 0 || fstat(nfd, &b) < 0)
+        fail(stage, errno);
+    if (a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+        fail(stage, ESTALE);
+    return nfd;
+}
+
+/* Every mount read-only except clones of the trees[] directories. */
+static void read_only_mounts(const int *trees, int ntrees, int *cwd_fd)
+{
+    int clones[SFS_MAX_TREES], targets[SFS_MAX_TREES];
+    char *paths[SFS_MAX_TREES], *cwd_path = NULL;
+    for (int t = 0; t < ntrees; t++)
+        paths[t] = fd_path(trees[t], "mounts");
+    if (*cwd_fd >= 0)
+        cwd_path = fd_path(*cwd_fd, "cwd");
+    if (unshare(CLONE_NEWNS) < 0)
+        fail("mounts", errno);
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        fail("mounts", errno);
+    for (int t = 0; t < ntrees; t++) {
+        targets[t] = reopen_here(trees[t], paths[t], "mounts");
+        long c = syscall(SYS_open_tree, targets[t], "",
+                         SFS_OPEN_TREE_CLONE | SFS_AT_RECURSIVE | AT_EMPTY_PATH | O_CLOEXEC);
+        if (c < 0)
+            fail("mounts", errno);
+        clones[t] = (int)c;
+    }
+    struct sfs_mount_attr attr = { SFS_MOUNT_ATTR_RDONLY, 0, 0, 0 };
+    if (syscall(SYS_mount_setattr, AT_FDCWD, "/", SFS_AT_RECURSIVE, &attr, sizeof attr) < 0)
+        fail("mounts", errno);
+    for (int t = 0; t < ntrees; t++) {
+        if (syscall(SYS_move_mount, clones[t], "", targets[t], "",
+                    SFS_MOVE_MOUNT_F_EMPTY_PATH | SFS_MOVE_MOUNT_T_EMPTY_PATH) < 0)
+            fail("mounts", errno);
+        close(clones[t]);
+        close(targets[t]);
+        close(trees[t]);
+        free(paths[t]);
+    }
+    if (cwd_path) {
+        /* The old fd names the covered directory; enter the one now on top. */
+        int nfd = reopen_here(*cwd_fd, cwd_path, "cwd");
+        close(*cwd_fd);
+        *cwd_fd = nfd;
+        free(cwd_path);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0;
+    int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
+    int trees[SFS_MAX_TREES], ntrees = 0;
     long long unshare_flags = 0, proc_self_access = 0;
     int i;
 
@@ -184,6 +290,10 @@ int main(int argc, char **argv)
             tty = 1;
             continue;
         }
+        if (strcmp(a, "--ro-mounts") == 0) {
+            ro_mounts = 1;
+            continue;
+        }
         if (strcmp(a, "--drop-caps") == 0) {
             drop_caps = 1;
             continue;
@@ -197,7 +307,11 @@ int main(int argc, char **argv)
             ruleset_fd = parse_fd(v);
         else if (strcmp(a, "--cwd") == 0)
             cwd_fd = parse_fd(v);
-        else if (strcmp(a, "--cgroup") == 0)
+        else if (strcmp(a, "--rw-tree") == 0) {
+            if (ntrees == SFS_MAX_TREES)
+                fail("usage", E2BIG);
+            trees[ntrees++] = parse_fd(v);
+        } else if (strcmp(a, "--cgroup") == 0)
             cgroup_fd = parse_fd(v);
         else if (strcmp(a, "--rlimit") == 0)
             set_rlimit(v);
@@ -223,6 +337,8 @@ int main(int argc, char **argv)
         fail("tty", errno);
     if (unshare_flags && unshare((int)unshare_flags) < 0)
         fail("unshare", errno);
+    if (ro_mounts)
+        read_only_mounts(trees, ntrees, &cwd_fd);
     if (cwd_fd >= 0) {
         if (fchdir(cwd_fd) < 0)
             fail("cwd", errno);

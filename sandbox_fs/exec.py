@@ -53,6 +53,18 @@ wider default.  Landlock rules only add rights: a read-only grant *inside* a
 read-write workspace cannot be enforced, so it is refused
 (:class:`ConfinementError`) unless ``confinement="none"``.
 
+Metadata changes outside the workspace
+--------------------------------------
+Landlock (ABI <= 7) does not restrict ``chmod``, ``chown``, ``utime`` or
+extended attributes.  A child running as uid 0 owns every system file, and
+any child owns its user's files, so it could change their metadata (make a
+system binary setuid, make ``/etc/shadow`` world-readable).  When the host
+runs as root the helper therefore also gives the child a private mount
+namespace in which every mount is read-only except clones of the workspace
+and the read-write grants (``ConfinementPolicy.read_only_mounts``): such
+changes fail with EROFS.  A non-root host has no such layer yet: there a
+child can change the metadata of files its user owns outside the workspace.
+
 Default rlimits (:class:`ConfinementPolicy`)
 --------------------------------------------
 CPU 3600 s, address space 8 GiB, file size 4 GiB, 4096 open files, 4096
@@ -233,6 +245,12 @@ class ConfinementPolicy:
         scope_abstract_unix: deny connecting to abstract unix sockets
             outside the sandbox (ABI >= 6).
         drop_capabilities: drop every capability when running as root.
+        read_only_mounts: when running as root, give the child a private
+            mount namespace where every mount is read-only except the
+            workspace and read-write grants.  Landlock does not cover
+            ``chmod``, ``chown``, ``utime`` or xattr changes, and a child
+            running as uid 0 owns every system file: without this it could
+            ``chmod 4755`` a system binary or ``chmod 644 /etc/shadow``.
         namespaces: subset of ``{"net", "ipc", "uts"}`` to unshare (root only).
         kill_grace_s: seconds between SIGTERM and SIGKILL on timeout or terminate.
         eof_grace_s: seconds to keep reading stdout/stderr after the main
@@ -253,6 +271,7 @@ class ConfinementPolicy:
     scope_signals: bool = True
     scope_abstract_unix: bool = True
     drop_capabilities: bool = True
+    read_only_mounts: bool = True
     namespaces: frozenset[str] = frozenset()
     kill_grace_s: float = 2.0
     eof_grace_s: float = 1.0
@@ -285,6 +304,8 @@ class ExecResult:
         duration_s: wall-clock seconds from spawn to exit.
         confinement: the level applied: ``"landlock"`` or ``"none"``.
         landlock_abi: the Landlock ABI used (0 when none).
+        read_only_mounts: everything but the workspace and read-write grants
+            was mounted read-only for the child.
         stdout_bytes: total bytes the child wrote to stdout.
         stderr_bytes: total bytes the child wrote to stderr.
     """
@@ -297,6 +318,7 @@ class ExecResult:
     duration_s: float
     confinement: str
     landlock_abi: int = 0
+    read_only_mounts: bool = False
     stdout_bytes: int = 0
     stderr_bytes: int = 0
 
@@ -775,6 +797,7 @@ class _Prepared:
     leaf: str | None
     secrets: tuple[str, ...]
     cwd_shown: str
+    ro_mounts: bool = False
 
     def close_child_fds(self) -> None:
         for fd in self.pass_fds:
@@ -866,6 +889,15 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                 pass_fds.append(rs.fd)
                 args += ["--ruleset", str(rs.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
                 prep.level, prep.abi = "landlock", version
+            if policy.read_only_mounts and os.geteuid() == 0:
+                args.append("--ro-mounts")
+                rw_trees = [] if workspace.read_only else [workspace]
+                rw_trees += [r for r, ro in _grant_roots(grants) if not ro]
+                for tree in rw_trees:
+                    tfd = tree.fileno_dup()
+                    pass_fds.append(tfd)
+                    args += ["--rw-tree", str(tfd)]
+                prep.ro_mounts = True
         prep.helper_argv = args + ["--"] + command
         return prep
     except BaseException:
@@ -886,6 +918,7 @@ _STAGE_TEXT = {
     "tty": "making the PTY the controlling terminal failed",
     "cwd": "changing to the working directory failed",
     "proc_self": "granting /proc/self failed",
+    "mounts": "making the mounts outside the workspace read-only failed",
     "usage": "the exec helper was called wrongly",
 }
 
@@ -1120,6 +1153,7 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
         stdout=out.value(), stderr=err.value(),
         stdout_truncated=out.truncated, stderr_truncated=err.truncated,
         duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
+        read_only_mounts=prep.ro_mounts,
         stdout_bytes=out.total, stderr_bytes=err.total)
     shown = redact(argv0, prep.secrets)
     if timed_out:
