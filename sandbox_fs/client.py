@@ -178,14 +178,29 @@ def _default_loader(data: Any, trust: str) -> Any:
     return load_manifest(data, trust=trust)
 
 
+_AUTHORITY_FIELDS = ("root", "extra_path_grants", "base_dir")
+
+
 def _manifest_data(manifest: Any) -> dict[str, Any] | None:
+    """The manifest as JSON data for a state: secret values redacted, trusted-only fields removed.
+
+    A state must carry no secrets and no authority, so ``root``,
+    ``extra_path_grants`` and ``base_dir`` are dropped (the client options
+    supply location and grants) and secrets read ``***``.  Resume a manifest
+    whose secrets matter by passing it again: ``client.resume(state, manifest=m)``.
+    """
     if manifest is None:
         return None
-    for attr in ("to_data", "model_dump"):
-        fn = getattr(manifest, attr, None)
-        if callable(fn):
-            return fn(mode="json") if attr == "model_dump" else fn()
-    raise SessionError("manifest cannot be serialized (no model_dump)", sandbox_path=None)
+    to_json = getattr(manifest, "to_json", None)
+    if callable(to_json):
+        data = json.loads(to_json(reveal_secrets=False))
+    elif callable(getattr(manifest, "model_dump", None)):
+        data = manifest.model_dump(mode="json")
+    else:
+        raise SessionError("manifest cannot be serialized (no to_json / model_dump)", sandbox_path=None)
+    for name in _AUTHORITY_FIELDS:
+        data.pop(name, None)
+    return data
 
 
 class LocalSandboxClient:

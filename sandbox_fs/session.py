@@ -691,8 +691,10 @@ class Session:
         try:
             from . import archive  # noqa: PLC0415
         except ImportError:
+            archive = None
+        if archive is None or not hasattr(archive, "extract_async"):
             raise FeatureUnavailableError("archive extraction needs sandbox_fs.archive, which is not installed",
-                                          sandbox_path=dest) from None
+                                          sandbox_path=dest)
         root, rel = self._resolve(dest, for_write=True)
         kwargs: dict[str, Any] = {"format": format}
         if self.config.archive_limits is not None:

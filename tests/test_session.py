@@ -1,0 +1,354 @@
+"""Session lifecycle: start modes, ephemeral entries, hooks, failures, cleanup, concurrency."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+
+import pytest
+import trio
+
+import sandbox_fs.snapshot as snapmod
+from sandbox_fs import Grant
+from sandbox_fs.client import ClientOptions, LocalSandboxClient
+from sandbox_fs.errors import InvalidPathError, PathEscapeError, ReadOnlyError
+from sandbox_fs.manifest import load_manifest
+from sandbox_fs.session import CrossRootError, MountOverlapError, SessionBusyError, SessionNotStartedError
+from sandbox_fs.snapshot import SnapshotNotFoundError, UnrestorableEntryError
+
+MANIFEST = {
+    "entries": {
+        "README.md": {"type": "file", "content": "hello\n"},
+        "src": {"type": "dir", "children": {"main.py": {"type": "file", "content": "print(1)\n", "mode": 0o755}}},
+        "scratch": {"type": "dir", "ephemeral": True, "children": {"seed.txt": {"type": "file", "content": "seed"}}},
+    }
+}
+
+
+class FakeSupervisor:
+    def __init__(self) -> None:
+        self.kills = 0
+
+    async def kill_all(self) -> None:
+        self.kills += 1
+        await trio.lowlevel.checkpoint()
+
+
+@pytest.fixture
+def opts(tmp_path):
+    return ClientOptions(workspaces_dir=str(tmp_path / "workspaces"), snapshot_dir=str(tmp_path / "store"))
+
+
+@pytest.fixture
+def client(opts):
+    with LocalSandboxClient(opts) as c:
+        yield c
+
+
+def _ws(opts, session) -> str:
+    return os.path.join(opts.workspaces_dir, session.id)
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_fresh_session_materializes_private_workspace(client, opts):
+    m = load_manifest(MANIFEST)
+    async with client.create(manifest=m) as s:
+        assert s.start_mode == "materialized" and s.owned
+        assert await s.read("README.md") == b"hello\n"
+        assert stat.S_IMODE(os.stat(_ws(opts, s)).st_mode) == 0o700
+        assert stat.S_IMODE((await s.stat("src/main.py")).st_mode) == 0o755
+        assert "README.md" in s.describe() and "ephemeral" in s.describe()
+    assert s.closed and s.fingerprint is not None
+    assert await client.delete(s) is True
+    assert not os.path.exists(_ws(opts, s))
+
+
+async def test_resume_alive_deleted_drifted(client, opts, monkeypatch):
+    m = load_manifest(MANIFEST)
+    async with client.create(manifest=m) as s:
+        await s.write("work.txt", b"v1")
+    state = client.serialize_state(s)
+    ino = os.stat(os.path.join(_ws(opts, s), "work.txt")).st_ino
+
+    calls = []
+    real = snapmod.hydrate
+    monkeypatch.setattr(snapmod, "hydrate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+
+    # alive: the live tree matches the fingerprint -> no restore
+    async with client.resume(state) as s2:
+        assert s2.start_mode == "reattached" and calls == []
+        assert os.stat(os.path.join(_ws(opts, s), "work.txt")).st_ino == ino
+    # drifted: a file changed behind our back -> restored
+    with open(os.path.join(_ws(opts, s), "work.txt"), "wb") as fh:
+        fh.write(b"drift")
+    async with client.resume(client.serialize_state(s2)) as s3:
+        assert s3.start_mode == "restored" and calls == [1]
+        assert await s3.read("work.txt") == b"v1"
+    # deleted: rebuilt from the snapshot
+    await client.delete(s3)
+    async with client.resume(client.serialize_state(s3)) as s4:
+        assert s4.start_mode == "restored" and calls == [1, 1]
+        assert await s4.read("work.txt") == b"v1" and await s4.read("README.md") == b"hello\n"
+    await client.delete(s4)
+
+
+async def test_ephemeral_entries_reapplied_and_never_persisted(client, opts):
+    m = load_manifest(MANIFEST)
+    async with client.create(manifest=m) as s:
+        await s.write("scratch/seed.txt", b"changed")
+        await s.write("scratch/junk", b"junk")
+    info = client.store.info(s.id)
+    assert info.excluded == ["scratch", "scratch/seed.txt"]
+    with tarfile.open(os.path.join(opts.snapshot_dir, info.archive)) as tar:
+        assert not [n for n in tar.getnames() if n.startswith("scratch")]
+    await client.delete(s)
+    async with client.resume(client.serialize_state(s)) as s2:
+        assert s2.start_mode == "restored"
+        assert await s2.read("scratch/seed.txt") == b"seed"
+        assert [e.name for e in await s2.ls("scratch")] == ["seed.txt"]
+    await client.delete(s2)
+
+
+async def test_snapshot_seeded_fresh_session(client):
+    async with client.create() as a:
+        await a.write("from-seed.txt", b"seed")
+    async with client.create(snapshot=a.id) as b:
+        assert b.start_mode == "restored" and await b.read("from-seed.txt") == b"seed"
+    for s in (a, b):
+        await client.delete(s, snapshot=True)
+    assert client.store.list() == []
+
+
+async def test_start_failure_cleans_up_what_start_created(client, opts):
+    before = _fd_count()
+    s = client.create(snapshot="doesnotexist")
+    with pytest.raises(SnapshotNotFoundError):
+        await s.start()
+    bad = load_manifest({"entries": {"x": {"type": "local_file", "src": "nope.txt"}}})
+    s2 = client.create(manifest=bad)
+    with pytest.raises(Exception) as ei:
+        await s2.start()
+    assert hasattr(ei.value, "code")
+    assert os.listdir(opts.workspaces_dir) == []
+    assert _fd_count() == before
+    with pytest.raises(SessionNotStartedError):
+        s2.workspace
+
+
+async def test_caller_owned_root_is_never_deleted(client, layout):
+    (layout.ws / "mine.txt").write_text("caller data")
+    s = client.create(root=layout.ws)
+    async with s:
+        assert not s.owned
+        await s.write("new.txt", b"n")
+    assert await client.delete(s, snapshot=True) is False
+    assert (layout.ws / "mine.txt").read_text() == "caller data" and (layout.ws / "new.txt").exists()
+
+
+async def test_pre_stop_hook_runs_once_and_failure_still_persists_and_shuts_down(client):
+    sup = FakeSupervisor()
+    calls = []
+
+    async def hook(sess):
+        calls.append(sess.id)
+        raise RuntimeError("hook failed")
+
+    s = client.create()
+    await s.start()
+    s.attach_supervisor(sup)
+    s.register_pre_stop_hook(hook)
+    await s.write("f", b"x")
+    with pytest.raises(RuntimeError, match="hook failed"):
+        await s.aclose()
+    assert calls == [s.id] and sup.kills == 1
+    assert client.store.info(s.id) is not None  # stop still persisted
+    await s.aclose()  # idempotent: no second hook, no second kill, no error
+    assert calls == [s.id] and sup.kills == 1
+    await client.delete(s)
+
+
+async def test_persist_failure_shutdown_still_runs_and_nothing_left_open(client, opts):
+    sup = FakeSupervisor()
+    before = _fd_count()
+    s = client.create()
+    await s.start()
+    s.attach_supervisor(sup)
+    os.mkfifo(os.path.join(_ws(opts, s), "fifo"))
+    with pytest.raises(UnrestorableEntryError):
+        await s.aclose()
+    assert sup.kills == 1 and s.closed
+    with pytest.raises(SessionNotStartedError):
+        s.workspace
+    assert _fd_count() == before
+    assert client.store.info(s.id) is None
+
+
+async def test_several_failures_raise_an_exception_group(client, opts):
+    async def hook(sess):
+        raise RuntimeError("hook")
+
+    class BadSup:
+        async def kill_all(self):
+            raise OSError("kill failed")
+
+    s = client.create()
+    await s.start()
+    s.register_pre_stop_hook(hook)
+    s.attach_supervisor(BadSup())
+    os.mkfifo(os.path.join(_ws(opts, s), "fifo"))
+    with pytest.raises(ExceptionGroup) as ei:
+        await s.aclose()
+    kinds = [type(e) for e in ei.value.exceptions]
+    assert kinds == [RuntimeError, UnrestorableEntryError, OSError]
+    assert s.closed
+
+
+async def test_aclose_is_shielded_from_cancellation(client):
+    sup = FakeSupervisor()
+    s = client.create()
+    await s.start()
+    s.attach_supervisor(sup)
+    await s.write("f", b"x")
+    with trio.CancelScope() as cs:
+        cs.cancel()
+        await s.aclose()
+    assert s.closed and sup.kills == 1 and client.store.info(s.id) is not None
+
+
+async def test_run_guard_is_exclusive_and_released(client):
+    s = client.create()
+    await s.start()
+    with s.bind_run("run-1"):
+        with pytest.raises(SessionBusyError):
+            with s.bind_run("run-2"):
+                pass
+    with s.bind_run("run-2"):
+        assert s.bound_run == "run-2"
+    assert s.bound_run is None
+    await s.aclose()
+
+
+async def test_file_operations_go_through_the_policy(tmp_path, layout):
+    grant_ro = tmp_path / "ro"
+    grant_ro.mkdir()
+    (grant_ro / "data.txt").write_text("granted")
+    grant_rw = tmp_path / "rw"
+    grant_rw.mkdir()
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "st"),
+                         extra_path_grants=(Grant(str(grant_ro), read_only=True), Grant(str(grant_rw), read_only=False)),
+                         max_read_bytes=100)
+    before = layout.snapshot()
+    with LocalSandboxClient(opts) as client:
+        async with client.create() as s:
+            await s.mkdir("a/b", parents=True)
+            await s.write("a/b/f.txt", b"1")
+            await s.rename("a/b/f.txt", "a/g.txt")
+            assert [e.name for e in await s.ls("a")] == ["b", "g.txt"]
+            assert await s.read("/workspace/a/g.txt") == b"1"
+            assert await s.read(str(grant_ro / "data.txt")) == b"granted"
+            with pytest.raises(ReadOnlyError):
+                await s.write(str(grant_ro / "x"), b"no")
+            with pytest.raises(CrossRootError):
+                await s.rename("a/g.txt", str(grant_rw / "moved"))
+            with pytest.raises(InvalidPathError):
+                await s.read("../outside/secret.txt")
+            with pytest.raises(PathEscapeError):
+                await s.read(str(layout.outside / "secret.txt"))
+            os.symlink(layout.outside / "secret.txt", os.path.join(opts.workspaces_dir, s.id, "esc"))
+            with pytest.raises(PathEscapeError):
+                await s.read("esc")
+            await s.rm("esc")
+            await s.write("big", b"x" * 101)
+            with pytest.raises(OSError) as ei:
+                await s.read("big")
+            assert ei.value.errno == 27  # EFBIG
+            chunks = [c async for c in s.read_chunks("big", chunk_bytes=40, max_bytes=200)]
+            assert b"".join(chunks) == b"x" * 101 and len(chunks) == 3
+            await s.rm("a", recursive=True)
+            with pytest.raises(InvalidPathError):
+                await s.rm(".", recursive=True)
+            assert [e.name for e in await s.ls()] == ["big"]
+        await client.delete(s)
+    layout.assert_outside_unchanged(before)
+    assert (grant_ro / "data.txt").read_text() == "granted" and os.listdir(grant_ro) == ["data.txt"]
+
+
+async def test_grant_nested_in_workspace_is_never_persisted(tmp_path):
+    ws = tmp_path / "caller-ws"
+    (ws / "granted").mkdir(parents=True)
+    (ws / "granted" / "host.txt").write_text("host data")
+    (ws / "own.txt").write_text("own")
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "st"),
+                         extra_path_grants=(Grant(str(ws / "granted"), read_only=True),))
+    with LocalSandboxClient(opts) as client:
+        async with client.create(root=ws) as s:
+            pass
+        info = client.store.info(s.id)
+        with tarfile.open(os.path.join(opts.snapshot_dir, info.archive)) as tar:
+            assert tar.getnames() == ["own.txt"]
+
+
+async def test_persist_skip_path_and_mount_overlap(client, opts):
+    async with client.create() as s:
+        await s.mkdir("cache/x", parents=True)
+        await s.write("cache/x/blob", b"b")
+        await s.write("keep", b"k")
+        s.register_mount("/workspace/mnt")
+        s.register_persist_skip_path("cache")
+        for bad in ("mnt", "mnt/sub", "/workspace"):
+            with pytest.raises((MountOverlapError, InvalidPathError)):
+                s.register_persist_skip_path(bad)
+        with pytest.raises(MountOverlapError):
+            s.register_persist_skip_path("/workspace/mnt")
+    info = client.store.info(s.id)
+    with tarfile.open(os.path.join(opts.snapshot_dir, info.archive)) as tar:
+        assert tar.getnames() == ["keep"]
+    await client.delete(s)
+
+
+async def test_extract_uses_the_archive_extractor(client, layout):
+    def tar_of(members):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, data in members:
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                tar.addfile(ti, io.BytesIO(data))
+        buf.seek(0)
+        return buf
+
+    before = layout.snapshot()
+    async with client.create() as s:
+        await s.mkdir("in")
+        await s.extract(tar_of([("a.txt", b"A")]), "in")
+        assert await s.read("in/a.txt") == b"A"
+        with pytest.raises(Exception) as ei:
+            await s.extract(tar_of([("../../../outside/evil", b"pwn")]), "in")
+        assert getattr(ei.value, "code", None) == "unsafe_member"
+    await client.delete(s)
+    layout.assert_outside_unchanged(before)
+
+
+async def test_hundred_concurrent_sessions_no_fd_or_dir_leak(client, opts):
+    before = _fd_count()
+    m = load_manifest(MANIFEST)
+
+    async def one(i: int) -> None:
+        async with client.create(manifest=m) as s:
+            await s.write(f"n{i}.txt", str(i).encode())
+            assert await s.read(f"n{i}.txt") == str(i).encode()
+        await client.delete(s, snapshot=(i % 2 == 0))
+
+    async with trio.open_nursery() as n:
+        for i in range(100):
+            n.start_soon(one, i)
+    assert os.listdir(opts.workspaces_dir) == []
+    left = os.listdir(opts.snapshot_dir)
+    assert not [f for f in left if f.startswith(".") or f.endswith(".partial")]
+    assert len([f for f in left if f.endswith(".json")]) == 50
+    assert _fd_count() == before
