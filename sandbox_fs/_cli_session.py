@@ -1,0 +1,233 @@
+"""``sandbox-fs session create|resume|rm``: sessions with their state kept in JSON files.
+
+Each command is one-shot: it starts the session (materialize, reattach or
+restore), closes it (which persists a snapshot when a store is given) and
+writes the serialized state.  The workspace stays in place for the next
+``resume`` until ``rm``.  The state file carries no authority: the
+workspaces directory, the store and the grants are given on the command
+line every time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import trio
+
+from .errors import SandboxError
+from .paths import Grant
+
+
+class CliInputError(SandboxError):
+    """A command-line input file (state, manifest, key) cannot be read or parsed."""
+
+    code = "cli_input"
+
+
+def add_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workspaces-dir", required=True,
+                   help="trusted host directory holding private workspaces (created 0700)")
+    p.add_argument("--store", help="snapshot store directory (created 0700); no snapshots without it")
+    p.add_argument("--grant", action="append", default=[], metavar="PATH[:ro|rw]",
+                   help="extra path grant (repeatable; default read-only)")
+    p.add_argument("--base-dir", help="trusted base directory for manifest host sources")
+    p.add_argument("--state-key-file", help="file holding the HMAC key (>= 16 bytes) protecting state files")
+    p.add_argument("--skip-unrestorable", action="store_true",
+                   help="leave out entries a restore would refuse instead of failing the persist")
+    p.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+
+
+def _read_input(path: str, what: str, max_bytes: int = 64 << 20) -> bytes:
+    try:
+        with open(path, "rb") as fh:  # a path the operator named on the command line (trusted)
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise CliInputError(f"cannot read the {what} file ({os.strerror(exc.errno or 5)})",
+                            sandbox_path=None) from None
+    if len(data) > max_bytes:
+        raise CliInputError(f"the {what} file is over {max_bytes} bytes", sandbox_path=None)
+    return data
+
+
+def parse_grant(spec: str) -> Grant:
+    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is made absolute."""
+    path, sep, mode = spec.rpartition(":")
+    if sep and mode in ("ro", "rw"):
+        return Grant(os.path.abspath(path), read_only=(mode == "ro"))
+    return Grant(os.path.abspath(spec), read_only=True)
+
+
+def client_options(args: argparse.Namespace) -> Any:
+    from .client import ClientOptions  # noqa: PLC0415
+
+    key = None
+    if args.state_key_file:
+        key = _read_input(args.state_key_file, "state key", 4096).strip()
+        if len(key) < 16:
+            raise CliInputError("the state key must be at least 16 bytes", sandbox_path=None)
+    return ClientOptions(
+        workspaces_dir=os.path.abspath(args.workspaces_dir),
+        snapshot_dir=os.path.abspath(args.store) if args.store else None,
+        extra_path_grants=tuple(parse_grant(g) for g in args.grant),
+        base_dir=os.path.abspath(args.base_dir) if args.base_dir else None,
+        state_key=key,
+        on_unrestorable="skip" if args.skip_unrestorable else "refuse",
+    )
+
+
+def load_state(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(_read_input(path, "state", 64 << 20))
+    except ValueError:
+        raise CliInputError("the state file is not valid JSON", sandbox_path=None) from None
+    if not isinstance(data, dict):
+        raise CliInputError("the state file must hold a JSON object", sandbox_path=None)
+    return data
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` to the operator-named ``path`` (mode 0600) via a temp file and rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".sfs-state-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _load_manifest(path: str | None) -> Any:
+    if not path:
+        return None
+    from .manifest import load_manifest  # noqa: PLC0415
+
+    return load_manifest(_read_input(path, "manifest"), trust="untrusted")
+
+
+def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(data, sort_keys=True))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in data.items() if v is not None))
+
+
+def _progress_printer() -> Any:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(entries: int, nbytes: int) -> None:
+        print(f"\rpersisting: {entries} entries, {nbytes / (1 << 20):.1f} MiB", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+async def _close_with_progress(session: Any) -> None:
+    show = _progress_printer()
+    if show is not None:
+        print("persisting...", end="", file=sys.stderr, flush=True)
+    try:
+        await session.aclose()
+    finally:
+        if show is not None:
+            print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
+
+
+def _summary(client: Any, session: Any, action: str) -> dict[str, Any]:
+    rep = session.last_persist
+    return {
+        "action": action,
+        "session_id": session.id,
+        "start_mode": session.start_mode,
+        "snapshot": session.snapshot_name if rep is not None and rep.info is not None else None,
+        "fingerprint": session.fingerprint,
+        "skipped": [{"path": p, "reason": r} for p, r in (rep.skipped if rep else [])] or None,
+    }
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from .client import LocalSandboxClient  # noqa: PLC0415
+
+    async def main() -> dict[str, Any]:
+        with LocalSandboxClient(client_options(args)) as client:
+            session = client.create(manifest=_load_manifest(args.manifest), snapshot=args.snapshot,
+                                    root=os.path.abspath(args.root) if args.root else None,
+                                    session_id=args.session_id)
+            await session.start()
+            await _close_with_progress(session)
+            write_json_atomic(args.state, client.serialize_state(session))
+            return _summary(client, session, "create")
+
+    _report(args, trio.run(main))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from .client import LocalSandboxClient  # noqa: PLC0415
+
+    async def main() -> dict[str, Any]:
+        with LocalSandboxClient(client_options(args)) as client:
+            session = client.resume(load_state(args.state), root=os.path.abspath(args.root) if args.root else None,
+                                    manifest=_load_manifest(args.manifest))
+            await session.start()
+            await _close_with_progress(session)
+            write_json_atomic(args.state_out or args.state, client.serialize_state(session))
+            return _summary(client, session, "resume")
+
+    _report(args, trio.run(main))
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from .client import LocalSandboxClient  # noqa: PLC0415
+
+    async def main() -> dict[str, Any]:
+        with LocalSandboxClient(client_options(args)) as client:
+            session = client.resume(load_state(args.state))
+            removed = await client.delete(session, snapshot=args.snapshot)
+            return {"action": "rm", "session_id": session.id, "workspace_removed": removed,
+                    "snapshot_removed": bool(args.snapshot)}
+
+    _report(args, trio.run(main))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("session", help="create, resume or remove a sandbox session (state in a JSON file)")
+    ss = p.add_subparsers(dest="session_command", metavar="ACTION")
+    ss.required = True
+
+    c = ss.add_parser("create", help="create a session, fill it, persist it, write its state")
+    add_client_args(c)
+    c.add_argument("--manifest", help="manifest JSON file (loaded as untrusted)")
+    c.add_argument("--snapshot", help="seed the workspace from this snapshot name")
+    c.add_argument("--root", help="use this caller-owned directory as the workspace (never deleted)")
+    c.add_argument("--session-id", help="plain token to use as the session id (default random)")
+    c.add_argument("--state", required=True, help="where to write the session state JSON")
+    c.set_defaults(func=cmd_create)
+
+    r = ss.add_parser("resume", help="reattach to (or rebuild) a session from its state, persist, update the state")
+    add_client_args(r)
+    r.add_argument("--state", required=True, help="session state JSON file")
+    r.add_argument("--state-out", help="write the updated state here (default: --state)")
+    r.add_argument("--root", help="the caller-owned workspace directory, if it was one")
+    r.add_argument("--manifest", help="manifest JSON file replacing the state's copy (untrusted)")
+    r.set_defaults(func=cmd_resume)
+
+    d = ss.add_parser("rm", help="remove the session's private workspace (never a caller-owned one)")
+    add_client_args(d)
+    d.add_argument("--state", required=True, help="session state JSON file")
+    d.add_argument("--snapshot", action="store_true", help="also remove the session's snapshot")
+    d.set_defaults(func=cmd_rm)

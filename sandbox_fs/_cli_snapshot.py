@@ -1,0 +1,113 @@
+"""``sandbox-fs snapshot save|restore|ls``: persist a workspace into a store, hydrate it back, list.
+
+``save`` streams the workspace (fd walk, never follows a symlink) into the
+store; ``restore`` verifies the snapshot and replaces the workspace
+contents; ``ls`` lists valid snapshots.  Progress is shown on stderr when it
+is a terminal; ``--json`` prints a JSON report on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .root import open_root
+from .snapshot import LocalSnapshotStore, SnapshotLimits, hydrate, persist
+
+
+def _report(args: argparse.Namespace, data: Any) -> None:
+    if args.json:
+        print(json.dumps(data, sort_keys=True))
+    elif isinstance(data, list):
+        for row in data:
+            print(" ".join(f"{k}={v}" for k, v in row.items()))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in data.items() if v is not None))
+
+
+def _progress() -> Any:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(entries: int, nbytes: int) -> None:
+        print(f"\rpersisting: {entries} entries, {nbytes / (1 << 20):.1f} MiB", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_save(args: argparse.Namespace) -> int:
+    show = _progress()
+    t0 = time.monotonic()
+    with LocalSnapshotStore(os.path.abspath(args.store)) as store, open_root(args.workspace, read_only=True) as ws:
+        try:
+            rep = persist(ws, store, args.name, excluded=args.exclude,
+                          on_unrestorable="skip" if args.skip_unrestorable else "refuse",
+                          limits=SnapshotLimits(), progress=show)
+        finally:
+            if show is not None:
+                print(file=sys.stderr)
+    info = rep.info
+    assert info is not None
+    _report(args, {"action": "save", "name": info.name, "entries": info.entries,
+                   "content_bytes": info.content_bytes, "archive_bytes": info.archive_bytes,
+                   "fingerprint": info.fingerprint, "seconds": round(time.monotonic() - t0, 3),
+                   "skipped": [{"path": p, "reason": r} for p, r in rep.skipped] or None})
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    tty = sys.stderr.isatty()
+    if tty:
+        print("restoring...", end="", file=sys.stderr, flush=True)
+    try:
+        with LocalSnapshotStore(os.path.abspath(args.store), create=False) as store, open_root(args.workspace) as ws:
+            rep = hydrate(ws, store, args.name)
+    finally:
+        if tty:
+            print("\r" + " " * 20 + "\r", end="", file=sys.stderr, flush=True)
+    _report(args, {"action": "restore", "name": rep.info.name, "entries": rep.info.entries,
+                   "content_bytes": rep.info.content_bytes, "fingerprint": rep.info.fingerprint,
+                   "seconds": round(time.monotonic() - t0, 3)})
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with LocalSnapshotStore(os.path.abspath(args.store), create=False) as store:
+        rows = [{"name": i.name, "entries": i.entries, "content_bytes": i.content_bytes,
+                 "archive_bytes": i.archive_bytes, "created_ns": i.created_ns, "fingerprint": i.fingerprint}
+                for i in store.list()]
+    _report(args, rows)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("snapshot", help="save a workspace into a snapshot store, restore it, list snapshots")
+    ss = p.add_subparsers(dest="snapshot_command", metavar="ACTION")
+    ss.required = True
+
+    s = ss.add_parser("save", help="persist a workspace directory as a named snapshot")
+    s.add_argument("--workspace", required=True, help="workspace directory (read only, through a Root)")
+    s.add_argument("--store", required=True, help="snapshot store directory (created 0700)")
+    s.add_argument("--name", required=True, help="snapshot name (letters, digits, '_' or '-')")
+    s.add_argument("--exclude", action="append", default=[], help="workspace-relative path to leave out (repeatable)")
+    s.add_argument("--skip-unrestorable", action="store_true",
+                   help="leave out entries a restore would refuse instead of failing")
+    s.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    s.set_defaults(func=cmd_save)
+
+    r = ss.add_parser("restore", help="replace a workspace's contents with a verified snapshot")
+    r.add_argument("--workspace", required=True, help="workspace directory (its contents are replaced)")
+    r.add_argument("--store", required=True, help="snapshot store directory")
+    r.add_argument("--name", required=True, help="snapshot name")
+    r.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    r.set_defaults(func=cmd_restore)
+
+    ls = ss.add_parser("ls", help="list the valid snapshots in a store")
+    ls.add_argument("--store", required=True, help="snapshot store directory")
+    ls.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    ls.set_defaults(func=cmd_ls)

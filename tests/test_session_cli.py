@@ -1,0 +1,68 @@
+"""``sandbox-fs session create|resume|rm`` with state in JSON files."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from sandbox_fs.cli import main
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_create_resume_rm(tmp_path, capsys):
+    wsd, store, state = tmp_path / "wsd", tmp_path / "store", tmp_path / "state.json"
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"entries": {"hello.txt": {"type": "file", "content": "hi"}}}))
+    common = ["--workspaces-dir", str(wsd), "--store", str(store)]
+    rc, out, err = _run(capsys, "session", "create", *common, "--manifest", str(manifest), "--state", str(state),
+                        "--json")
+    assert rc == 0, err
+    rep = json.loads(out)
+    sid = rep["session_id"]
+    assert rep["start_mode"] == "materialized" and rep["snapshot"] == sid
+    saved = json.loads(state.read_text())
+    assert saved["session_id"] == sid and oct(os.stat(state).st_mode & 0o777) == "0o600"
+    assert (wsd / sid / "hello.txt").read_text() == "hi"
+
+    rc, out, err = _run(capsys, "session", "resume", *common, "--state", str(state), "--json")
+    assert rc == 0 and json.loads(out)["start_mode"] == "reattached"
+
+    rc, out, err = _run(capsys, "session", "rm", *common, "--state", str(state), "--json")
+    assert rc == 0 and json.loads(out)["workspace_removed"] is True
+    assert not (wsd / sid).exists()
+
+    rc, out, err = _run(capsys, "session", "resume", *common, "--state", str(state), "--json")
+    assert rc == 0 and json.loads(out)["start_mode"] == "restored"
+    assert (wsd / sid / "hello.txt").read_text() == "hi"
+
+
+def test_tampered_state_file_refused_in_one_line(tmp_path, capsys):
+    wsd, state = tmp_path / "wsd", tmp_path / "state.json"
+    common = ["--workspaces-dir", str(wsd)]
+    assert _run(capsys, "session", "create", *common, "--state", str(state))[0] == 0
+    data = json.loads(state.read_text())
+    for bad in (dict(data, root="/"), dict(data, version=9), dict(data, session_id="../../etc")):
+        state.write_text(json.dumps(bad))
+        rc, out, err = _run(capsys, "session", "rm", *common, "--state", str(state))
+        assert rc == 1 and len(err.strip().splitlines()) == 1 and err.startswith("sandbox-fs: error: session_state")
+    state.write_text("{not json")
+    rc, out, err = _run(capsys, "session", "resume", *common, "--state", str(state))
+    assert rc == 1 and "cli_input" in err
+    assert os.path.isdir(wsd) and len(os.listdir(wsd)) == 1  # nothing removed
+
+
+def test_state_key_file_protects_state(tmp_path, capsys):
+    wsd, state, key = tmp_path / "wsd", tmp_path / "state.json", tmp_path / "key"
+    key.write_bytes(os.urandom(32).hex().encode())
+    common = ["--workspaces-dir", str(wsd), "--state-key-file", str(key)]
+    assert _run(capsys, "session", "create", *common, "--state", str(state))[0] == 0
+    data = json.loads(state.read_text())
+    assert len(data["mac"]) == 64
+    state.write_text(json.dumps(dict(data, workspace_root_ready=False)))
+    rc, _out, err = _run(capsys, "session", "rm", *common, "--state", str(state))
+    assert rc == 1 and "session_state_tampered" in err
