@@ -1,4 +1,36 @@
-# setuptools refuses `cffi_modules` in pyproject.toml, so this file exists only for it.
-from setuptools import setup
+# setuptools refuses `cffi_modules` in pyproject.toml, so this file exists for it and for
+# the build_py hook that compiles the exec helper (native/sfs_exec.c -> sandbox_fs/sfs-exec).
+import os
+import shlex
+import subprocess
+import sysconfig
 
-setup(cffi_modules=["native/build.py:ffibuilder"])
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class build_py_with_exec_helper(build_py):
+    """Also compile the single-threaded exec helper used by sandbox_fs.exec.
+
+    A regular build writes it into build_lib (so it ships in the wheel, mode
+    0755); an editable install (`pip install -e .`) writes it next to the
+    sources in sandbox_fs/.
+    """
+
+    def run(self):
+        super().run()
+        cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+        if getattr(self, "editable_mode", False):
+            outdir = os.path.join(HERE, "sandbox_fs")
+        else:
+            outdir = os.path.join(self.build_lib, "sandbox_fs")
+        os.makedirs(outdir, exist_ok=True)
+        out = os.path.join(outdir, "sfs-exec")
+        subprocess.check_call(cc + ["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o", out,
+                                    os.path.join(HERE, "native", "sfs_exec.c")])
+        os.chmod(out, 0o755)
+
+
+setup(cffi_modules=["native/build.py:ffibuilder"], cmdclass={"build_py": build_py_with_exec_helper})
