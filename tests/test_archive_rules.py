@@ -152,6 +152,20 @@ def test_symlink_through_symlink_refused(layout):
         extract_ws(layout, data)
 
 
+@pytest.mark.parametrize("links", [[("a", "a//")], [("a", "b"), ("b", "a")], [("x/a", "../y"), ("y", "x/a")]])
+def test_symlink_cycles_refused(layout, links):
+    _refused(layout, tar_bytes([ti("x", "dir")] + [ti(n, "symlink", linkname=t) for n, t in links]),
+             "symlink_target")
+
+
+def test_long_symlink_chain_is_linear_and_allowed(layout):
+    n = 3000
+    members = [ti("f", data=b"end")] + [ti(f"l{i}", "symlink", linkname=f"l{i + 1}" if i + 1 < n else "f")
+                                        for i in range(n)]
+    rep = extract_ws(layout, tar_bytes(members))
+    assert rep.symlinks == n
+
+
 def test_member_under_pending_symlink_refused(layout):
     _refused(layout, tar_bytes([ti("l", "symlink", linkname="d"), ti("d", "dir"), ti("l/f", data=b"x")]),
              "through_symlink")

@@ -78,7 +78,8 @@ def normalize_member(name: str | bytes, limits: ArchiveLimits, *, shown: str | b
     return path
 
 
-def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits, member: str | bytes) -> list[bytes]:
+def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits,
+                 member: str | bytes) -> tuple[list[bytes], bytes]:
     """Check a symlink target lexically and return the paths it traverses.
 
     The target is walked from the link's directory: ``..`` pops, names push.
@@ -96,10 +97,11 @@ def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits, m
         member: the member name for errors.
 
     Returns:
-        The normalized paths of every directory the target passes *through*
-        (each pushed name followed by another component); the final
-        component is not included (a link to a link is fine when that one is
-        checked too).
+        ``(through, final)``: the normalized paths of every directory the
+        target passes *through* (each pushed name followed by another
+        component), and the normalized path the target names (``b""`` for
+        the destination itself).  The final component may be another link
+        (a chain) when that one is checked too and no cycle forms.
 
     Raises:
         UnsafeArchiveMemberError: rule ``symlink_target``.
@@ -127,4 +129,4 @@ def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits, m
             stack.append(comp)
             if i < len(comps) - 1:
                 through.append(b"/".join(stack))
-    return through
+    return through, b"/".join(stack)

@@ -425,12 +425,29 @@ class Extractor:
         check_roots = [] if self.fresh else [self.work]
         if self._dest_root is not None and self._dest_root is not self.work:
             check_roots.append(self._dest_root)
+        finals: dict[bytes, bytes] = {}
         for path, (target, mt, member) in self._pending.items():
-            for through in symlink_walk(path, target, self.limits, member):
+            through_list, finals[path] = symlink_walk(path, target, self.limits, member)
+            for through in through_list:
                 kind = self._kinds.get(through)
                 if kind == _LINK or (kind is None and any(self._is_link_on_disk(r, through) for r in check_roots)):
                     raise UnsafeArchiveMemberError("symlink_target", member,
                                                    "symlink target passes through another symlink")
+        acyclic: set[bytes] = set()
+        for path, (_t, _m, member) in self._pending.items():
+            # links to links are fine; cycles resolve nowhere (and fool realpath-based
+            # checkers into seeing an escape): refuse them.  Linear overall.
+            chain: list[bytes] = []
+            seen: set[bytes] = set()
+            cur = path
+            while cur in finals and cur not in acyclic:
+                if cur in seen:
+                    raise UnsafeArchiveMemberError("symlink_target", member, "symlink members form a cycle")
+                seen.add(cur)
+                chain.append(cur)
+                cur = finals[cur]
+            acyclic.update(chain)
+        for path, (target, mt, member) in self._pending.items():
             try:
                 self._guard(member, lambda: self.work.symlink(target, path))
             except FileExistsError:

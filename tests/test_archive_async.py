@@ -1,0 +1,95 @@
+"""extract_async: one worker thread per archive, cancellable between members."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+
+import pytest
+import trio
+from test_archive_builders import tar_bytes, ti
+
+from sandbox_fs import open_root
+from sandbox_fs.archive import ExtractPolicy, UnsafeArchiveMemberError, extract_async
+
+
+async def test_extract_async_one_thread_hop(layout):
+    data = tar_bytes([ti(f"d/f{i}", data=b"x") for i in range(50)])
+    threads = set()
+
+    class Src(io.BytesIO):
+        def read(self, n=-1):
+            threads.add(threading.get_ident())
+            return super().read(n)
+
+    with open_root(layout.ws) as root:
+        rep = await extract_async(root, "dest", Src(data))
+    assert rep.files == 50
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
+async def test_extract_async_errors_propagate(layout):
+    with open_root(layout.ws) as root:
+        with pytest.raises(UnsafeArchiveMemberError):
+            await extract_async(root, "dest", io.BytesIO(tar_bytes([ti("../x", data=b"1")])))
+    assert os.listdir(layout.ws) == []
+
+
+class _SlowSource(io.RawIOBase):
+    """Yields a tar slowly and signals once the extraction has started."""
+
+    def __init__(self, data: bytes, started: threading.Event):
+        self._b = io.BytesIO(data)
+        self._started = started
+
+    def readable(self):
+        return True
+
+    def readinto(self, buf):
+        self._started.set()
+        threading.Event().wait(0.002)
+        chunk = self._b.read(min(len(buf), 512))
+        buf[: len(chunk)] = chunk
+        return len(chunk)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+async def test_cancel_between_members_cleans_up(layout, in_place):
+    data = tar_bytes([ti(f"f{i:04d}", data=b"x" * 100) for i in range(2000)])
+    started = threading.Event()
+    with open_root(layout.ws) as root:
+        with trio.move_on_after(10) as outer:
+            async with trio.open_nursery() as nursery:
+                async def run():
+                    await extract_async(root, "dest", _SlowSource(data, started),
+                                        policy=ExtractPolicy(in_place=in_place))
+                    raise AssertionError("extraction should have been cancelled")
+
+                nursery.start_soon(run)
+                while not started.is_set():
+                    await trio.sleep(0.01)
+                await trio.sleep(0.2)
+                nursery.cancel_scope.cancel()
+        assert not outer.cancelled_caught, "cancel was not honoured between members"
+    if in_place:
+        names = os.listdir(layout.ws / "dest")
+        assert 0 < len(names) < 2000 and not any(n.startswith(".sfs-") for n in names)
+        for n in names:  # no partial member
+            assert (layout.ws / "dest" / n).read_bytes() == b"x" * 100
+    else:
+        assert os.listdir(layout.ws) == []
+
+
+async def test_custom_limiter_is_used(layout):
+    lim = trio.CapacityLimiter(1)
+    seen = []
+
+    class Src(io.BytesIO):
+        def read(self, n=-1):
+            seen.append(lim.borrowed_tokens)
+            return super().read(n)
+
+    with open_root(layout.ws) as root:
+        await extract_async(root, "dest", Src(tar_bytes([ti("a", data=b"1")])), limiter=lim)
+    assert seen and all(b == 1 for b in seen)
