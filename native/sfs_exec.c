@@ -9,8 +9,15 @@
  *
  *   --status FD        write "STAGE ERRNO\n" to FD on failure; FD is closed
  *                      by execve on success (O_CLOEXEC), so EOF means "exec'd"
- *   --cgroup FD        join the cgroup v2 directory FD (write "0" to its
- *                      cgroup.procs) before anything else runs
+ *   --cgroup FD        start the target in the cgroup v2 directory FD: the
+ *                      helper forks it with clone3(CLONE_INTO_CGROUP) after
+ *                      the common setup, stays as its parent (ignoring
+ *                      SIGTERM/SIGINT/SIGHUP/SIGQUIT, which reach the target
+ *                      through the process group) and exits with the target's
+ *                      status (re-raising its signal).  Writing cgroup.procs
+ *                      instead costs an RCU grace period (~13 ms measured on
+ *                      an idle 2-core VM); it is the fallback when clone3 is
+ *                      refused
  *   --rlimit RES=N     set soft and hard limit of RES (cpu, as, fsize,
  *                      nofile, nproc, core) to N; repeatable
  *   --unshare FLAGS    unshare(2) with these CLONE_NEW* flags (decimal)
@@ -59,6 +66,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <linux/capability.h>
 
 #ifndef SYS_landlock_add_rule
@@ -88,6 +96,15 @@
 #define SFS_MOVE_MOUNT_T_EMPTY_PATH 0x40
 #define SFS_MOUNT_ATTR_RDONLY 0x1
 #define SFS_MAX_TREES 64
+#ifndef SYS_clone3
+#define SYS_clone3 435
+#endif
+#define SFS_CLONE_INTO_CGROUP 0x200000000ULL
+
+struct sfs_clone_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls,
+        set_tid, set_tid_size, cgroup;
+};
 
 struct sfs_mount_attr {
     uint64_t attr_set, attr_clr, propagation, userns_fd;
@@ -174,6 +191,62 @@ static void join_cgroup(int dirfd)
     if (write(fd, "0\n", 2) != 2)
         fail("cgroup", errno);
     close(fd);
+}
+
+/*
+ * Fork the target into the cgroup.  Returns 0 in the child (and when clone3
+ * is unavailable, after joining the cgroup by cgroup.procs).  The parent
+ * never returns: it waits for the child and mirrors its exit status.
+ */
+static void fork_into_cgroup(int cgroup_fd)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    struct sfs_clone_args args;
+    memset(&args, 0, sizeof args);
+    args.flags = SFS_CLONE_INTO_CGROUP;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = (uint64_t)cgroup_fd;
+    long pid = syscall(SYS_clone3, &args, sizeof args);
+    if (pid < 0) {
+        int err = errno;
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        if (err != ENOSYS && err != E2BIG && err != EINVAL)
+            fail("cgroup", err);
+        join_cgroup(cgroup_fd);
+        close(cgroup_fd);
+        return;
+    }
+    if (pid == 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        close(cgroup_fd);
+        return;
+    }
+    /* Parent: hold no fd of the target's (pipes reach EOF with it). */
+    syscall(SYS_close_range, 0U, ~0U, 0U);
+    static const int ignored[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2 };
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+        signal(ignored[i], SIG_IGN);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    int status;
+    while (waitpid((pid_t)pid, &status, 0) < 0) {
+        if (errno != EINTR)
+            _exit(127);
+    }
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        signal(sig, SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigprocmask(SIG_UNBLOCK, &one, NULL);
+        struct rlimit no_core = { 0, 0 };
+        setrlimit(RLIMIT_CORE, &no_core);
+        raise(sig);
+        _exit(128 + sig);
+    }
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 127);
 }
 
 static void drop_capabilities(void)
@@ -327,10 +400,6 @@ int main(int argc, char **argv)
     if (i >= argc)
         fail("usage", EINVAL);
 
-    if (cgroup_fd >= 0) {
-        join_cgroup(cgroup_fd);
-        close(cgroup_fd);
-    }
     if (setsid() < 0)
         fail("setsid", errno);
     if (tty && ioctl(0, TIOCSCTTY, 0) < 0)
@@ -348,6 +417,8 @@ int main(int argc, char **argv)
         drop_capabilities();
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         fail("no_new_privs", errno);
+    if (cgroup_fd >= 0)
+        fork_into_cgroup(cgroup_fd);    /* from here on: the target's process */
     if (ruleset_fd >= 0) {
         if (proc_self_access) {
             int pfd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);

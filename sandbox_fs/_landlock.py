@@ -170,10 +170,11 @@ def _etc_rules(top: str = "/etc") -> list[SystemRule]:
 
 
 _SYSTEM_CACHE: list[SystemRule] | None = None
+_WATCHED_DIRS = ("/etc", "/etc/ssl", "/etc/security", "/etc/NetworkManager")
 
 
 def system_rules() -> list[SystemRule]:
-    """The documented read-only system set (computed once per process).
+    """The documented read-only system set.
 
     ``/usr``, ``/bin``, ``/sbin``, ``/lib*`` (read + execute), the device
     files of :data:`SYSTEM_DEVICES`, and ``/etc`` entry by entry minus
@@ -181,13 +182,75 @@ def system_rules() -> list[SystemRule]:
     added by the helper itself (see ``--proc-self`` in ``native/sfs_exec.c``),
     because the parent's ``/proc/self`` is another process.
     """
-    global _SYSTEM_CACHE
-    if _SYSTEM_CACHE is None:
-        rules = [SystemRule(p, FS_READ_EXEC) for p in SYSTEM_READ_EXEC_DIRS]
-        rules += [SystemRule(p, a) for p, a in SYSTEM_DEVICES]
-        rules += _etc_rules()
-        _SYSTEM_CACHE = rules
-    return list(_SYSTEM_CACHE)
+    rules = [SystemRule(p, FS_READ_EXEC) for p in SYSTEM_READ_EXEC_DIRS]
+    rules += [SystemRule(p, a) for p, a in SYSTEM_DEVICES]
+    rules += _etc_rules()
+    return rules
+
+
+def _dir_signature() -> tuple:
+    sig = []
+    for d in _WATCHED_DIRS:
+        try:
+            st = os.stat(d)
+            sig.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+        except OSError:
+            sig.append(None)
+    return tuple(sig)
+
+
+class _SystemFds:
+    """The system set opened ``O_PATH`` once and kept, so each ruleset costs only add_rule calls.
+
+    The cache is rebuilt whenever ``/etc`` (or an expanded subdirectory)
+    changes: a file replaced by rename gets a new inode and must get a new
+    rule.  It holds about 150 ``O_PATH`` fds for the life of the process;
+    :func:`clear_system_cache` closes them.
+    """
+
+    def __init__(self) -> None:
+        self.signature = _dir_signature()
+        self.entries: list[tuple[int, int, bool]] = []  # (fd, access, is_dir)
+        try:
+            for rule in system_rules():
+                try:
+                    fd = os.open(rule.host_path, _native.O_PATH | os.O_CLOEXEC)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                is_dir = _stat.S_ISDIR(os.fstat(fd).st_mode)
+                self.entries.append((fd, rule.access if is_dir else rule.access & ~FS_DIR_ONLY, is_dir))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd, _a, _d in self.entries:
+            os.close(fd)
+        self.entries = []
+
+
+_SYSTEM_FDS: _SystemFds | None = None
+
+
+def system_fds() -> list[tuple[int, int, bool]]:
+    """``(fd, access, is_dir)`` of the system set, from the cache (rebuilt when /etc changed)."""
+    global _SYSTEM_FDS
+    cur = _SYSTEM_FDS
+    if cur is None or cur.signature != _dir_signature():
+        fresh = _SystemFds()
+        _SYSTEM_FDS = fresh
+        if cur is not None:
+            cur.close()
+        cur = fresh
+    return cur.entries
+
+
+def clear_system_cache() -> None:
+    """Close the cached system fds (they are reopened on the next ruleset)."""
+    global _SYSTEM_FDS
+    if _SYSTEM_FDS is not None:
+        _SYSTEM_FDS.close()
+        _SYSTEM_FDS = None
 
 
 class RulesetError(OSError):
@@ -231,6 +294,13 @@ class Ruleset:
         access &= self.fs
         if access:
             _check(_native.lib.sfs_landlock_add_path(self.fd, fd, access), "landlock_add_rule")
+
+    def add_system_set(self) -> None:
+        """Add the documented system set (cached fds; see :class:`_SystemFds`)."""
+        for fd, access, _is_dir in system_fds():
+            access &= self.fs
+            if access:
+                _check(_native.lib.sfs_landlock_add_path(self.fd, fd, access), "landlock_add_rule")
 
     def add_host_path(self, host_path: str, access: int) -> bool:
         """Open a fixed system path ``O_PATH`` and add it; False when it does not exist."""

@@ -502,8 +502,7 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
                 rs.add_fd(gfd, _landlock.FS_READ_EXEC if read_only else rw)
             finally:
                 os.close(gfd)
-        for rule in _landlock.system_rules():
-            rs.add_host_path(rule.host_path, rule.access)
+        rs.add_system_set()
         if tty:
             rs.add_host_path("/dev/tty", _landlock.FS_READ_FILE | _landlock.FS_WRITE_FILE | _landlock.FS_IOCTL_DEV)
         rs.allow_tcp(sorted(policy.allow_tcp_connect), _landlock.NET_CONNECT_TCP)
@@ -675,6 +674,8 @@ class ProcessSupervisor:
             return None
 
     def _track(self, process: trio.Process, leaf: str | None, argv0: str) -> _Tracked:
+        for old in list(self._tracked):  # forget groups that ended since (keeps the list short)
+            self._release_if_done(old)
         try:
             pidfd = os.pidfd_open(process.pid)
         except OSError:
@@ -717,7 +718,12 @@ class ProcessSupervisor:
 
     def _release_if_done(self, t: _Tracked) -> None:
         """Forget ``t`` once its leader is reaped and nothing of its group/leaf is left."""
-        if t.process.returncode is not None and not self._group_alive(t):
+        if t.process.returncode is None:
+            return
+        if t.pidfd >= 0:  # the leader is reaped: its pidfd is no longer needed
+            os.close(t.pidfd)
+            t.pidfd = -1
+        if not self._group_alive(t):
             self._untrack(t)
 
     async def _kill_one(self, t: _Tracked, grace_s: float) -> None:

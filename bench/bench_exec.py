@@ -1,0 +1,82 @@
+"""Spawn cost of a confined command vs the unconfined ``trio.run_process`` a user would use.
+
+Runs ``true`` N times per variant, alternating the variants in every round
+so machine load hits them alike, and prints medians, the delta to the
+baseline in ms and the ratio.  Goal (issue 6): confined <= baseline + 5 ms.
+
+Variants:
+  baseline        trio.run_process(["true"])
+  confined        run_confined(["true"]) with a session's ProcessSupervisor
+                  (Landlock + cgroup leaf + read-only mounts when root + rlimits)
+  confined-nomnt  the same without the read-only mount layer
+  confined-none   confinement="none" (helper: setsid, rlimits, fds, cgroup)
+  one-shot        run_confined without a supervisor (makes and removes a
+                  private cgroup tree per call)
+
+Usage: python bench/bench_exec.py [N]   (default N = 200)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import trio
+
+from sandbox_fs import open_root
+from sandbox_fs.exec import ConfinementPolicy, ProcessSupervisor, run_confined
+
+
+async def main(n: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-exec-") as tmp:
+        ws = open_root(tmp)
+        sup = ProcessSupervisor()
+        nomnt = ConfinementPolicy(read_only_mounts=False)
+
+        async def baseline() -> None:
+            await trio.run_process(["true"])
+
+        async def confined() -> None:
+            await run_confined(["true"], workspace=ws, workspace_host_path=tmp, supervisor=sup)
+
+        async def confined_nomnt() -> None:
+            await run_confined(["true"], workspace=ws, workspace_host_path=tmp, supervisor=sup, policy=nomnt)
+
+        async def confined_none() -> None:
+            await run_confined(["true"], workspace=ws, workspace_host_path=tmp, supervisor=sup, confinement="none")
+
+        async def one_shot() -> None:
+            await run_confined(["true"], workspace=ws, workspace_host_path=tmp)
+
+        variants = {"baseline": baseline, "confined": confined, "confined-nomnt": confined_nomnt,
+                    "confined-none": confined_none, "one-shot": one_shot}
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for fn in variants.values():  # warm-up
+            await fn()
+        for _ in range(n):
+            for name, fn in variants.items():
+                t0 = time.perf_counter()
+                await fn()
+                times[name].append(time.perf_counter() - t0)
+        await sup.aclose()
+        ws.close()
+
+    base = statistics.median(times["baseline"])
+    print(f"spawn of `true`, n={n} per variant, alternating; load avg {os.getloadavg()[0]:.2f}, "
+          f"{os.cpu_count()} cpus")
+    print(f"{'variant':16} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'delta ms':>9} {'ratio':>6}")
+    for name, ts in times.items():
+        ts.sort()
+        med = statistics.median(ts)
+        p10, p90 = ts[len(ts) // 10], ts[(len(ts) * 9) // 10]
+        print(f"{name:16} {med * 1e3:10.2f} {p10 * 1e3:8.2f} {p90 * 1e3:8.2f} {(med - base) * 1e3:+9.2f} "
+              f"{med / base:6.2f}")
+    delta = (statistics.median(times["confined"]) - base) * 1e3
+    print(f"goal confined <= baseline + 5 ms: {'met' if delta <= 5 else 'NOT met'} ({delta:+.2f} ms)")
+
+
+if __name__ == "__main__":
+    trio.run(main, int(sys.argv[1]) if len(sys.argv) > 1 else 200)
