@@ -105,6 +105,7 @@ _SRC_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _WRITTEN_SHOWN = 50
 _CHUNK = 1 * MiB
+_SMALL = 256 * KiB  # files below this are read in one call when hashing
 
 
 # ------------------------------------------------------------------------ errors
@@ -524,6 +525,12 @@ class _Run:
             raise MaterializeLimitError(f"source is over max_file_bytes={opts.max_file_bytes} bytes",
                                         sandbox_path=dest)
         self.reserve(st.st_size, 1, dest)
+        if opts.digest and st.st_size < _SMALL:
+            # Small file: one read, hash, write the bytes (no generator, no second read).
+            data = os.read(fd, st.st_size + 1)
+            if len(data) <= st.st_size:
+                n = self.write(dest, lambda: data, mode, st.st_mtime_ns)
+                return WrittenFile(dest, n, hashlib.sha256(data).hexdigest(), mode, kind)
         if opts.digest:
             box: list[Any] = [None]
 
@@ -536,8 +543,12 @@ class _Run:
             n = self.write(dest, make, mode, st.st_mtime_ns)
             sha = box[0].hexdigest()
         else:
+            tries = [0]
+
             def make_fd() -> int:
-                os.lseek(fd, 0, os.SEEK_SET)
+                if tries[0]:
+                    os.lseek(fd, 0, os.SEEK_SET)  # a retry after a repair starts over
+                tries[0] += 1
                 return fd
 
             n = self.write(dest, make_fd, mode, st.st_mtime_ns)

@@ -430,3 +430,21 @@ def test_options_validation():
     with pytest.raises(ValueError):
         MaterializeOptions(max_files=-1)
     assert MaterializeOptions(extra_path_grants=["/srv/data:rw"]).extra_path_grants == [Grant("/srv/data", False)]
+
+
+@pytest.mark.parametrize("digest", [True, False])
+async def test_reapply_replaces_a_directory_standing_on_a_copied_file(layout, base, digest):
+    big = base / "proj" / "big.bin"
+    big.write_bytes(os.urandom(300 * 1024))  # above the one-read size
+    m = {"entries": {"p": {"type": "local_dir", "src": "proj"}, "one": {"type": "local_file", "src": "single.bin"}}}
+    await apply(layout.ws, m, base_dir=str(base), digest=digest)
+    for rel in ("p/a.txt", "p/big.bin", "one"):
+        (layout.ws / rel).unlink()
+        (layout.ws / rel).mkdir()
+        (layout.ws / rel / "junk").write_text("junk")
+    res = await apply(layout.ws, m, base_dir=str(base), digest=digest)
+    assert (layout.ws / "p" / "a.txt").read_text() == "alpha\n"
+    assert (layout.ws / "p" / "big.bin").read_bytes() == big.read_bytes()
+    assert (layout.ws / "one").read_bytes() == (base / "single.bin").read_bytes()
+    if digest:
+        assert res.file("p/big.bin").sha256 == sha(big)
