@@ -53,6 +53,7 @@ import secrets
 import stat as _stat
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterable, Iterator, Literal, Protocol, runtime_checkable
 
@@ -61,6 +62,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import _native
 from .errors import InvalidPathError, SandboxError
 from .paths import normalize
+from .archive import ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError
+from .archive import extract as _archive_extract
+from .archive._names import normalize_member, symlink_walk
+from .archive._writer import dir_mode as _x_dir_mode
+from .archive._writer import file_mode as _x_file_mode
 from .root import MAX_PATH_BYTES, DirEntry, Root, open_root
 
 __all__ = [
@@ -88,6 +94,7 @@ SNAPSHOT_FORMAT = "sandbox-fs-snapshot"
 SNAPSHOT_VERSION = 1
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _READ_CHUNK = 1 << 20
+_MAX_META_BYTES = 256 << 20
 # In-flight names (Root.atomic_write temp files, archive staging dirs): never persisted.
 _IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-")
 
@@ -178,11 +185,12 @@ class SnapshotInfo(BaseModel):
     name: str
     archive: str
     archive_bytes: int = Field(ge=0)
-    archive_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    archive_crc32: str = Field(pattern=r"^[0-9a-f]{8}$")
     fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")
     manifest_digest: str = ""
     tree_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     excluded: list[str] = Field(default_factory=list)
+    mode_fixups: list[tuple[str, int]] = Field(default_factory=list)
     entries: int = Field(ge=0)
     content_bytes: int = Field(ge=0)
     created_ns: int = 0
@@ -242,22 +250,35 @@ class SnapshotStore(Protocol):
 
 
 class _HashingSink(io.RawIOBase):
-    """A raw writer over a fd that hashes and counts every byte written."""
+    """A forward-only writer over a fd that CRC-32s and counts every byte written.
+
+    ``tell()`` reports the bytes written so far (tarfile's ``"w:"`` mode asks
+    for it once); ``seek`` is never supported.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.sha = hashlib.sha256()
+        self.crc = 0
         self.count = 0
 
     def writable(self) -> bool:
         return True
 
+    def tell(self) -> int:
+        return self.count
+
     def write(self, b: Any) -> int:  # type: ignore[override]
         view = memoryview(b).cast("B")
-        n = os.write(self.fd, view)
-        self.sha.update(view[:n])
-        self.count += n
-        return n
+        total = len(view)
+        off = 0
+        while off < total:
+            off += os.write(self.fd, view[off:])
+        self.crc = zlib.crc32(view, self.crc)
+        self.count += total
+        return total
+
+    def hexdigest(self) -> str:
+        return f"{self.crc:08x}"
 
 
 @dataclass
@@ -339,7 +360,7 @@ class LocalSnapshotStore:
         """
         validate_name(name)
         try:
-            raw = self.root.read_bytes(f"{name}.json", max_bytes=1 << 20)
+            raw = self.root.read_bytes(f"{name}.json", max_bytes=_MAX_META_BYTES)
         except FileNotFoundError:
             return None
         try:
@@ -380,17 +401,18 @@ class LocalSnapshotStore:
             if not _stat.S_ISREG(st.st_mode) or st.st_size != info.archive_bytes:
                 raise SnapshotCorruptError("snapshot archive size does not match its metadata (truncated?)",
                                            sandbox_path=None, context={"snapshot": name})
-            sha = hashlib.sha256()
+            crc = 0
             buf = bytearray(_READ_CHUNK)
+            view = memoryview(buf)
             total = 0
             while True:
                 n = os.readv(fd, [buf])
                 if not n:
                     break
-                sha.update(memoryview(buf)[:n])
+                crc = zlib.crc32(view[:n], crc)
                 total += n
-            if total != info.archive_bytes or sha.hexdigest() != info.archive_sha256:
-                raise SnapshotCorruptError("snapshot archive does not match its SHA-256 (corrupted?)",
+            if total != info.archive_bytes or f"{crc:08x}" != info.archive_crc32:
+                raise SnapshotCorruptError("snapshot archive does not match its CRC-32 (corrupted?)",
                                            sandbox_path=None, context={"snapshot": name})
             os.lseek(fd, 0, os.SEEK_SET)
             return f, info
@@ -518,11 +540,15 @@ class _Item:
 
 
 def _excluded(path: str, excluded: frozenset[str]) -> bool:
+    if not excluded:
+        return False
     if path in excluded:
         return True
-    for i, ch in enumerate(path):
-        if ch == "/" and path[:i] in excluded:
+    i = path.find("/")
+    while i > 0:
+        if path[:i] in excluded:
             return True
+        i = path.find("/", i + 1)
     return False
 
 
@@ -631,6 +657,64 @@ def _open_member(ws: Root, item: _Item) -> int | None:
     return fd
 
 
+def _walk_target(link: bytes, target: str | bytes, alimits: Any) -> tuple[list[bytes], bytes]:
+    """The extractor's lexical target walk: ``(paths passed through, final path)``."""
+    res = symlink_walk(link, target, alimits, link)
+    if isinstance(res, tuple):
+        return res
+    # older form: only the through-list; compute the final path the same way
+    stack = link.split(b"/")[:-1]
+    for comp in (c for c in os.fsencode(target).split(b"/") if c and c != b"."):
+        if comp == b"..":
+            stack.pop()
+        else:
+            stack.append(comp)
+    return res, b"/".join(stack)
+
+
+def _is_link(ws: Root, path: bytes) -> bool | None:
+    """True/False for a symlink / something else at ``path``; None when missing or unreachable."""
+    try:
+        return _stat.S_ISLNK(ws.lstat(path or b".").st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except SandboxError:
+        return True  # reaching it needs a symlink the kernel refused: treat as a link
+
+
+def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | None:
+    """Why hydrate would refuse this symlink (None: it restores), by the extractor's rules.
+
+    Absolute or escaping targets raise from :func:`symlink_walk`; a target
+    passing *through* another symlink is refused (CVE-2025-4517 chains);
+    a chain of links that comes back on itself is a cycle, also refused.
+    Up to 40 links are followed (the kernel's own bound, ELOOP).
+    """
+    through, final = _walk_target(link, target, alimits)
+    for p in through:
+        is_link = _is_link(ws, p)
+        if is_link:
+            return "symlink target passes through another symlink"
+        if is_link is None:
+            break
+    seen = {link}
+    cur = final
+    for _ in range(40):
+        if cur in seen:
+            return "symlinks form a cycle"
+        seen.add(cur)
+        if not _is_link(ws, cur):
+            return None
+        try:
+            nxt = ws.readlink(cur)
+            _t, cur = _walk_target(cur, nxt, alimits)
+        except FileNotFoundError:
+            return None
+        except (UnsafeArchiveMemberError, ArchiveLimitError):
+            return None  # that link is refused on its own when the walk reaches it
+    return "symlink chain is longer than 40 links"
+
+
 def _policy_check(ws: Root, item: _Item, target: str | None, on_unrestorable: str,
                   skipped: list[tuple[str, str]], alimits: Any) -> bool:
     """True when the item may be persisted; refuses or records it otherwise.
@@ -641,25 +725,13 @@ def _policy_check(ws: Root, item: _Item, target: str | None, on_unrestorable: st
     letters), symlink targets (absolute, escaping, or passing through
     another symlink: CVE-2025-4517), and special files.
     """
-    from .archive import ArchiveLimitError, UnsafeArchiveMemberError  # noqa: PLC0415
-    from .archive._names import normalize_member, symlink_walk  # noqa: PLC0415
-
     reason = None
     raw = item.path.encode("utf-8", "surrogateescape")
     try:
         normalize_member(raw, alimits)
         if item.kind == "symlink":
             assert target is not None
-            for through in symlink_walk(raw, target, alimits, raw):
-                try:
-                    if _stat.S_ISLNK(ws.lstat(through).st_mode):
-                        reason = "symlink target passes through another symlink"
-                        break
-                except (FileNotFoundError, NotADirectoryError):
-                    break
-                except SandboxError:
-                    reason = "symlink target passes through another symlink"
-                    break
+            reason = _symlink_reason(ws, raw, target, alimits)
         elif item.kind not in ("file", "dir"):
             reason = f"{item.kind} entries are not restorable"
     except UnsafeArchiveMemberError as exc:
@@ -707,7 +779,8 @@ def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterabl
 def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_unrestorable: str,
                limits: SnapshotLimits, skipped: list[tuple[str, str]], digest: _Digest,
                tar: tarfile.TarFile | None, progress: Callable[[int, int], None] | None,
-               skip_ids: frozenset[tuple[int, int]] = frozenset()) -> tuple[int, int]:
+               skip_ids: frozenset[tuple[int, int]] = frozenset(),
+               fixups: list[tuple[str, int]] | None = None) -> tuple[int, int]:
     alimits = _archive_limits(limits)
     entries = 0
     content = 0
@@ -729,6 +802,8 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
         mode = _stat.S_IMODE(item.st.st_mode) & 0o777
         if item.kind == "dir":
             digest.add(item.path, "dir", 0, mode, "")
+            if fixups is not None and mode != _x_dir_mode(mode):
+                fixups.append((item.path, mode))
             if tar is not None:
                 ti = _tarinfo(item.path, tarfile.DIRTYPE, mode, item.st.st_mtime)
                 tar.addfile(ti)
@@ -766,6 +841,8 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                 if content > limits.max_total_bytes:
                     raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
                                              context={"max_total_bytes": limits.max_total_bytes})
+                if fixups is not None and mode != _x_file_mode(mode):
+                    fixups.append((item.path, mode))
                 reader = _FdReader(fd, st.st_size, item.path)
                 if tar is not None:
                     ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
@@ -794,7 +871,7 @@ def _tarinfo(path: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo
     ti = tarfile.TarInfo(path + "/" if kind == tarfile.DIRTYPE else path)
     ti.type = kind
     ti.mode = mode
-    ti.mtime = mtime
+    ti.mtime = int(mtime)  # whole seconds: a float would force a PAX header on every member
     ti.uid = ti.gid = 0
     ti.uname = ti.gname = ""
     return ti
@@ -849,16 +926,22 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
     pending = store.begin(name)
     try:
         digest = _Digest()
-        with tarfile.open(fileobj=pending.stream, mode="w|", format=tarfile.PAX_FORMAT,
-                          encoding="utf-8", errors="surrogateescape") as tar:
+        fixups: list[tuple[str, int]] = []
+        # "w:" on the forward-only buffered sink streams exactly like "w|" (tarfile never
+        # seeks when writing) without _Stream's re-copying of its byte buffer,
+        # which cost ~1 s per 250 MB here.  PAX headers appear only where
+        # ustar cannot hold a name, link target or size.
+        with tarfile.open(fileobj=pending.stream, mode="w:", format=tarfile.PAX_FORMAT,
+                          encoding="utf-8", errors="surrogateescape", copybufsize=_READ_CHUNK) as tar:
             entries, content = _walk_into(ws, excl, mounts, on_unrestorable, limits, skipped,
-                                          digest, tar, progress, frozenset(skip_identities))
+                                          digest, tar, progress, frozenset(skip_identities), fixups)
         pending.stream.flush()
         tree = digest.hexdigest()
         info = SnapshotInfo(
             name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,
-            archive_sha256=pending.sink.sha.hexdigest(), fingerprint=fingerprint(manifest_digest, tree),
-            manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(excl), entries=entries,
+            archive_crc32=pending.sink.hexdigest(), fingerprint=fingerprint(manifest_digest, tree),
+            manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(excl), mode_fixups=fixups,
+            entries=entries,
             content_bytes=content, created_ns=time.time_ns())
         store.commit(pending, info)
         return PersistReport(info, skipped)
@@ -884,9 +967,9 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     directory itself, never a mount point) and the archive is extracted by
     :func:`sandbox_fs.archive.extract` with limits on (atomic staging: on a
     refusal nothing of the snapshot remains).  The extractor applies the
-    PEP 706 data-filter modes; the snapshot's exact permission bits (within
-    0o777) are then re-applied from the archive headers, directories last
-    and deepest first, so directory modes are restored.
+    PEP 706 data-filter modes; the exact permission bits (within 0o777)
+    that differ from those, recorded at persist, are then re-applied,
+    directories last and deepest first, so directory modes are restored.
 
     Args:
         ws: the workspace Root (writable).
@@ -907,8 +990,7 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     with f:
         ws.clear(skip=is_mount_point_of(ws))
         _extract_with_archive(ws, f, limits)
-        f.seek(0)
-        _restore_modes(ws, f)
+    _restore_modes(ws, info)
     return HydrateReport(info, "archive")
 
 
@@ -919,42 +1001,34 @@ def _archive_limits(limits: SnapshotLimits) -> Any:
     whatever persist accepted, hydrate accepts.  An uncompressed tar never
     expands, so the expansion-ratio bound is left at its default.
     """
-    from .archive import ArchiveLimits  # noqa: PLC0415
-
     return ArchiveLimits(max_members=limits.max_entries, max_member_bytes=limits.max_file_bytes,
                          max_total_bytes=limits.max_total_bytes, max_input_bytes=limits.max_archive_bytes,
                          max_depth=MAX_PATH_BYTES // 2, max_path_bytes=MAX_PATH_BYTES)
 
 
 def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
-    from .archive import ArchiveFormatError, ExtractPolicy, extract  # noqa: PLC0415
-
     policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
                            preserve_owner=False, apply_mtime=True)
     try:
-        extract(ws, ".", f, format="tar", limits=_archive_limits(limits), policy=policy)
+        _archive_extract(ws, ".", f, format="tar", limits=_archive_limits(limits), policy=policy)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None
 
 
-def _restore_modes(ws: Root, f: IO[bytes]) -> None:
-    """Re-apply each member's exact permission bits (headers only: data is skipped by seeking)."""
-    from .archive._writer import dir_mode, file_mode  # noqa: PLC0415  (the extractor's own mode rule)
+def _restore_modes(ws: Root, info: SnapshotInfo) -> None:
+    """Re-apply the exact permission bits the extractor's PEP 706 modes changed.
 
+    Persist recorded every file and directory whose mode (within 0o777)
+    differs from what the extractor applies (``info.mode_fixups``); files
+    first, then directories deepest first, so a 0o500 directory becomes
+    read-only last.  Root.chmod refuses bits outside 0o777 and symlinks.
+    """
     dirs: list[tuple[str, int]] = []
-    try:
-        with tarfile.open(fileobj=f, mode="r:", encoding="utf-8", errors="surrogateescape") as tar:
-            for m in tar:
-                mode = m.mode & 0o777
-                path = m.name.rstrip("/")
-                if m.isdir():
-                    if mode != dir_mode(m.mode):
-                        dirs.append((path, mode))
-                elif m.isreg() and mode != file_mode(m.mode):
-                    ws.chmod(path, mode)
-    except tarfile.TarError as exc:  # pragma: no cover - the same bytes were just extracted
-        raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
-                                   diagnostic=str(exc)) from None
+    for path, mode in info.mode_fixups:
+        if _stat.S_ISDIR(ws.lstat(path).st_mode):
+            dirs.append((path, mode))
+        else:
+            ws.chmod(path, mode & 0o777)
     for path, mode in sorted(dirs, key=lambda pm: pm[0].count("/"), reverse=True):
-        ws.chmod(path, mode)
+        ws.chmod(path, mode & 0o777)
