@@ -192,6 +192,7 @@ class Session:
         self._skip_paths: set[str] = set()
         self._mounts: set[str] = set()
         self._supervisor: Any = None
+        self._own_supervisor = False
         self._bound_run: str | None = None
         self.last_persist: _snap.PersistReport | None = None
 
@@ -416,7 +417,10 @@ class Session:
         with trio.CancelScope(shield=True):
             if self._supervisor is not None:
                 try:
-                    await self._supervisor.kill_all()
+                    if self._own_supervisor:
+                        await self._supervisor.aclose()  # kill_all, then remove its cgroup
+                    else:
+                        await self._supervisor.kill_all()
                 except Exception as exc:
                     errors.append(exc)
             for fn in reversed(self._shutdown_hooks):
@@ -532,8 +536,13 @@ class Session:
         self._skip_paths.add(rel)
 
     def attach_supervisor(self, supervisor: Any) -> None:
-        """Attach a process supervisor; :meth:`shutdown` awaits its ``kill_all()``."""
+        """Attach a caller-owned process supervisor; :meth:`shutdown` awaits its ``kill_all()``.
+
+        Without one, :meth:`exec` creates a :class:`sandbox_fs.exec.ProcessSupervisor`
+        that the session owns and closes at shutdown.
+        """
         self._supervisor = supervisor
+        self._own_supervisor = False
 
     # ------------------------------------------------------- file operations
 
@@ -701,24 +710,34 @@ class Session:
             kwargs["limits"] = self.config.archive_limits
         return await archive.extract_async(root, rel, source, **kwargs)
 
-    async def exec(self, *args: Any, **kwargs: Any) -> Any:
-        """Run a confined process in the workspace (thin delegation to :mod:`sandbox_fs.exec`).
+    async def exec(self, argv: Any, **kwargs: Any) -> Any:
+        """Run a confined process in the workspace: a thin delegation to :func:`sandbox_fs.exec.run_confined`.
+
+        The workspace Root, its host path (for ``HOME``/``TMPDIR`` only), the
+        session's PathPolicy (grants) and the session's process supervisor
+        are passed for you; every other keyword goes through unchanged.
+
+        Returns:
+            :class:`sandbox_fs.exec.ExecResult`.
 
         Raises:
-            FeatureUnavailableError: :mod:`sandbox_fs.exec` is not installed.
+            SessionNotStartedError: the session is not started.
+            ConfinementError, CommandNotFoundError, ExecTimeoutError, ExecFailedError:
+                see :func:`sandbox_fs.exec.run_confined`.
 
         Cancellation:
-            See :func:`sandbox_fs.exec.run_confined`; the process group is killed.
+            As :func:`sandbox_fs.exec.run_confined`: the process group is
+            killed; background processes it left are killed at :meth:`shutdown`.
         """
-        try:
-            from . import exec as _exec  # noqa: PLC0415
-        except ImportError:
-            raise FeatureUnavailableError("process execution needs sandbox_fs.exec, which is not installed",
-                                          sandbox_path=None) from None
-        if self._supervisor is None and hasattr(_exec, "ProcessSupervisor"):
+        from . import exec as _exec  # noqa: PLC0415
+
+        workspace, policy = self.workspace, self.policy
+        if self._supervisor is None:
             self._supervisor = _exec.ProcessSupervisor()
+            self._own_supervisor = True
         kwargs.setdefault("supervisor", self._supervisor)
-        return await _exec.run_confined(self.workspace, *args, **kwargs)
+        return await _exec.run_confined(argv, workspace=workspace, workspace_host_path=self.config.workspace_dir,
+                                        grants=policy, **kwargs)
 
     def describe(self) -> str:
         """A rendered tree of the manifest (or a note that there is none)."""

@@ -352,3 +352,25 @@ async def test_hundred_concurrent_sessions_no_fd_or_dir_leak(client, opts):
     assert not [f for f in left if f.startswith(".") or f.endswith(".partial")]
     assert len([f for f in left if f.endswith(".json")]) == 50
     assert _fd_count() == before
+
+
+async def test_exec_delegates_and_shutdown_kills_leftover_processes(client, opts):
+    from sandbox_fs import exec as sx
+
+    async with client.create() as s:
+        try:
+            res = await s.exec(["/bin/sh", "-c", "echo hi > out.txt; sleep 300 & echo $! > bg.pid"], timeout_s=30)
+        except sx.ConfinementError as exc:
+            pytest.skip(f"confined exec unavailable here: {exc}")
+        assert res.exit_code == 0
+        assert await s.read("out.txt") == b"hi\n"
+        pid = int((await s.read("bg.pid")).strip())
+        with open(f"/proc/{pid}/stat") as fh:
+            assert fh.read().split()[2] != "Z"  # still running until shutdown
+    # shutdown ran as part of aclose: the background process is gone (or a zombie being reaped)
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            assert fh.read().split()[2] == "Z"
+    except FileNotFoundError:
+        pass
+    await client.delete(s)
