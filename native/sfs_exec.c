@@ -10,14 +10,12 @@
  *   --status FD        write "STAGE ERRNO\n" to FD on failure; FD is closed
  *                      by execve on success (O_CLOEXEC), so EOF means "exec'd"
  *   --cgroup FD        start the target in the cgroup v2 directory FD: the
- *                      helper forks it with clone3(CLONE_INTO_CGROUP) after
- *                      the common setup, stays as its parent (ignoring
- *                      SIGTERM/SIGINT/SIGHUP/SIGQUIT, which reach the target
- *                      through the process group) and exits with the target's
- *                      status (re-raising its signal).  Writing cgroup.procs
- *                      instead costs an RCU grace period (~13 ms measured on
- *                      an idle 2-core VM); it is the fallback when clone3 is
- *                      refused
+ *                      helper first forks it with clone3(CLONE_INTO_CGROUP |
+ *                      CLONE_PARENT), writes "pid N" on the status fd and
+ *                      exits; the child (a child of the Python parent) does
+ *                      every step below.  Writing cgroup.procs instead costs
+ *                      an RCU grace period (~13 ms measured here); it is the
+ *                      fallback when clone3 is refused
  *   --rlimit RES=N     set soft and hard limit of RES (cpu, as, fsize,
  *                      nofile, nproc, core) to N; repeatable
  *   --unshare FLAGS    unshare(2) with these CLONE_NEW* flags (decimal)
@@ -66,7 +64,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <linux/capability.h>
 
 #ifndef SYS_landlock_add_rule
@@ -194,24 +191,22 @@ static void join_cgroup(int dirfd)
 }
 
 /*
- * Fork the target into the cgroup.  Returns 0 in the child (and when clone3
- * is unavailable, after joining the cgroup by cgroup.procs).  The parent
- * never returns: it waits for the child and mirrors its exit status.
+ * Fork the target into the cgroup, as a sibling: clone3(CLONE_INTO_CGROUP |
+ * CLONE_PARENT) makes it a child of our parent (the Python process), which
+ * then waits for it directly.  The helper reports "pid N" on the status
+ * pipe and exits at once.  Returns in the child only (or, when clone3 is
+ * refused, in the helper itself after joining the cgroup by cgroup.procs).
  */
 static void fork_into_cgroup(int cgroup_fd)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
     struct sfs_clone_args args;
     memset(&args, 0, sizeof args);
-    args.flags = SFS_CLONE_INTO_CGROUP;
+    args.flags = SFS_CLONE_INTO_CGROUP | CLONE_PARENT;
     args.exit_signal = SIGCHLD;
     args.cgroup = (uint64_t)cgroup_fd;
     long pid = syscall(SYS_clone3, &args, sizeof args);
     if (pid < 0) {
         int err = errno;
-        sigprocmask(SIG_SETMASK, &old, NULL);
         if (err != ENOSYS && err != E2BIG && err != EINVAL)
             fail("cgroup", err);
         join_cgroup(cgroup_fd);
@@ -219,34 +214,14 @@ static void fork_into_cgroup(int cgroup_fd)
         return;
     }
     if (pid == 0) {
-        sigprocmask(SIG_SETMASK, &old, NULL);
         close(cgroup_fd);
         return;
     }
-    /* Parent: hold no fd of the target's (pipes reach EOF with it). */
-    syscall(SYS_close_range, 0U, ~0U, 0U);
-    static const int ignored[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2 };
-    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
-        signal(ignored[i], SIG_IGN);
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    int status;
-    while (waitpid((pid_t)pid, &status, 0) < 0) {
-        if (errno != EINTR)
-            _exit(127);
-    }
-    if (WIFSIGNALED(status)) {
-        int sig = WTERMSIG(status);
-        signal(sig, SIG_DFL);
-        sigset_t one;
-        sigemptyset(&one);
-        sigaddset(&one, sig);
-        sigprocmask(SIG_UNBLOCK, &one, NULL);
-        struct rlimit no_core = { 0, 0 };
-        setrlimit(RLIMIT_CORE, &no_core);
-        raise(sig);
-        _exit(128 + sig);
-    }
-    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 127);
+    char line[48];
+    int n = snprintf(line, sizeof line, "pid %ld\n", pid);
+    if (status_fd < 0 || write(status_fd, line, (size_t)n) != n)
+        _exit(126);                     /* the parent cannot learn the pid */
+    _exit(0);
 }
 
 static void drop_capabilities(void)
@@ -400,6 +375,9 @@ int main(int argc, char **argv)
     if (i >= argc)
         fail("usage", EINVAL);
 
+    if (cgroup_fd >= 0)
+        fork_into_cgroup(cgroup_fd);    /* from here on: the target's process */
+
     if (setsid() < 0)
         fail("setsid", errno);
     if (tty && ioctl(0, TIOCSCTTY, 0) < 0)
@@ -417,8 +395,6 @@ int main(int argc, char **argv)
         drop_capabilities();
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         fail("no_new_privs", errno);
-    if (cgroup_fd >= 0)
-        fork_into_cgroup(cgroup_fd);    /* from here on: the target's process */
     if (ruleset_fd >= 0) {
         if (proc_self_access) {
             int pfd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);

@@ -629,7 +629,7 @@ class _CgroupTree:
 
 @dataclass(eq=False)
 class _Tracked:
-    process: trio.Process
+    process: "trio.Process | _ForeignChild"
     pgid: int
     pidfd: int
     leaf: str | None
@@ -673,7 +673,7 @@ class ProcessSupervisor:
         except OSError:
             return None
 
-    def _track(self, process: trio.Process, leaf: str | None, argv0: str) -> _Tracked:
+    def _track(self, process: "trio.Process | _ForeignChild", leaf: str | None, argv0: str) -> _Tracked:
         for old in list(self._tracked):  # forget groups that ended since (keeps the list short)
             self._release_if_done(old)
         try:
@@ -929,21 +929,6 @@ _STAGE_TEXT = {
 }
 
 
-async def _read_status(fd: int) -> bytes:
-    """Read the helper's status pipe to EOF (EOF with nothing: execve succeeded)."""
-    data = b""
-    stream = trio.lowlevel.FdStream(fd)
-    try:
-        while len(data) < _STATUS_MAX:
-            chunk = await stream.receive_some(_STATUS_MAX)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        await stream.aclose()
-    return data
-
-
 def _status_error(status: bytes, argv0: str, prep: _Prepared) -> ExecError:
     try:
         stage, err_s = status.decode("ascii", "replace").split()[:2]
@@ -970,9 +955,99 @@ def _status_error(status: bytes, argv0: str, prep: _Prepared) -> ExecError:
                             secrets=prep.secrets)
 
 
+class _ForeignChild:
+    """The target when the helper forked it with ``CLONE_PARENT``: our direct child, not a trio.Process.
+
+    Waited for through a pidfd; reaped with ``waitpid`` (it is our child, so
+    its pid cannot be reused before we reap it).
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._pidfd = os.pidfd_open(pid)
+        self._returncode: int | None = None
+        self._lock = trio.Lock()
+
+    def _reap(self, flags: int) -> None:
+        try:
+            wpid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # pragma: no cover - someone else reaped it
+            wpid, status = self.pid, 255 << 8
+        if wpid == self.pid:
+            self._returncode = os.waitstatus_to_exitcode(status)
+            if self._pidfd >= 0:
+                trio.lowlevel.notify_closing(self._pidfd)
+                os.close(self._pidfd)
+                self._pidfd = -1
+
+    @property
+    def returncode(self) -> int | None:
+        if self._returncode is None:
+            self._reap(os.WNOHANG)
+        return self._returncode
+
+    async def wait(self) -> int:
+        async with self._lock:
+            while self.returncode is None:
+                try:
+                    await trio.lowlevel.wait_readable(self._pidfd)
+                except trio.ClosedResourceError:
+                    pass  # reaped meanwhile by a returncode poll
+        assert self._returncode is not None
+        return self._returncode
+
+
+_STATUS_TIMEOUT_S = 30.0
+
+
+class _Status:
+    """The helper's status pipe: "pid N" (cgroup mode) then a failure line, or EOF at execve."""
+
+    def __init__(self, fd: int) -> None:
+        self.stream: trio.lowlevel.FdStream | None = trio.lowlevel.FdStream(fd)
+        self.data = b""
+
+    async def read_line(self) -> bytes | None:
+        """Read until a full line or EOF; returns the line, or None at EOF with nothing pending."""
+        while b"\n" not in self.data and self.stream is not None and len(self.data) < _STATUS_MAX:
+            chunk = await self.stream.receive_some(_STATUS_MAX)
+            if not chunk:
+                await self.aclose()
+                break
+            self.data += chunk
+        if b"\n" in self.data:
+            line, _, self.data = self.data.partition(b"\n")
+            return line
+        line, self.data = self.data, b""
+        return line or None
+
+    async def rest(self) -> bytes:
+        """Everything up to EOF (EOF comes at the target's execve or its failure exit)."""
+        while self.stream is not None and len(self.data) < _STATUS_MAX:
+            chunk = await self.stream.receive_some(_STATUS_MAX)
+            if not chunk:
+                break
+            self.data += chunk
+        await self.aclose()
+        return self.data.strip()
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            await stream.aclose()
+
+
 async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, stdin: object,
-                 stdout: object, stderr: object) -> tuple[trio.Process, _Tracked]:
-    """Start the helper; raise the helper's failure, else return the tracked process."""
+                 stdout: object, stderr: object) -> tuple[trio.Process, _Tracked, _Status]:
+    """Start the helper and track the target; return (helper process, tracked target, status).
+
+    With a cgroup leaf the helper forks the target into it as our direct
+    child and exits ("pid N" on the status pipe); otherwise the helper
+    becomes the target itself.  The streams are always the helper's.  The
+    caller reads the rest of the status (:meth:`_Status.rest`) alongside the
+    output, so the spawn costs no extra round trip, and raises
+    :func:`_status_error` when it is not empty.
+    """
     try:
         proc = await trio.lowlevel.open_process(
             prep.helper_argv, stdin=stdin, stdout=stdout, stderr=stderr, env=prep.env,
@@ -983,22 +1058,33 @@ async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, 
             _CgroupTree.remove(prep.leaf)
         raise
     prep.close_child_fds()
-    tracked = supervisor._track(proc, prep.leaf, argv0)
-    status_fd, prep.status_r = prep.status_r, -1
-    try:
-        status = await _read_status(status_fd)
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await supervisor._kill_one(tracked, 0)
-        raise
-    if status:
-        with trio.CancelScope(shield=True):
-            await supervisor._kill_one(tracked, 0)
-            for s in (proc.stdin, proc.stdout, proc.stderr):
-                if s is not None:
-                    await s.aclose()
-        raise _status_error(status, argv0, prep)
-    return proc, tracked
+    status = _Status(prep.status_r)
+    prep.status_r = -1
+    # Shielded: until the first status line is read we may not know the
+    # target's pid, and an unknown child could never be reaped.
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(_STATUS_TIMEOUT_S):
+            first = await status.read_line()
+        target: trio.Process | _ForeignChild = proc
+        if first is not None and first.startswith(b"pid "):
+            target = _ForeignChild(int(first.split()[1]))
+            first = None
+        tracked = supervisor._track(target, prep.leaf, argv0)
+        if first is not None:  # the helper failed before forking / exec
+            await _abort_spawn(proc, tracked, supervisor, status)
+            raise _status_error(first, argv0, prep)
+    return proc, tracked, status
+
+
+async def _abort_spawn(proc: trio.Process, tracked: _Tracked, supervisor: ProcessSupervisor,
+                       status: _Status) -> None:
+    with trio.CancelScope(shield=True):
+        await supervisor._kill_one(tracked, 0)
+        await proc.wait()
+        await status.aclose()
+        for s in (proc.stdin, proc.stdout, proc.stderr):
+            if s is not None:
+                await s.aclose()
 
 
 async def run_confined(
@@ -1097,8 +1183,11 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
                     policy=policy, tty=False)
     argv0 = _command(argv, shell)[0]
     start = time.monotonic()
-    proc, tracked = await _spawn(prep, sup, argv0, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc, tracked, status = await _spawn(prep, sup, argv0,
+                                         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    target = tracked.process
+    failure = b""
     out, err = _HeadTail(max_output_bytes), _HeadTail(max_output_bytes)
     out_eof, err_eof = trio.Event(), trio.Event()
     timed_out = False
@@ -1130,15 +1219,20 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
+    async def read_status() -> None:
+        nonlocal failure
+        failure = await status.rest()
+
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_status)
             nursery.start_soon(pump, proc.stdout, out, out_eof)
             nursery.start_soon(pump, proc.stderr, err, err_eof)
             if proc.stdin is not None:
                 nursery.start_soon(feed, proc.stdin)
             deadline = trio.current_time() + timeout_s if timeout_s is not None else math.inf
             with trio.move_on_at(deadline) as cs:
-                await proc.wait()
+                await target.wait()
             if cs.cancelled_caught:
                 timed_out = True
                 await sup._kill_one(tracked, policy.kill_grace_s)
@@ -1148,14 +1242,22 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            if proc.returncode is None:
+            if target.returncode is None:
                 await sup._kill_one(tracked, 0)
+            if target is not proc:
+                await proc.wait()  # the helper exited right after forking the target
+            if not failure and status.stream is not None:
+                with trio.move_on_after(1.0):
+                    failure = await status.rest()
+            await status.aclose()
             for s in (proc.stdin, proc.stdout, proc.stderr):
                 if s is not None:
                     await s.aclose()
             sup._release_if_done(tracked)
+    if failure:
+        raise _status_error(failure, argv0, prep)
     result = ExecResult(
-        exit_code=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+        exit_code=target.returncode if target.returncode is not None else -signal.SIGKILL,
         stdout=out.value(), stderr=err.value(),
         stdout_truncated=out.truncated, stderr_truncated=err.truncated,
         duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
@@ -1280,12 +1382,22 @@ class PtyManager:
         try:
             os.set_inheritable(master, False)
             fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            proc, tracked = await _spawn(prep, self.supervisor, argv0, stdin=slave, stdout=slave, stderr=slave)
+            proc, tracked, status = await _spawn(prep, self.supervisor, argv0, stdin=slave, stdout=slave,
+                                                 stderr=slave)
         except BaseException:
             os.close(master)
             os.close(slave)
             raise
         os.close(slave)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(_STATUS_TIMEOUT_S):
+                failure = await status.rest()
+            if failure:
+                await _abort_spawn(proc, tracked, self.supervisor, status)
+                os.close(master)
+                raise _status_error(failure, argv0, prep)
+            if tracked.process is not proc:
+                await proc.wait()
         now = time.monotonic()
         pty_id = f"pty-{next(self._ids)}-{os.urandom(4).hex()}"
         p = _Pty(pty_id, tracked, trio.lowlevel.FdStream(master), now, now)
