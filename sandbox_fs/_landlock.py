@@ -133,8 +133,21 @@ class SystemRule:
     access: int
 
 
+_SYSTEM_PREFIXES = ("/etc/", "/usr/")
+
+
+def _inside_system(real: str) -> bool:
+    """True when a resolved path lies under ``/etc`` or ``/usr`` (never ``/`` itself)."""
+    return real.startswith(_SYSTEM_PREFIXES)
+
+
 def _etc_rules(top: str = "/etc") -> list[SystemRule]:
-    """Enumerate ``/etc`` minus :data:`ETC_EXCLUDED` and entries not world-readable."""
+    """Enumerate ``/etc`` minus :data:`ETC_EXCLUDED` and entries not world-readable.
+
+    A symlink entry is kept only when it resolves under ``/etc`` or ``/usr``:
+    a link to ``/`` (or to ``/proc/<pid>``, like ``mtab``) would otherwise
+    grant far more than the system set.
+    """
     rules: list[SystemRule] = []
     nested: dict[str, set[str]] = {}
     for item in ETC_EXCLUDED:
@@ -153,6 +166,8 @@ def _etc_rules(top: str = "/etc") -> list[SystemRule]:
             path = f"{dir_path}/{name}"
             try:
                 st = os.stat(path)  # follows symlinks: the rule lands on the target
+                if os.path.islink(path) and not _inside_system(os.path.realpath(path)):
+                    continue  # e.g. mtab -> /proc/<our pid>/mounts, or a stray link to "/"
             except OSError:
                 continue
             if not st.st_mode & 0o004:

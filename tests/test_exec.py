@@ -231,6 +231,25 @@ async def test_read_write_grant_and_nested_read_only_grant(layout, ws):
         inner.close()
 
 
+def test_system_set_never_covers_the_workspace_or_root(layout, tmp_path):
+    """Regression: a stray symlink /etc/b -> .. once granted all of / (a test elsewhere created it)."""
+    for rule in _landlock.system_rules():
+        real = os.path.realpath(rule.host_path)
+        assert real not in ("/", "/tmp", "/root", "/home", "/proc", "/sys"), rule
+        assert not str(layout.base).startswith(real.rstrip("/") + "/"), rule
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "conf").write_text("x")
+    (etc / "shadow").write_text("x")
+    (etc / "private").write_text("x")
+    os.chmod(etc / "private", 0o600)
+    os.symlink("..", etc / "up")
+    os.symlink("/", etc / "root")
+    os.symlink("/usr/bin", etc / "bin")
+    names = {os.path.basename(r.host_path) for r in _landlock._etc_rules(str(etc))}
+    assert names == {"conf", "bin"}
+
+
 def _outside_ops():
     from hypothesis import strategies as st
     targets = st.sampled_from(["OUT/secret.txt", "OUT/subdir/inner.txt", "OUT/subdir", "OUT", "/root/.bashrc",
