@@ -197,7 +197,8 @@ def system_rules() -> list[SystemRule]:
     added by the helper itself (see ``--proc-self`` in ``native/sfs_exec.c``),
     because the parent's ``/proc/self`` is another process.
     """
-    rules = [SystemRule(p, FS_READ_EXEC) for p in SYSTEM_READ_EXEC_DIRS]
+    rules = [SystemRule(p, FS_READ_EXEC) for p in SYSTEM_READ_EXEC_DIRS
+             if os.path.realpath(p) == p or _inside_system(os.path.realpath(p))]
     rules += [SystemRule(p, a) for p, a in SYSTEM_DEVICES]
     rules += _etc_rules()
     return rules

@@ -514,6 +514,11 @@ async def test_no_zombies_no_leaked_fds(layout, ws):
             await run(layout, ws, ["no-such-program-sfs"], supervisor=sup)
     with trio.move_on_after(0.1):
         await run(layout, ws, ["sleep", "1000"], supervisor=sup)
+    ws.mkdir("ro")
+    inner = ws.open_root("ro", read_only=True)
+    with pytest.raises(ConfinementError):
+        await run(layout, ws, ["true"], grants=[(inner, True)], supervisor=sup)
+    inner.close()
     await sup.aclose()
     assert _fd_count() == before
     assert _children() == []
@@ -538,3 +543,27 @@ async def test_optional_net_namespace(layout, ws):
     r = await run(layout, ws, ["cat", "/proc/self/net/dev"], policy=ConfinementPolicy(namespaces=frozenset({"net"})))
     names = {ln.split(":")[0].strip() for ln in r.stdout.decode().splitlines()[2:]}
     assert names == {"lo"}, r.stderr
+
+
+def test_property_head_tail_buffer():
+    """The bounded buffer keeps exactly the first and last bytes, whatever the chunking."""
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.binary(max_size=64), max_size=40), st.integers(min_value=0, max_value=100))
+    def prop(chunks, max_bytes):
+        buf = sfs_exec._HeadTail(max_bytes)
+        for c in chunks:
+            buf.append(c)
+            assert len(buf.head) + len(buf.tail) <= max_bytes + max_bytes // 2 + 64 + 1
+        data = b"".join(chunks)
+        assert buf.total == len(data)
+        if len(data) <= max_bytes:
+            assert (buf.value(), buf.truncated) == (data, False)
+        else:
+            tail = max_bytes // 2
+            head = max_bytes - tail
+            assert buf.truncated
+            assert buf.value() == data[:head] + (data[-tail:] if tail else b"")
+
+    prop()
