@@ -25,7 +25,8 @@
  *                      parent through a Root (never a host path string)
  *   --ro-mounts        a private mount namespace in which every mount is
  *                      read-only except clones of the --rw-tree directories
- *                      (root only).  Landlock does not cover chmod, chown,
+ *                      (not root: inside a user namespace mapping only our
+ *                      own uid and gid).  Landlock does not cover chmod, chown,
  *                      utime or xattr changes; a read-only mount does (EROFS)
  *   --rw-tree FD       with --ro-mounts: keep the tree at directory FD
  *                      writable (the workspace, read-write grants); repeatable
@@ -239,6 +240,17 @@ static void drop_capabilities(void)
         fail("capabilities", errno);
 }
 
+static void write_file(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        fail("mounts", errno);
+    ssize_t n = (ssize_t)strlen(text);
+    if (write(fd, text, (size_t)n) != n)
+        fail("mounts", errno);
+    close(fd);
+}
+
 /* The path the kernel reports for fd (read before leaving the namespace). */
 static char *fd_path(int fd, const char *stage)
 {
@@ -283,7 +295,20 @@ static void read_only_mounts(const int *trees, int ntrees, int *cwd_fd)
         paths[t] = fd_path(trees[t], "mounts");
     if (*cwd_fd >= 0)
         cwd_path = fd_path(*cwd_fd, "cwd");
-    if (unshare(CLONE_NEWNS) < 0)
+    if (geteuid() != 0) {
+        /* Unprivileged: a user namespace mapping only our own ids gives the
+         * mount rights in a new mount namespace, nothing else. */
+        uid_t uid = geteuid();
+        gid_t gid = getegid();
+        char map[64];
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0)
+            fail("mounts", errno);
+        write_file("/proc/self/setgroups", "deny");
+        snprintf(map, sizeof map, "%u %u 1", (unsigned)uid, (unsigned)uid);
+        write_file("/proc/self/uid_map", map);
+        snprintf(map, sizeof map, "%u %u 1", (unsigned)gid, (unsigned)gid);
+        write_file("/proc/self/gid_map", map);
+    } else if (unshare(CLONE_NEWNS) < 0)
         fail("mounts", errno);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         fail("mounts", errno);
@@ -304,8 +329,7 @@ static void read_only_mounts(const int *trees, int ntrees, int *cwd_fd)
             fail("mounts", errno);
         close(clones[t]);
         close(targets[t]);
-        close(trees[t]);
-        free(paths[t]);
+        free(paths[t]);             /* trees[t] is closed at execve (it may also be the cwd fd) */
     }
     if (cwd_path) {
         /* The old fd names the covered directory; enter the one now on top. */

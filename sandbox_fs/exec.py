@@ -62,8 +62,10 @@ system binary setuid, make ``/etc/shadow`` world-readable).  When the host
 runs as root the helper therefore also gives the child a private mount
 namespace in which every mount is read-only except clones of the workspace
 and the read-write grants (``ConfinementPolicy.read_only_mounts``): such
-changes fail with EROFS.  A non-root host has no such layer yet: there a
-child can change the metadata of files its user owns outside the workspace.
+changes fail with EROFS.  A non-root host gets the same layer inside a user
+namespace that maps only its own uid and gid; where the system forbids user
+namespaces, a child can change the metadata of files its user owns outside
+the workspace (``ExecResult.read_only_mounts`` is then False).
 
 Default rlimits (:class:`ConfinementPolicy`)
 --------------------------------------------
@@ -245,9 +247,12 @@ class ConfinementPolicy:
         scope_abstract_unix: deny connecting to abstract unix sockets
             outside the sandbox (ABI >= 6).
         drop_capabilities: drop every capability when running as root.
-        read_only_mounts: when running as root, give the child a private
-            mount namespace where every mount is read-only except the
-            workspace and read-write grants.  Landlock does not cover
+        read_only_mounts: give the child a private mount namespace where
+            every mount is read-only except the workspace and read-write
+            grants (as root directly; otherwise inside a user namespace that
+            maps only our own uid/gid, when the system allows one: probed
+            once).  Its absence does not fail ``"required"``, which promises
+            Landlock; :attr:`ExecResult.read_only_mounts` says if it applied.  Landlock does not cover
             ``chmod``, ``chown``, ``utime`` or xattr changes, and a child
             running as uid 0 owns every system file: without this it could
             ``chmod 4755`` a system binary or ``chmod 644 /etc/shadow``.
@@ -820,6 +825,25 @@ class _Prepared:
             self.status_r = -1
 
 
+_RO_MOUNTS: bool | None = None
+
+
+def _ro_mounts_available(helper: str) -> bool:
+    """Can the helper make the read-only mount layer?  Root: yes.  Otherwise probed once
+    (a user namespace is needed; some systems disable them)."""
+    global _RO_MOUNTS
+    if os.geteuid() == 0:
+        return True
+    if _RO_MOUNTS is None:
+        try:
+            _RO_MOUNTS = subprocess.run([helper, "--ro-mounts", "--", "true"], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _RO_MOUNTS = False
+    return _RO_MOUNTS
+
+
 def _ensure_dirs(workspace: Root) -> None:
     if workspace.read_only:
         return
@@ -895,7 +919,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                 pass_fds.append(rs.fd)
                 args += ["--ruleset", str(rs.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
                 prep.level, prep.abi = "landlock", version
-            if policy.read_only_mounts and os.geteuid() == 0:
+            if policy.read_only_mounts and _ro_mounts_available(helper):
                 args.append("--ro-mounts")
                 rw_trees = [] if workspace.read_only else [workspace]
                 rw_trees += [r for r, ro in _grant_roots(grants) if not ro]

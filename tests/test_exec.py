@@ -567,3 +567,44 @@ def test_property_head_tail_buffer():
             assert buf.value() == data[:head] + (data[-tail:] if tail else b"")
 
     prop()
+
+
+@pytest.fixture
+def world_tmp():
+    """A temp dir an unprivileged uid can traverse (pytest's tmp_path is 0700 root)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    d = tempfile.mkdtemp(prefix="sfs-exec-nb-")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d)
+
+
+def test_read_only_mounts_for_an_unprivileged_host(world_tmp):
+    """The helper's mount layer also works unprivileged (user namespace mapping only our ids)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root to switch to an unprivileged uid with setpriv")
+    base = world_tmp / "nb"
+    (base / "ws").mkdir(parents=True)
+    (base / "owned.txt").write_text("orig\n")
+    for p in (base, base / "ws", base / "owned.txt"):
+        os.chown(p, 65534, 65534)
+    os.utime(base / "owned.txt", ns=(10**18, 10**18))
+    before = os.stat(base / "owned.txt")
+    script = (f"echo in > f && chmod 600 f && echo inside-ok; chmod 777 {base}/owned.txt; "
+              f"touch -d 2001-01-01 {base}/owned.txt; echo x >> {base}/owned.txt; echo end")
+    inner = (f"exec 7<{base}/ws; cd /; exec {sfs_exec.helper_path()} --ro-mounts --rw-tree 7 --cwd 7 -- "
+             f"sh -c '{script}'")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c", inner],
+                       capture_output=True, timeout=30)
+    if b"sfs-exec: mounts:" in r.stderr and r.returncode == 127:
+        pytest.skip("user namespaces are not available to unprivileged users here")
+    assert r.stdout == b"inside-ok\nend\n", r.stderr
+    after = os.stat(base / "owned.txt")
+    assert (after.st_mode, after.st_mtime_ns, after.st_size) == (before.st_mode, before.st_mtime_ns, before.st_size)
+    assert os.stat(base / "ws" / "f").st_mode & 0o777 == 0o600
