@@ -295,6 +295,7 @@ class Session:
             left partly filled.
         """
         if self._started or self._closed:
+            await trio.lowlevel.checkpoint()
             raise SessionError("start: the session was already started or closed", sandbox_path=None)
         created = [False]
         try:
@@ -348,7 +349,7 @@ class Session:
             if _snap.fingerprint(info.manifest_digest, live) == info.fingerprint:
                 self.fingerprint = info.fingerprint
                 return "reattached"
-        _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits)
+        _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits, mount_points=self._mounts)
         self.fingerprint = info.fingerprint
         return "restored"
 
@@ -550,6 +551,14 @@ class Session:
         r = self.policy.resolve(path, for_write=for_write)
         return r.root, r.rel or "."
 
+    async def _aresolve(self, path: str, for_write: bool = False) -> tuple[Root, str]:
+        """:meth:`_resolve`, but a refusal is raised only after a checkpoint (trio's rule)."""
+        try:
+            return self._resolve(path, for_write)
+        except BaseException:
+            await trio.lowlevel.checkpoint()
+            raise
+
     async def read(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read a regular file, bounded.
 
@@ -565,7 +574,7 @@ class Session:
         Cancellation:
             Nothing is left behind (the read runs in a worker thread and its result is dropped).
         """
-        root, rel = self._resolve(path)
+        root, rel = await self._aresolve(path)
         bound = self.config.max_read_bytes if max_bytes is None else max_bytes
         return await trio.to_thread.run_sync(lambda: root.read_bytes(rel, max_bytes=bound))
 
@@ -578,7 +587,7 @@ class Session:
         Cancellation:
             The file descriptor is closed when the generator is closed.
         """
-        root, rel = self._resolve(path)
+        root, rel = await self._aresolve(path)
         bound = self.config.max_read_bytes if max_bytes is None else max_bytes
         f = await trio.to_thread.run_sync(lambda: root.open(rel, "rb", buffering=0))
         total = 0
@@ -606,7 +615,7 @@ class Session:
         Cancellation:
             The write completes or leaves the old file (atomic rename).
         """
-        root, rel = self._resolve(path, for_write=True)
+        root, rel = await self._aresolve(path, for_write=True)
         return await trio.to_thread.run_sync(lambda: root.atomic_write(rel, data, mode=mode))
 
     async def ls(self, path: str = ".") -> list[DirEntry]:
@@ -615,7 +624,7 @@ class Session:
         Cancellation:
             Nothing is left behind.
         """
-        root, rel = self._resolve(path)
+        root, rel = await self._aresolve(path)
         return await trio.to_thread.run_sync(root.scandir, rel)
 
     async def mkdir(self, path: str, *, mode: int = 0o755, parents: bool = False, exist_ok: bool = False) -> None:
@@ -624,7 +633,7 @@ class Session:
         Cancellation:
             With ``parents``, some parents may already exist.
         """
-        root, rel = self._resolve(path, for_write=True)
+        root, rel = await self._aresolve(path, for_write=True)
         await trio.to_thread.run_sync(lambda: root.mkdir(rel, mode, parents=parents, exist_ok=exist_ok))
 
     async def rm(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
@@ -637,13 +646,15 @@ class Session:
         Cancellation:
             A recursive removal may be partial.
         """
-        root, rel = self._resolve(path, for_write=True)
+        root, rel = await self._aresolve(path, for_write=True)
         if rel == ".":
+            await trio.lowlevel.checkpoint()
             raise InvalidPathError("rm: refusing to remove the workspace root", sandbox_path=path)
 
         def work() -> None:
             if recursive:
-                root.rmtree(rel, missing_ok=missing_ok, skip=_snap.is_mount_point_of(root))
+                root.rmtree(rel, missing_ok=missing_ok, skip=_snap.is_mount_point_of(root, self._mounts)
+                            if root is self.policy.workspace else None)
             else:
                 try:
                     root.remove(rel)
@@ -663,9 +674,10 @@ class Session:
         Cancellation:
             The rename happened or not (atomic).
         """
-        sroot, srel = self._resolve(src, for_write=True)
-        droot, drel = self._resolve(dst, for_write=True)
+        sroot, srel = await self._aresolve(src, for_write=True)
+        droot, drel = await self._aresolve(dst, for_write=True)
         if sroot is not droot:
+            await trio.lowlevel.checkpoint()
             raise CrossRootError("rename across the workspace and a grant is not supported", sandbox_path=src)
         await trio.to_thread.run_sync(lambda: sroot.rename(srel, drel, no_replace=no_replace))
 
@@ -675,7 +687,7 @@ class Session:
         Cancellation:
             Nothing is left behind.
         """
-        root, rel = self._resolve(path)
+        root, rel = await self._aresolve(path)
         return await trio.to_thread.run_sync(lambda: root.stat(rel, follow_symlinks=follow_symlinks))
 
     async def extract(self, source: Any, dest: str = ".", *, format: str = "auto") -> Any:
@@ -702,9 +714,10 @@ class Session:
         except ImportError:
             archive = None
         if archive is None or not hasattr(archive, "extract_async"):
+            await trio.lowlevel.checkpoint()
             raise FeatureUnavailableError("archive extraction needs sandbox_fs.archive, which is not installed",
                                           sandbox_path=dest)
-        root, rel = self._resolve(dest, for_write=True)
+        root, rel = await self._aresolve(dest, for_write=True)
         kwargs: dict[str, Any] = {"format": format}
         if self.config.archive_limits is not None:
             kwargs["limits"] = self.config.archive_limits
@@ -740,21 +753,20 @@ class Session:
                                         grants=policy, **kwargs)
 
     def describe(self) -> str:
-        """A rendered tree of the manifest (or a note that there is none)."""
+        """A rendered tree of the manifest: one line per entry, indented by depth.
+
+        Each line shows the entry name, its type and ``ephemeral`` when it is
+        re-created on every start (and never persisted).  Secrets never appear.
+        """
         m = self.manifest
         if m is None:
             return f"session {self.id}: no manifest\n"
-        for attr in ("describe", "render_tree"):
-            fn = getattr(m, attr, None)
-            if callable(fn):
-                return str(fn())
-        entries = getattr(m, "entries", None)
-        paths = sorted(entries.keys()) if isinstance(entries, dict) else []
         lines = [f"session {self.id}: manifest {self._manifest_digest()[:12]}"]
-        ephemeral = set(self._ephemeral_paths())
-        for p in paths:
-            depth = p.count("/")
-            name = p.rsplit("/", 1)[-1]
-            kind = getattr(entries[p], "type", None) or getattr(entries[p], "kind", "") or ""
-            lines.append("  " * (depth + 1) + f"{name} ({kind}{', ephemeral' if p in ephemeral else ''})")
+        flat = list(m.iter_entries()) if hasattr(m, "iter_entries") else []
+        for fe in sorted(flat, key=lambda fe: fe.path.split("/")):
+            depth = fe.path.count("/")
+            name = fe.path.rsplit("/", 1)[-1]
+            kind = getattr(fe.entry, "type", "entry")
+            note = ", ephemeral" if fe.ephemeral else ""
+            lines.append("  " * (depth + 1) + f"{name}{'/' if kind == 'dir' else ''} ({kind}{note})")
         return "\n".join(lines) + "\n"

@@ -649,8 +649,10 @@ def _open_member(ws: Root, item: _Item) -> int | None:
         fd = ws.open_fd(item.path, os.O_RDONLY | os.O_NONBLOCK, follow_symlinks=False)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
+    except (OSError, SandboxError) as exc:
+        # ELOOP: now a symlink; special_file: Root refuses FIFOs/devices: swapped since the listing
+        if getattr(exc, "code", None) == "special_file" or \
+                getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
             raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
                                              sandbox_path=item.path) from None
         raise
@@ -953,13 +955,26 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
 # ------------------------------------------------------------------ hydrate
 
 
-def is_mount_point_of(ws: Root) -> Callable[[os.stat_result], bool]:
-    """A ``skip`` predicate for :meth:`Root.clear`: True for directories on another device."""
+def is_mount_point_of(ws: Root, mount_points: Iterable[str] = ()) -> Callable[[os.stat_result], bool]:
+    """A ``skip`` predicate for :meth:`Root.clear`: True for mount points.
+
+    A mount point is a directory on another device than the root, or one of
+    ``mount_points`` (sandbox paths; bind mounts of the same device), matched
+    by ``(st_dev, st_ino)`` taken now.
+    """
     dev = ws.stat(".").st_dev
-    return lambda st: st.st_dev != dev
+    ids = set()
+    for p in mount_points:
+        try:
+            st = ws.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        ids.add((st.st_dev, st.st_ino))
+    return lambda st: st.st_dev != dev or (st.st_dev, st.st_ino) in ids
 
 
-def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None) -> HydrateReport:
+def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
+            mount_points: Iterable[str] = ()) -> HydrateReport:
     """Replace the workspace's contents with snapshot ``name``.  Blocking: one worker thread.
 
     The archive is verified (size, SHA-256) *before* the workspace is
@@ -976,6 +991,8 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
         store: where the snapshot lives.
         name: snapshot name.
         limits: :class:`SnapshotLimits` (entries, bytes, archive size).
+        mount_points: sandbox paths of mounts kept by the clear (besides
+            directories on another device, always kept).
 
     Raises:
         SnapshotNotFoundError: no such snapshot.
@@ -988,7 +1005,7 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     limits = limits or SnapshotLimits()
     f, info = store.open_archive(name, limits)
     with f:
-        ws.clear(skip=is_mount_point_of(ws))
+        ws.clear(skip=is_mount_point_of(ws, mount_points))
         _extract_with_archive(ws, f, limits)
     _restore_modes(ws, info)
     return HydrateReport(info, "archive")

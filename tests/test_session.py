@@ -374,3 +374,34 @@ async def test_exec_delegates_and_shutdown_kills_leftover_processes(client, opts
     except FileNotFoundError:
         pass
     await client.delete(s)
+
+
+async def test_restore_never_clears_a_registered_mount_point(client, opts):
+    async with client.create() as s:
+        await s.write("f", b"snap")
+    await s.aclose()
+    ws = os.path.join(opts.workspaces_dir, s.id)
+    os.mkdir(os.path.join(ws, "mnt"))
+    with open(os.path.join(ws, "mnt", "host-data"), "w") as fh:
+        fh.write("bind-mounted content")
+    with open(os.path.join(ws, "f"), "w") as fh:
+        fh.write("drift")
+    r = client.resume(client.serialize_state(s))
+    r.register_mount("mnt")  # e.g. a bind mount the host set up before start
+    async with r:
+        assert r.start_mode == "restored" and await r.read("f") == b"snap"
+        assert await r.read("mnt/host-data") == b"bind-mounted content"
+    await client.delete(r)
+
+
+async def test_guard_released_when_shutdown_fails_in_open_session(client):
+    from sandbox_fs.client import open_session
+
+    class BadSup:
+        async def kill_all(self):
+            raise OSError("cannot kill")
+
+    with pytest.raises(OSError, match="cannot kill"):
+        async with open_session(client, key="k") as s:
+            s.attach_supervisor(BadSup())
+    assert s.bound_run is None and s.closed
