@@ -36,7 +36,8 @@ The default read-only system set (:mod:`sandbox_fs._landlock`)
 --------------------------------------------------------------
 * read + execute beneath ``/usr``, ``/bin``, ``/sbin``, ``/lib``,
   ``/lib32``, ``/lib64``, ``/libx32`` (whichever exist);
-* ``/etc`` entry by entry, minus every entry that is not world-readable
+* ``/etc`` entry by entry (a symlink entry only when it resolves under
+  ``/etc`` or ``/usr``), minus every entry that is not world-readable
   (``shadow``, ``gshadow`` ...) and minus ``sudoers``, ``sudoers.d``,
   ``ssh``, ``ssl/private``, ``security/opasswd``, ``credstore*``,
   ``wireguard``, ``krb5.keytab``, ``ppp``,
@@ -46,6 +47,10 @@ The default read-only system set (:mod:`sandbox_fs._landlock`)
 * ``/proc/self`` of the started process (read).  Its own children do not
   get their ``/proc/self``; the rest of ``/proc``, ``/sys``, ``/tmp``,
   ``/root``, ``/home`` and ``/run`` are not granted.
+
+The system paths are opened ``O_PATH`` once per process and kept (about
+150 fds), then reopened whenever ``/etc`` changes, so building a ruleset
+costs only the ``landlock_add_rule`` calls (~0.6 ms).
 
 Tools living outside that set (on the project machine Python lives under
 ``/root/.pyenv``) need an explicit read-only grant of their prefix, never a
@@ -114,7 +119,7 @@ import struct
 import subprocess
 import termios
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import AsyncIterable, Iterable, Literal, Mapping, Sequence
 
 import trio

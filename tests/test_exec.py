@@ -368,6 +368,18 @@ async def test_stdin_cwd_exit_code_and_shell(layout, ws):
     assert r.stdout == b"a b c\n"
 
 
+async def test_child_starts_with_only_stdin_stdout_stderr(layout, ws):
+    extra = os.open("/dev/null", os.O_RDONLY)  # inheritable in the parent: must not reach the child
+    os.set_inheritable(extra, True)
+    try:
+        for confinement in ("best_effort", "none"):
+            r = await run(layout, ws, ["ls", "/proc/self/fd"], confinement=confinement)
+            # 3 is the directory ls itself opened to list /proc/self/fd
+            assert r.stdout.split() == [b"0", b"1", b"2", b"3"], (confinement, r.stdout, r.stderr)
+    finally:
+        os.close(extra)
+
+
 async def test_cwd_is_resolved_through_the_root(layout, ws):
     os.symlink(layout.outside, layout.ws / "out")
     with pytest.raises(PathEscapeError):
