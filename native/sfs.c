@@ -42,6 +42,8 @@ int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint
 {
     struct open_how how;
     memset(&how, 0, sizeof how);
+    if (strnlen(path, PATH_MAX) >= PATH_MAX)
+        return -ENAMETOOLONG;
     how.flags = flags | O_CLOEXEC;
     /* openat2 rejects a non-zero mode unless a file may be created. */
     how.mode = ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) ? (mode & 07777) : 0;
@@ -50,8 +52,9 @@ int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint
         long fd = syscall(SYS_openat2, dirfd, path, &how, sizeof how);
         if (fd >= 0)
             return (int)fd;
-        /* EAGAIN: a concurrent rename raced a ".." step; retrying is safe. */
-        if (errno != EAGAIN && errno != EINTR)
+        /* EAGAIN: a concurrent rename raced a ".." step; retrying is safe.
+         * EINTR goes back to Python, which runs signal handlers and retries. */
+        if (errno != EAGAIN)
             return -errno;
     }
     return -EAGAIN;
@@ -60,39 +63,139 @@ int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint
 /* ------------------------------------------------------------------ */
 /* Fallback resolver: one component at a time, O_PATH|O_NOFOLLOW.     */
 /* Same answers as openat2(RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS).     */
+/*                                                                    */
+/* Only the current directory is held open.  The walk keeps the       */
+/* identity (dev, ino) of every directory from the root down; ".."    */
+/* opens the real parent and must find the recorded identity (else a  */
+/* rename raced us: -EAGAIN, retried like openat2's rename check), and */
+/* before returning, the chain from the result's directory up to the  */
+/* root is checked again, so the result was beneath the root when we  */
+/* returned it.                                                        */
 /* ------------------------------------------------------------------ */
 
+struct ident {
+    dev_t dev;
+    ino_t ino;
+};
+
 struct walk {
-    int *fds;      /* fds[0..depth-1] are owned O_PATH fds below the root */
-    int depth;
+    struct ident *ids;  /* ids[0] is the root, ids[i] the directory at depth i */
+    int depth;          /* ids[depth] is the current directory */
     int cap;
-    int rootfd;    /* not owned */
+    int cur;            /* owned O_PATH fd of the current directory, -1 = rootfd */
+    int rootfd;         /* not owned */
 };
 
 static int walk_cur(const struct walk *w)
 {
-    return w->depth ? w->fds[w->depth - 1] : w->rootfd;
+    return w->cur >= 0 ? w->cur : w->rootfd;
 }
 
-static int walk_push(struct walk *w, int fd)
+static int same(const struct stat *st, const struct ident *id)
 {
-    if (w->depth == w->cap) {
-        int ncap = w->cap ? w->cap * 2 : 16;
-        int *n = realloc(w->fds, (size_t)ncap * sizeof *n);
-        if (!n)
+    return st->st_dev == id->dev && st->st_ino == id->ino;
+}
+
+/* Enter directory fd (owned from now on) whose stat is st. */
+static int walk_descend(struct walk *w, int fd, const struct stat *st)
+{
+    if (w->depth + 1 >= w->cap) {
+        int ncap = w->cap * 2;
+        struct ident *n = realloc(w->ids, (size_t)ncap * sizeof *n);
+        if (!n) {
+            close(fd);
             return -ENOMEM;
-        w->fds = n;
+        }
+        w->ids = n;
         w->cap = ncap;
     }
-    w->fds[w->depth++] = fd;
+    w->depth++;
+    w->ids[w->depth].dev = st->st_dev;
+    w->ids[w->depth].ino = st->st_ino;
+    if (w->cur >= 0)
+        close(w->cur);
+    w->cur = fd;
     return 0;
+}
+
+/*
+ * Open ".." of the current directory with the given flags, check it is the
+ * recorded parent.  On success returns the fd (owned by the caller) and
+ * pops one level (the walk's current fd becomes invalid: caller must use
+ * walk_set_cur or return).
+ */
+static int walk_open_parent(struct walk *w, int flags, int *out_fd)
+{
+    struct stat st;
+    if (w->depth == 0)
+        return -EXDEV;                      /* would climb above the root */
+    int fd = openat(walk_cur(w), "..", flags | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    if (fstat(fd, &st) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!same(&st, &w->ids[w->depth - 1])) {
+        close(fd);
+        return -EAGAIN;                     /* a rename raced the walk */
+    }
+    *out_fd = fd;
+    return 0;
+}
+
+static int walk_ascend(struct walk *w)
+{
+    int fd, ret = walk_open_parent(w, O_PATH | O_DIRECTORY, &fd);
+    if (ret < 0)
+        return ret;
+    if (w->cur >= 0)
+        close(w->cur);
+    w->depth--;
+    if (w->depth == 0) {
+        close(fd);
+        w->cur = -1;
+    } else {
+        w->cur = fd;
+    }
+    return 0;
+}
+
+/* The current directory is still below the root through the recorded chain. */
+static int walk_verify(const struct walk *w)
+{
+    int ret = 0;
+    if (w->depth == 0)
+        return 0;
+    int fd = dup(walk_cur(w));
+    if (fd < 0)
+        return -errno;
+    for (int d = w->depth; d > 0; d--) {
+        struct stat st;
+        int up = openat(fd, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        close(fd);
+        if (up < 0)
+            return -errno;
+        fd = up;
+        if (fstat(fd, &st) < 0) {
+            ret = -errno;
+            break;
+        }
+        if (!same(&st, &w->ids[d - 1])) {
+            ret = -EAGAIN;
+            break;
+        }
+    }
+    close(fd);
+    return ret;
 }
 
 static void walk_free(struct walk *w)
 {
-    for (int i = 0; i < w->depth; i++)
-        close(w->fds[i]);
-    free(w->fds);
+    if (w->cur >= 0)
+        close(w->cur);
+    free(w->ids);
 }
 
 /*
@@ -108,7 +211,7 @@ static int is_proc_magic(int on_proc, const char *target)
     return on_proc && (target[0] == '/' || strchr(target, ':') != NULL);
 }
 
-/* Replace the unprocessed tail "rest" by "target/rest" in a fresh buffer. */
+/* A fresh buffer holding "target" + (rest ? "/" rest : ""). */
 static char *path_splice(const char *target, size_t tlen, const char *rest)
 {
     size_t rlen = strlen(rest);
@@ -123,25 +226,45 @@ static char *path_splice(const char *target, size_t tlen, const char *rest)
     return n;
 }
 
-int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve)
+/* Finish: the result fd (>= 0) is returned only if the walk is still beneath. */
+static int walk_finish(struct walk *w, int fd)
 {
-    struct walk w = { NULL, 0, 0, rootfd };
-    struct stat rootst;
+    if (fd < 0)
+        return fd;
+    int v = walk_verify(w);
+    if (v < 0) {
+        close(fd);
+        return v;
+    }
+    return fd;
+}
+
+static int walk_once(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
+                     const struct stat *rootst)
+{
+    struct walk w;
     char *buf = NULL;
     const char *p;
     int hops = 0, ret;
     char name[NAME_MAX + 1];
     char target[PATH_MAX + 1];
+    const int oflags = (int)(flags | O_CLOEXEC);
 
-    if (path[0] == '\0')
-        return -ENOENT;
-    if (path[0] == '/')
-        return -EXDEV;                  /* RESOLVE_BENEATH: absolute is an escape */
-    if (fstat(rootfd, &rootst) < 0)
-        return -errno;
-    buf = strdup(path);
-    if (!buf)
+    w.cap = 64;
+    w.ids = malloc((size_t)w.cap * sizeof *w.ids);
+    if (!w.ids)
         return -ENOMEM;
+    w.depth = 0;
+    w.ids[0].dev = rootst->st_dev;
+    w.ids[0].ino = rootst->st_ino;
+    w.cur = -1;
+    w.rootfd = rootfd;
+
+    buf = strdup(path);
+    if (!buf) {
+        free(w.ids);
+        return -ENOMEM;
+    }
     p = buf;
 
     for (;;) {
@@ -156,9 +279,13 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
         int trailing_slash = last && *end == '/';
 
         if (len == 0) {
-            /* The path was only slashes after a symlink splice: means "."  */
-            ret = openat(walk_cur(&w), ".", (int)(flags | O_CLOEXEC), (mode_t)mode);
-            ret = ret < 0 ? -errno : ret;
+            /* Nothing left (a symlink spliced to "x/" or similar): the current dir. */
+            if (flags & O_CREAT) {
+                ret = -EISDIR;
+                goto out;
+            }
+            ret = openat(walk_cur(&w), ".", oflags, (mode_t)mode);
+            ret = walk_finish(&w, ret < 0 ? -errno : ret);
             goto out;
         }
         if (len > NAME_MAX) {
@@ -169,23 +296,41 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
         name[len] = '\0';
 
         if (strcmp(name, "..") == 0) {
-            if (w.depth == 0) {
-                ret = -EXDEV;           /* would climb above the root */
-                goto out;
-            }
-            close(w.fds[--w.depth]);
             if (last) {
-                ret = openat(walk_cur(&w), ".", (int)(flags | O_CLOEXEC), (mode_t)mode);
-                ret = ret < 0 ? -errno : ret;
+                int fd;
+                if (flags & O_CREAT) {
+                    /* as open(2): the parent exists and is a directory */
+                    if ((ret = walk_ascend(&w)) < 0)
+                        goto out;
+                    ret = (flags & O_EXCL) ? -EEXIST : -EISDIR;
+                    goto out;
+                }
+                /* Open the parent itself with the caller's flags. */
+                ret = walk_open_parent(&w, oflags, &fd);
+                if (ret < 0)
+                    goto out;
+                /* verify the grandparent chain: ascend our bookkeeping */
+                ret = walk_ascend(&w);
+                if (ret < 0) {
+                    close(fd);
+                    goto out;
+                }
+                ret = walk_finish(&w, fd);
                 goto out;
             }
+            if ((ret = walk_ascend(&w)) < 0)
+                goto out;
             p = after;
             continue;
         }
         if (strcmp(name, ".") == 0) {
             if (last) {
-                ret = openat(walk_cur(&w), ".", (int)(flags | O_CLOEXEC), (mode_t)mode);
-                ret = ret < 0 ? -errno : ret;
+                if (flags & O_CREAT) {
+                    ret = (flags & O_EXCL) ? -EEXIST : -EISDIR;
+                    goto out;
+                }
+                ret = openat(walk_cur(&w), ".", oflags, (mode_t)mode);
+                ret = walk_finish(&w, ret < 0 ? -errno : ret);
                 goto out;
             }
             p = after;
@@ -194,7 +339,7 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
 
         int fd;
         struct stat st;
-        if (!last || trailing_slash) {
+        if (!last) {
             /* Intermediate component: must be a directory or a symlink. */
             fd = openat(walk_cur(&w), name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
             if (fd < 0) {
@@ -202,13 +347,19 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
                 goto out;
             }
         } else {
+            if (trailing_slash && (flags & O_CREAT)) {
+                ret = -EISDIR;              /* as open(2): O_CREAT on "name/" */
+                goto out;
+            }
             /* Final component: open it for real, never through a symlink. */
-            fd = openat(walk_cur(&w), name, (int)(flags | O_NOFOLLOW | O_CLOEXEC), (mode_t)mode);
+            int f = oflags | O_NOFOLLOW | (trailing_slash ? O_DIRECTORY : 0);
+            fd = openat(walk_cur(&w), name, f, (mode_t)mode);
             if (fd < 0) {
                 int err = errno;
                 /* ELOOP (or ENOTDIR with O_DIRECTORY) under our O_NOFOLLOW may
                  * mean the name is a symlink the caller wants followed. */
-                if ((err != ELOOP && err != ENOTDIR) || (flags & O_NOFOLLOW)) {
+                int may_follow = !(flags & O_NOFOLLOW) || trailing_slash;
+                if ((err != ELOOP && err != ENOTDIR) || !may_follow) {
                     ret = -err;
                     goto out;
                 }
@@ -219,7 +370,7 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
                 }
                 if (fstat(fd, &st) < 0 || !S_ISLNK(st.st_mode)) {
                     close(fd);
-                    ret = -err;         /* not a symlink: the first error stands */
+                    ret = -err;             /* not a symlink: the first error stands */
                     goto out;
                 }
             }
@@ -229,10 +380,12 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
             close(fd);
             goto out;
         }
-        if (S_ISLNK(st.st_mode) && !(last && !trailing_slash && (flags & O_NOFOLLOW))) {
+        int follow = S_ISLNK(st.st_mode) &&
+                     (!last || trailing_slash || !(flags & O_NOFOLLOW));
+        if (follow) {
             /* Follow the symlink: splice its target in front of the rest. */
             struct statfs sfs;
-            int st_dev_fs_is_proc = fstatfs(fd, &sfs) == 0 && sfs.f_type == SFS_PROC_SUPER_MAGIC;
+            int on_proc = fstatfs(fd, &sfs) == 0 && sfs.f_type == SFS_PROC_SUPER_MAGIC;
             ssize_t n = readlinkat(fd, "", target, sizeof target - 1);
             close(fd);
             if (resolve & RESOLVE_NO_SYMLINKS) {
@@ -248,8 +401,8 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
                 goto out;
             }
             target[n] = '\0';
-            if (is_proc_magic(st_dev_fs_is_proc, target)) {
-                ret = -ELOOP;           /* RESOLVE_NO_MAGICLINKS */
+            if (is_proc_magic(on_proc, target)) {
+                ret = -ELOOP;               /* RESOLVE_NO_MAGICLINKS */
                 goto out;
             }
             if (n == 0) {
@@ -257,26 +410,29 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
                 goto out;
             }
             if (target[0] == '/') {
-                ret = -EXDEV;           /* absolute target: an escape */
+                ret = -EXDEV;               /* absolute target: an escape */
                 goto out;
             }
-            char *nb = path_splice(target, (size_t)n, trailing_slash ? "." : after);
+            /* A trailing slash carries over to the link's target. */
+            char *nb = path_splice(target, (size_t)n, trailing_slash ? "" : after);
             if (!nb) {
                 ret = -ENOMEM;
                 goto out;
             }
+            if (trailing_slash)
+                strcat(nb, "/");
             free(buf);
             buf = nb;
             p = buf;
             continue;
         }
-        if ((resolve & RESOLVE_NO_XDEV) && st.st_dev != rootst.st_dev) {
+        if ((resolve & RESOLVE_NO_XDEV) && st.st_dev != w.ids[0].dev) {
             close(fd);
             ret = -EXDEV;
             goto out;
         }
-        if (last && !trailing_slash) {
-            ret = fd;                   /* done: fd is the opened final object */
+        if (last) {
+            ret = walk_finish(&w, fd);      /* fd is the opened final object */
             goto out;
         }
         if (!S_ISDIR(st.st_mode)) {
@@ -284,21 +440,45 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
             ret = -ENOTDIR;
             goto out;
         }
-        if ((ret = walk_push(&w, fd)) < 0) {
-            close(fd);
+        if ((ret = walk_descend(&w, fd, &st)) < 0)
             goto out;
-        }
-        if (trailing_slash) {
-            ret = openat(walk_cur(&w), ".", (int)(flags | O_CLOEXEC), (mode_t)mode);
-            ret = ret < 0 ? -errno : ret;
-            goto out;
-        }
         p = after;
     }
 out:
     walk_free(&w);
     free(buf);
     return ret;
+}
+
+/* The kernel's VALID_OPEN_FLAGS (include/linux/fcntl.h). */
+#define SFS_VALID_OPEN_FLAGS (O_RDONLY | O_WRONLY | O_RDWR | O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | \
+    O_APPEND | O_NDELAY | O_NONBLOCK | O_SYNC | O_DSYNC | O_ASYNC | O_DIRECT | O_LARGEFILE | \
+    O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC | O_PATH | __O_TMPFILE)
+
+int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve)
+{
+    struct stat rootst;
+
+    if (path[0] == '\0')
+        return -ENOENT;
+    if (strlen(path) >= PATH_MAX)
+        return -ENAMETOOLONG;
+    if (flags & ~(uint64_t)SFS_VALID_OPEN_FLAGS)
+        return -EINVAL;                     /* as openat2: unknown flag bits */
+    if ((flags & O_CREAT) && (flags & O_DIRECTORY) && (flags & O_TMPFILE) != O_TMPFILE)
+        return -EINVAL;                     /* as open(2) since Linux 6.4 */
+    if ((flags & O_PATH) && (flags & ~(uint64_t)(O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)))
+        return -EINVAL;                     /* as openat2: O_PATH takes no other flags */
+    if (path[0] == '/')
+        return -EXDEV;                      /* RESOLVE_BENEATH: absolute is an escape */
+    if (fstat(rootfd, &rootst) < 0)
+        return -errno;
+    for (int attempt = 0; attempt < SFS_EAGAIN_RETRIES; attempt++) {
+        int ret = walk_once(rootfd, path, flags, mode, resolve, &rootst);
+        if (ret != -EAGAIN)
+            return ret;
+    }
+    return -EAGAIN;
 }
 
 /* ------------------------------------------------------------------ */

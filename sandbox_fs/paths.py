@@ -167,44 +167,32 @@ class PathPolicy:
             raise InvalidPathError("workspace_path must be absolute", sandbox_path=None)
         self.workspace_path = posixpath.normpath(workspace_path)
         self._grants: list[_PinnedGrant] = []
+        self._own_views: list[Root] = []
         try:
             for g in grants:
                 r = open_root(g.path, read_only=g.read_only, label=g.path)
                 self._grants.append(_PinnedGrant(g, r, r.identity))
+            # Read-only grants are enforced physically in every writable Root
+            # the policy hands out (the workspace and read-write grants): a
+            # write whose parent fd is, or is beneath, a read-only grant's
+            # directory is refused whatever path (symlink, "..") led there.
+            ro_ids = frozenset(p.identity for p in self._grants if p.grant.read_only)
+            self.workspace = workspace
+            if ro_ids:
+                self.workspace = workspace.with_options(deny_write_ids=ro_ids)
+                self._own_views.append(self.workspace)
+                for p in self._grants:
+                    if not p.grant.read_only:
+                        view = p.root.with_options(deny_write_ids=ro_ids)
+                        p.root.close()
+                        p.root = view
         except BaseException:
             self.close()
             raise
-        # Read-only grants physically inside the workspace: the workspace Root
-        # handed out refuses to write beneath them, whatever path leads there.
-        self._ro_ids = {p.identity for p in self._grants if p.grant.read_only}
-        guard = self._guard if self._ro_ids else None
-        self.workspace = workspace.with_options(write_guard=guard) if guard else workspace
-        self._own_workspace_view = guard is not None
 
     @property
     def grants(self) -> list[Grant]:
         return [p.grant for p in self._grants]
-
-    def _guard(self, parent_fd: int, shown: str) -> None:
-        """Refuse a write whose parent directory is, or is beneath, a read-only grant."""
-        ws_id = self.workspace_identity
-        cur = os.dup(parent_fd)
-        try:
-            for _ in range(MAX_PATH_BYTES):
-                st = os.fstat(cur)
-                ident = (st.st_dev, st.st_ino)
-                if ident in self._ro_ids:
-                    raise ReadOnlyError("write beneath a read-only grant", sandbox_path=shown)
-                if ident == ws_id:
-                    return
-                up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
-                ust = os.fstat(up)
-                os.close(cur)
-                cur = up
-                if (ust.st_dev, ust.st_ino) == ident:
-                    return
-        finally:
-            os.close(cur)
 
     @property
     def workspace_identity(self) -> tuple[int, int]:
@@ -245,8 +233,8 @@ class PathPolicy:
         """Close the grant Roots (and the guarded workspace view).  Idempotent."""
         for p in self._grants:
             p.root.close()
-        if getattr(self, "_own_workspace_view", False):
-            self.workspace.close()
+        for v in getattr(self, "_own_views", []):
+            v.close()
 
     def __enter__(self) -> "PathPolicy":
         return self

@@ -40,21 +40,43 @@ from .errors import (
     PathEscapeError,
     ReadOnlyError,
     SandboxError,
+    SandboxOSError,
     SymlinkRefusedError,
     WorkspaceClosedError,
 )
 
-__all__ = ["Root", "open_root", "UnsafeModeError", "DirEntry", "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
+__all__ = ["Root", "open_root", "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry", "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
 
-MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_PATH_BYTES = 4095  # PATH_MAX (4096) counts the terminating NUL
 MAX_NAME_BYTES = 255  # NAME_MAX
 
 _O_PATH = _native.O_PATH
 _O_NOFOLLOW = os.O_NOFOLLOW
+_O_NONBLOCK = os.O_NONBLOCK
+
+
+def _retry_eintr(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    while True:
+        try:
+            return fn(*args, **kw)
+        except InterruptedError:
+            continue
 _DIR_FLAGS = _O_PATH | os.O_DIRECTORY
 _COPY_UNBOUNDED = (1 << 62)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _O_TMPFILE = _native.O_TMPFILE
+
+
+class SpecialFileError(SandboxOSError):
+    """A FIFO, socket or device was met where only files and directories are opened.
+
+    Opening a FIFO blocks until a writer appears, and devices have side
+    effects on open: both are refused without blocking (PEP 706's data
+    filter refuses special files for the same reason).
+    """
+
+    code = "special_file"
+    errno_value = errno.EINVAL
 
 
 class UnsafeModeError(SandboxError, ValueError):
@@ -108,6 +130,16 @@ def kind_of(mode: int) -> str:
     return "unknown"
 
 
+_CONTROL = {i: f"\\x{i:02x}" for i in list(range(0x20)) + [0x7F]}
+
+
+def display_path(text: str, limit: int = 200) -> str:
+    """An untrusted path made safe for one log line: control characters
+    escaped, surrogates shown as ``\\udcXX``, truncated to ``limit`` characters."""
+    out = text.translate(_CONTROL).encode("utf-8", "backslashreplace").decode("utf-8")
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
 def _check_mode(mode: int, sandbox_path: str | None) -> int:
     if not isinstance(mode, int) or mode < 0 or mode & ~0o777:
         raise UnsafeModeError(
@@ -153,7 +185,7 @@ class Root:
     """
 
     def __init__(self, _fd: int, *, read_only: bool, no_symlinks: bool, resolver: str,
-                 label: str, write_guard: Callable[[int, str], None] | None = None) -> None:
+                 label: str, deny_write_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
         # fd pinning without a lock on the hot path (relies on the GIL making
         # list.append / list.pop atomic): a call appends to _inflight *before*
         # reading the fd; close() sets _closing *before* looking at _inflight;
@@ -165,7 +197,10 @@ class Root:
         self.no_symlinks = no_symlinks
         self.resolver = resolver
         self._label = label
-        self._write_guard = write_guard
+        # Identities (st_dev, st_ino) of directories this Root must never
+        # write into (read-only grants nested in it), checked on the fds a
+        # write actually uses.
+        self._deny = frozenset(deny_write_ids)
         st = os.fstat(_fd)
         self._root_id = (st.st_dev, st.st_ino)
         self._resolve = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_MAGICLINKS |
@@ -247,8 +282,8 @@ class Root:
         text = rel if isinstance(rel, str) else os.fsdecode(rel)
         text = text.strip("/") if text not in ("", ".") else ""
         if self._label and text:
-            return f"{self._label}/{text}"
-        return text or self._label or "."
+            text = f"{self._label}/{text}"
+        return display_path(text or self._label or ".")
 
     def _rel(self, path: str | bytes | os.PathLike) -> bytes:
         """Validate a relative path and return it as bytes (fast path first)."""
@@ -287,13 +322,16 @@ class Root:
                                   context={"operation": "resolve"})
         return b if b else b"."
 
-    def _split(self, rel: bytes) -> tuple[bytes, bytes]:
+    def _split(self, rel: bytes, op: str = "", dir_op: bool = False) -> tuple[bytes, bytes]:
         stripped = rel.rstrip(b"/")
         if not stripped:
             raise InvalidPathError("this operation needs a name, not the root itself", sandbox_path=self._show(rel))
         parent, _, leaf = stripped.rpartition(b"/")
         if leaf in (b".", b".."):
             raise InvalidPathError("the last component may not be '.' or '..'", sandbox_path=self._show(rel))
+        if not dir_op and len(stripped) != len(rel):
+            # "name/" names a directory: never a file operation (as open(2)).
+            _native.raise_errno(errno.ENOTDIR, op or "resolve", self._show(rel))
         return (parent or b"."), leaf
 
     def _resolve_flags(self) -> int:
@@ -308,19 +346,63 @@ class Root:
             raise ReadOnlyError(f"{op}: this root is read-only", sandbox_path=self._show(rel),
                                 context={"operation": op})
 
-    def _open_parent(self, rootfd: int, rel: bytes, op: str, write: bool) -> tuple[int, bytes]:
-        """Open the parent of ``rel`` (O_PATH dir fd) and return it with the leaf name."""
-        parent, leaf = self._split(rel)
+    def _open_parent(self, rootfd: int, rel: bytes, op: str, write: bool, *,
+                     dir_op: bool = False, inplace: bool = False) -> tuple[int, bytes]:
+        """Open the parent of ``rel`` (O_PATH dir fd) and return it with the leaf name.
+
+        For writes through a Root with read-only directories nested in it,
+        the parent's ancestry and the leaf itself are checked on the fd
+        that the operation will use (see :meth:`_check_write_target`).
+        """
+        parent, leaf = self._split(rel, op, dir_op)
         if write:
             self._check_writable(rel, op)
         pfd = self._open_fd(rootfd, parent, _DIR_FLAGS, 0, op)
-        if write and self._write_guard is not None:
+        if write and self._deny:
             try:
-                self._write_guard(pfd, self._show(rel))
+                self._check_write_target(pfd, leaf, rel, inplace)
             except BaseException:
                 os.close(pfd)
                 raise
         return pfd, leaf
+
+    def _check_write_target(self, pfd: int, leaf: bytes | None, rel: bytes, inplace: bool) -> None:
+        """Refuse a write that would land in a denied (read-only) directory.
+
+        Checks, on fds: every directory from ``pfd`` up to this Root's own
+        directory; the leaf itself when it is a denied directory; and, for
+        in-place changes (open for write, chmod, utime), a regular file with
+        more than one link, which could be a hard link into a denied tree.
+        """
+        shown = self._show(rel)
+        cur = os.dup(pfd)
+        try:
+            for _ in range(MAX_PATH_BYTES):
+                st = os.fstat(cur)
+                ident = (st.st_dev, st.st_ino)
+                if ident in self._deny:
+                    raise ReadOnlyError("write beneath a read-only grant", sandbox_path=shown)
+                if ident == self._root_id:
+                    break
+                up = os.open("..", _DIR_FLAGS | os.O_CLOEXEC, dir_fd=cur)
+                ust = os.fstat(up)
+                os.close(cur)
+                cur = up
+                if (ust.st_dev, ust.st_ino) == ident:
+                    break  # reached "/" without meeting our root: moved out, nothing denied above
+        finally:
+            os.close(cur)
+        if leaf is None:
+            return
+        try:
+            lst = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if (lst.st_dev, lst.st_ino) in self._deny:
+            raise ReadOnlyError("this directory is a read-only grant", sandbox_path=shown)
+        if inplace and _stat.S_ISREG(lst.st_mode) and lst.st_nlink > 1:
+            raise ReadOnlyError("in-place change of a multiply-linked file where read-only grants are "
+                                "nested (it could be a hard link into one)", sandbox_path=shown)
 
     def _oserror(self, exc: OSError, op: str, rel: bytes) -> None:
         """Re-raise an OSError from ``os`` with the sandbox path, never a host path."""
@@ -331,15 +413,26 @@ class Root:
     # ------------------------------------------------------------------ opening
 
     def open_fd(self, path: str | bytes, flags: int = os.O_RDONLY, mode: int = 0o644, *,
-                follow_symlinks: bool = True) -> int:
+                follow_symlinks: bool = True, allow_special: bool = False) -> int:
         """Open ``path`` beneath the root and return a raw O_CLOEXEC fd (caller closes it).
+
+        FIFOs, sockets and devices are refused without blocking: the open is
+        done with ``O_NONBLOCK`` and ``fstat``-checked (O_NONBLOCK is then
+        cleared unless asked for).  ``O_PATH`` opens are not checked (they
+        cannot read or write).
 
         Args:
             path: relative sandbox path.
             flags: ``os.O_*`` flags.  Flags that write or create need a
-                writable Root; ``O_CREAT`` never follows a leaf symlink.
-            mode: permission bits for a created file, within 0o777.
+                writable Root and never follow a leaf symlink.
+            mode: permission bits for a created file, within 0o777 (the
+                umask applies, as with ``os.open``; use :meth:`open` or
+                :meth:`atomic_write` for an exact mode).
             follow_symlinks: False adds ``O_NOFOLLOW`` on the leaf.
+            allow_special: open FIFOs, sockets and devices too.
+
+        Raises:
+            SpecialFileError: ``path`` is a FIFO, socket or device.
         """
         if type(path) is str and not flags & _WRITE_FLAGS and 0 <= mode <= 0o777:
             # Hot path for reads: validate inline, pin the fd, one native call.
@@ -348,14 +441,7 @@ class Root:
                     and (flags & _O_TMPFILE) != _O_TMPFILE:
                 if not follow_symlinks:
                     flags |= _O_NOFOLLOW
-                rootfd = self._acquire()
-                try:
-                    ret = self._open_native(rootfd, rel, flags, mode, self._resolve)
-                finally:
-                    self._release()
-                if ret < 0:
-                    _native.raise_errno(-ret, "open", self._show(rel))
-                return ret
+                return self._open_read(rel, flags, mode, allow_special)
         rel = self._rel(path)
         writes = flags & _WRITE_FLAGS or (flags & _O_TMPFILE) == _O_TMPFILE
         if mode & ~0o777 or mode < 0:
@@ -364,27 +450,53 @@ class Root:
             # Writes open the parent beneath the root, check it (read-only
             # grants), then open the leaf relative to that very fd without
             # following it: nothing can be swapped between check and use.
+            inplace = bool(flags & (os.O_WRONLY | os.O_RDWR))
             with self._use() as rootfd:
-                pfd, leaf = self._open_parent(rootfd, rel, "open", write=True)
+                pfd, leaf = self._open_parent(rootfd, rel, "open", write=True, inplace=inplace,
+                                              dir_op=(flags & _O_TMPFILE) == _O_TMPFILE)
                 try:
-                    return os.open(leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
+                    fd = _retry_eintr(os.open, leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                                      mode, dir_fd=pfd)
                 except OSError as exc:
                     self._oserror(exc, "open", rel)
                     raise  # unreachable
                 finally:
                     os.close(pfd)
+            return self._checked(fd, rel, flags, allow_special)
         if not follow_symlinks:
             flags |= _O_NOFOLLOW
-        # Hot path: inline fd pinning and the native call; the sandbox path
-        # for an error message is only built when there is an error.
+        return self._open_read(rel, flags, mode, allow_special)
+
+    def _open_read(self, rel: bytes, flags: int, mode: int, allow_special: bool) -> int:
+        is_path = flags & _O_PATH
+        oflags = flags if is_path else flags | _O_NONBLOCK
         rootfd = self._acquire()
         try:
-            ret = self._open_native(rootfd, rel, flags, mode, self._resolve)
+            ret = self._open_native(rootfd, rel, oflags, mode, self._resolve)
+            while ret == -errno.EINTR:  # signal handlers ran; retry (PEP 475)
+                ret = self._open_native(rootfd, rel, oflags, mode, self._resolve)
         finally:
             self._release()
         if ret < 0:
             _native.raise_errno(-ret, "open", self._show(rel))
-        return ret
+        if is_path:
+            return ret
+        return self._checked(ret, rel, flags, allow_special)
+
+    def _checked(self, fd: int, rel: bytes, flags: int, allow_special: bool) -> int:
+        """Refuse special files on a freshly opened fd; restore blocking mode."""
+        try:
+            st = os.fstat(fd)
+            if not allow_special and not (_stat.S_ISREG(st.st_mode) or _stat.S_ISDIR(st.st_mode)):
+                raise SpecialFileError(f"refusing to open a {kind_of(st.st_mode)}: only regular files and "
+                                       "directories are opened", sandbox_path=self._show(rel),
+                                       context={"operation": "open", "kind": kind_of(st.st_mode)})
+            if not flags & _O_NONBLOCK:
+                os.set_blocking(fd, True)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
 
     def open(self, path: str | bytes, mode: str = "r", *, buffering: int = -1,
              encoding: str | None = None, errors: str | None = None, newline: str | None = None,
@@ -418,13 +530,33 @@ class Root:
             flags = (os.O_RDWR if plus else os.O_WRONLY) | os.O_CREAT | os.O_EXCL
         else:
             raise ValueError(f"invalid mode {mode!r}")
-        fd = self.open_fd(path, flags, perm)
-        created = bool(flags & os.O_CREAT)
+        _check_mode(perm, None)
+        created = False
+        if flags & os.O_CREAT and not flags & os.O_EXCL:
+            # Learn whether we create the file (then its mode is exactly
+            # ``perm``) or open an existing one (its mode is left alone).
+            for _ in range(100):
+                try:
+                    fd = self.open_fd(path, flags | os.O_EXCL, perm)
+                    created = True
+                    break
+                except FileExistsError:
+                    pass
+                try:
+                    fd = self.open_fd(path, flags & ~os.O_CREAT, perm)
+                    break
+                except FileNotFoundError:
+                    continue  # removed meanwhile: try creating again
+            else:  # pragma: no cover - a tight create/delete race
+                _native.raise_errno(errno.EAGAIN, "open", self._show(self._rel(path)))
+        else:
+            fd = self.open_fd(path, flags, perm)
+            created = bool(flags & os.O_EXCL)
         try:
             st = os.fstat(fd)
             if _stat.S_ISDIR(st.st_mode):
                 _native.raise_errno(errno.EISDIR, "open", self._show(self._rel(path)))
-            if created and st.st_size == 0 and _stat.S_IMODE(st.st_mode) != perm and st.st_uid == os.geteuid():
+            if created and _stat.S_IMODE(st.st_mode) != perm:
                 os.fchmod(fd, perm)  # explicit mode, never the umask's
             return io.open(fd, mode, buffering=buffering, encoding=encoding, errors=errors,
                            newline=newline, closefd=True)
@@ -602,7 +734,7 @@ class Root:
 
     def _mkdir_one(self, rel: bytes, mode: int, exist_ok: bool) -> None:
         with self._use() as rootfd:
-            pfd, leaf = self._open_parent(rootfd, rel, "mkdir", write=True)
+            pfd, leaf = self._open_parent(rootfd, rel, "mkdir", write=True, dir_op=True)
             try:
                 try:
                     os.mkdir(leaf, mode, dir_fd=pfd)
@@ -645,7 +777,7 @@ class Root:
         """Remove an empty directory (never through a leaf symlink)."""
         rel = self._rel(path)
         with self._use() as rootfd:
-            pfd, leaf = self._open_parent(rootfd, rel, "rmdir", write=True)
+            pfd, leaf = self._open_parent(rootfd, rel, "rmdir", write=True, dir_op=True)
             try:
                 os.rmdir(leaf, dir_fd=pfd)
             except OSError as exc:
@@ -675,7 +807,7 @@ class Root:
             self.clear(skip=skip)
             return
         with self._use() as rootfd:
-            pfd, leaf = self._open_parent(rootfd, rel, "rmtree", write=True)
+            pfd, leaf = self._open_parent(rootfd, rel, "rmtree", write=True, dir_op=True)
             try:
                 try:
                     os.unlink(leaf, dir_fd=pfd)
@@ -713,11 +845,15 @@ class Root:
                    skip: Callable[[os.stat_result], bool] | None) -> bool:
         """Empty directory ``name`` under ``parent_fd``; True when it is empty now."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        top = os.open(name, flags, dir_fd=parent_fd)
-        # stack of [fd, iterator-of-names, name-in-parent, kept-something]
-        stack: list[list[Any]] = [[top, iter(os.listdir(top)), None, False]]
+        # stack of [fd, iterator-of-names, name-in-parent, kept-something];
+        # every fd is on the stack (owned) from the moment it is opened.
+        stack: list[list[Any]] = []
         emptied = True
         try:
+            top = os.open(name, flags, dir_fd=parent_fd)
+            stack.append([top, iter(()), None, False])
+            self._check_entered(top, rel)
+            stack[-1][1] = iter(os.listdir(top))
             while stack:
                 frame = stack[-1]
                 dfd, names = frame[0], frame[1]
@@ -766,12 +902,21 @@ class Root:
                             pass
                         continue
                     raise
-                stack.append([cfd, iter(os.listdir(cfd)), cname, False])
+                stack.append([cfd, iter(()), cname, False])
+                self._check_entered(cfd, rel)
+                stack[-1][1] = iter(os.listdir(cfd))
         except BaseException:
             for frame in stack:
                 os.close(frame[0])
             raise
         return emptied
+
+    def _check_entered(self, dfd: int, rel: bytes) -> None:
+        """A recursive removal never enters a denied (read-only grant) directory."""
+        if self._deny:
+            st = os.fstat(dfd)
+            if (st.st_dev, st.st_ino) in self._deny:
+                raise ReadOnlyError("removal would enter a read-only grant", sandbox_path=self._show(rel))
 
     def rename(self, src: str | bytes, dst: str | bytes, *, no_replace: bool = False) -> None:
         """Rename ``src`` to ``dst``, both beneath the root; links are moved, never followed.
@@ -782,12 +927,25 @@ class Root:
         """
         srel, drel = self._rel(src), self._rel(dst)
         with self._use() as rootfd:
-            spfd, sleaf = self._open_parent(rootfd, srel, "rename", write=True)
+            spfd, sleaf = self._open_parent(rootfd, srel, "rename", write=True, dir_op=True)
             try:
-                dpfd, dleaf = self._open_parent(rootfd, drel, "rename", write=True)
+                if srel.endswith(b"/") or drel.endswith(b"/"):
+                    # "name/" names a directory (as rename(2))
+                    try:
+                        sst = os.stat(sleaf, dir_fd=spfd, follow_symlinks=False)
+                    except OSError as exc:
+                        self._oserror(exc, "rename", srel)
+                    if not _stat.S_ISDIR(sst.st_mode):
+                        _native.raise_errno(errno.ENOTDIR, "rename", self._show(srel))
+                dpfd, dleaf = self._open_parent(rootfd, drel, "rename", write=True, dir_op=True)
                 try:
                     flags = _native.RENAME_NOREPLACE if no_replace else 0
-                    _native.renameat2(spfd, sleaf, dpfd, dleaf, flags, "rename", self._show(srel))
+                    ret = _native.lib.sfs_renameat2(spfd, sleaf, dpfd, dleaf, flags)
+                    if ret == -errno.EXDEV:  # both parents are beneath: a mount boundary
+                        exc = OSError(errno.EXDEV, "Invalid cross-device link (rename)", self._show(srel))
+                        exc.operation = "rename"  # type: ignore[attr-defined]
+                        raise exc
+                    _native.check(ret, "rename", self._show(srel))
                 finally:
                     os.close(dpfd)
             finally:
@@ -796,13 +954,17 @@ class Root:
     def symlink(self, target: str | bytes, path: str | bytes) -> None:
         """Create a symlink at ``path`` pointing to ``target``.
 
-        ``target`` must be relative and, resolved lexically from the link's
-        *physical* directory, stay beneath the root; absolute targets are
-        refused.  (This is a creation-time rule; sandbox-fs never follows a
-        link without ``RESOLVE_BENEATH`` anyway.)
+        ``target`` must be relative, may use ``..`` only as leading
+        components, and those may not climb above the root counted from the
+        link's *physical* directory (found by walking ``..`` fds up to the
+        root).  Absolute targets are refused.  With ``..`` only in front,
+        each one is a real parent step, so the check is sound whatever the
+        later names are.  (A creation-time rule: sandbox-fs itself never
+        follows a link without ``RESOLVE_BENEATH``.)
 
         Raises:
-            PathEscapeError: the target is absolute or climbs above the root.
+            PathEscapeError: the target is absolute, has ``..`` after a name,
+                or climbs above the root.
             InvalidPathError: the target is empty or holds a NUL byte.
             FileExistsError: ``path`` exists.
         """
@@ -813,17 +975,22 @@ class Root:
         if tb.startswith(b"/"):
             raise PathEscapeError("symlink target is absolute", sandbox_path=self._show(rel),
                                   context={"operation": "symlink"})
+        comps = [c for c in tb.split(b"/") if c not in (b"", b".")]
+        ups = 0
+        while ups < len(comps) and comps[ups] == b"..":
+            ups += 1
+        if b".." in comps[ups:]:
+            # A ".." after a name would be resolved *physically* from that
+            # name, which may itself be a symlink: the lexical check below
+            # would be unsound, so such targets are refused as a class.
+            raise PathEscapeError("symlink target has '..' after a name; only leading '..' are allowed",
+                                  sandbox_path=self._show(rel), context={"operation": "symlink"})
         with self._use() as rootfd:
             pfd, leaf = self._open_parent(rootfd, rel, "symlink", write=True)
             try:
-                depth = self._depth_of(pfd, rootfd, rel)
-                for comp in tb.split(b"/"):
-                    if comp in (b"", b"."):
-                        continue
-                    depth += -1 if comp == b".." else 1
-                    if depth < 0:
-                        raise PathEscapeError("symlink target resolves outside the root",
-                                              sandbox_path=self._show(rel), context={"operation": "symlink"})
+                if ups and ups > self._depth_of(pfd, rootfd, rel):
+                    raise PathEscapeError("symlink target resolves outside the root",
+                                          sandbox_path=self._show(rel), context={"operation": "symlink"})
                 try:
                     os.symlink(tb, leaf, dir_fd=pfd)
                 except OSError as exc:
@@ -861,6 +1028,10 @@ class Root:
                 try:
                     os.link(sleaf, dleaf, src_dir_fd=spfd, dst_dir_fd=dpfd, follow_symlinks=False)
                 except OSError as exc:
+                    if exc.errno == errno.EXDEV:  # both parents are beneath: a mount boundary
+                        err = OSError(errno.EXDEV, "Invalid cross-device link (link)", self._show(drel))
+                        err.operation = "link"  # type: ignore[attr-defined]
+                        raise err from None
                     self._oserror(exc, "link", drel)
                 finally:
                     os.close(dpfd)
@@ -877,32 +1048,30 @@ class Root:
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
         with self._use() as rootfd:
-            pfd, leaf = self._open_parent(rootfd, rel, "chmod", write=True)
+            pfd, leaf = self._open_parent(rootfd, rel, "chmod", write=True, dir_op=True, inplace=True)
             try:
                 st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
                 if _stat.S_ISLNK(st.st_mode):
                     raise SymlinkRefusedError("chmod: refusing to change a symlink's target",
                                               sandbox_path=self._show(rel), context={"operation": "chmod"})
-                os.chmod(leaf, mode, dir_fd=pfd, follow_symlinks=False)
+                try:
+                    os.chmod(leaf, mode, dir_fd=pfd, follow_symlinks=False)
+                except (NotImplementedError, ValueError):
+                    # swapped for a symlink since the lstat (fchmodat refuses links)
+                    raise SymlinkRefusedError("chmod: the name became a symlink", sandbox_path=self._show(rel),
+                                              context={"operation": "chmod"}) from None
             except OSError as exc:
                 self._oserror(exc, "chmod", rel)
             finally:
                 os.close(pfd)
 
-    def utime(self, path: str | bytes, *, ns: tuple[int, int] | None = None, follow_symlinks: bool = False) -> None:
-        """Set (atime_ns, mtime_ns) of ``path`` (now if None); never follows a leaf symlink by default."""
+    def utime(self, path: str | bytes, *, ns: tuple[int, int] | None = None) -> None:
+        """Set (atime_ns, mtime_ns) of ``path`` (now if None); a leaf symlink's own times are set, never its target's."""
         rel = self._rel(path)
         with self._use() as rootfd:
-            pfd, leaf = self._open_parent(rootfd, rel, "utime", write=True)
+            pfd, leaf = self._open_parent(rootfd, rel, "utime", write=True, dir_op=True, inplace=True)
             try:
-                if follow_symlinks:
-                    fd = self._open_fd(rootfd, rel, _O_PATH, 0, "utime")
-                    try:
-                        os.utime(f"/proc/self/fd/{fd}", ns=ns)
-                    finally:
-                        os.close(fd)
-                else:
-                    os.utime(leaf, ns=ns, dir_fd=pfd, follow_symlinks=False)
+                os.utime(leaf, ns=ns, dir_fd=pfd, follow_symlinks=False)
             except OSError as exc:
                 self._oserror(exc, "utime", rel)
             finally:
@@ -1008,16 +1177,21 @@ class Root:
                     dirs = [e.name for e in entries if e.kind == "dir"]
                     nondirs = [e for e in entries if e.kind != "dir"]
                     yield dpath, dirs, nondirs
-                    children = []
-                    for name in dirs:
-                        try:
-                            cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                          dir_fd=dfd)
-                        except OSError as exc:
-                            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                                continue  # swapped or removed meanwhile: never followed
-                            raise
-                        children.append((cfd, f"{dpath}/{name}" if dpath else name))
+                    children: list[tuple[int, str]] = []
+                    try:
+                        for name in dirs:
+                            try:
+                                cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                              dir_fd=dfd)
+                            except OSError as exc:
+                                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                                    continue  # swapped or removed meanwhile: never followed
+                                raise
+                            children.append((cfd, f"{dpath}/{name}" if dpath else name))
+                    except BaseException:
+                        for cfd, _ in children:
+                            os.close(cfd)
+                        raise
                     stack.extend(reversed(children))
                 finally:
                     os.close(dfd)
@@ -1038,18 +1212,33 @@ class Root:
         ns = self.no_symlinks if no_symlinks is None else (self.no_symlinks or no_symlinks)
         with self._use() as rootfd:
             fd = self._open_fd(rootfd, rel, _DIR_FLAGS, 0, "open_root")
+        if self._deny and not ro:
+            # a child inside a denied (read-only) directory is read-only
+            try:
+                self._check_write_target(fd, None, rel, False)
+            except ReadOnlyError:
+                ro = True
+            except BaseException:
+                os.close(fd)
+                raise
         label = self._show(rel)
         return Root(fd, read_only=ro, no_symlinks=ns, resolver=self.resolver,
-                    label="" if label == "." else label, write_guard=self._write_guard)
+                    label="" if label == "." else label, deny_write_ids=self._deny)
 
     def with_options(self, *, read_only: bool | None = None, no_symlinks: bool | None = None,
-                     write_guard: Callable[[int, str], None] | None = None) -> "Root":
-        """A new Root on the same directory with narrower options (never wider)."""
+                     deny_write_ids: frozenset[tuple[int, int]] | None = None) -> "Root":
+        """A new Root on the same directory with narrower options (never wider).
+
+        Args:
+            deny_write_ids: extra ``(st_dev, st_ino)`` of directories beneath
+                this root that must never be written into (read-only grants
+                nested in it); added to the ones already denied.
+        """
         with self._use() as rootfd:
             fd = os.dup(rootfd)
         return Root(fd, read_only=self.read_only or bool(read_only),
                     no_symlinks=self.no_symlinks or bool(no_symlinks), resolver=self.resolver,
-                    label=self._label, write_guard=write_guard or self._write_guard)
+                    label=self._label, deny_write_ids=self._deny | (deny_write_ids or frozenset()))
 
 
 def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,

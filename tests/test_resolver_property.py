@@ -141,3 +141,47 @@ def test_hop_limit_is_40_in_both_resolvers(tmp_path):
             assert attempt(fn, rootfd, "l1", os.O_PATH, 0)[0] == "ok"  # 40 hops is fine
     finally:
         os.close(rootfd)
+
+
+EDGE_PATHS = ["file/", "ldir/", "ldir", "new/", "dir/", "dir/.", "dir/..", ".", "..", "dang", "dang/",
+              "dangslash", "lfileslash", "ldirslash", "ldotdot/..", "lfile/..", "file/..", "dir/sub/../..",
+              "dir//sub///", "./dir/./sub/.", "ldir/sub/../../dir"]
+EDGE_FLAGS = [0, os.O_DIRECTORY, os.O_PATH, os.O_PATH | os.O_NOFOLLOW, os.O_NOFOLLOW,
+              os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, os.O_WRONLY | os.O_CREAT,
+              os.O_WRONLY | os.O_CREAT | os.O_EXCL, os.O_PATH | os.O_RDWR, 0x40000000,
+              os.O_CREAT | os.O_DIRECTORY]
+
+
+@pytest.mark.parametrize("flags", EDGE_FLAGS)
+def test_edge_cases_agree(tmp_path, flags):
+    """Trailing slashes, dots at the end, dangling links with O_CREAT, flag validation."""
+    ws = tmp_path / "ws"
+    (ws / "dir" / "sub").mkdir(parents=True)
+    (ws / "file").write_text("")
+    for name, target in [("ldir", "dir"), ("lfile", "file"), ("dang", "nope"), ("ldirslash", "dir/"),
+                         ("lfileslash", "file/"), ("dangslash", "new2/"), ("ldotdot", "dir/sub/..")]:
+        os.symlink(target, ws / name)
+    for path in EDGE_PATHS:
+        results = []
+        for fn in (_native.lib.sfs_openat2, _native.lib.sfs_open_fallback):
+            rootfd = os.open(ws, os.O_PATH | os.O_DIRECTORY)
+            try:
+                results.append(attempt(fn, rootfd, path, flags, 0))
+            finally:
+                os.close(rootfd)
+            for created in ("nope", "new", "new2", "dir/new"):  # undo creations between the two
+                p = ws / created
+                if os.path.lexists(p) and not p.is_dir():
+                    p.unlink()
+        assert results[0] == results[1], (path, oct(flags), results)
+    for length in (4094, 4095, 4096):
+        k, odd = divmod(length - 4, 2)
+        p = "./" * k + ("/" if odd else "") + "file"
+        assert len(p) == length
+        rootfd = os.open(ws, os.O_PATH | os.O_DIRECTORY)
+        try:
+            a = attempt(_native.lib.sfs_openat2, rootfd, p, os.O_PATH, 0)
+            b = attempt(_native.lib.sfs_open_fallback, rootfd, p, os.O_PATH, 0)
+        finally:
+            os.close(rootfd)
+        assert a == b, (len(p), a, b)
