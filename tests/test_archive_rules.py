@@ -373,3 +373,23 @@ def test_error_text_is_one_line_and_escaped(layout):
     assert str(layout.base) not in text
     d = ei.value.to_dict()
     assert d["code"] == "unsafe_member" and d["context"]["rule"] == "dotdot"
+
+
+@pytest.mark.parametrize("where", ["eocd_offset", "local_offset"])
+def test_zip_bad_offsets_are_format_errors(layout, where):
+    """Fuzz finding: a central-directory offset that makes a local header offset negative
+    (zipfile's 'concat' correction) crashed with ValueError; it must be a SandboxError."""
+    import struct as _struct
+
+    from test_archive_builders import patch, zip_central_records
+
+    data = zip_bytes([{"name": "a", "data": b"1"}, {"name": "b", "data": b"2"}])
+    if where == "eocd_offset":
+        eocd = data.rfind(b"PK\x05\x06")
+        (off,) = _struct.unpack("<L", data[eocd + 16:eocd + 20])
+        data = patch(data, eocd + 16, _struct.pack("<L", off + 10))
+    else:
+        data = patch(data, zip_central_records(data)[1] + 42, _struct.pack("<L", 0xFFFFFF00))
+    with pytest.raises(ArchiveFormatError):
+        extract_ws(layout, data)
+    assert os.listdir(layout.ws) == []

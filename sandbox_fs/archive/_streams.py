@@ -27,6 +27,9 @@ PARSE_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError, OverflowError, ValueError, KeyError, IndexError, TypeError,
 )
 
+#: bytes tarfile may read past a header in one go (one 512-byte block of a sparse map): slack for the header bound.
+HEADER_SLACK_BYTES = 4096
+
 _MAGIC = {
     b"\x1f\x8b": "gz",
     b"BZh": "bz2",
@@ -173,12 +176,18 @@ class SeekCounter:
 
 
 class StreamCounter:
-    """Counts decompressed tar-stream bytes and maps decompressor errors.
+    """The decompressed tar stream as a *forward-only* seekable file, counting every byte.
+
+    tarfile is opened in random-access mode (``"r:"``) over this object, so
+    member data is read straight from the decompressor with no stream-buffer
+    copies; a "seek" forward reads and discards (still counted, still bounded
+    by the ratio), a seek backward is refused as a format error, so the input
+    is still read exactly once, in order.  Decompressor errors become
+    :class:`ArchiveFormatError`.
 
     While tarfile parses a header (``header_depth > 0``) the bytes it reads
     are bounded too: a PAX sparse map or an old-GNU sparse extension chain
-    can never pull more than ``max_header_bytes`` (plus one read buffer)
-    into memory.
+    can never pull more than ``max_header_bytes`` (plus slack) into memory.
     """
 
     def __init__(self, stream: Any, meter: Meter) -> None:
@@ -192,18 +201,49 @@ class StreamCounter:
         return True
 
     def seekable(self) -> bool:
-        return False
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 1:
+            offset += self.position
+        elif whence != 0:
+            raise ArchiveFormatError("tar stream: seeking from the end is not possible on a stream")
+        if offset < self.position:
+            raise ArchiveFormatError("tar stream: a header points backwards (corrupt archive)",
+                                     member=self._meter.member)
+        left = offset - self.position
+        while left > 0:
+            data = self.read(min(left, 1 << 20))
+            if not data:
+                break  # at EOF: tarfile notices the short read itself
+            left -= len(data)
+        return self.position
 
     def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = 1 << 20  # tarfile never asks for "all"; stay bounded anyway
         try:
             data = self._stream.read(n)
+            if data and len(data) < n:  # pipes and the sniffed prefix give short reads: tarfile wants full ones
+                parts = [data]
+                got = len(data)
+                while got < n:
+                    more = self._stream.read(n - got)
+                    if not more:
+                        break
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
         except (OSError, *PARSE_ERRORS) as exc:
             raise ArchiveFormatError(f"corrupt compressed data: {type(exc).__name__}", member=self._meter.member,
                                      diagnostic=str(exc)) from None
         if data:
             self.position += len(data)
             self._meter.add_stream(len(data))
-            if self.header_depth and self.position - self.header_start > self._meter.limits.max_header_bytes + (1 << 16):
+            if self.header_depth and self.position - self.header_start > self._meter.limits.max_header_bytes + HEADER_SLACK_BYTES:
                 raise ArchiveLimitError("max_header_bytes", self._meter.limits.max_header_bytes,
                                         self.position - self.header_start, self._meter.member,
                                         reason="tar header data (PAX, GNU long name or sparse map) is too large")

@@ -91,12 +91,17 @@ def check_layout(f: SeekCounter, zf: zipfile.ZipFile, infos: list[zipfile.ZipInf
     cd_start = zf.start_dir
     ranges: list[tuple[int, int, str]] = []
     for zi in infos:
-        f.seek(zi.header_offset)
-        head = f.read(30)
-        if len(head) != 30 or head[:4] != _LOCAL:
-            raise _fmt("bad local file header", member=zi.orig_filename)
-        n, m = struct.unpack("<HH", head[26:30])
-        local = f.read(n)
+        if not 0 <= zi.header_offset < cd_start:
+            raise _fmt("local header offset outside the archive", member=zi.orig_filename)
+        try:
+            f.seek(zi.header_offset)
+            head = f.read(30)
+            if len(head) != 30 or head[:4] != _LOCAL:
+                raise _fmt("bad local file header", member=zi.orig_filename)
+            n, m = struct.unpack("<HH", head[26:30])
+            local = f.read(n)
+        except (OSError, *PARSE_ERRORS) as exc:
+            raise _fmt(f"unreadable local header ({type(exc).__name__})", exc, member=zi.orig_filename) from None
         if local != _central_name(zi):
             raise UnsafeArchiveMemberError("name_mismatch", zi.orig_filename,
                                            "local header name differs from the central directory name")

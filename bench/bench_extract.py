@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Benchmark: extract a tarball of this Python's standard library (no site-packages).
+
+Compares, alternating in one run on each filesystem (ext4 ``/tmp`` and tmpfs
+``/dev/shm``):
+
+* ``gnutar``  — ``tar -xf ARCHIVE -C DIR`` (GNU tar), the tool a user would use;
+* ``sandbox`` — ``sandbox_fs.archive.extract`` (atomic mode, the default);
+* ``sandbox-inplace`` — the same with ``ExtractPolicy(in_place=True)``;
+* ``tarfile-data`` — ``tarfile.open(ARCHIVE).extractall(DIR, filter="data")``.
+
+Each run is a fresh child process extracting into a fresh empty directory;
+the parent reads the child's peak RSS from ``wait4`` (``ru_maxrss``).
+Printed per tool: median wall time of the child (includes interpreter start
+and imports for the Python tools), median in-process extraction time (the
+Python tools time themselves; for GNU tar it equals the wall time), ratio of
+each to GNU tar, and median peak RSS.
+
+Usage: ``python bench/bench_extract.py [--rounds N] [--fs /tmp,/dev/shm]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+CHILD = {
+    "sandbox": (
+        "import sys, time\n"
+        "from sandbox_fs import open_root\n"
+        "from sandbox_fs.archive import extract, ExtractPolicy\n"
+        "t = time.perf_counter()\n"
+        "with open_root(sys.argv[2]) as root:\n"
+        "    extract(root, '.', sys.argv[1], policy=ExtractPolicy(in_place=sys.argv[3] == '1'))\n"
+        "print(time.perf_counter() - t)\n"
+    ),
+    "tarfile-data": (
+        "import sys, tarfile, time\n"
+        "t = time.perf_counter()\n"
+        "with tarfile.open(sys.argv[1]) as tf:\n"
+        "    tf.extractall(sys.argv[2], filter='data')\n"
+        "print(time.perf_counter() - t)\n"
+    ),
+}
+
+
+def build_archive(workdir: str) -> tuple[str, int]:
+    stdlib = sysconfig.get_paths()["stdlib"]
+    out = os.path.join(workdir, "stdlib.tar")
+    subprocess.run(["tar", "-cf", out, "-C", stdlib, "--exclude=./site-packages", "."], check=True)
+    n = int(subprocess.run(f"tar -tf {out} | wc -l", shell=True, capture_output=True, text=True).stdout)
+    return out, n
+
+
+def run_one(tool: str, archive: str, dest: str) -> tuple[float, float, int]:
+    """Return (wall_s, inproc_s, maxrss_kib) of one child run."""
+    if tool == "gnutar":
+        argv = ["tar", "-xf", archive, "-C", dest]
+    elif tool.startswith("sandbox"):
+        argv = [sys.executable, "-c", CHILD["sandbox"], archive, dest, "1" if tool.endswith("inplace") else "0"]
+    else:
+        argv = [sys.executable, "-c", CHILD["tarfile-data"], archive, dest]
+    t = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    _pid, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{tool} failed: {err.decode(errors='replace')[-500:]}")
+    inproc = float(out.decode().strip().splitlines()[-1]) if tool != "gnutar" else wall
+    return wall, inproc, ru.ru_maxrss
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--fs", default="/tmp,/dev/shm")
+    ap.add_argument("--tools", default="gnutar,sandbox,sandbox-inplace,tarfile-data")
+    args = ap.parse_args()
+    tools = args.tools.split(",")
+    with tempfile.TemporaryDirectory(prefix="bench-extract-") as work:
+        archive, members = build_archive(work)
+        size = os.path.getsize(archive)
+        print(f"archive: {members} members, {size / 2**20:.1f} MiB (stdlib of {sys.version.split()[0]}, "
+              f"no site-packages); rounds={args.rounds}")
+        for fs in args.fs.split(","):
+            res: dict[str, list[tuple[float, float, int]]] = {t: [] for t in tools}
+            for r in range(args.rounds):
+                order = tools[r % len(tools):] + tools[: r % len(tools)]  # rotate to alternate
+                for tool in order:
+                    dest = tempfile.mkdtemp(prefix="bx-", dir=fs)
+                    try:
+                        subprocess.run(["sync"], check=False)
+                        res[tool].append(run_one(tool, archive, dest))
+                    finally:
+                        shutil.rmtree(dest)
+            base_wall = statistics.median(w for w, _, _ in res["gnutar"]) if "gnutar" in res else None
+            print(f"\n{fs}:")
+            print(f"  {'tool':16s} {'wall s':>8s} {'x tar':>6s} {'extract s':>10s} {'x tar':>6s} {'peak RSS MiB':>13s}")
+            for tool in tools:
+                wall = statistics.median(w for w, _, _ in res[tool])
+                inproc = statistics.median(i for _, i, _ in res[tool])
+                rss = statistics.median(m for _, _, m in res[tool]) / 1024
+                rw = f"{wall / base_wall:.2f}" if base_wall else "-"
+                ri = f"{inproc / base_wall:.2f}" if base_wall else "-"
+                print(f"  {tool:16s} {wall:8.3f} {rw:>6s} {inproc:10.3f} {ri:>6s} {rss:13.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
