@@ -356,6 +356,9 @@ def _join(a: str, b: str) -> str:
 
 
 def _refuse_special(mode: int, shown: str, dest: str) -> None:
+    if _stat.S_ISDIR(mode):
+        raise SourceRefusedError("source is a directory, not a regular file (use a local_dir entry)",
+                                 sandbox_path=dest, context={"source": shown})
     raise SourceRefusedError(f"source is a {kind_of(mode)}, not a regular file; special files are never read",
                              sandbox_path=dest, context={"source": shown})
 

@@ -448,3 +448,19 @@ async def test_reapply_replaces_a_directory_standing_on_a_copied_file(layout, ba
     assert (layout.ws / "one").read_bytes() == (base / "single.bin").read_bytes()
     if digest:
         assert res.file("p/big.bin").sha256 == sha(big)
+
+
+async def test_archive_entry_reapply_and_dir_sources(layout, base):
+    m = {"entries": {"v": {"type": "archive", "src": "vendor.tar.gz", "format": "tar.gz"}}}
+    for _ in range(2):
+        res = await apply(layout.ws, m, base_dir=str(base))
+        assert res.archives[0]["files"] == 1
+        assert (layout.ws / "v" / "pkg" / "inner.txt").read_text() == "from the archive\n"
+    with pytest.raises(SourceRefusedError, match="directory"):
+        await apply(layout.ws, {"entries": {"x": {"type": "local_file", "src": "proj"}}}, base_dir=str(base))
+    with pytest.raises(SandboxError) as ei:
+        await apply(layout.ws, {"entries": {"x": {"type": "local_dir", "src": "single.bin"}}}, base_dir=str(base))
+    assert str(base) not in str(ei.value)
+    with pytest.raises(SandboxError) as ei:
+        await apply(layout.ws, {"entries": {"x": {"type": "local_dir", "src": "missing"}}}, base_dir=str(base))
+    assert str(base) not in str(ei.value) and "missing" in str(ei.value)
