@@ -300,3 +300,31 @@ def test_property_accepted_link_targets_stay_inside(link, target):
             assert not seen_normal
         else:
             seen_normal = True
+
+
+# --------------------------------------------------------------- fuzzing
+
+_SCALAR = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=12) | st.sampled_from(
+    ["file", "dir", "local_file", "local_dir", "symlink", "archive", "..", "/etc", "a/b", "", "base64"])
+_JSON = st.recursive(_SCALAR, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+    st.sampled_from(["type", "content", "src", "target", "mode", "children", "entries", "root", "environment",
+                     "ephemeral", "encoding", "include", "exclude", "symlinks", "limits", "value", "secret",
+                     "a", "../x", "b/c", "extra_path_grants"]) | st.text(max_size=6), inner, max_size=5),
+    max_leaves=25)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(["root", "entries", "environment", "description", "version"]), _JSON,
+                       max_size=4))
+def test_fuzz_load_manifest_only_raises_manifest_error(data):
+    """Arbitrary JSON documents either load or raise ManifestError: never another exception."""
+    for doc in (data, json.dumps(data)):
+        try:
+            m = load_manifest(doc)
+        except ManifestError as exc:
+            assert exc.code in ("invalid_manifest", "manifest_untrusted_field")
+            assert "Traceback" not in str(exc)
+            continue
+        for fe in m.iter_entries():
+            assert check_destination(fe.path) == fe.path
+        assert len(m.digest()) == 64
