@@ -46,18 +46,19 @@ def _prepare(base: str) -> tuple[str, str, str]:
     return src, dst, os.path.join(base, "store")
 
 
-def _ours(src: str, dst: str, store_dir: str) -> float:
-    t0 = time.perf_counter()
+def _ours(src: str, dst: str, store_dir: str) -> tuple[float, float]:
     with LocalSnapshotStore(store_dir) as store, open_root(src) as ws, open_root(dst) as out:
+        t0 = time.perf_counter()
         persist(ws, store, "bench", on_unrestorable="skip")
+        t1 = time.perf_counter()
         hydrate(out, store, "bench")
-    return time.perf_counter() - t0
+        t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
 
 
-def _gnu_tar(src: str, dst: str) -> float:
+def _sh(cmd: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run(f"rm -rf {dst} && mkdir {dst} && tar -C {src} -cf - . | tar -C {dst} -xf -",
-                   shell=True, check=True)
+    subprocess.run(cmd, shell=True, check=True)
     return time.perf_counter() - t0
 
 
@@ -65,16 +66,29 @@ def round_trip(base_parent: str, label: str, rounds: int) -> tuple[float, float]
     base = tempfile.mkdtemp(prefix="sfs-bench-", dir=base_parent)
     try:
         src, dst, store = _prepare(base)
+        tarball, dst2 = os.path.join(base, "gnu.tar"), os.path.join(base, "dst2")
+        pipe = f"rm -rf {dst2} && mkdir {dst2} && tar -C {src} -cf - . | tar -C {dst2} -xf -"
+        create = f"tar -C {src} -cf {tarball} ."
+        extract = f"rm -rf {dst2} && mkdir {dst2} && tar -C {dst2} -xf {tarball}"
         _ours(src, dst, store)  # warm-up (page cache, imports)
-        _gnu_tar(src, dst)
-        ours, tar = [], []
-        for _ in range(rounds):
-            ours.append(_ours(src, dst, store))
-            tar.append(_gnu_tar(src, dst))
-        mo, mt = statistics.median(ours), statistics.median(tar)
-        print(f"{label:6s} round trip  ours median {mo * 1000:8.1f} ms   GNU tar median {mt * 1000:8.1f} ms   "
-              f"ratio {mo / mt:5.2f}x   (n={rounds}, ours {[round(x * 1000) for x in ours]}, "
+        _sh(pipe)
+        ours, tar, op, oh, tc, tx = [], [], [], [], [], []
+        for _ in range(rounds):  # alternate ours / GNU tar in every round
+            p, h = _ours(src, dst, store)
+            op.append(p)
+            oh.append(h)
+            ours.append(p + h)
+            tar.append(_sh(pipe))
+            tc.append(_sh(create))
+            tx.append(_sh(extract))
+        med = statistics.median
+        mo, mt = med(ours), med(tar)
+        print(f"{label:6s} round trip  ours median {mo * 1000:8.1f} ms   'tar -cf - . | tar -xf -' median "
+              f"{mt * 1000:8.1f} ms   ratio {mo / mt:5.2f}x   (n={rounds}, ours {[round(x * 1000) for x in ours]}, "
               f"tar {[round(x * 1000) for x in tar]})")
+        print(f"{label:6s}   persist {med(op) * 1000:8.1f} ms vs tar -cf file {med(tc) * 1000:8.1f} ms "
+              f"({med(op) / med(tc):4.2f}x);  hydrate {med(oh) * 1000:8.1f} ms vs tar -xf file "
+              f"{med(tx) * 1000:8.1f} ms ({med(oh) / med(tx):4.2f}x)")
         return mo, mt
     finally:
         shutil.rmtree(base, ignore_errors=True)
