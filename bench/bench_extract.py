@@ -13,8 +13,9 @@ Each run is a fresh child process extracting into a fresh empty directory;
 the parent reads the child's peak RSS from ``wait4`` (``ru_maxrss``).
 Printed per tool: median wall time of the child (includes interpreter start
 and imports for the Python tools), median in-process extraction time (the
-Python tools time themselves; for GNU tar it equals the wall time), ratio of
-each to GNU tar, and median peak RSS.
+Python tools time themselves; for GNU tar it equals the wall time), median
+CPU time (user + sys, from ``wait4``; steadier than wall time on a shared
+machine), the ratio of each to GNU tar, and median peak RSS.
 
 Usage: ``python bench/bench_extract.py [--rounds N] [--fs /tmp,/dev/shm]``
 """
@@ -59,8 +60,8 @@ def build_archive(workdir: str) -> tuple[str, int]:
     return out, n
 
 
-def run_one(tool: str, archive: str, dest: str) -> tuple[float, float, int]:
-    """Return (wall_s, inproc_s, maxrss_kib) of one child run."""
+def run_one(tool: str, archive: str, dest: str) -> tuple[float, float, int, float]:
+    """Return (wall_s, inproc_s, maxrss_kib, cpu_s) of one child run (cpu: user + sys from wait4)."""
     if tool == "gnutar":
         argv = ["tar", "-xf", archive, "-C", dest]
     elif tool.startswith("sandbox"):
@@ -77,7 +78,7 @@ def run_one(tool: str, archive: str, dest: str) -> tuple[float, float, int]:
     if proc.returncode != 0:
         raise SystemExit(f"{tool} failed: {err.decode(errors='replace')[-500:]}")
     inproc = float(out.decode().strip().splitlines()[-1]) if tool != "gnutar" else wall
-    return wall, inproc, ru.ru_maxrss
+    return wall, inproc, ru.ru_maxrss, ru.ru_utime + ru.ru_stime
 
 
 def main() -> int:
@@ -93,7 +94,7 @@ def main() -> int:
         print(f"archive: {members} members, {size / 2**20:.1f} MiB (stdlib of {sys.version.split()[0]}, "
               f"no site-packages); rounds={args.rounds}")
         for fs in args.fs.split(","):
-            res: dict[str, list[tuple[float, float, int]]] = {t: [] for t in tools}
+            res: dict[str, list[tuple[float, float, int, float]]] = {t: [] for t in tools}
             for r in range(args.rounds):
                 order = tools[r % len(tools):] + tools[: r % len(tools)]  # rotate to alternate
                 for tool in order:
@@ -103,16 +104,21 @@ def main() -> int:
                         res[tool].append(run_one(tool, archive, dest))
                     finally:
                         shutil.rmtree(dest)
-            base_wall = statistics.median(w for w, _, _ in res["gnutar"]) if "gnutar" in res else None
-            print(f"\n{fs}:")
-            print(f"  {'tool':16s} {'wall s':>8s} {'x tar':>6s} {'extract s':>10s} {'x tar':>6s} {'peak RSS MiB':>13s}")
+            has_tar = "gnutar" in res
+            base_wall = statistics.median(r[0] for r in res["gnutar"]) if has_tar else None
+            base_cpu = statistics.median(r[3] for r in res["gnutar"]) if has_tar else None
+            print(f"\n{fs}:  (x tar = ratio to GNU tar's median; 'extract' excludes interpreter start-up)")
+            print(f"  {'tool':16s} {'wall s':>8s} {'x tar':>6s} {'extract s':>10s} {'x tar':>6s} "
+                  f"{'cpu s':>7s} {'x tar':>6s} {'peak RSS MiB':>13s}")
             for tool in tools:
-                wall = statistics.median(w for w, _, _ in res[tool])
-                inproc = statistics.median(i for _, i, _ in res[tool])
-                rss = statistics.median(m for _, _, m in res[tool]) / 1024
+                wall = statistics.median(r[0] for r in res[tool])
+                inproc = statistics.median(r[1] for r in res[tool])
+                rss = statistics.median(r[2] for r in res[tool]) / 1024
+                cpu = statistics.median(r[3] for r in res[tool])
                 rw = f"{wall / base_wall:.2f}" if base_wall else "-"
                 ri = f"{inproc / base_wall:.2f}" if base_wall else "-"
-                print(f"  {tool:16s} {wall:8.3f} {rw:>6s} {inproc:10.3f} {ri:>6s} {rss:13.1f}")
+                rc = f"{cpu / base_cpu:.2f}" if base_cpu else "-"
+                print(f"  {tool:16s} {wall:8.3f} {rw:>6s} {inproc:10.3f} {ri:>6s} {cpu:7.3f} {rc:>6s} {rss:13.1f}")
     return 0
 
 

@@ -56,7 +56,14 @@ def normalize_member(name: str | bytes, limits: ArchiveLimits, *, shown: str | b
             255 bytes).
         ArchiveLimitError: ``max_depth`` or ``max_path_bytes`` exceeded.
     """
-    raw = _as_bytes(name)
+    raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
+    if (b"\0" not in raw and b"\\" not in raw and b".." not in raw and b":" not in raw and raw[:1] != b"/"
+            and b"//" not in raw and b"/./" not in raw and raw[:2] != b"./" and raw[-2:] != b"/." and raw != b"."):
+        # fast path for the common clean name: only the length limits apply
+        if len(raw) <= limits.max_path_bytes and raw.count(b"/") < limits.max_depth:
+            comps = raw.rstrip(b"/").split(b"/") if raw else []
+            if all(len(c) <= NAME_MAX for c in comps):
+                return b"/".join(comps)
     member = shown if shown is not None else name
     if b"\0" in raw:
         raise UnsafeArchiveMemberError("nul_in_name", member, "name holds a NUL byte")

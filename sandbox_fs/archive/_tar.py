@@ -105,26 +105,41 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
             if ti is None:
                 break
             tf.members.clear()  # tarfile appends every member: keep memory flat
-            _apply(tf, ti, ex, meter)
+            _apply(tf, ti, ex, meter, counter)
     finally:
         tf.close()
 
 
-def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter) -> None:
+def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter, counter: StreamCounter) -> None:
     name = ti.name
     ex.count_member(name)
     owner = (ti.uid, ti.gid)
     if ti.isreg():
-        fobj = tf.extractfile(ti)
-        assert fobj is not None
+        if ti.sparse is None and ti.type != tarfile.GNUTYPE_SPARSE:
+            # Plain member: its data is the next ``size`` bytes of the stream.  Read them
+            # straight from the counter (no ExFileObject/_FileInFile layers); a short
+            # stream is a format error, as tarfile would say.
+            counter.seek(ti.offset_data)
+            left = ti.size
 
-        def read(n: int) -> bytes:
-            try:
-                return fobj.read(n)
-            except (tarfile.TarError, OSError, *PARSE_ERRORS) as exc:
-                if isinstance(exc, ArchiveFormatError):
-                    raise
-                raise _format_error(exc, meter) from None
+            def read(n: int) -> bytes:
+                nonlocal left
+                if left <= 0:
+                    return b""
+                data = counter.read(min(n, left))
+                if not data:
+                    raise ArchiveFormatError("unexpected end of data", member=name)
+                left -= len(data)
+                return data
+        else:
+            fobj = tf.extractfile(ti)  # sparse: tarfile expands the holes
+            assert fobj is not None
+
+            def read(n: int) -> bytes:
+                try:
+                    return fobj.read(n)
+                except (tarfile.TarError, OSError, *PARSE_ERRORS) as exc:
+                    raise _format_error(exc, meter) from None
 
         ex.add_file(name, read, _stat.S_IMODE(ti.mode), ti.mtime, declared_size=ti.size, owner=owner)
     elif ti.isdir():

@@ -43,6 +43,7 @@ __all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX"]
 
 STAGING_PREFIX = ".sfs-extract-"
 CHUNK_BYTES = 1 << 20
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _FILE, _DIR, _LINK = "file", "dir", "symlink"
 
 
@@ -296,20 +297,33 @@ class Extractor:
         fd = -1
         if kind is None:
             try:
-                fd = self._guard(name, lambda: self.work.open_fd(
-                    path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fmode))  # type: ignore[assignment]
+                fd = self.work.open_fd(path, _CREATE_FLAGS, fmode)
             except FileExistsError:
                 fd = -1
             except IsADirectoryError:
                 raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
+            except (SymlinkRefusedError, PathEscapeError):
+                raise UnsafeArchiveMemberError("through_symlink", name,
+                                               "a symlink on the path was refused (writes never follow symlinks)") from None
         if fd >= 0:
             try:
                 try:
-                    for data in chunks():
-                        view = memoryview(data)
-                        off = 0
-                        while off < len(view):
-                            off += os.write(fd, view[off:])
+                    total = 0
+                    write = os.write
+                    while True:  # the chunks() loop inlined: this is the per-member hot path
+                        data = read(CHUNK_BYTES)
+                        if not data:
+                            break
+                        n = len(data)
+                        total += n
+                        if total > lim:
+                            raise ArchiveLimitError("max_member_bytes", lim, total, name)
+                        meter.add_written(n)
+                        off = write(fd, data)
+                        if off < n:
+                            view = memoryview(data)
+                            while off < n:
+                                off += write(fd, view[off:])
                     if fmode & ~self._umask != fmode:
                         os.fchmod(fd, fmode)
                     if mt is not None:
