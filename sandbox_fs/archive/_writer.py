@@ -478,8 +478,6 @@ class Extractor:
                 self._chown(path, owner)
             if mt is not None:
                 self.work.utime(path, ns=(mt, mt))
-        if self.fresh:  # implicit directories were made 0o700 only when listed; make all readable
-            pass
 
     def finish(self) -> None:
         """Create the symlinks, apply directory modes/mtimes, then move the staged tree in.
