@@ -231,9 +231,13 @@ class _SystemFds:
             for rule in system_rules():
                 try:
                     fd = os.open(rule.host_path, _native.O_PATH | os.O_CLOEXEC)
-                except (FileNotFoundError, NotADirectoryError):
+                except OSError:
+                    continue  # vanished or changed since listing: less access, never more
+                try:
+                    is_dir = _stat.S_ISDIR(os.fstat(fd).st_mode)
+                except OSError:
+                    os.close(fd)
                     continue
-                is_dir = _stat.S_ISDIR(os.fstat(fd).st_mode)
                 self.entries.append((fd, rule.access if is_dir else rule.access & ~FS_DIR_ONLY, is_dir))
         except BaseException:
             self.close()

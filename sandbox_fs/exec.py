@@ -522,7 +522,9 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
         raise
     except OSError as exc:
         rs.close()
-        raise ConfinementError("a Landlock rule was refused by the kernel", diagnostic=str(exc)) from None
+        raise ConfinementError("a Landlock rule was refused by the kernel",
+                               context={"errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))},
+                               diagnostic=str(exc)) from None
     return rs
 
 
