@@ -32,14 +32,13 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import stat as _stat
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Literal
 
 import trio
 
 from .errors import InvalidPathError, SandboxError
-from .paths import Grant, PathPolicy, SandboxPath, normalize
+from .paths import Grant, PathPolicy, normalize
 from .root import DirEntry, Root, open_root
 from . import snapshot as _snap
 

@@ -46,7 +46,6 @@ import errno
 import fcntl
 import hashlib
 import io
-import json
 import os
 import re
 import secrets
@@ -67,7 +66,7 @@ from .archive import extract as _archive_extract
 from .archive._names import normalize_member, symlink_walk
 from .archive._writer import dir_mode as _x_dir_mode
 from .archive._writer import file_mode as _x_file_mode
-from .root import MAX_PATH_BYTES, DirEntry, Root, open_root
+from .root import MAX_PATH_BYTES, Root, open_root
 
 __all__ = [
     "SnapshotError",
@@ -440,6 +439,8 @@ class LocalSnapshotStore:
         validate_name(name)
         partial = None
         try:
+            if not os.path.isdir("/proc/self/fd"):  # commit names an O_TMPFILE through /proc
+                raise OSError(errno.EOPNOTSUPP, "no /proc/self/fd")
             # Root.open_fd(".", O_TMPFILE) is refused (it wants a name): open the
             # store's own directory fd and create the unnamed file relative to it.
             dfd = self.root.open_dir_fd(".")
