@@ -322,6 +322,10 @@ class NoSnapshot:
         pass
 
 
+def _proc_fd_available() -> bool:
+    return os.path.isdir("/proc/self/fd")
+
+
 class LocalSnapshotStore:
     """Snapshots as files in one trusted host directory (the embedded default).
 
@@ -439,7 +443,7 @@ class LocalSnapshotStore:
         validate_name(name)
         partial = None
         try:
-            if not os.path.isdir("/proc/self/fd"):  # commit names an O_TMPFILE through /proc
+            if not _proc_fd_available():  # commit names an O_TMPFILE through /proc
                 raise OSError(errno.EOPNOTSUPP, "no /proc/self/fd")
             # Root.open_fd(".", O_TMPFILE) is refused (it wants a name): open the
             # store's own directory fd and create the unnamed file relative to it.

@@ -511,3 +511,21 @@ def test_names_and_links_the_extractor_refuses_are_refused_at_persist(layout, st
     with open_root(dst) as d:
         hydrate(d, store, "s")  # what was saved restores
         assert tree_digest(d) == rep.info.tree_digest
+
+
+def test_named_partial_fallback_commits_and_aborts_cleanly(layout, store, monkeypatch, tmp_path):
+    import sandbox_fs.snapshot as snapmod
+
+    monkeypatch.setattr(snapmod, "_proc_fd_available", lambda: False)
+    (layout.ws / "f").write_text("v1")
+    with open_root(layout.ws) as ws:
+        info = persist(ws, store, "s").info
+        os.mkfifo(layout.ws / "p")
+        with pytest.raises(UnrestorableEntryError):
+            persist(ws, store, "s")
+    assert sorted(os.listdir(tmp_path / "store")) == sorted([info.archive, "s.json", "s.lock"])
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with open_root(dst) as d:
+        hydrate(d, store, "s")
+    assert (dst / "f").read_text() == "v1"
