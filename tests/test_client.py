@@ -293,3 +293,21 @@ async def test_guard_released_when_close_fails(client, opts):
     assert s.bound_run is None and s.closed
     assert os.path.isdir(os.path.join(opts.workspaces_dir, s.id))  # kept: close failed, nothing lost
     assert rs.current_key == "k"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sid=st.one_of(st.text(max_size=40), st.sampled_from(["..", "../x", "/abs", "a/../b", ".", "~root", "a\\b"])),
+       snap=st.one_of(st.none(), st.text(max_size=20)))
+def test_property_state_ids_never_name_anything_outside_the_client_dirs(sid, snap, tmp_path_factory):
+    """Any id/snapshot text either is refused or names exactly <workspaces_dir>/<token> and a store token."""
+    base = tmp_path_factory.mktemp("ids")
+    with LocalSandboxClient(ClientOptions(workspaces_dir=str(base / "w"))) as client:
+        state = {"version": 1, "session_id": sid, "snapshot": snap, "workspace_root_ready": True}
+        try:
+            s = client.resume(state)
+        except SessionStateError:
+            return
+        assert os.path.dirname(s.config.workspace_dir) == str(base / "w")
+        assert os.path.basename(s.config.workspace_dir) == sid and "/" not in sid and sid not in ("", ".", "..")
+        assert s.owned and s.config.grants == ()
+        assert snap is None or ("/" not in snap and "." not in snap)
