@@ -129,7 +129,8 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
         ex.close()
     return ExtractReport(format=_NAMES.get(kind, kind), members=ex.members, files=ex.files, dirs=ex.dirs,
                          symlinks=ex.symlinks, hardlinks=ex.hardlinks, bytes_written=meter.written_bytes,
-                         input_bytes=meter.input_bytes, skipped=ex.skipped)
+                         input_bytes=meter.input_bytes, skipped=ex.skipped,
+                         skipped_count=ex.skipped_count)
 
 
 _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sandbox_fs_archive_limiter")

@@ -57,7 +57,7 @@ class ArchiveLimits(BaseModel):
     max_depth: int = Field(64, ge=1, le=2048)
     max_header_bytes: int = Field(1 * MiB, ge=512)
     max_input_bytes: int = Field(8 * GiB, ge=1)
-    max_central_directory_bytes: int = Field(32 * MiB, ge=22)
+    max_central_directory_bytes: int = Field(16 * MiB, ge=22)
 
 
 class ExtractPolicy(BaseModel):
@@ -108,7 +108,8 @@ class ExtractReport(BaseModel):
         files, dirs, symlinks, hardlinks: nodes created.
         bytes_written: uncompressed file bytes written (bytes).
         input_bytes: bytes read from the source (bytes).
-        skipped: members skipped by policy, with the reason.
+        skipped: members skipped by policy, with the reason (the first 1,000).
+        skipped_count: how many members were skipped in all.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -122,9 +123,10 @@ class ExtractReport(BaseModel):
     bytes_written: int = 0
     input_bytes: int = 0
     skipped: list[SkippedMember] = Field(default_factory=list)
+    skipped_count: int = 0
 
     def summary(self) -> str:
         """One line for humans: counts, bytes and skips."""
         return (f"{self.files} files, {self.dirs} dirs, {self.symlinks} symlinks, {self.hardlinks} hard links, "
                 f"{self.bytes_written} bytes written from {self.input_bytes} {self.format} bytes"
-                + (f", {len(self.skipped)} skipped" if self.skipped else ""))
+                + (f", {self.skipped_count} skipped" if self.skipped_count else ""))

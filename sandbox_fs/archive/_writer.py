@@ -26,11 +26,13 @@ Layout (atomic mode, the default):
 
 from __future__ import annotations
 
-import errno
+import hashlib
 import os
 import secrets
 import stat as _stat
-from typing import Callable
+import struct
+import tempfile
+from typing import IO, Callable, Iterator
 
 from ..errors import PathEscapeError, SandboxError, SymlinkRefusedError
 from ..root import Root
@@ -43,6 +45,9 @@ __all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX"]
 
 STAGING_PREFIX = ".sfs-extract-"
 CHUNK_BYTES = 1 << 20
+#: skipped members listed in the report (the count is always exact)
+MAX_SKIPPED_LISTED = 1000
+_REC = struct.Struct("<HHHq?")  # path len, target len, member len, mtime_ns, has mtime
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _FILE, _DIR, _LINK = "file", "dir", "symlink"
 
@@ -61,6 +66,12 @@ def dir_mode(mode: int | None) -> int:
     if mode is None:
         return 0o755
     return (mode & 0o755) | 0o700
+
+
+def _key(path: bytes) -> bytes:
+    """A 16-byte BLAKE2b digest of a member path: per-member state stays small
+    (about 150 bytes a member) however long the names are."""
+    return hashlib.blake2b(path, digest_size=16).digest()
 
 
 def _umask() -> int:
@@ -105,8 +116,14 @@ class Extractor:
         self.members = 0
         self.files = self.dirs = self.symlinks = self.hardlinks = 0
         self.skipped: list[SkippedMember] = []
+        self.skipped_count = 0
+        # Per-member state is keyed by a digest of the normalized path, and pending
+        # symlinks are spooled to an anonymous host temp file, so memory stays
+        # O(members x ~150 bytes) whatever the name and target lengths.
         self._kinds: dict[bytes, str] = {}
-        self._pending: dict[bytes, tuple[str | bytes, int | None, str | bytes]] = {}
+        self._pending_live: dict[bytes, int] = {}  # key -> sequence number of the live record
+        self._pending_seq = 0
+        self._spool: IO[bytes] | None = None
         self._dir_meta: dict[bytes, tuple[int, int | None, tuple[int, int] | None]] = {}
         self._umask = _umask()
         self._owner = policy.preserve_owner and os.geteuid() == 0
@@ -165,9 +182,14 @@ class Extractor:
 
     def _skip_or_refuse(self, setting: str, rule: str, member: str | bytes, reason: str) -> None:
         if setting == "skip":
-            self.skipped.append(SkippedMember(member=show_name(member) or "", rule=rule, reason=reason))
+            self._skip(member, rule, reason)
             return
         raise UnsafeArchiveMemberError(rule, member, reason)
+
+    def _skip(self, member: str | bytes, rule: str, reason: str) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < MAX_SKIPPED_LISTED:
+            self.skipped.append(SkippedMember(member=show_name(member) or "", rule=rule, reason=reason))
 
     def count_member(self, member: str | bytes) -> None:
         """Count one member against ``max_members``.
@@ -194,12 +216,13 @@ class Extractor:
 
     def _parents(self, path: bytes, member: str | bytes) -> None:
         parent = path.rpartition(b"/")[0]
-        if not parent or self._kinds.get(parent) == _DIR:
+        if not parent or self._kinds.get(_key(parent)) == _DIR:
             return
         comps = parent.split(b"/")
         for i in range(1, len(comps) + 1):
             pre = b"/".join(comps[:i])
-            kind = self._kinds.get(pre)
+            kpre = _key(pre)
+            kind = self._kinds.get(kpre)
             if kind == _DIR:
                 continue
             if kind == _LINK:
@@ -212,7 +235,7 @@ class Extractor:
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", member,
                                                "a parent of this member exists and is not a directory") from None
-            self._kinds[pre] = _DIR
+            self._kinds[kpre] = _DIR
 
     # ----------------------------------------------------------------- members
 
@@ -230,10 +253,10 @@ class Extractor:
         """
         path = self.name(name)
         if not path:
-            self.skipped.append(SkippedMember(member=show_name(name) or "", rule="names_destination",
-                                              reason="a directory member naming the destination itself is ignored"))
+            self._skip(name, "names_destination", "a directory member naming the destination itself is ignored")
             return
-        kind = self._kinds.get(path)
+        key = _key(path)
+        kind = self._kinds.get(key)
         if kind == _FILE:
             raise UnsafeArchiveMemberError("conflict", name, "a directory never replaces a file")
         if kind == _LINK:
@@ -244,9 +267,9 @@ class Extractor:
                 self._guard(name, lambda: self.work.mkdir(path, 0o700 if self.fresh else 0o755, exist_ok=True))
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", name, "the name exists and is not a directory") from None
-            self._kinds[path] = _DIR
+            self._kinds[key] = _DIR
             self.dirs += 1
-        self._dir_meta[path] = (dir_mode(mode), _mtime_ns(mtime) if self.policy.apply_mtime else None, owner)
+        self._dir_meta[key] = (dir_mode(mode), _mtime_ns(mtime) if self.policy.apply_mtime else None, owner)
 
     def add_file(self, name: str | bytes, read: Callable[[int], bytes], mode: int | None,
                  mtime: float | int | None, declared_size: int | None = None,
@@ -272,11 +295,12 @@ class Extractor:
         if declared_size is not None and declared_size > lim:
             raise ArchiveLimitError("max_member_bytes", lim, declared_size, name,
                                     reason=f"declared size {declared_size} > max_member_bytes {lim}")
-        kind = self._kinds.get(path)
+        key = _key(path)
+        kind = self._kinds.get(key)
         if kind == _DIR:
             raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory")
         if kind == _LINK:
-            del self._pending[path]  # a later file replaces the earlier (pending) symlink
+            del self._pending_live[key]  # a later file replaces the earlier (pending) symlink
         self._parents(path, name)
         fmode = file_mode(mode)
         mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
@@ -345,7 +369,7 @@ class Extractor:
                 raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
             if self._owner and owner is not None:
                 self._chown(path, owner)
-        self._kinds[path] = _FILE
+        self._kinds[key] = _FILE
         self.files += 1
 
     def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
@@ -364,11 +388,19 @@ class Extractor:
         if not path:
             raise UnsafeArchiveMemberError("names_destination", name, "a symlink may not name the destination itself")
         symlink_walk(path, target, self.limits, name)  # early, clear refusal of escapes
-        if self._kinds.get(path) in (_FILE, _DIR):
+        key = _key(path)
+        if self._kinds.get(key) in (_FILE, _DIR):
             raise UnsafeArchiveMemberError("conflict", name, "a symlink never replaces an earlier file or directory")
         self._parents(path, name)
-        self._pending[path] = (target, _mtime_ns(mtime) if self.policy.apply_mtime else None, name)
-        self._kinds[path] = _LINK
+        mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
+        tb = target if isinstance(target, bytes) else target.encode("utf-8", "surrogateescape")
+        mb = (name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape"))[:4096]
+        if self._spool is None:
+            self._spool = tempfile.TemporaryFile()  # host temp dir, never the workspace
+        self._spool.write(_REC.pack(len(path), len(tb), len(mb), mt or 0, mt is not None) + path + tb + mb)
+        self._pending_seq += 1
+        self._pending_live[key] = self._pending_seq
+        self._kinds[key] = _LINK
 
     def add_hardlink(self, name: str | bytes, target: str | bytes) -> None:
         """Create hard link ``name`` to ``target``, a regular file extracted earlier in this run.
@@ -388,16 +420,17 @@ class Extractor:
             tpath = normalize_member(target, self.limits, shown=name)
         except UnsafeArchiveMemberError as exc:
             raise UnsafeArchiveMemberError("hardlink_target", name, f"hard link target refused: {exc.rule}") from None
-        if self._kinds.get(tpath) != _FILE:
+        if self._kinds.get(_key(tpath)) != _FILE:
             raise UnsafeArchiveMemberError("hardlink_target", name,
                                            "hard links may only point to a regular file extracted earlier")
         if tpath == path:
             return
-        kind = self._kinds.get(path)
+        key = _key(path)
+        kind = self._kinds.get(key)
         if kind == _DIR:
             raise UnsafeArchiveMemberError("conflict", name, "a hard link never replaces a directory")
         if kind == _LINK:
-            del self._pending[path]
+            del self._pending_live[key]
         self._parents(path, name)
         if kind == _FILE:
             self._guard(name, lambda: self.work.remove(path))
@@ -405,7 +438,7 @@ class Extractor:
             self._guard(name, lambda: self.work.link(tpath, path))
         except FileExistsError:
             raise UnsafeArchiveMemberError("conflict", name, "the name already exists") from None
-        self._kinds[path] = _FILE
+        self._kinds[key] = _FILE
         self.hardlinks += 1
 
     def special(self, name: str | bytes, what: str) -> None:
@@ -435,25 +468,46 @@ class Extractor:
         except (FileNotFoundError, NotADirectoryError):
             return False
 
+    def _pending_records(self) -> Iterator[tuple[bytes, bytes, int | None, bytes]]:
+        """The live pending symlinks, in archive order: (path, target, mtime_ns, member)."""
+        if self._spool is None:
+            return
+        spool = self._spool
+        spool.flush()
+        spool.seek(0)
+        seq = 0
+        while True:
+            head = spool.read(_REC.size)
+            if not head:
+                return
+            plen, tlen, mlen, mt, has_mt = _REC.unpack(head)
+            path, target, member = spool.read(plen), spool.read(tlen), spool.read(mlen)
+            seq += 1
+            if self._pending_live.get(_key(path)) == seq:
+                yield path, target, (mt if has_mt else None), member
+
     def _create_symlinks(self) -> None:
+        if not self._pending_live:
+            return
         check_roots = [] if self.fresh else [self.work]
         if self._dest_root is not None and self._dest_root is not self.work:
             check_roots.append(self._dest_root)
         finals: dict[bytes, bytes] = {}
-        for path, (target, mt, member) in self._pending.items():
-            through_list, finals[path] = symlink_walk(path, target, self.limits, member)
+        for path, target, _mt, member in self._pending_records():
+            through_list, final = symlink_walk(path, target, self.limits, member)
+            finals[_key(path)] = _key(final)
             for through in through_list:
-                kind = self._kinds.get(through)
+                kind = self._kinds.get(_key(through))
                 if kind == _LINK or (kind is None and any(self._is_link_on_disk(r, through) for r in check_roots)):
                     raise UnsafeArchiveMemberError("symlink_target", member,
                                                    "symlink target passes through another symlink")
         acyclic: set[bytes] = set()
-        for path, (_t, _m, member) in self._pending.items():
+        for path, _t, _m, member in self._pending_records():
             # links to links are fine; cycles resolve nowhere (and fool realpath-based
             # checkers into seeing an escape): refuse them.  Linear overall.
             chain: list[bytes] = []
             seen: set[bytes] = set()
-            cur = path
+            cur = _key(path)
             while cur in finals and cur not in acyclic:
                 if cur in seen:
                     raise UnsafeArchiveMemberError("symlink_target", member, "symlink members form a cycle")
@@ -461,7 +515,8 @@ class Extractor:
                 chain.append(cur)
                 cur = finals[cur]
             acyclic.update(chain)
-        for path, (target, mt, member) in self._pending.items():
+        del finals, acyclic
+        for path, target, mt, member in self._pending_records():
             try:
                 self._guard(member, lambda: self.work.symlink(target, path))
             except FileExistsError:
@@ -471,13 +526,32 @@ class Extractor:
             self.symlinks += 1
 
     def _apply_dir_meta(self) -> None:
-        for path in sorted(self._dir_meta, key=lambda p: p.count(b"/"), reverse=True):
-            mode, mt, owner = self._dir_meta[path]
-            self.work.chmod(path, mode)
-            if self._owner and owner is not None:
-                self._chown(path, owner)
-            if mt is not None:
-                self.work.utime(path, ns=(mt, mt))
+        """Set modes, owners and mtimes of the directory members, walking only our directories.
+
+        Done after every member (a directory's mtime changes as entries are
+        added); order does not matter since changing a child's metadata never
+        changes its parent's mtime.
+        """
+        if not self._dir_meta:
+            return
+        for dirpath, dirnames, _nondirs in self.work.walk("."):
+            keep = []
+            for d in dirnames:
+                rel = os.fsencode(f"{dirpath}/{d}" if dirpath else d)
+                k = _key(rel)
+                if self._kinds.get(k) != _DIR:
+                    continue  # not made by this extraction (in place into an existing tree): never touched
+                keep.append(d)
+                meta = self._dir_meta.get(k)
+                if meta is None:
+                    continue
+                mode, mt, owner = meta
+                self.work.chmod(rel, mode)
+                if self._owner and owner is not None:
+                    self._chown(rel, owner)
+                if mt is not None:
+                    self.work.utime(rel, ns=(mt, mt))
+            dirnames[:] = keep
 
     def finish(self) -> None:
         """Create the symlinks, apply directory modes/mtimes, then move the staged tree in.
@@ -544,6 +618,9 @@ class Extractor:
         try:
             self.abort()
         finally:
+            if self._spool is not None:
+                self._spool.close()
+                self._spool = None
             for r in reversed(self._opened):
                 r.close()
             self._opened.clear()
