@@ -93,3 +93,38 @@ async def test_custom_limiter_is_used(layout):
     with open_root(layout.ws) as root:
         await extract_async(root, "dest", Src(tar_bytes([ti("a", data=b"1")])), limiter=lim)
     assert seen and all(b == 1 for b in seen)
+
+
+async def test_cancel_inside_one_large_member(layout):
+    from test_archive_builders import raw_tar_header
+
+    size = 64 << 20
+    head = raw_tar_header("big", size)
+
+    class Slow(io.RawIOBase):
+        def __init__(self):
+            self.sent = 0
+
+        def readable(self):
+            return True
+
+        def readinto(self, buf):
+            threading.Event().wait(0.003)
+            if self.sent < len(head):
+                n = min(len(buf), len(head) - self.sent)
+                buf[:n] = head[self.sent:self.sent + n]
+            else:
+                n = min(len(buf), 64 << 10, len(head) + size - self.sent)
+                buf[:n] = b"z" * n
+            self.sent += n
+            return n
+
+    src = Slow()
+    t0 = trio.current_time()
+    with open_root(layout.ws) as root:
+        with trio.move_on_after(0.3):
+            await extract_async(root, "dest", src)
+            raise AssertionError("not cancelled")
+    assert trio.current_time() - t0 < 2.0
+    assert src.sent < size // 2, "the member was read to the end before the cancel was honoured"
+    assert os.listdir(layout.ws) == []

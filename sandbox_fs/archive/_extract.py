@@ -8,7 +8,7 @@ from typing import Any, BinaryIO, Callable
 import trio
 
 from ..root import Root
-from ._errors import ArchiveFormatError
+from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
 from ._models import ArchiveLimits, ExtractPolicy, ExtractReport
 from ._streams import InputCounter, Meter, decompressor, detect, sniff
 from ._tar import extract_tar
@@ -114,6 +114,7 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
         stream = decompressor(kind, InputCounter(source, meter, prefix=head))
         meter.input_bytes = len(head)
     ex = Extractor(root, dest, limits, policy, meter)
+    ex.check_cancel = check_cancel
     try:
         if kind == "zip":
             extract_zip(source, ex, limits, meter, check_cancel)
@@ -122,8 +123,11 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
         if check_cancel is not None:
             check_cancel()
         ex.finish()
-    except BaseException:
+    except BaseException as exc:
         ex.abort()
+        if isinstance(exc, (ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError)) and \
+                exc.sandbox_path is None:
+            exc.sandbox_path = ex.shown_dest  # the destination (a sandbox path) for the error line
         raise
     finally:
         ex.close()

@@ -125,6 +125,8 @@ class Extractor:
         self._pending_seq = 0
         self._spool: IO[bytes] | None = None
         self._dir_meta: dict[bytes, tuple[int, int | None, tuple[int, int] | None]] = {}
+        #: called between chunks of a large member; set by extract_async (trio.from_thread.check_cancelled)
+        self.check_cancel: Callable[[], None] | None = None
         self._umask = _umask()
         self._owner = policy.preserve_owner and os.geteuid() == 0
         self._parent_root: Root | None = None  # holds a sibling staging dir
@@ -334,10 +336,13 @@ class Extractor:
                 try:
                     total = 0
                     write = os.write
+                    cancel = self.check_cancel
                     while True:  # the chunks() loop inlined: this is the per-member hot path
                         data = read(CHUNK_BYTES)
                         if not data:
                             break
+                        if cancel is not None and total:
+                            cancel()  # a long member stays cancellable (once a MiB)
                         n = len(data)
                         total += n
                         if total > lim:
