@@ -99,8 +99,9 @@ Optional namespaces (``ConfinementPolicy.namespaces``, root only)
 ``"net"``: a new network namespace with only a down loopback (no network at
 all, UDP included, which Landlock does not cover).  ``"ipc"``: a private
 System V IPC / POSIX message queue namespace.  ``"uts"``: a private host
-name.  PID and mount namespaces are not offered (they need a forking init in
-the helper).
+name.  A mount namespace is always used by the read-only mount layer (see
+above).  A PID namespace is not offered: it needs a forking init in the
+helper, and the cgroup leaf already bounds and ends every descendant.
 
 Thread-safety: the async functions are meant for one trio run; a
 ProcessSupervisor and a PtyManager belong to one trio run.
