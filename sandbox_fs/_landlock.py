@@ -289,17 +289,17 @@ class Ruleset:
     Args:
         abi_version: the kernel's ABI (from :func:`abi`), >= 1.
         handle_net: handle TCP bind/connect (ABI >= 4), i.e. deny unless a port rule allows.
-        handle_scopes: scope abstract unix sockets and signals (ABI >= 6).
+        scopes: ``SCOPE_*`` bits to scope (ABI >= 6); None: every scope the ABI has.
 
     Raises:
         RulesetError: the kernel refused to create the ruleset.
     """
 
-    def __init__(self, abi_version: int, *, handle_net: bool = True, handle_scopes: bool = True) -> None:
+    def __init__(self, abi_version: int, *, handle_net: bool = True, scopes: int | None = None) -> None:
         self.abi = abi_version
         self.fs = fs_mask(abi_version)
         self.net = net_mask(abi_version) if handle_net else 0
-        self.scoped = scope_mask(abi_version) if handle_scopes else 0
+        self.scoped = scope_mask(abi_version) & (scope_mask(abi_version) if scopes is None else scopes)
         self.fd = _check(_native.lib.sfs_landlock_create(self.fs, self.net, self.scoped),
                          "landlock_create_ruleset")
 

@@ -490,13 +490,12 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
         raise ConfinementError("Landlock is not available on this kernel")
     roots = _grant_roots(grants)
     try:
-        rs = _landlock.Ruleset(version, handle_net=not policy.unrestricted_tcp,
-                               handle_scopes=policy.scope_signals or policy.scope_abstract_unix)
+        scopes = ((_landlock.SCOPE_SIGNAL if policy.scope_signals else 0)
+                  | (_landlock.SCOPE_ABSTRACT_UNIX_SOCKET if policy.scope_abstract_unix else 0))
+        rs = _landlock.Ruleset(version, handle_net=not policy.unrestricted_tcp, scopes=scopes)
     except OSError as exc:
         raise ConfinementError("the kernel refused to create a Landlock ruleset",
                                diagnostic=str(exc)) from None
-    if not policy.scope_signals:
-        rs.scoped &= ~_landlock.SCOPE_SIGNAL
     try:
         rw = _landlock.fs_read_write(version)
         ws_fd = workspace.fileno_dup()

@@ -323,6 +323,20 @@ async def test_signal_to_parent_denied(layout, ws):
     assert r2.stdout == b"signalled\n"
 
 
+@needs_scope
+async def test_abstract_unix_socket_outside_denied(layout, ws, pygrant):
+    name = "\0sfs-exec-test-" + os.urandom(6).hex()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(name)
+        srv.listen(1)
+        code = f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({name!r}); print('connected')"
+        r = await run(layout, ws, [PYTHON, "-c", code], grants=pygrant)
+        assert b"connected" not in r.stdout and b"PermissionError" in r.stderr, r.stderr
+        r2 = await run(layout, ws, [PYTHON, "-c", code], grants=pygrant,
+                       policy=ConfinementPolicy(scope_abstract_unix=False))
+        assert r2.stdout == b"connected\n", r2.stderr
+
+
 # ------------------------------------------------------------------ environment
 
 async def test_host_env_secrets_invisible(layout, ws, monkeypatch):
