@@ -634,3 +634,25 @@ def test_read_only_mounts_for_an_unprivileged_host(world_tmp):
     after = os.stat(base / "owned.txt")
     assert (after.st_mode, after.st_mtime_ns, after.st_size) == (before.st_mode, before.st_mtime_ns, before.st_size)
     assert os.stat(base / "ws" / "f").st_mode & 0o777 == 0o600
+
+
+async def test_background_holding_stdout_does_not_hang_the_call(layout, ws):
+    sup = ProcessSupervisor()
+    try:
+        with trio.fail_after(5):
+            r = await run(layout, ws, sh("sleep 1000 & echo started"), supervisor=sup,
+                          policy=ConfinementPolicy(eof_grace_s=0.2))
+        assert (r.exit_code, r.stdout) == (0, b"started\n")
+        assert len(sup) == 1  # the background sleep is still tracked ...
+    finally:
+        await sup.aclose()
+    assert len(sup) == 0  # ... until the supervisor ends it
+
+
+async def test_without_cgroup_process_groups_still_end_everything(layout, ws):
+    pol = ConfinementPolicy(use_cgroup=False, kill_grace_s=0.1)
+    with pytest.raises(ExecTimeoutError) as info:
+        await run(layout, ws, sh("sleep 1000 & echo $!; sleep 1000"), timeout_s=0.3, policy=pol)
+    assert await wait_gone(int(info.value.result.stdout))
+    r = await run(layout, ws, ["echo", "plain"], policy=pol)
+    assert r.stdout == b"plain\n"
