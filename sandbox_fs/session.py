@@ -620,6 +620,10 @@ class Session:
     async def ls(self, path: str = ".") -> list[DirEntry]:
         """List a directory (sorted, ``lstat`` of each entry; symlinks never followed).
 
+        Raises:
+            FileNotFoundError, NotADirectoryError: ``path`` is missing or not a directory.
+            PathEscapeError, InvalidPathError: ``path`` leaves the workspace and every grant.
+
         Cancellation:
             Nothing is left behind.
         """
@@ -627,7 +631,12 @@ class Session:
         return await trio.to_thread.run_sync(root.scandir, rel)
 
     async def mkdir(self, path: str, *, mode: int = 0o755, parents: bool = False, exist_ok: bool = False) -> None:
-        """Create a directory (see :meth:`Root.mkdir`).
+        """Create a directory with exactly ``mode`` (see :meth:`Root.mkdir`).
+
+        Raises:
+            FileExistsError: the name exists (and is not a directory, or not ``exist_ok``).
+            ReadOnlyError: ``path`` is under a read-only grant.
+            PathEscapeError, InvalidPathError: ``path`` leaves the workspace and every grant.
 
         Cancellation:
             With ``parents``, some parents may already exist.
@@ -682,6 +691,10 @@ class Session:
 
     async def stat(self, path: str, *, follow_symlinks: bool = False) -> os.stat_result:
         """``lstat`` (default) or ``stat`` of a sandbox path.
+
+        Raises:
+            FileNotFoundError: ``path`` is missing.
+            PathEscapeError: with ``follow_symlinks``, a symlink leads outside.
 
         Cancellation:
             Nothing is left behind.
