@@ -781,6 +781,7 @@ class ProcessSupervisor:
         self._closed = True
 
     async def __aenter__(self) -> "ProcessSupervisor":
+        await trio.lowlevel.checkpoint()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -1471,6 +1472,7 @@ class PtyManager:
         *Cancellation*: bytes already read are kept in the session's buffer
         for the next call, never lost.
         """
+        await trio.lowlevel.checkpoint()
         p = self._get(pty_id)
         p.last_activity = time.monotonic()
         async with p.lock:
@@ -1514,8 +1516,10 @@ class PtyManager:
         Raises:
             PtyNotFoundError: unknown ``pty_id``.
 
-        *Cancellation*: shielded: the session is always fully ended.
+        *Cancellation*: a cancel before the call starts leaves the session
+        untouched; once started, the end is shielded and always completes.
         """
+        await trio.lowlevel.checkpoint()
         p = self._get(pty_id)
         del self._ptys[pty_id]
         with trio.CancelScope(shield=True):
@@ -1527,10 +1531,13 @@ class PtyManager:
     async def pty_terminate_all(self) -> None:
         """End every session (SIGKILL at once).
 
-        *Cancellation*: shielded like :meth:`pty_terminate`.
+        *Cancellation*: a cancel before the call starts changes nothing; once
+        started, every session is ended (shielded).
         """
-        for pty_id in list(self._ptys):
-            await self.pty_terminate(pty_id, grace_s=0)
+        await trio.lowlevel.checkpoint()
+        with trio.CancelScope(shield=True):
+            for pty_id in list(self._ptys):
+                await self.pty_terminate(pty_id, grace_s=0)
 
     async def aclose(self) -> None:
         """Same as :meth:`pty_terminate_all`.
