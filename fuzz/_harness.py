@@ -8,6 +8,7 @@ workspace resolving outside it, or a special / setuid node in it.
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import random
@@ -23,6 +24,7 @@ from sandbox_fs.archive import ArchiveLimits, ExtractPolicy, extract
 LIMITS = ArchiveLimits(max_members=2000, max_total_bytes=8 << 20, max_member_bytes=4 << 20,
                        max_header_bytes=64 << 10, max_input_bytes=16 << 20, ratio_grace_bytes=1 << 20)
 _BASE = tempfile.mkdtemp(prefix="sfs-fuzz-")
+atexit.register(shutil.rmtree, _BASE, True)
 WS = os.path.join(_BASE, "ws")
 OUTSIDE = os.path.join(_BASE, "outside")
 os.makedirs(os.path.join(OUTSIDE, "sub"))
