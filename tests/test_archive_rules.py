@@ -393,3 +393,13 @@ def test_zip_bad_offsets_are_format_errors(layout, where):
     with pytest.raises(ArchiveFormatError):
         extract_ws(layout, data)
     assert os.listdir(layout.ws) == []
+
+
+def test_pax_linkpath_override_is_what_is_checked(layout):
+    # ustar linkname is harmless, the PAX linkpath (what tarfile uses) climbs out
+    err = _refused(layout, tar_bytes([ti("l", "symlink", linkname="ok", pax={"linkpath": "../../outside"})]),
+                   "symlink_target")
+    assert err.member == "l"
+    _refused(layout, tar_bytes([ti("f", data=b"1"), ti("h", "hardlink", linkname="f",
+                                                       pax={"linkpath": "../outside/secret.txt"})]),
+             "hardlink_target")
