@@ -120,6 +120,7 @@ import struct
 import subprocess
 import termios
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import AsyncIterable, Iterable, Literal, Mapping, Sequence
 
@@ -578,10 +579,36 @@ class _CgroupTree:
         base = _find_cgroup2()
         if base is None:
             return None
+        cls._sweep_stale(base)
         try:
             return cls(base, pids_max)
         except OSError:
             return None
+
+    @staticmethod
+    def _sweep_stale(base: str) -> None:
+        """Remove empty trees left by processes that died without closing their supervisor."""
+        try:
+            names = [n for n in os.listdir(base) if n.startswith("sandbox-fs-")]
+        except OSError:
+            return
+        for name in names:
+            try:
+                pid = int(name.split("-")[2])
+            except (IndexError, ValueError):
+                continue
+            if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
+                continue
+            path = f"{base}/{name}"
+            if _CgroupTree.populated(path):
+                continue  # something still runs there: leave it for its owner / an operator
+            try:
+                for leaf in os.listdir(path):
+                    if leaf.startswith("p") and os.path.isdir(f"{path}/{leaf}"):
+                        os.rmdir(f"{path}/{leaf}")
+                os.rmdir(path)
+            except OSError:
+                pass
 
     def new_leaf(self, pids_max: int | None) -> str:
         leaf = f"{self.dir}/p{next(self._leaves)}"
@@ -668,6 +695,9 @@ class ProcessSupervisor:
         self._tracked: list[_Tracked] = []
         self._cg: _CgroupTree | None = _CgroupTree.create(pids_max) if use_cgroup else None
         self._closed = False
+        # A supervisor dropped without aclose() still ends its processes and
+        # removes its cgroup directory when collected.
+        self._finalizer = weakref.finalize(self, self._cg.close) if self._cg is not None else None
 
     @property
     def uses_cgroup(self) -> bool:
@@ -775,9 +805,10 @@ class ProcessSupervisor:
         *Cancellation*: shielded like :meth:`kill_all`.
         """
         await self.kill_all()
-        if self._cg is not None:
-            self._cg.close()
-            self._cg = None
+        if self._finalizer is not None:
+            self._finalizer()  # runs _CgroupTree.close once
+            self._finalizer = None
+        self._cg = None
         self._closed = True
 
     async def __aenter__(self) -> "ProcessSupervisor":
