@@ -90,7 +90,11 @@ Supervision guarantees (:class:`ProcessSupervisor`)
 * Where a cgroup v2 hierarchy is mounted and writable (root here), each
   process also starts in its own cgroup leaf, and ``cgroup.kill`` ends
   every descendant, ``setsid`` or not.  ``pids.max`` is set when the
-  ``pids`` controller is enabled for cgroup v2.
+  ``pids`` controller is enabled for cgroup v2.  The target is forked
+  straight into its leaf (``clone3(CLONE_INTO_CGROUP)``), so it never runs
+  outside it.  A supervisor garbage-collected without ``aclose()`` still
+  kills its leaves and removes its tree; empty trees left by dead owners
+  are swept when the next supervisor starts.
 * ``PR_SET_PDEATHSIG`` is not used: trio forks from a worker thread and the
   signal fires when that thread exits.
 
