@@ -9,3 +9,13 @@ VENV=${VENV:-$PWD/.venv}
 export PATH="$VENV/bin:$PATH"
 
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests
+
+# The shared attack corpus, through the command line (every case must pass).
+CASES="$PWD/../shared/cases"
+if [ -f "$CASES/run_cases.py" ]; then
+    "$VENV/bin/python" "$CASES/run_cases.py" "$CASES" \
+        --extract-cmd "$VENV/bin/sandbox-fs extract {archive} --into {dest}" \
+        --apply-cmd "$VENV/bin/sandbox-fs apply {manifest} --base {base}"
+else
+    echo "test.sh: ../shared/cases not found; the attack corpus was not run" >&2
+fi
