@@ -656,3 +656,13 @@ async def test_without_cgroup_process_groups_still_end_everything(layout, ws):
     assert await wait_gone(int(info.value.result.stdout))
     r = await run(layout, ws, ["echo", "plain"], policy=pol)
     assert r.stdout == b"plain\n"
+
+
+async def test_stdin_from_an_async_stream(layout, ws):
+    async def chunks():
+        for i in range(50):
+            yield f"line {i}\n".encode()
+            await trio.sleep(0)
+
+    r = await run(layout, ws, ["wc", "-l"], stdin=chunks())
+    assert r.stdout.strip() == b"50"
