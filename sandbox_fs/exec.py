@@ -72,6 +72,19 @@ namespace that maps only its own uid and gid; where the system forbids user
 namespaces, a child can change the metadata of files its user owns outside
 the workspace (``ExecResult.read_only_mounts`` is then False).
 
+Other rules and where they come from
+------------------------------------
+* ``setsid`` without a controlling terminal (PTY sessions get their own
+  PTY as one): a child cannot push input into the host's terminal with
+  ``TIOCSTI`` (CVE-2017-5226, the bubblewrap escape).
+* Landlock ABI < 3 does not restrict ``truncate``; ABI < 4 has no TCP rules;
+  ABI < 6 no signal or abstract-socket scoping.  The read-only mount layer
+  covers truncation outside the workspace whatever the ABI.
+* ``PR_SET_NO_NEW_PRIVS``: setuid/setgid and file capabilities are ignored
+  at ``execve`` (required by ``landlock_restrict_self`` for unprivileged use).
+* Device nodes cannot be created (``MAKE_CHAR``/``MAKE_BLOCK`` withheld, and
+  ``CAP_MKNOD`` dropped), so a device file cannot open a way out.
+
 Default rlimits (:class:`ConfinementPolicy`)
 --------------------------------------------
 CPU 3600 s, address space 8 GiB, file size 4 GiB, 4096 open files, 4096
