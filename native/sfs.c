@@ -13,9 +13,11 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -555,6 +557,184 @@ int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes)
             return -errno;
         return n == 0 ? done : -EFBIG;
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* One file: source name -> temporary name -> rename over destination  */
+/*                                                                    */
+/* Both names are single components relative to directory fds that    */
+/* the caller opened beneath its roots; nothing here resolves a path.  */
+/* The source is opened O_NOFOLLOW|O_NONBLOCK (a symlink is refused, a */
+/* FIFO never blocks) and must be a regular file with the expected     */
+/* identity before a byte is read; the temporary name is created       */
+/* O_EXCL|O_NOFOLLOW (never an existing file, never through a link);   */
+/* the rename replaces a symlink at the destination, never follows it. */
+/* On failure every fd is closed and the temporary name removed.       */
+/* ------------------------------------------------------------------ */
+
+static void xfer_close(struct sfs_xfer *x)
+{
+    if (x->src_fd >= 0)
+        close(x->src_fd);
+    if (x->tmp_fd >= 0)
+        close(x->tmp_fd);
+    x->src_fd = x->tmp_fd = -1;
+}
+
+static int xfer_fail(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x, int stage, int err)
+{
+    int had_tmp = x->tmp_fd >= 0;
+    xfer_close(x);
+    if (had_tmp)
+        unlinkat(dst_dirfd, tmp_name, 0);
+    x->stage = stage;
+    return -err;
+}
+
+void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x)
+{
+    xfer_fail(dst_dirfd, tmp_name, x, x->stage, 0);
+}
+
+int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x)
+{
+    if (fchmod(x->tmp_fd, (mode_t)(x->mode & 0777)) < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
+    if (x->flags & SFS_XFER_SET_MTIME) {
+        struct timespec ts[2];
+        ts[0].tv_sec = (time_t)(x->mtime_ns / 1000000000);
+        ts[0].tv_nsec = (long)(x->mtime_ns % 1000000000);
+        if (ts[0].tv_nsec < 0) {
+            ts[0].tv_sec -= 1;
+            ts[0].tv_nsec += 1000000000;
+        }
+        ts[1] = ts[0];
+        if (futimens(x->tmp_fd, ts) < 0)
+            return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
+    }
+    if ((x->flags & SFS_XFER_FSYNC) && fsync(x->tmp_fd) < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
+    int tfd = x->tmp_fd;
+    x->tmp_fd = -1;
+    if (close(tfd) < 0 && errno != EINTR) {
+        int e = errno;
+        xfer_close(x);
+        unlinkat(dst_dirfd, tmp_name, 0);
+        x->stage = SFS_STAGE_META;
+        return -e;
+    }
+    xfer_close(x);
+    if (renameat(dst_dirfd, tmp_name, dst_dirfd, dst_name) < 0) {
+        int e = errno;
+        unlinkat(dst_dirfd, tmp_name, 0);
+        x->stage = SFS_STAGE_RENAME;
+        return -e;
+    }
+    return 0;
+}
+
+static int write_all(int fd, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t m = write(fd, buf, len);
+        if (m < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        buf += m;
+        len -= (size_t)m;
+    }
+    return 0;
+}
+
+/*
+ * Copy source name -> temporary name, then (unless SFS_XFER_MORE) set the
+ * mode and times and rename the temporary name over dst_name.
+ *
+ * With buf: the data is read into buf[0..buflen) and written from there,
+ * so the caller can hash exactly the bytes written.  Returns 0 when the
+ * whole file fit (x->size bytes in buf, the file is in place), or
+ * SFS_XFER_MORE when buf filled up: buflen bytes are written, x->src_fd and
+ * x->tmp_fd are left open for the caller to continue, then it calls
+ * sfs_xfer_finish (or sfs_xfer_abort).  Without buf (NULL): fd-to-fd copy
+ * bounded by max_bytes (copy_file_range, read/write fallback).
+ * Returns -errno on failure, x->stage telling which step failed; -EFBIG
+ * when the source holds more than max_bytes.
+ */
+/* A name that openat resolves in its directory alone: no "/", not "", "." or "..". */
+static int one_component(const char *name)
+{
+    return name[0] != '\0' && strchr(name, '/') == NULL && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char *tmp_name,
+                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen)
+{
+    struct stat st;
+    x->size = 0;
+    x->stage = SFS_STAGE_NONE;
+    x->src_fd = x->tmp_fd = -1;
+
+    if (!one_component(src_name)) {
+        x->stage = SFS_STAGE_SRC_OPEN;
+        return -EINVAL;
+    }
+    if (!one_component(tmp_name) || !one_component(dst_name)) {
+        x->stage = SFS_STAGE_RENAME;
+        return -EINVAL;
+    }
+
+    do {
+        x->src_fd = openat(src_dirfd, src_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    } while (x->src_fd < 0 && errno == EINTR);
+    if (x->src_fd < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_SRC_OPEN, errno);
+    if (fstat(x->src_fd, &st) < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_SRC_OPEN, errno);
+    if (!S_ISREG(st.st_mode))
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_SRC_CHANGED, EINVAL);
+    if ((x->flags & SFS_XFER_CHECK_IDENT) && ((uint64_t)st.st_dev != x->dev || (uint64_t)st.st_ino != x->ino))
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_SRC_CHANGED, ESTALE);
+    if ((int64_t)st.st_size > x->max_bytes)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_COPY, EFBIG);
+    do {
+        x->tmp_fd = openat(dst_dirfd, tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    } while (x->tmp_fd < 0 && errno == EINTR);
+    if (x->tmp_fd < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_TMP_CREATE, errno);
+
+    if (buf == NULL) {
+        int64_t n = sfs_copy(x->src_fd, x->tmp_fd, x->max_bytes);
+        if (n < 0)
+            return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_COPY, (int)-n);
+        x->size = n;
+    } else {
+        int64_t got = 0;
+        while (got < buflen) {
+            ssize_t n = read(x->src_fd, buf + got, (size_t)(buflen - got));
+            if (n < 0) {
+                if (errno == EINTR)
+                    continue;
+                return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_COPY, errno);
+            }
+            if (n == 0)
+                break;
+            got += n;
+            /* The size fstat reported is read: stop there (no extra EOF read). */
+            if (got == (int64_t)st.st_size)
+                break;
+        }
+        if (got > x->max_bytes)
+            return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_COPY, EFBIG);
+        int w = write_all(x->tmp_fd, buf, (size_t)got);
+        if (w < 0)
+            return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_COPY, -w);
+        x->size = got;
+        if (got == buflen && got != (int64_t)st.st_size)
+            return SFS_XFER_MORE;
+    }
+    return sfs_xfer_finish(dst_dirfd, tmp_name, dst_name, x);
 }
 
 /* ------------------------------------------------------------------ */

@@ -3,7 +3,7 @@
 #include <stdint.h>
 
 /* Bumped whenever a signature below changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 1
+#define SFS_ABI_VERSION 2
 #define SFS_MAX_SYMLINK_HOPS 40   /* MAXSYMLINKS in the kernel */
 #define SFS_EAGAIN_RETRIES 128
 #define SFS_COPY_BUF 65536
@@ -12,6 +12,34 @@ int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint
 int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
+/* One file copied into a temporary name and renamed into place: see sfs.c. */
+#define SFS_XFER_CHECK_IDENT 1   /* the source's (dev, ino) must equal x->dev, x->ino */
+#define SFS_XFER_FSYNC 2         /* fsync the temporary file before the rename */
+#define SFS_XFER_SET_MTIME 4     /* set atime and mtime to x->mtime_ns */
+#define SFS_XFER_MORE 1          /* return value: buf is full, fds left open (see sfs_xfer_file) */
+enum sfs_xfer_stage {
+    SFS_STAGE_NONE = 0,
+    SFS_STAGE_SRC_OPEN = 1,      /* opening the source name */
+    SFS_STAGE_SRC_CHANGED = 2,   /* not a regular file, or not the expected identity */
+    SFS_STAGE_TMP_CREATE = 3,    /* creating the temporary name */
+    SFS_STAGE_COPY = 4,          /* reading or writing data (EFBIG: over max_bytes) */
+    SFS_STAGE_META = 5,          /* fchmod, futimens, fsync, close */
+    SFS_STAGE_RENAME = 6         /* renaming the temporary name over the destination */
+};
+struct sfs_xfer {
+    uint64_t dev, ino;           /* in: expected source identity */
+    int64_t max_bytes;           /* in: refuse sources over this many bytes */
+    int64_t mtime_ns;            /* in: with SFS_XFER_SET_MTIME */
+    uint32_t mode;               /* in: permission bits, set with fchmod */
+    int flags;                   /* in: SFS_XFER_* */
+    int64_t size;                /* out: bytes written */
+    int stage;                   /* out: enum sfs_xfer_stage of a failure */
+    int src_fd, tmp_fd;          /* out: open only after SFS_XFER_MORE */
+};
+int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char *tmp_name,
+                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen);
+int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x);
+void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
 int sfs_landlock_abi(void);
 int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
 int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);

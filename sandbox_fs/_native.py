@@ -19,7 +19,7 @@ import os
 
 from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 
-EXPECTED_ABI = 1
+EXPECTED_ABI = 2
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -42,6 +42,19 @@ RENAME_NOREPLACE = lib.RENAME_NOREPLACE
 O_PATH = lib.O_PATH
 O_TMPFILE = lib.O_TMPFILE
 MAX_SYMLINK_HOPS = lib.SFS_MAX_SYMLINK_HOPS
+XFER_CHECK_IDENT = lib.SFS_XFER_CHECK_IDENT
+XFER_FSYNC = lib.SFS_XFER_FSYNC
+XFER_SET_MTIME = lib.SFS_XFER_SET_MTIME
+XFER_MORE = lib.SFS_XFER_MORE
+STAGE_SRC_OPEN = lib.SFS_STAGE_SRC_OPEN
+STAGE_SRC_CHANGED = lib.SFS_STAGE_SRC_CHANGED
+STAGE_TMP_CREATE = lib.SFS_STAGE_TMP_CREATE
+# The raw per-file copy functions (return 0 / XFER_MORE / -errno; no mapping):
+# see native/sfs.c and Root.copy_files_from, their one caller.
+xfer_file = lib.sfs_xfer_file
+xfer_finish = lib.sfs_xfer_finish
+xfer_abort = lib.sfs_xfer_abort
+NULL = ffi.NULL
 
 
 def raise_errno(err: int, op: str, sandbox_path: str | None) -> None:
@@ -153,3 +166,13 @@ def copy_fd(in_fd: int, out_fd: int, max_bytes: int, op: str, sandbox_path: str 
         OSError: any other read/write failure.
     """
     return check(lib.sfs_copy(in_fd, out_fd, max_bytes), op, sandbox_path)
+
+
+def new_xfer() -> object:
+    """A zeroed ``struct sfs_xfer *`` (owned by the returned cdata) for :data:`xfer_file`."""
+    return ffi.new("struct sfs_xfer *")
+
+
+def buffer_of(buf: bytearray) -> object:
+    """A ``char *`` view of the writable ``buf`` (valid while ``buf`` lives), for :data:`xfer_file`."""
+    return ffi.from_buffer("char[]", buf, require_writable=True)

@@ -434,6 +434,12 @@ class _Run:
             if self.nodes > self.opts.max_files:
                 raise MaterializeLimitError(f"more than max_files={self.opts.max_files} nodes", sandbox_path=dest)
 
+    def unreserve(self, nbytes: int, nodes: int) -> None:
+        """Give back a reservation that was not used (never raises)."""
+        with self.lock:
+            self.bytes_budget -= nbytes
+            self.nodes -= nodes
+
     def add_files(self, files: list[WrittenFile]) -> None:
         if not files:
             return
@@ -650,16 +656,15 @@ def _plan_local_dir(run: _Run, fe: FlatEntry) -> _DirPlan:
         files: list[tuple[str, os.stat_result]] = []
         links: list[tuple[str, str]] = []
         skipped: list[SkippedEntry] = []
-        for dirpath, dirnames, nondirs in tree.walk():
+        for dirpath, dirents, nondirs in tree._walk_dirs():
             run.check_stop()
             keep = []
-            for name in dirnames:
-                rp = _join(dirpath, name)
-                if ent.exclude and _matches(rp, ent.exclude):
+            for de in dirents:
+                if ent.exclude and _matches(de.path, ent.exclude):
                     continue
-                keep.append(name)
-                dirs.append((rp, tree.lstat(rp)))
-            dirnames[:] = keep
+                keep.append(de)
+                dirs.append((de.path, de.stat))  # the walk's own lstat of the directory
+            dirents[:] = keep
             for e in nondirs:
                 if ent.exclude and _matches(e.path, ent.exclude):
                     continue
@@ -699,32 +704,103 @@ def _plan_local_dir(run: _Run, fe: FlatEntry) -> _DirPlan:
 
 
 def _copy_batch(run: _Run, plan: _DirPlan, batch: list[tuple[str, os.stat_result]]) -> None:
-    """Copy one batch of a local_dir's files (one worker-thread hop)."""
+    """Copy one batch of a local_dir's files (one worker-thread hop).
+
+    Fast path: :meth:`Root.copy_files_from` (each directory opened once,
+    one native call per file, sha256 from the bytes written).  A file it
+    cannot copy (any error: a source that changed, a directory where the
+    file belongs, a bound) is done again by :func:`_copy_one`, the per-file
+    path, which re-opens the source, repairs the destination or raises the
+    error materialize reports; the fast path leaves nothing behind on failure.
+    """
     out: list[WrittenFile] = []
     tree = plan.tree
+    dest_of = [_join(plan.dest, rp) for rp, _ in batch]
+    modes = [_stat.S_IMODE(wst.st_mode) & 0o777 for _, wst in batch]
+    sizes = [wst.st_size for _, wst in batch]
+    items = [(rp, dest_of[i], modes[i], wst.st_mtime_ns, (wst.st_dev, wst.st_ino))
+             for i, (rp, wst) in enumerate(batch)]
+    opts = run.opts
+    max_file = opts.max_file_bytes
+    stop_is_set = run.stop.is_set
+    # Reserve the whole batch at once; near a bound, file by file (the precise
+    # error, and every file before it written, as the per-file path does).
+    whole = bool(sizes) and max(sizes) <= max_file
+    if whole:
+        try:
+            run.reserve(sum(sizes), len(sizes), dest_of[0])
+        except MaterializeLimitError:
+            run.unreserve(sum(sizes), len(sizes))
+            whole = False
+    reserved = [-1]  # per-file mode: index of the last item reserved by before()
+    start = 0
+
+    def before(i: int) -> None:
+        if stop_is_set():
+            raise _Stopped()
+        if not whole:
+            k = start + i
+            if sizes[k] > max_file:
+                raise _SlowPath()
+            run.reserve(sizes[k], 1, dest_of[k])
+            reserved[0] = k
+
     try:
-        for rp, wst in batch:
-            run.check_stop()
-            dest = _join(plan.dest, rp)
+        while start < len(items):
+            done: list[tuple[int, str | None]] = []
+            failed = False
             try:
-                fd = tree.open_fd(rp, _SRC_FLAGS, 0)
-            except (SymlinkRefusedError, PathEscapeError, NotADirectoryError) as exc:
-                raise SourceChangedError("the source tree changed during the copy (a path component is now a "
-                                         "symlink or a file); nothing outside was read", sandbox_path=dest,
-                                         diagnostic=repr(exc)) from None
-            except FileNotFoundError:
-                raise SourceChangedError("a source file disappeared during the copy", sandbox_path=dest) from None
-            try:
-                st = os.fstat(fd)
-                if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (wst.st_dev, wst.st_ino):
-                    raise SourceChangedError("a source file was replaced during the copy", sandbox_path=dest)
-                out.append(run.copy_fd(fd, st, dest, _stat.S_IMODE(st.st_mode) & 0o777, "local_dir"))
-            except BaseException as exc:
-                raise _wrap(exc, dest) from None
+                run.ws.copy_files_from(tree, items[start:], max_bytes=max_file, digest=opts.digest,
+                                       fsync=opts.fsync, before_each=before, results=done)
+            except (_Stopped, MaterializeLimitError):
+                raise
+            except Exception:  # noqa: BLE001 - the per-file path decides (repair or the reported error)
+                failed = True
             finally:
-                os.close(fd)
+                for j, (n, sha) in enumerate(done):
+                    k = start + j
+                    if n != sizes[k]:
+                        run.reserve(n - sizes[k], 0, dest_of[k])
+                    out.append(WrittenFile(dest_of[k], n, sha, modes[k], "local_dir"))
+                start += len(done)
+            if failed and start < len(items):
+                k = start
+                run.check_stop()
+                if whole or reserved[0] == k:  # _copy_one reserves this file itself
+                    run.unreserve(sizes[k], 1)
+                out.append(_copy_one(run, tree, batch[k][0], batch[k][1], dest_of[k]))
+                start += 1
     finally:
         run.add_files(out)
+
+
+class _SlowPath(Exception):
+    """Internal: leave this file to the per-file path (it raises the precise error)."""
+
+
+def _copy_one(run: _Run, tree: Root, rp: str, wst: os.stat_result, dest: str) -> WrittenFile:
+    """Copy one local_dir file the per-file way (source re-opened, destination repaired)."""
+    try:
+        fd = tree.open_fd(rp, _SRC_FLAGS, 0)
+    except (SymlinkRefusedError, PathEscapeError, NotADirectoryError) as exc:
+        raise SourceChangedError("the source tree changed during the copy (a path component is now a "
+                                 "symlink or a file); nothing outside was read", sandbox_path=dest,
+                                 diagnostic=repr(exc)) from None
+    except FileNotFoundError:
+        raise SourceChangedError("a source file disappeared during the copy", sandbox_path=dest) from None
+    except SandboxError as exc:
+        if exc.code == "special_file":
+            raise SourceChangedError("a source file was replaced during the copy", sandbox_path=dest) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (wst.st_dev, wst.st_ino):
+            raise SourceChangedError("a source file was replaced during the copy", sandbox_path=dest)
+        return run.copy_fd(fd, st, dest, _stat.S_IMODE(st.st_mode) & 0o777, "local_dir")
+    except BaseException as exc:
+        raise _wrap(exc, dest) from None
+    finally:
+        os.close(fd)
 
 
 def _finish_local_dir(run: _Run, plan: _DirPlan) -> None:

@@ -32,6 +32,7 @@ import os
 import secrets as _secrets
 import stat as _stat
 from dataclasses import dataclass
+from hashlib import sha256 as _hashlib_sha256
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from . import _native
@@ -708,6 +709,199 @@ class Root:
                 off += os.write(fd, view[off:])
         return total
 
+    def copy_files_from(self, src: "Root", items: Iterable[tuple[str, str, int, int | None, tuple[int, int] | None]],
+                        *, max_bytes: int | None = None, digest: bool = True, fsync: bool = False,
+                        buffer_bytes: int = 1 << 20, before_each: Callable[[int], None] | None = None,
+                        results: list[tuple[int, str | None]] | None = None) -> list[tuple[int, str | None]]:
+        """Copy many regular files from ``src`` into this Root, each one atomically.
+
+        The batched form of ``atomic_write(dst, src.open_fd(src_rel))``: each
+        source and destination *directory* is opened once per call, beneath
+        its root with ``RESOLVE_NO_SYMLINKS`` (whatever the Roots' own
+        options), and each file then costs one native call that opens the
+        source name ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK`` relative to that
+        directory fd, checks it is a regular file (and, when given, its
+        identity), creates a temporary name ``O_CREAT|O_EXCL|O_NOFOLLOW`` in
+        the destination directory, copies the data, sets the mode with
+        ``fchmod`` (the umask never applies) and the times with ``futimens``,
+        and renames the temporary name over the destination.  So no source
+        is read through a symlink, no FIFO blocks, nothing is written
+        through a symlink (one at a destination is replaced), and readers
+        see the old file or the complete new one.  On any failure the
+        temporary name is removed.
+
+        With ``digest``, data moves through one ``buffer_bytes`` buffer and
+        the sha256 is computed from the bytes written (no second read);
+        without it, data moves fd to fd (``copy_file_range``).
+
+        Args:
+            src: the Root the sources are read from (may be read-only).
+            items: ``(src_rel, dst_rel, mode, mtime_ns, ident)`` per file:
+                relative sandbox paths in ``src`` and in this Root (``str``),
+                permission bits within 0o777, the mtime (and atime) to set in
+                nanoseconds or None to leave the current time, and the
+                expected ``(st_dev, st_ino)`` of the source or None for no
+                identity check.
+            max_bytes: refuse a source over this many bytes (None: no bound).
+            digest: compute each file's sha256 (hex); else report None.
+            fsync: fsync each file before its rename.
+            buffer_bytes: size of the copy buffer in bytes (>= 4096); files
+                over it are copied in buffer-sized chunks.
+            before_each: called with the item's index before each file; an
+                exception it raises stops the copy (nothing of that item is
+                written) and propagates.
+            results: a list to append each finished item's result to (so a
+                caller sees what was written when an exception is raised).
+
+        Returns:
+            ``results`` (a new list when None): ``(bytes_written, sha256_hex
+            or None)`` per finished item, in order.
+
+        Raises:
+            UnsafeModeError: a mode outside 0o777.
+            ReadOnlyError: this Root is read-only, or a destination lies in a
+                read-only grant nested in it.
+            InvalidPathError: a path names a root itself, ends in ``/``,
+                ``.`` or ``..``, holds NUL or is too long.
+            SymlinkRefusedError: a symlink on a source or destination path
+                (its directories, or the source name itself).
+            PathEscapeError: a path resolves outside its root.
+            SpecialFileError: a source is not a regular file (FIFO, socket,
+                device, directory); it was never read from.
+            OSError(ESTALE): a source's identity differs from ``ident``.
+            OSError(EFBIG): a source holds more than ``max_bytes`` bytes.
+            IsADirectoryError: a destination is an existing directory.
+            FileNotFoundError, NotADirectoryError: a source or destination
+                directory is missing or not a directory.
+            OSError: any other failure, ``filename`` the sandbox path.
+            ValueError: ``buffer_bytes`` below 4096.
+        """
+        if buffer_bytes < 4096:
+            raise ValueError("buffer_bytes must be at least 4096")
+        out: list[tuple[int, str | None]] = [] if results is None else results
+        self._check_writable(b".", "copy")
+        bound = _COPY_UNBOUNDED if max_bytes is None else max_bytes
+        buf = bytearray(buffer_bytes) if digest else None
+        cbuf = _native.buffer_of(buf) if buf is not None else _native.NULL
+        view = memoryview(buf) if buf is not None else None
+        x = _native.new_xfer()
+        x.max_bytes = bound
+        base_flags = _native.XFER_FSYNC if fsync else 0
+        sha256 = _hashlib_sha256
+        xfer = _native.xfer_file
+        prefix = b".sfs-tmp-" + _secrets.token_hex(6).encode() + b"-"
+        sdirs: dict[bytes, int] = {}
+        ddirs: dict[bytes, int] = {}
+        counter = 0
+        srootfd = src._acquire()
+        try:
+            drootfd = self._acquire()
+            try:
+                for i, (srel_s, drel_s, mode, mtime_ns, ident) in enumerate(items):
+                    if before_each is not None:
+                        before_each(i)
+                    if type(mode) is not int or mode & ~0o777 or mode < 0:
+                        _check_mode(mode, drel_s)
+                    if type(srel_s) is not str or type(drel_s) is not str or "\0" in srel_s or "\0" in drel_s \
+                            or srel_s[:1] == "/" or drel_s[:1] == "/":
+                        srel_s, drel_s = self._copy_names(src, srel_s, drel_s)
+                    # Directories are validated and opened once (full checks on the first
+                    # path met in each); a leaf is one component by construction, and the
+                    # native call refuses "", "." and ".." (checked fully on that error).
+                    sdir_s, _, sleaf_s = srel_s.rpartition("/")
+                    ddir_s, _, dleaf_s = drel_s.rpartition("/")
+                    sdfd = sdirs.get(sdir_s)
+                    if sdfd is None:
+                        sdir = src._split(src._rel(srel_s), "copy")[0]
+                        sdfd = src._open_fd(srootfd, sdir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
+                        sdirs[sdir_s] = sdfd
+                    ddfd = ddirs.get(ddir_s)
+                    if ddfd is None:
+                        drel = self._rel(drel_s)
+                        ddir = self._split(drel, "copy")[0]
+                        ddfd = self._open_fd(drootfd, ddir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
+                        ddirs[ddir_s] = ddfd
+                        if self._deny:
+                            self._check_write_target(ddfd, None, drel, False)
+                    sleaf = sleaf_s.encode("utf-8", "surrogateescape")
+                    dleaf = dleaf_s.encode("utf-8", "surrogateescape")
+                    flags = base_flags
+                    if ident is not None:
+                        x.dev, x.ino = ident
+                        flags |= _native.XFER_CHECK_IDENT
+                    if mtime_ns is not None:
+                        x.mtime_ns = mtime_ns
+                        flags |= _native.XFER_SET_MTIME
+                    x.flags = flags
+                    x.mode = mode
+                    for _attempt in range(100):
+                        counter += 1
+                        tmp = prefix + str(counter).encode()
+                        ret = xfer(sdfd, sleaf, ddfd, tmp, dleaf, x, cbuf, buffer_bytes)
+                        if ret != -errno.EEXIST or x.stage != _native.STAGE_TMP_CREATE:
+                            break
+                    if ret == 0:
+                        n = x.size
+                        out.append((n, sha256(view[:n]).hexdigest() if view is not None else None))
+                    elif ret == _native.XFER_MORE:
+                        out.append(self._copy_rest(x, view, ddfd, tmp, dleaf, bound, drel_s))
+                    else:
+                        self._copy_error(-ret, x.stage, src, srel_s, drel_s)
+            finally:
+                for fd in ddirs.values():
+                    os.close(fd)
+                self._release()
+        finally:
+            for fd in sdirs.values():
+                os.close(fd)
+            src._release()
+        return out
+
+    def _copy_names(self, src: "Root", srel: str | bytes, drel: str | bytes) -> tuple[str, str]:
+        """Validate an unusual pair of :meth:`copy_files_from` paths fully; return them as ``str``."""
+        for root, rel in ((src, srel), (self, drel)):
+            root._split(root._rel(rel), "copy")
+        return os.fsdecode(srel), os.fsdecode(drel)
+
+    def _copy_rest(self, x: Any, view: memoryview, ddfd: int, tmp: bytes, leaf: bytes, bound: int,
+                   rel: str) -> tuple[int, str]:
+        """Finish a file whose first buffer is written (fds open in ``x``): read, hash, write, rename."""
+        try:
+            h = _hashlib_sha256(view[:x.size])
+            total = x.size
+            src_fd, tmp_fd = x.src_fd, x.tmp_fd
+            while True:
+                n = _retry_eintr(os.readv, src_fd, [view])
+                if not n:
+                    break
+                total += n
+                if total > bound:
+                    _native.raise_errno(errno.EFBIG, "copy", self._show(rel))
+                chunk = view[:n]
+                h.update(chunk)
+                off = 0
+                while off < n:
+                    off += _retry_eintr(os.write, tmp_fd, chunk[off:])
+        except BaseException:
+            _native.xfer_abort(ddfd, tmp, x)
+            raise
+        ret = _native.xfer_finish(ddfd, tmp, leaf, x)
+        if ret < 0:
+            _native.raise_errno(-ret, "copy", self._show(rel))
+        return total, h.hexdigest()
+
+    def _copy_error(self, err: int, stage: int, src: "Root", srel: str, drel: str) -> None:
+        """Raise the error of a failed :meth:`copy_files_from` item (paths checked and formatted only now)."""
+        self._copy_names(src, srel, drel)
+        if stage == _native.STAGE_SRC_OPEN:
+            _native.raise_errno(err, "copy", src._show(srel))
+        if stage == _native.STAGE_SRC_CHANGED:
+            if err == errno.ESTALE:
+                _native.raise_errno(err, "copy: the source was replaced", src._show(srel))
+            raise SpecialFileError("copy: the source is not a regular file; it is never read",
+                                   sandbox_path=src._show(srel), context={"operation": "copy"})
+        _native.raise_errno(err, "copy", self._show(drel))
+
     def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
         """Create a directory with exactly ``mode`` (the umask is not applied).
 
@@ -1165,6 +1359,18 @@ class Root:
         directory is opened ``O_NOFOLLOW`` relative to its parent's fd, so a
         directory swapped for a symlink mid-walk is skipped, never entered.
         """
+        for dpath, dents, nondirs in self._walk_dirs(path):
+            names = [e.name for e in dents]
+            yield dpath, names, nondirs
+            if len(names) != len(dents) or any(n != e.name for n, e in zip(names, dents)):
+                by_name = {e.name: e for e in dents}  # the caller pruned or reordered dirnames
+                dents[:] = [by_name[n] for n in names if n in by_name]
+
+    def _walk_dirs(self, path: str | bytes = ".") -> Iterator[tuple[str, list[DirEntry], list[DirEntry]]]:
+        """:meth:`walk` that yields the subdirectories' :class:`DirEntry` (their ``lstat``) instead of names.
+
+        The caller may prune the directory list in place.  Same guarantees as :meth:`walk`.
+        """
         rel = self._rel(path)
         top = self.open_dir_fd(rel)
         base = "" if rel in (b".", b"") else os.fsdecode(rel.rstrip(b"/"))
@@ -1174,12 +1380,13 @@ class Root:
                 dfd, dpath = stack.pop()
                 try:
                     entries = self._scan_fd(dfd, os.fsencode(dpath) or b".")
-                    dirs = [e.name for e in entries if e.kind == "dir"]
+                    dirs = [e for e in entries if e.kind == "dir"]
                     nondirs = [e for e in entries if e.kind != "dir"]
                     yield dpath, dirs, nondirs
                     children: list[tuple[int, str]] = []
                     try:
-                        for name in dirs:
+                        for ent in dirs:
+                            name = ent.name
                             try:
                                 cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                               dir_fd=dfd)
