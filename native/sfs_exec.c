@@ -30,6 +30,12 @@
  *                      utime or xattr changes; a read-only mount does (EROFS)
  *   --rw-tree FD       with --ro-mounts: keep the tree at directory FD
  *                      writable (the workspace, read-write grants); repeatable
+ *   --hold-ns          with --ro-mounts: after making the namespace, write
+ *                      "ready" on the status fd and wait for EOF on stdin
+ *                      (the parent opens /proc/PID/ns/mnt meanwhile)
+ *   --mntns FD         enter that mount namespace (made by --hold-ns)
+ *                      instead of making one; --userns FD first when it
+ *                      lives in a user namespace (unprivileged hosts)
  *   --drop-caps        empty the capability bounding, ambient, inheritable,
  *                      permitted and effective sets (root keeps uid 0 but no
  *                      capabilities)
@@ -340,10 +346,32 @@ static void read_only_mounts(const int *trees, int ntrees, int *cwd_fd)
     }
 }
 
+/*
+ * Enter a read-only mount namespace made earlier by a --hold-ns helper
+ * (kept alive by the parent's nsfs fd), so its teardown, which waits for an
+ * RCU grace period, is paid once per supervisor instead of at every exit.
+ */
+static void join_mount_ns(int userns_fd, int mntns_fd, int *cwd_fd)
+{
+    char *cwd_path = NULL;
+    if (*cwd_fd >= 0)
+        cwd_path = fd_path(*cwd_fd, "cwd");
+    if (userns_fd >= 0 && setns(userns_fd, CLONE_NEWUSER) < 0)
+        fail("mounts", errno);
+    if (setns(mntns_fd, CLONE_NEWNS) < 0)
+        fail("mounts", errno);
+    if (cwd_path) {
+        int nfd = reopen_here(*cwd_fd, cwd_path, "cwd");
+        close(*cwd_fd);
+        *cwd_fd = nfd;
+        free(cwd_path);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
-    int trees[SFS_MAX_TREES], ntrees = 0;
+    int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1;
     long long unshare_flags = 0, proc_self_access = 0;
     int i;
 
@@ -366,6 +394,10 @@ int main(int argc, char **argv)
             ro_mounts = 1;
             continue;
         }
+        if (strcmp(a, "--hold-ns") == 0) {
+            hold_ns = 1;
+            continue;
+        }
         if (strcmp(a, "--drop-caps") == 0) {
             drop_caps = 1;
             continue;
@@ -379,6 +411,10 @@ int main(int argc, char **argv)
             ruleset_fd = parse_fd(v);
         else if (strcmp(a, "--cwd") == 0)
             cwd_fd = parse_fd(v);
+        else if (strcmp(a, "--mntns") == 0)
+            mntns_fd = parse_fd(v);
+        else if (strcmp(a, "--userns") == 0)
+            userns_fd = parse_fd(v);
         else if (strcmp(a, "--rw-tree") == 0) {
             if (ntrees == SFS_MAX_TREES)
                 fail("usage", E2BIG);
@@ -408,8 +444,19 @@ int main(int argc, char **argv)
         fail("tty", errno);
     if (unshare_flags && unshare((int)unshare_flags) < 0)
         fail("unshare", errno);
-    if (ro_mounts)
+    if (mntns_fd >= 0)
+        join_mount_ns(userns_fd, mntns_fd, &cwd_fd);
+    else if (ro_mounts)
         read_only_mounts(trees, ntrees, &cwd_fd);
+    if (hold_ns) {
+        /* Keep this namespace alive until the parent holds its nsfs fds. */
+        char c;
+        ssize_t w = write(status_fd, "ready\n", 6);
+        (void)w;
+        while (read(0, &c, 1) > 0)
+            ;
+        _exit(0);
+    }
     if (cwd_fd >= 0) {
         if (fchdir(cwd_fd) < 0)
             fail("cwd", errno);

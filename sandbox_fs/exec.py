@@ -683,6 +683,17 @@ class _CgroupTree:
 
 # ----------------------------------------------------------------- supervision
 
+def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, int]]) -> None:
+    """Finalizer of a ProcessSupervisor: kill and remove its cgroup tree, close its namespace fds."""
+    if cg is not None:
+        cg.close()
+    for mnt, user in ns_fds.values():
+        for fd in (mnt, user):
+            if fd >= 0:
+                os.close(fd)
+    ns_fds.clear()
+
+
 @dataclass(eq=False)
 class _Tracked:
     process: "trio.Process | _ForeignChild"
@@ -706,15 +717,24 @@ class ProcessSupervisor:
             cgroup2 mount: root here).
         pids_max: ``pids.max`` of each leaf (only with the cgroup v2 ``pids``
             controller).
+        hold_mount_ns: make the read-only mount namespace once per set of
+            writable trees and let every process join it, instead of one per
+            process (a namespace's teardown waits for an RCU grace period in
+            the exiting process).  The supervisor holds its nsfs fds until
+            :meth:`aclose`.
     """
 
-    def __init__(self, *, use_cgroup: bool = True, pids_max: int | None = 4096) -> None:
+    def __init__(self, *, use_cgroup: bool = True, pids_max: int | None = 4096,
+                 hold_mount_ns: bool = True) -> None:
         self._tracked: list[_Tracked] = []
         self._cg: _CgroupTree | None = _CgroupTree.create(pids_max) if use_cgroup else None
         self._closed = False
-        # A supervisor dropped without aclose() still ends its processes and
-        # removes its cgroup directory when collected.
-        self._finalizer = weakref.finalize(self, self._cg.close) if self._cg is not None else None
+        self._hold_mount_ns = hold_mount_ns
+        self._ns_fds: dict[tuple, tuple[int, int]] = {}
+        self._ns_lock = trio.Lock()
+        # A supervisor dropped without aclose() still ends its processes,
+        # removes its cgroup directory and releases its mount namespaces.
+        self._finalizer = weakref.finalize(self, _release_resources, self._cg, self._ns_fds)
 
     @property
     def uses_cgroup(self) -> bool:
@@ -802,6 +822,60 @@ class ProcessSupervisor:
                 await trio.sleep(0.005)
         self._untrack(t)
 
+    async def _mount_ns(self, rw_roots: list[Root]) -> tuple[int, int] | None:
+        """The supervisor's read-only mount namespace for these writable trees (made once).
+
+        Returns ``(mntns_fd, userns_fd or -1)`` owned by the supervisor, or
+        None when holding is off or the namespace cannot be made (the helper
+        then makes one per process).  Making a mount namespace is cheap; its
+        teardown waits for an RCU grace period inside the exiting process,
+        which delays every exit by milliseconds on a loaded machine.
+        """
+        if not self._hold_mount_ns or self._closed:
+            return None
+        key = tuple(sorted(r.identity for r in rw_roots))
+        async with self._ns_lock:
+            if key in self._ns_fds:
+                return self._ns_fds[key]
+            fds = [r.fileno_dup() for r in rw_roots]
+            status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            args = [helper_path(), "--status", str(status_w), "--ro-mounts"]
+            for fd in fds:
+                args += ["--rw-tree", str(fd)]
+            args += ["--hold-ns", "--", "true"]
+            try:
+                proc = await trio.lowlevel.open_process(
+                    args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    pass_fds=tuple(fds) + (status_w,), env={}, close_fds=True)
+            except OSError:
+                os.close(status_r)
+                return None
+            finally:
+                for fd in fds + [status_w]:
+                    os.close(fd)
+            status = _Status(status_r)
+            mnt = user = -1
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.move_on_after(_STATUS_TIMEOUT_S):
+                        if await status.read_line() == b"ready":
+                            mnt = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+                            if os.geteuid() != 0:
+                                user = os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    if mnt >= 0:
+                        os.close(mnt)
+                    mnt = user = -1
+                finally:
+                    assert proc.stdin is not None
+                    await proc.stdin.aclose()
+                    await proc.wait()
+                    await status.aclose()
+            if mnt < 0:
+                return None
+            self._ns_fds[key] = (mnt, user)
+            return mnt, user
+
     async def kill_all(self, *, grace_s: float = 0.0) -> None:
         """Kill every process group and cgroup leaf started through this supervisor, and reap.
 
@@ -822,9 +896,7 @@ class ProcessSupervisor:
         *Cancellation*: shielded like :meth:`kill_all`.
         """
         await self.kill_all()
-        if self._finalizer is not None:
-            self._finalizer()  # runs _CgroupTree.close once
-            self._finalizer = None
+        self._finalizer()  # runs _release_resources once
         self._cg = None
         self._closed = True
 
@@ -884,6 +956,19 @@ class _Prepared:
 _RO_MOUNTS: bool | None = None
 
 
+def _rw_trees(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> list[Root]:
+    """The directories that stay writable under the read-only mount layer."""
+    trees = [] if workspace.read_only else [workspace]
+    return trees + [r for r, ro in _grant_roots(grants) if not ro]
+
+
+async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confinement: str,
+                         policy: ConfinementPolicy) -> tuple[int, int] | None:
+    if confinement == "none" or not policy.read_only_mounts or not _ro_mounts_available(helper_path()):
+        return None
+    return await sup._mount_ns(_rw_trees(workspace, grants))
+
+
 def _ro_mounts_available(helper: str) -> bool:
     """Can the helper make the read-only mount layer?  Root: yes.  Otherwise probed once
     (a user namespace is needed; some systems disable them)."""
@@ -914,7 +999,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
              grants: Sequence[tuple[Root, bool]] | PathPolicy | None, cwd: str,
              env: Mapping[str, str] | None, secret_env: Iterable[str], shell: bool | Sequence[str],
              confinement: str, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
-             tty: bool) -> _Prepared:
+             tty: bool, mount_ns: tuple[int, int] | None = None) -> _Prepared:
     caller_env = dict(env or {})
     secrets = tuple(v for k, v in caller_env.items() if k in set(secret_env) and v)
     if confinement not in ("required", "best_effort", "none"):
@@ -976,13 +1061,20 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                 args += ["--ruleset", str(rs.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
                 prep.level, prep.abi = "landlock", version
             if policy.read_only_mounts and _ro_mounts_available(helper):
-                args.append("--ro-mounts")
-                rw_trees = [] if workspace.read_only else [workspace]
-                rw_trees += [r for r, ro in _grant_roots(grants) if not ro]
-                for tree in rw_trees:
-                    tfd = tree.fileno_dup()
-                    pass_fds.append(tfd)
-                    args += ["--rw-tree", str(tfd)]
+                if mount_ns is not None:
+                    mfd = os.dup(mount_ns[0])
+                    pass_fds.append(mfd)
+                    args += ["--mntns", str(mfd)]
+                    if mount_ns[1] >= 0:
+                        ufd = os.dup(mount_ns[1])
+                        pass_fds.append(ufd)
+                        args += ["--userns", str(ufd)]
+                else:
+                    args.append("--ro-mounts")
+                    for tree in _rw_trees(workspace, grants):
+                        tfd = tree.fileno_dup()
+                        pass_fds.append(tfd)
+                        args += ["--rw-tree", str(tfd)]
                 prep.ro_mounts = True
         prep.helper_argv = args + ["--"] + command
         return prep
@@ -1244,7 +1336,8 @@ async def run_confined(
     await trio.lowlevel.checkpoint()
     own = supervisor is None
     sup = supervisor if supervisor is not None else ProcessSupervisor(use_cgroup=policy.use_cgroup,
-                                                                     pids_max=policy.pids_max)
+                                                                     pids_max=policy.pids_max,
+                                                                     hold_mount_ns=False)
     try:
         return await _run(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
                           cwd=cwd, env=env, secret_env=secret_env, stdin=stdin, shell=shell,
@@ -1258,9 +1351,10 @@ async def run_confined(
 
 async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret_env, stdin, shell, timeout_s,
                max_output_bytes, confinement, sup, policy, check) -> ExecResult:
+    mount_ns = await _held_mount_ns(sup, workspace, grants, confinement, policy)
     prep = _prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants, cwd=cwd,
                     env=env, secret_env=secret_env, shell=shell, confinement=confinement, supervisor=sup,
-                    policy=policy, tty=False)
+                    policy=policy, tty=False, mount_ns=mount_ns)
     argv0 = _command(argv, shell)[0]
     start = time.monotonic()
     proc, tracked, status = await _spawn(prep, sup, argv0,
@@ -1453,9 +1547,10 @@ class PtyManager:
         if len(self._ptys) >= self.max_live:
             await self._prune_one()
         caller_env = dict(env or {})
+        mount_ns = await _held_mount_ns(self.supervisor, workspace, grants, confinement, policy)
         prep = _prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
                         cwd=cwd, env=caller_env, secret_env=secret_env, shell=shell, confinement=confinement,
-                        supervisor=self.supervisor, policy=policy, tty=True)
+                        supervisor=self.supervisor, policy=policy, tty=True, mount_ns=mount_ns)
         prep.env.setdefault("TERM", "xterm")
         argv0 = _command(argv, shell)[0]
         master, slave = os.openpty()

@@ -158,6 +158,29 @@ async def test_metadata_changes_outside_refused(layout, ws):
 
 
 @needs_landlock
+async def test_metadata_refused_in_the_supervisors_held_mount_namespace(layout, ws):
+    """A supervisor makes the read-only mount namespace once and every process joins it."""
+    if os.geteuid() != 0:
+        pytest.skip("read-only mounts are tested as root here")
+    before = layout.snapshot()
+    out = layout.outside
+    sup = ProcessSupervisor()
+    try:
+        for i in range(3):
+            ws.mkdir(f"d{i}")
+            r = await run(layout, ws, sh(f"chmod 4777 {out}/secret.txt; touch -d 2001-01-01 {out}/sentinel.txt; "
+                                         f"echo in > f{i} && chmod 600 f{i} && echo ok; pwd"),
+                          supervisor=sup, cwd=f"d{i}")
+            assert r.read_only_mounts and r.stdout == f"ok\n{layout.ws}/d{i}\n".encode(), r.stderr
+            assert ws.stat(f"d{i}/f{i}").st_mode & 0o777 == 0o600
+        assert len(sup._ns_fds) == 1
+    finally:
+        await sup.aclose()
+    assert sup._ns_fds == {}
+    layout.assert_outside_unchanged(before)
+
+
+@needs_landlock
 async def test_write_inside_works(layout, ws):
     r = await run(layout, ws, sh("mkdir -p a/b && echo data > a/b/f && ln -s b/f a/l && cat a/l && mv a/b/f a/g"))
     assert r.exit_code == 0, r.stderr
