@@ -113,3 +113,29 @@ def test_zip_needs_seekable_source(layout):
         extract_ws(layout, Pipe())
     with pytest.raises(ArchiveFormatError):
         extract_ws(layout, Pipe(), format="zip")
+
+
+def test_host_path_tar_uses_kernel_copy_and_checks_truncation(layout, tmp_path):
+    """A plain tar given as a host path is copied with sendfile: content, limits and truncation still hold."""
+    from sandbox_fs import open_root
+    from sandbox_fs.archive import extract
+    from test_archive_builders import raw_tar_header, tar_bytes, ti
+
+    big = bytes(range(256)) * (12 * 1024)  # 3 MiB, several 1 MiB chunks
+    p = tmp_path / "a.tar"
+    p.write_bytes(tar_bytes([ti("small", data=b"s"), ti("big", data=big), ti("tiny", data=b"t" * 513)]))
+    with open_root(layout.ws) as root:
+        rep = extract(root, "ok", p)
+    assert (layout.ws / "ok" / "big").read_bytes() == big
+    assert (layout.ws / "ok" / "tiny").read_bytes() == b"t" * 513
+    assert rep.bytes_written == len(big) + 1 + 513
+    assert p.stat().st_size - 10240 < rep.input_bytes <= p.stat().st_size  # the end-of-archive padding is not read
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(raw_tar_header("big", 3 << 20) + big[: 1 << 20])
+    with open_root(layout.ws) as root:
+        with pytest.raises(ArchiveFormatError):
+            extract(root, "cut", cut)
+        with pytest.raises(ArchiveLimitError) as ei:
+            extract(root, "lim", p, limits=ArchiveLimits(max_total_bytes=2 << 20))
+    assert ei.value.limit == "max_total_bytes"
+    assert sorted(os.listdir(layout.ws)) == ["ok"]

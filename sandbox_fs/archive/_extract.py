@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 from typing import Any, BinaryIO, Callable
 
 import trio
@@ -84,7 +86,9 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
     if isinstance(source, (str, os.PathLike)):
-        with open(source, "rb") as fh:  # a trusted host path given by the host application
+        # a trusted host path given by the host application; unbuffered, so the fd offset is
+        # the stream position and plain tar member data can be sendfile'd
+        with open(source, "rb", buffering=0) as fh:
             return _extract(root, dest, fh, format, limits, policy, check_cancel)
     meter = Meter(limits)
     forced = FORMATS[format]
@@ -119,7 +123,7 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
         if kind == "zip":
             extract_zip(source, ex, limits, meter, check_cancel)
         else:
-            extract_tar(stream, ex, limits, meter, check_cancel)
+            extract_tar(stream, ex, limits, meter, check_cancel, _splice_fd(source) if kind == "tar" else -1)
         if check_cancel is not None:
             check_cancel()
         ex.finish()
@@ -135,6 +139,17 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
                          symlinks=ex.symlinks, hardlinks=ex.hardlinks, bytes_written=meter.written_bytes,
                          input_bytes=meter.input_bytes, skipped=ex.skipped,
                          skipped_count=ex.skipped_count)
+
+
+def _splice_fd(source: Any) -> int:
+    """The source's fd when kernel-side copies are exact: an unbuffered regular file (``io.FileIO``)."""
+    if not isinstance(source, io.FileIO):
+        return -1
+    try:
+        fd = source.fileno()
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else -1
+    except (OSError, ValueError):
+        return -1
 
 
 _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sandbox_fs_archive_limiter")

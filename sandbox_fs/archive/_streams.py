@@ -10,7 +10,9 @@ while streaming.
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
+import os
 import lzma
 import struct
 import zlib
@@ -190,12 +192,39 @@ class StreamCounter:
     can never pull more than ``max_header_bytes`` (plus slack) into memory.
     """
 
-    def __init__(self, stream: Any, meter: Meter) -> None:
+    def __init__(self, stream: Any, meter: Meter, splice_fd: int = -1) -> None:
         self._stream = stream
         self._meter = meter
         self.position = 0
         self.header_depth = 0
         self.header_start = 0
+        self._splice_fd = splice_fd  # a regular, unbuffered, uncompressed source: member data may be sendfile'd
+
+    def can_splice(self) -> bool:
+        """True when the next bytes can be copied kernel-side from the source fd."""
+        return self._splice_fd >= 0 and not getattr(self._stream, "_prefix", b"")
+
+    def splice(self, dst_fd: int, n: int) -> int:
+        """Copy the next ``n`` (or fewer) stream bytes to ``dst_fd`` with ``sendfile``; counted like reads.
+
+        Raises:
+            ArchiveFormatError: the source ended early.
+        """
+        try:
+            got = os.sendfile(dst_fd, self._splice_fd, None, n)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                data = self.read(n)  # fall back to a copy through memory (already counted)
+                if not data:
+                    raise ArchiveFormatError("unexpected end of data", member=self._meter.member) from None
+                return _write_all(dst_fd, data)
+            raise
+        if got == 0:
+            raise ArchiveFormatError("unexpected end of data", member=self._meter.member)
+        self.position += got
+        self._meter.add_input(got)
+        self._meter.add_stream(got)
+        return got
 
     def readable(self) -> bool:
         return True
@@ -251,6 +280,14 @@ class StreamCounter:
 
     def close(self) -> None:
         pass
+
+
+def _write_all(fd: int, data: bytes) -> int:
+    view = memoryview(data)
+    off = 0
+    while off < len(view):
+        off += os.write(fd, view[off:])
+    return off
 
 
 def sniff(reader: Any, n: int = 6) -> bytes:

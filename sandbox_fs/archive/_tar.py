@@ -81,14 +81,14 @@ def _format_error(exc: BaseException, meter: Meter) -> ArchiveFormatError:
 
 
 def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
-                check_cancel: Callable[[], None] | None) -> None:
+                check_cancel: Callable[[], None] | None, splice_fd: int = -1) -> None:
     """Read the (already decompressed) tar ``stream`` and apply each member to ``ex``.
 
     Raises:
         ArchiveFormatError: the stream is not a valid tar archive.
         ArchiveLimitError, UnsafeArchiveMemberError: see :func:`extract`.
     """
-    counter = StreamCounter(stream, meter)
+    counter = StreamCounter(stream, meter, splice_fd)
     info_cls = _guarded_tarinfo(limits, counter, meter)
     try:
         tf = tarfile.open(fileobj=counter, mode="r:", tarinfo=info_cls)
@@ -115,12 +115,15 @@ def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter
     ex.count_member(name)
     owner = (ti.uid, ti.gid)
     if ti.isreg():
+        splice = None
         if ti.sparse is None and ti.type != tarfile.GNUTYPE_SPARSE:
             # Plain member: its data is the next ``size`` bytes of the stream.  Read them
             # straight from the counter (no ExFileObject/_FileInFile layers); a short
             # stream is a format error, as tarfile would say.
             counter.seek(ti.offset_data)
             left = ti.size
+            if ti.size and counter.can_splice():
+                splice = counter.splice
 
             def read(n: int) -> bytes:
                 nonlocal left
@@ -141,7 +144,7 @@ def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter
                 except (tarfile.TarError, OSError, *PARSE_ERRORS) as exc:
                     raise _format_error(exc, meter) from None
 
-        ex.add_file(name, read, _stat.S_IMODE(ti.mode), ti.mtime, declared_size=ti.size, owner=owner)
+        ex.add_file(name, read, _stat.S_IMODE(ti.mode), ti.mtime, declared_size=ti.size, owner=owner, splice=splice)
     elif ti.isdir():
         ex.add_dir(name, _stat.S_IMODE(ti.mode), ti.mtime, owner=owner)
     elif ti.issym():
