@@ -22,8 +22,14 @@ Rules (each refusal an :class:`UnsafeArchiveMemberError` with a stable ``rule``)
 * modes: setuid/setgid/sticky and group/other write cleared, owner rw(x)
   added, executable only when the archive says so; ownership only with
   ``preserve_owner`` and running as root; mtimes set without following links;
-* duplicates: a later file replaces an earlier file atomically; a file never
-  replaces a directory, nor a directory (or file) a symlink or the reverse.
+* duplicates: a later file (or hard link) replaces an earlier file or
+  pending symlink atomically, never writing through an earlier hard link's
+  inode; a file never replaces a directory; a directory never replaces a file
+  or a symlink; a symlink never replaces a file or a directory; symlink
+  cycles are refused.
+
+Memory is bounded by a buffer: the archive is streamed once, per-member state
+is a 16-byte digest per path, pending symlinks are spooled to a host temp file.
 """
 
 from __future__ import annotations
