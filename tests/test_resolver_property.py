@@ -48,20 +48,39 @@ RESOLVES = [0, _native.RESOLVE_NO_SYMLINKS]
 
 
 def build_tree(top: str, entries) -> None:
-    for path, kind, target in entries:
-        full = os.path.join(top, path)
-        parent = os.path.dirname(full)
-        try:
-            os.makedirs(parent, exist_ok=True)
-            if kind == "dir":
-                os.makedirs(full, exist_ok=True)
-            elif kind == "file":
-                with open(full, "x") as f:
-                    f.write(path)
-            elif target:
-                os.symlink(target, full)
-        except OSError:
-            pass  # a parent is a file or link: skip that entry
+    """Create the entries with fd-relative calls that never follow a symlink.
+
+    (A path-string builder would follow links the tree itself plants, such as
+    ``a -> /etc`` then ``a/b``, and write outside the temp dir.)
+    """
+    topfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for path, kind, target in entries:
+            *parents, leaf = path.split("/")
+            cur = os.dup(topfd)
+            try:
+                for comp in parents:
+                    try:
+                        os.mkdir(comp, dir_fd=cur)
+                    except FileExistsError:
+                        pass
+                    nxt = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=cur)
+                    os.close(cur)
+                    cur = nxt
+                if kind == "dir":
+                    os.mkdir(leaf, dir_fd=cur)
+                elif kind == "file":
+                    fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=cur)
+                    os.write(fd, path.encode())
+                    os.close(fd)
+                elif target:
+                    os.symlink(target, leaf, dir_fd=cur)
+            except OSError:
+                pass  # a parent is a file or a link: skip that entry
+            finally:
+                os.close(cur)
+    finally:
+        os.close(topfd)
 
 
 def attempt(fn, rootfd, path, flags, resolve):
