@@ -35,7 +35,12 @@ Symlink-safe copying:
 * data is written with :meth:`Root.atomic_write` through a view of the
   workspace Root that refuses every symlink (``no_symlinks=True``): a
   destination is never written through a symlink, and a symlink planted at
-  a destination is replaced, not followed.
+  a destination is replaced, not followed.  A local_dir's files go through
+  :meth:`Root.copy_files_from` (same rules, batched: each source and
+  destination directory opened once per batch with ``RESOLVE_NO_SYMLINKS``,
+  one native call per file, sha256 computed from the bytes written); a file
+  it cannot copy is done again by the per-file path, which repairs the
+  destination or raises the precise error.
 
 Concurrency (trio): entries run concurrently under *one* pair of
 ``trio.CapacityLimiter`` objects shared by every entry, nested ``dir``

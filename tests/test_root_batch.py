@@ -287,3 +287,65 @@ def test_copy_files_from_refuses_bad_names_in_a_known_directory(layout, resolver
         assert _fds() == fds
     assert sorted(os.listdir(layout.ws / "out")) == ["bytes", "one"]
     _no_tmp(layout.ws)
+
+
+# ----------------------------------------------------------- materialize's use of the batch path
+
+
+def _materialize(ws_dir: Path, base: Path, **opts):
+    import trio
+
+    from sandbox_fs.manifest import load_manifest
+    from sandbox_fs.materialize import MaterializeOptions, materialize
+
+    async def run():
+        ws = open_root(ws_dir)
+        try:
+            return await materialize(ws, load_manifest({"entries": {"t": {"type": "local_dir", "src": "t"}}}),
+                                     MaterializeOptions(base_dir=str(base), **opts))
+        finally:
+            ws.close()
+
+    return trio.run(run)
+
+
+def test_local_dir_reapply_repairs_through_the_per_file_path(layout, resolver):
+    """A directory where a file belongs and a symlink planted at a file's place: repaired, never followed."""
+    before = layout.snapshot()
+    base = layout.base / "base"
+    tree = base / "t"
+    (tree / "d").mkdir(parents=True)
+    for i in range(40):
+        (tree / "d" / f"f{i:02}").write_text(f"file {i}\n")
+    res = _materialize(layout.ws, base, batch_files=8)
+    assert len(res.files) == 40
+    f05 = layout.ws / "t" / "d" / "f05"
+    f05.unlink()
+    (f05 / "sub").mkdir(parents=True)  # a directory where the file belongs
+    (layout.ws / "t" / "d" / "f06").unlink()
+    os.symlink(layout.outside / "sentinel.txt", layout.ws / "t" / "d" / "f06")
+    res = _materialize(layout.ws, base, batch_files=8)
+    assert len(res.files) == 40
+    for i in range(40):
+        p = layout.ws / "t" / "d" / f"f{i:02}"
+        assert not p.is_symlink() and p.read_text() == f"file {i}\n"
+        f = res.file(f"t/d/f{i:02}")
+        assert f.sha256 == hashlib.sha256(f"file {i}\n".encode()).hexdigest() and f.size == len(f"file {i}\n")
+    layout.assert_outside_unchanged(before)
+    _no_tmp(layout.ws)
+
+
+def test_local_dir_total_bound_mid_batch_reports_exactly_what_was_written(layout, resolver):
+    from sandbox_fs.materialize import MaterializeLimitError
+
+    base = layout.base / "base"
+    (base / "t").mkdir(parents=True)
+    for i in range(30):
+        (base / "t" / f"f{i:02}").write_bytes(b"x" * 100)
+    with pytest.raises(MaterializeLimitError) as ei:
+        _materialize(layout.ws, base, max_total_bytes=1050, batch_files=64)
+    written = [p for p in os.listdir(layout.ws / "t") if not p.startswith(".")]
+    assert len(written) == 10  # every file that fits, then the precise error
+    assert ei.value.context["written_count"] == 10
+    assert sorted(ei.value.context["written"]) == sorted(f"t/{n}" for n in written)
+    _no_tmp(layout.ws)
