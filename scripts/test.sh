@@ -8,7 +8,9 @@ bash scripts/setup.sh
 VENV=${VENV:-$PWD/.venv}
 export PATH="$VENV/bin:$PATH"
 
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests
+BASETEMP=$(mktemp -d /tmp/sfs-pytest-XXXXXX)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$BASETEMP" tests
+rm -rf --one-file-system "$BASETEMP"
 
 # The shared attack corpus, through the command line (every case must pass).
 CASES="$PWD/../shared/cases"

@@ -87,3 +87,31 @@ def layout(tmp_path) -> Layout:
     for p in [outside / "secret.txt", outside / "sentinel.txt", outside / "subdir" / "inner.txt"]:
         os.utime(p, ns=(10**18, 10**18))
     return Layout(tmp_path, ws, outside, secret)
+
+
+_WATCHED_HOST_DIRS = ("/", "/etc", "/usr", "/root")
+
+
+def _host_names() -> dict[str, set[str]]:
+    out = {}
+    for d in _WATCHED_HOST_DIRS:
+        try:
+            out[d] = set(os.listdir(d))
+        except OSError:
+            out[d] = set()
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_system_dirs_untouched():
+    """Suite-wide sentinel: no test may create or delete names in /, /etc, /usr or /root.
+
+    Tests build hostile trees (links to /, /etc, ..); a test helper that
+    follows one of them by accident writes on the host.  This catches that
+    whole class, whichever test does it.
+    """
+    before = _host_names()
+    yield
+    after = _host_names()
+    changed = {d: sorted(after[d] ^ before[d]) for d in before if after[d] != before[d]}
+    assert not changed, f"the test run changed host system directories: {changed}"
