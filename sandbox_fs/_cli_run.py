@@ -1,0 +1,159 @@
+"""``sandbox-fs run``: the main job.
+
+Create a session (or resume one from a state file), materialize the
+manifest (or reattach / restore from the snapshot), run one command
+confined to the workspace, print its output, persist a snapshot, write the
+session state, clean up.  The command's exit status is passed through;
+refusals are one line on stderr and exit 1 (see :mod:`sandbox_fs.cli`).
+
+Authority comes only from the command line (the operator): ``--base``,
+``--grant``, ``--root``, ``--workspaces-dir`` and ``--snapshot-dir``.  The
+manifest is loaded as untrusted, and the state file carries no authority.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import trio
+
+from ._cli_session import CliInputError, _read_input, load_state, parse_grant, write_json_atomic
+
+
+def _default_workspaces_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "sandbox-fs", "workspaces")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="materialize a manifest (or resume), run a command confined, persist a snapshot",
+        description="Create or resume a session, run CMD confined to its workspace, persist a snapshot, "
+                    "write the session state.  Exit status: CMD's, or 1 on a refusal.")
+    p.add_argument("--manifest", help="manifest JSON file (loaded as untrusted); required unless --resume")
+    p.add_argument("--base", help="trusted base directory for the manifest's host sources")
+    p.add_argument("--root", help="caller-owned workspace directory (created 0700 if missing; never deleted); "
+                                  "default: the manifest's root, else a private workspace")
+    p.add_argument("--workspaces-dir", default=None,
+                   help="parent of private workspaces (default $XDG_STATE_HOME/sandbox-fs/workspaces)")
+    p.add_argument("--grant", action="append", default=[], metavar="PATH[:ro|:rw]",
+                   help="extra path grant for the manifest and the command (repeatable; default read-only)")
+    p.add_argument("--snapshot-dir", help="snapshot store directory (created 0700); no snapshot without it")
+    p.add_argument("--state", help="write the session state JSON here after the run")
+    p.add_argument("--resume", metavar="FILE", help="resume the session recorded in this state file")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="command wall-clock limit, seconds")
+    p.add_argument("--confinement", choices=("required", "best_effort", "none"),
+                   default="required" if sys.platform.startswith("linux") else "best_effort",
+                   help="Landlock confinement (default: required on Linux)")
+    p.add_argument("--cwd", default="", help="working directory, a sandbox path relative to the workspace")
+    p.add_argument("--max-output-bytes", type=int, default=None, help="bound on captured stdout/stderr each")
+    p.add_argument("--json", action="store_true", help="print a JSON report instead of the command's output")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                   help="the command to run inside the workspace")
+    p.set_defaults(func=cmd_run)
+
+
+def _manifest_root(data: Any) -> str | None:
+    root = data.get("root") if isinstance(data, dict) else None
+    return root if isinstance(root, str) and root else None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .client import ClientOptions, LocalSandboxClient  # noqa: PLC0415
+    from .manifest import load_manifest  # noqa: PLC0415
+
+    argv = list(args.cmd)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise CliInputError("no command given: sandbox-fs run ... -- CMD [ARGS...]", sandbox_path=None)
+    if not args.manifest and not args.resume:
+        raise CliInputError("give --manifest (a new session) or --resume FILE", sandbox_path=None)
+
+    manifest = None
+    root = os.path.abspath(args.root) if args.root else None
+    if args.manifest:
+        raw = _read_input(args.manifest, "manifest")
+        manifest = load_manifest(raw, trust="untrusted")
+        if root is None and not args.resume:
+            try:
+                mroot = _manifest_root(json.loads(raw))
+            except ValueError:
+                mroot = None
+            # The operator passed this manifest file on the command line: its
+            # root is honoured here as at `sandbox-fs apply` (--root overrides).
+            root = os.path.abspath(mroot) if mroot else None
+    if root is not None:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+
+    options = ClientOptions(
+        workspaces_dir=os.path.abspath(args.workspaces_dir or _default_workspaces_dir()),
+        snapshot_dir=os.path.abspath(args.snapshot_dir) if args.snapshot_dir else None,
+        extra_path_grants=tuple(parse_grant(g) for g in args.grant),
+        base_dir=os.path.abspath(args.base) if args.base else None,
+    )
+    if args.workspaces_dir is None:
+        os.makedirs(options.workspaces_dir, mode=0o700, exist_ok=True)
+    exec_kw: dict[str, Any] = {"timeout_s": args.timeout, "confinement": args.confinement, "cwd": args.cwd}
+    if args.max_output_bytes is not None:
+        exec_kw["max_output_bytes"] = args.max_output_bytes
+    if manifest is not None and hasattr(manifest, "environment_values"):
+        env, secret = _environment(manifest)
+        if env:
+            exec_kw["env"] = env
+            exec_kw["secret_env"] = secret
+
+    async def main() -> tuple[Any, dict[str, Any]]:
+        with LocalSandboxClient(options) as client:
+            if args.resume:
+                session = client.resume(load_state(args.resume), root=root, manifest=manifest)
+            else:
+                session = client.create(manifest=manifest, root=root)
+            result = None
+            async with session:
+                result = await session.exec(argv, **exec_kw)
+            state = client.serialize_state(session)
+            if args.state:
+                write_json_atomic(args.state, state)
+            report = {
+                "session_id": session.id,
+                "start_mode": session.start_mode,
+                "snapshot": state.get("snapshot"),
+                "exit_code": result.exit_code,
+                "confinement": result.confinement,
+                "landlock_abi": result.landlock_abi,
+                "duration_s": round(result.duration_s, 3),
+                "stdout_truncated": result.stdout_truncated,
+                "stderr_truncated": result.stderr_truncated,
+            }
+            return result, report
+
+    result, report = trio.run(main)
+    if args.json:
+        report["stdout"] = result.stdout.decode("utf-8", "replace")
+        report["stderr"] = result.stderr.decode("utf-8", "replace")
+        print(json.dumps(report, sort_keys=True))
+    else:
+        sys.stdout.buffer.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.buffer.write(result.stderr)
+        print(f"sandbox-fs: session {report['session_id']} ({report['start_mode']}); command exited "
+              f"{result.exit_code} under {result.confinement}"
+              f"{' (Landlock ABI %d)' % result.landlock_abi if result.landlock_abi else ''}"
+              f"{'; snapshot ' + report['snapshot'] if report['snapshot'] else ''}", file=sys.stderr)
+    code = result.exit_code
+    return code if 0 <= code <= 255 else 128 + (-code if code < 0 else 0)
+
+
+def _environment(manifest: Any) -> tuple[dict[str, str], set[str]]:
+    """The manifest's environment as (values, names of secret values)."""
+    values = manifest.environment_values()
+    secret: set[str] = set()
+    for name, value in (getattr(manifest, "environment", None) or {}).items():
+        if getattr(value, "secret", False):
+            secret.add(name)
+    return dict(values), secret
