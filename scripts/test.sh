@@ -12,6 +12,16 @@ BASETEMP=$(mktemp -d /tmp/sfs-pytest-XXXXXX)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$BASETEMP" tests
 rm -rf --one-file-system "$BASETEMP"
 
+# Bounded fuzzing of the resolver and both extractors (atheris; SFS_FUZZ_SECONDS each).
+for target in resolver tar zip; do
+    PYTHON="$VENV/bin/python" sh fuzz/run.sh "$target" "${SFS_FUZZ_SECONDS:-30}" >"$VENV/fuzz-$target.log" 2>&1 || {
+        echo "test.sh: fuzz target $target found a failure; log follows" >&2
+        tail -60 "$VENV/fuzz-$target.log" >&2
+        exit 1
+    }
+    echo "fuzz $target: $(grep -Eo 'Done [0-9]+ runs in [0-9]+ second' "$VENV/fuzz-$target.log" | tail -1 || echo 'ran')"
+done
+
 # The shared attack corpus, through the command line (every case must pass).
 CASES="$PWD/../shared/cases"
 if [ -f "$CASES/run_cases.py" ]; then
