@@ -347,7 +347,7 @@ class Extractor:
             try:
                 if self._stage_fd >= 0:
                     fd = _native.open_beneath(self._stage_resolver, self._stage_fd, path, _STAGE_FLAGS, fmode,
-                                              _native.RESOLVE_NO_SYMLINKS, "extract", None)
+                                              _native.RESOLVE_NO_SYMLINKS, "extract", self.shown_dest)
                 else:
                     fd = self.work.open_fd(path, _CREATE_FLAGS, fmode)
             except FileExistsError:
