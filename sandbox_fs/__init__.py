@@ -43,6 +43,31 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+# Higher layers are imported on first use so that `import sandbox_fs` stays
+# light (pydantic and the archive code load only when needed).
+_LAZY = {
+    "Manifest": "manifest", "load_manifest": "manifest", "ManifestError": "manifest",
+    "materialize": "materialize", "MaterializeOptions": "materialize",
+    "MaterializationResult": "materialize",
+    "LocalSandboxClient": "client", "ClientOptions": "client", "SessionState": "client",
+    "RunState": "client", "open_session": "client",
+    "Session": "session",
+    "LocalSnapshotStore": "snapshot", "NoSnapshot": "snapshot", "SnapshotStore": "snapshot",
+    "run_confined": "exec", "ExecResult": "exec", "ProcessSupervisor": "exec",
+}
+__all__ += list(_LAZY)
+
+
+def __getattr__(name: str) -> object:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'sandbox_fs' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 @functools.lru_cache(maxsize=1)
 def features() -> dict[str, object]:
