@@ -24,6 +24,7 @@ CDEF = """
 #define O_TMPFILE ...
 int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
+int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve, int fallback, int allow_special);
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
 #define SFS_XFER_CHECK_IDENT ...

@@ -483,6 +483,47 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
     return -EAGAIN;
 }
 
+/*
+ * Open for reading or writing without ever blocking on a special file:
+ * the open adds O_NONBLOCK (so a FIFO or a device cannot block), then
+ * fstat; a FIFO, socket or device gives -ENXIO unless allow_special; on
+ * an allowed special file O_NONBLOCK is dropped again unless the caller
+ * asked for it (it has no effect on regular files and directories).  O_PATH
+ * opens are returned as they are.  fallback selects the resolver.
+ */
+int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
+                  int fallback, int allow_special)
+{
+    int is_path = (flags & O_PATH) != 0;
+    uint64_t f = is_path ? flags : (flags | O_NONBLOCK);
+    int fd = fallback ? sfs_open_fallback(dirfd, path, f, mode, resolve)
+                      : sfs_openat2(dirfd, path, f, mode, resolve);
+    if (fd < 0 || is_path)
+        return fd;
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!allow_special && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        close(fd);
+        return -ENXIO;                      /* a FIFO, socket or device */
+    }
+    /* open(2): O_NONBLOCK "has no effect for regular files"; restore the
+     * caller's blocking mode only on special files it allowed. */
+    if (!(flags & O_NONBLOCK) && !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        /* F_SETFL changes only these status flags: restore the caller's. */
+        int keep = (int)(flags & (O_APPEND | O_ASYNC | O_DIRECT | O_NOATIME));
+        if (fcntl(fd, F_SETFL, keep) < 0) {
+            int e = -errno;
+            close(fd);
+            return e;
+        }
+    }
+    return fd;
+}
+
 /* ------------------------------------------------------------------ */
 /* Calls the os module cannot make with dir_fd                         */
 /* ------------------------------------------------------------------ */

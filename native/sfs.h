@@ -3,13 +3,15 @@
 #include <stdint.h>
 
 /* Bumped whenever a signature below changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 2
+#define SFS_ABI_VERSION 3
 #define SFS_MAX_SYMLINK_HOPS 40   /* MAXSYMLINKS in the kernel */
 #define SFS_EAGAIN_RETRIES 128
 #define SFS_COPY_BUF 65536
 
 int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
+int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
+                  int fallback, int allow_special);
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
 /* One file copied into a temporary name and renamed into place: see sfs.c. */

@@ -19,7 +19,7 @@ import os
 
 from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 
-EXPECTED_ABI = 2
+EXPECTED_ABI = 3
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)

@@ -54,6 +54,8 @@ MAX_NAME_BYTES = 255  # NAME_MAX
 _O_PATH = _native.O_PATH
 _O_NOFOLLOW = os.O_NOFOLLOW
 _O_NONBLOCK = os.O_NONBLOCK
+_EINTR = errno.EINTR
+_open_file = _native.lib.sfs_open_file
 
 
 def _retry_eintr(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -185,6 +187,9 @@ class Root:
             ``filename`` set to the sandbox path, never a host path.
     """
 
+    __slots__ = ("_closing", "_deny", "_fallback", "_fdbox", "_inflight", "_label", "_open_native",
+                 "_resolve", "_root_id", "no_symlinks", "read_only", "resolver", "__weakref__")
+
     def __init__(self, _fd: int, *, read_only: bool, no_symlinks: bool, resolver: str,
                  label: str, deny_write_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
         # fd pinning without a lock on the hot path (relies on the GIL making
@@ -207,6 +212,7 @@ class Root:
         self._resolve = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_MAGICLINKS |
                          (_native.RESOLVE_NO_SYMLINKS if no_symlinks else 0))
         self._open_native = _native.native_open_function(resolver)
+        self._fallback = 1 if resolver == "fallback" else 0
 
     # ------------------------------------------------------------------ basics
 
@@ -438,11 +444,29 @@ class Root:
         if type(path) is str and not flags & _WRITE_FLAGS and 0 <= mode <= 0o777:
             # Hot path for reads: validate inline, pin the fd, one native call.
             rel = path.encode("utf-8", "surrogateescape")
-            if rel and len(rel) <= MAX_NAME_BYTES and rel[0] != 47 and b"\0" not in rel \
-                    and (flags & _O_TMPFILE) != _O_TMPFILE:
+            # (O_TMPFILE needs O_WRONLY/O_RDWR, so it never takes this path.)
+            if rel and len(rel) <= MAX_NAME_BYTES and rel[0] != 47 and b"\0" not in rel:
                 if not follow_symlinks:
                     flags |= _O_NOFOLLOW
-                return self._open_read(rel, flags, mode, allow_special)
+                # _acquire/_release inlined: this is the hottest path.
+                inflight = self._inflight
+                inflight.append(None)
+                try:
+                    box = self._fdbox
+                    if self._closing or not box:
+                        raise WorkspaceClosedError("this Root is closed", sandbox_path=self._label or ".")
+                    ret = _open_file(box[0], rel, flags, mode, self._resolve, self._fallback, allow_special)
+                except IndexError:  # closed between the check and the read of the box
+                    raise WorkspaceClosedError("this Root is closed", sandbox_path=self._label or ".") from None
+                finally:
+                    inflight.pop()
+                    if self._closing and not inflight:
+                        self._final_close()
+                if ret < 0:
+                    if ret == -_EINTR:
+                        return self._open_read(rel, flags, mode, allow_special)
+                    self._open_failed(-ret, rel)
+                return ret
         rel = self._rel(path)
         writes = flags & _WRITE_FLAGS or (flags & _O_TMPFILE) == _O_TMPFILE
         if mode & ~0o777 or mode < 0:
@@ -469,20 +493,25 @@ class Root:
         return self._open_read(rel, flags, mode, allow_special)
 
     def _open_read(self, rel: bytes, flags: int, mode: int, allow_special: bool) -> int:
-        is_path = flags & _O_PATH
-        oflags = flags if is_path else flags | _O_NONBLOCK
+        # One native call: open with O_NONBLOCK, fstat, refuse special files
+        # (-ENXIO), restore blocking mode.
         rootfd = self._acquire()
         try:
-            ret = self._open_native(rootfd, rel, oflags, mode, self._resolve)
-            while ret == -errno.EINTR:  # signal handlers ran; retry (PEP 475)
-                ret = self._open_native(rootfd, rel, oflags, mode, self._resolve)
+            ret = _open_file(rootfd, rel, flags, mode, self._resolve, self._fallback, allow_special)
+            while ret == -_EINTR:  # signal handlers ran; retry (PEP 475)
+                ret = _open_file(rootfd, rel, flags, mode, self._resolve, self._fallback, allow_special)
         finally:
             self._release()
         if ret < 0:
-            _native.raise_errno(-ret, "open", self._show(rel))
-        if is_path:
-            return ret
-        return self._checked(ret, rel, flags, allow_special)
+            self._open_failed(-ret, rel)
+        return ret
+
+    def _open_failed(self, err: int, rel: bytes) -> None:
+        if err == errno.ENXIO:
+            raise SpecialFileError("refusing to open a FIFO, socket or device: only regular files and "
+                                   "directories are opened", sandbox_path=self._show(rel),
+                                   context={"operation": "open"})
+        _native.raise_errno(err, "open", self._show(rel))
 
     def _checked(self, fd: int, rel: bytes, flags: int, allow_special: bool) -> int:
         """Refuse special files on a freshly opened fd; restore blocking mode."""
