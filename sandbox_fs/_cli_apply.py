@@ -72,6 +72,22 @@ def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
     if not manifest_root.startswith("/"):
         raise ManifestError("root must be an absolute directory (it is never resolved against the cwd)",
                             field="root")
+    # The location of the workspace is authority, and the manifest may come
+    # from an untrusted author: without --root its root is used only when
+    # it names an existing, empty, real directory (never created here, never
+    # one holding files that the manifest could overwrite).
+    try:
+        fd = os.open(manifest_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        raise ManifestError("without --root, the manifest's root must be an existing directory "
+                            "(pass --root to choose or create the workspace)", field="root") from None
+    try:
+        empty = not os.listdir(fd)
+    finally:
+        os.close(fd)
+    if not empty:
+        raise ManifestError("without --root, the manifest's root must be an empty directory "
+                            "(pass --root to materialize into an existing tree)", field="root")
     return manifest_root
 
 

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--manifest", help="manifest JSON file (loaded as untrusted); required unless --resume")
     p.add_argument("--base", help="trusted base directory for the manifest's host sources")
     p.add_argument("--root", help="caller-owned workspace directory (created 0700 if missing; never deleted); "
-                                  "default: the manifest's root, else a private workspace")
+                                  "default: a private workspace (a manifest's own root is never used)")
     p.add_argument("--workspaces-dir", default=None,
                    help="parent of private workspaces (default $XDG_STATE_HOME/sandbox-fs/workspaces)")
     p.add_argument("--grant", action="append", default=[], metavar="PATH[:ro|:rw]",
@@ -57,11 +57,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _manifest_root(data: Any) -> str | None:
-    root = data.get("root") if isinstance(data, dict) else None
-    return root if isinstance(root, str) and root else None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from .client import ClientOptions, LocalSandboxClient  # noqa: PLC0415
     from .manifest import load_manifest  # noqa: PLC0415
@@ -79,14 +74,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.manifest:
         raw = _read_input(args.manifest, "manifest")
         manifest = load_manifest(raw, trust="untrusted")
-        if root is None and not args.resume:
-            try:
-                mroot = _manifest_root(json.loads(raw))
-            except ValueError:
-                mroot = None
-            # The operator passed this manifest file on the command line: its
-            # root is honoured here as at `sandbox-fs apply` (--root overrides).
-            root = os.path.abspath(mroot) if mroot else None
+        # The manifest's own "root" is never used here: where the workspace
+        # lives is authority, and only the operator's --root (or a private
+        # workspace under --workspaces-dir) decides it.
     if root is not None:
         os.makedirs(root, mode=0o700, exist_ok=True)
 

@@ -7,9 +7,11 @@ flag and a fingerprint.  On resume the workspace location
 (``<workspaces_dir>/<session id>``, the id checked to be a plain token), its
 ownership and the extra path grants are re-derived from the options, and the
 manifest is re-loaded as *untrusted* (it cannot grant).  A state with any
-other field (``root``, ``grants``, ``owned`` ...) is refused.  With
-``ClientOptions.state_key`` the state is also HMAC-SHA256 protected
-(RFC 2104) and a tampered or unsigned state is refused.
+other field (``root``, ``grants``, ``owned`` ...) is refused.  The state is
+always HMAC-SHA256 protected (RFC 2104) — with ``ClientOptions.state_key``,
+else with a per-installation key kept in the workspaces directory — because
+the session id and snapshot name select a workspace and a snapshot: a
+tampered or unsigned state is refused.
 
 The reference implementation stored the host root, the ownership flag and
 the grants in the state, so an edited payload could add a grant, point the
@@ -223,13 +225,53 @@ class LocalSandboxClient:
             os.makedirs(path, mode=0o700, exist_ok=True)  # trusted host path from the application
         self._parent: Root = open_root(path, label="workspaces")
         self._own_store = False
-        if options.snapshot_store is not None:
-            self.store: SnapshotStore = options.snapshot_store
-        elif options.snapshot_dir is not None:
-            self.store = LocalSnapshotStore(options.snapshot_dir)
-            self._own_store = True
-        else:
-            self.store = NoSnapshot()
+        try:
+            if options.snapshot_store is not None:
+                self.store: SnapshotStore = options.snapshot_store
+            elif options.snapshot_dir is not None:
+                self.store = LocalSnapshotStore(options.snapshot_dir)
+                self._own_store = True
+            else:
+                self.store = NoSnapshot()
+            self._state_key = options.state_key or self._installation_key()
+        except BaseException:
+            self.close()
+            raise
+
+    def _installation_key(self) -> bytes:
+        """The per-installation state key, ``.state-key`` (created 0600 on first use).
+
+        It lives in the local snapshot store when there is one (snapshots
+        outlive workspaces, and a state is resumed from its snapshot), else
+        in the workspaces directory.
+
+        Session ids and snapshot names act as capabilities (they select a
+        workspace and a snapshot), so serialized state is always
+        authenticated: with ``ClientOptions.state_key`` when given, else
+        with this key, which never leaves the trusted workspaces directory.
+        (Its name holds a dot, so no session id can ever name it.)
+        """
+        name = ".state-key"
+        home: Root = self.store.root if isinstance(self.store, LocalSnapshotStore) else self._parent
+        for _ in range(3):
+            try:
+                key = home.read_bytes(name, max_bytes=4096).strip()
+                if len(key) >= 32:
+                    return key
+                raise SessionStateError("the installation state key is damaged (too short)", sandbox_path=None)
+            except FileNotFoundError:
+                pass
+            try:
+                fd = home.open_fd(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue  # another process created it meanwhile: read it
+            try:
+                os.fchmod(fd, 0o600)
+                os.write(fd, secrets.token_hex(32).encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return home.read_bytes(name, max_bytes=4096).strip()
 
     def close(self) -> None:
         """Release the client's directory fds (sessions keep their own).  Idempotent."""
@@ -349,8 +391,8 @@ class LocalSandboxClient:
                           snapshot=session.snapshot_name if self.store.enabled and session.fingerprint else None,
                           workspace_root_ready=session.workspace_root_ready, fingerprint=session.fingerprint)
         payload = st.model_dump(mode="json")
-        if self.options.state_key is not None:
-            payload["mac"] = hmac.new(self.options.state_key, _MAC_DOMAIN + _canonical(payload),
+        if self._state_key is not None:
+            payload["mac"] = hmac.new(self._state_key, _MAC_DOMAIN + _canonical(payload),
                                       hashlib.sha256).hexdigest()
         return payload
 
@@ -359,8 +401,9 @@ class LocalSandboxClient:
 
         Raises:
             SessionStateVersionError: ``version`` is missing or not 1.
-            SessionStateTamperedError: a state key is configured and the
-                ``mac`` is missing or wrong (checked before anything else is trusted).
+            SessionStateTamperedError: the ``mac`` is missing or wrong (checked
+                before anything else is trusted).  State is always authenticated:
+                with ``ClientOptions.state_key``, else the installation key.
             SessionStateError: any other malformed or extra field (``root``,
                 ``grants``, ``owned`` ... are refused, never ignored).
         """
@@ -373,8 +416,8 @@ class LocalSandboxClient:
                 sandbox_path=None)
         payload = dict(data)
         mac = payload.pop("mac", None)
-        if self.options.state_key is not None:
-            want = hmac.new(self.options.state_key, _MAC_DOMAIN + _canonical(payload), hashlib.sha256).hexdigest()
+        if self._state_key is not None:
+            want = hmac.new(self._state_key, _MAC_DOMAIN + _canonical(payload), hashlib.sha256).hexdigest()
             if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
                 raise SessionStateTamperedError("session state HMAC is missing or does not match", sandbox_path=None)
         try:

@@ -858,13 +858,23 @@ def _batches(files: list[tuple[str, os.stat_result]], count: int, nbytes: int) -
 def _narrow_limits(app_limits: Any, wanted: dict[str, int], fe: FlatEntry) -> Any:
     if not wanted:
         return app_limits
+    fields = type(app_limits).model_fields  # only declared limits: never model attributes or methods
     update = {}
     for k, v in wanted.items():
-        if not hasattr(app_limits, k):
+        if k not in fields:
             raise ManifestError(f"unknown archive limit {k!r}", field=fe.field + ".limits", sandbox_path=fe.path)
         cur = getattr(app_limits, k)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not isinstance(cur, (int, float)):
+            raise ManifestError(f"archive limit {k!r} must be a number", field=fe.field + ".limits",
+                                sandbox_path=fe.path)
         update[k] = min(cur, type(cur)(v))
-    return app_limits.model_copy(update=update)
+    try:
+        # re-validate: a manifest may only narrow the application's limits,
+        # and the model's own bounds (ge=...) still apply
+        return type(app_limits).model_validate({**app_limits.model_dump(), **update})
+    except ValueError as exc:
+        raise ManifestError(f"invalid archive limits: {exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}",
+                            field=fe.field + ".limits", sandbox_path=fe.path) from None
 
 
 async def _apply_archive(run: _Run, fe: FlatEntry) -> None:

@@ -57,10 +57,42 @@ async def _saved_state(client, **create):
 async def test_tampered_state_cannot_add_authority(client, field, value):
     _s, state = await _saved_state(client)
     bad = dict(state, **{field: value})
-    with pytest.raises(SessionStateError) as ei:
+    with pytest.raises(SessionStateError) as ei:  # the MAC catches the edit first
         client.resume(bad)
+    assert ei.value.code == "session_state_tampered"
+    # and even with a valid MAC (a leaked key), the field itself is refused
+    with pytest.raises(SessionStateError) as ei:
+        client.resume(_resign(client, bad))
     assert ei.value.code == "session_state_invalid"
     assert field in ei.value.context["fields"][0]
+
+
+def _resign(client, state):
+    import hashlib
+    import hmac
+
+    from sandbox_fs import client as client_mod
+
+    payload = {k: v for k, v in state.items() if k != "mac"}
+    payload["mac"] = hmac.new(client._state_key, client_mod._MAC_DOMAIN + client_mod._canonical(payload),
+                              hashlib.sha256).hexdigest()
+    return payload
+
+
+async def test_state_is_authenticated_by_default_and_ids_cannot_be_swapped(client, tmp_path):
+    """Session ids and snapshot names are capabilities: an unkeyed client still MACs its state."""
+    assert client.options.state_key is None
+    victim, vstate = await _saved_state(client)
+    _a, astate = await _saved_state(client)
+    assert "mac" in astate
+    for swapped in (dict(astate, session_id=vstate["session_id"]), dict(astate, snapshot=vstate.get("snapshot"))):
+        if swapped == astate:
+            continue
+        with pytest.raises(SessionStateError) as ei:
+            client.resume(swapped)
+        assert ei.value.code == "session_state_tampered"
+    key_file = tmp_path / "store" / ".state-key"  # beside the snapshots, which outlive workspaces
+    assert key_file.exists() and (key_file.stat().st_mode & 0o777) == 0o600
 
 
 @pytest.mark.parametrize("sid", ["../outside", "/etc", "a/b", "..", "", "x\0y", "a.b"])
@@ -73,8 +105,10 @@ async def test_tampered_session_id_cannot_point_the_root_elsewhere(client, sid):
 async def test_tampered_manifest_in_state_cannot_grant(client):
     _s, state = await _saved_state(client)
     bad = dict(state, manifest={"entries": {}, "extra_path_grants": [{"path": "/", "read_only": False}]})
+    with pytest.raises(SessionStateError):
+        client.resume(bad)  # the MAC refuses the edit
     with pytest.raises(Exception) as ei:
-        client.resume(bad)
+        client.resume(_resign(client, bad))  # and a validly signed one still cannot grant
     assert ei.value.code == "manifest_untrusted_field"
 
 

@@ -39,20 +39,38 @@ def tree(tmp_path):
     (base / "proj").mkdir(parents=True)
     (base / "proj" / "a.txt").write_text("alpha\n")
     os.mkfifo(base / "pipe")
+    (tmp_path / "ws").mkdir()  # an existing, empty workspace directory
     return tmp_path
 
 
 def test_apply_summary_and_root_creation(tree):
-    ws = tree / "ws"
+    ws = tree / "created"
     m = write(tree / "m.json", {"root": str(ws), "entries": {"p": {"type": "local_dir", "src": "proj"},
                                                              "r": {"type": "file", "content": "r"}},
                                 "environment": {"T": {"value": "TOPSECRET", "secret": True}}})
-    proc = cli("apply", str(m), "--base", str(tree / "base"))
+    # a manifest's own root is only used when it names an existing empty directory
+    assert_one_line_error(cli("apply", str(m), "--base", str(tree / "base")), "--root")
+    assert not ws.exists()
+    proc = cli("apply", str(m), "--base", str(tree / "base"), "--root", str(ws))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("materialized 2 files")
     assert "TOPSECRET" not in proc.stdout + proc.stderr
     assert stat.S_IMODE(ws.stat().st_mode) == 0o700
     assert (ws / "p" / "a.txt").read_text() == "alpha\n"
+
+
+def test_manifest_root_never_writes_into_an_existing_tree(tree):
+    """Where the workspace lives is authority: an untrusted manifest's root may
+    not name a directory that already holds files (an ~/.ssh, say)."""
+    victim = tree / "victim"
+    victim.mkdir()
+    (victim / "authorized_keys").write_text("legit-key\n")
+    m = write(tree / "m.json", {"root": str(victim),
+                                "entries": {"authorized_keys": {"type": "file", "content": "attacker-key\n"}}})
+    assert_one_line_error(cli("apply", str(m)), "empty")
+    assert (victim / "authorized_keys").read_text() == "legit-key\n"
+    proc = cli("apply", str(m), "--root", str(tree / "ws"))  # the operator's choice is honoured
+    assert proc.returncode == 0 and (tree / "ws" / "authorized_keys").read_text() == "attacker-key\n"
 
 
 def test_apply_json_and_root_override(tree):
