@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandbox_fs import open_root
+from sandbox_fs.root import Root
 from sandbox_fs.snapshot import (
     LocalSnapshotStore,
     NoSnapshot,
@@ -161,19 +162,20 @@ def test_excluded_mount_and_tmp_entries_not_persisted(layout, store):
         assert tar.getnames() == ["keep"]
 
 
-def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store):
+def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store, monkeypatch):
     (layout.ws / "victim").write_text("harmless")
     with open_root(layout.ws) as ws:
-        real_walk = ws.walk
+        real_walk = Root.walk
 
-        def racing_walk(path="."):
-            for top, dirs, nondirs in real_walk(path):
+        def racing_walk(self, path="."):
+            for top, dirs, nondirs in real_walk(self, path):
                 if top == "":
                     os.unlink(layout.ws / "victim")
                     os.symlink(layout.outside / "secret.txt", layout.ws / "victim")
                 yield top, dirs, nondirs
 
-        ws.walk = racing_walk  # the listing said "file"; the open finds a symlink
+        # Root has __slots__: patch the class.  The listing said "file"; the open finds a symlink.
+        monkeypatch.setattr(Root, "walk", racing_walk)
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
         assert ei.value.retryable
@@ -182,18 +184,18 @@ def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store):
         assert layout.secret.encode() not in p.read_bytes()
 
 
-def test_file_swapped_for_fifo_mid_walk_does_not_block(layout, store):
+def test_file_swapped_for_fifo_mid_walk_does_not_block(layout, store, monkeypatch):
     (layout.ws / "victim").write_text("harmless")
     with open_root(layout.ws) as ws:
-        real_walk = ws.walk
+        real_walk = Root.walk
 
-        def racing_walk(path="."):
-            for top, dirs, nondirs in real_walk(path):
+        def racing_walk(self, path="."):
+            for top, dirs, nondirs in real_walk(self, path):
                 os.unlink(layout.ws / "victim")
                 os.mkfifo(layout.ws / "victim")
                 yield top, dirs, nondirs
 
-        ws.walk = racing_walk
+        monkeypatch.setattr(Root, "walk", racing_walk)
         with pytest.raises(SnapshotSourceChangedError):
             persist(ws, store, "s")
 
@@ -529,3 +531,118 @@ def test_named_partial_fallback_commits_and_aborts_cleanly(layout, store, monkey
     with open_root(dst) as d:
         hydrate(d, store, "s")
     assert (dst / "f").read_text() == "v1"
+
+
+# ------------------------------------------------------- a member must match its header
+
+
+@pytest.mark.parametrize("change", ["grow", "shrink", "grow_large", "grow_empty"])
+def test_file_that_changes_size_while_persisted_is_refused_not_truncated(layout, store, monkeypatch, change):
+    """The header's size comes from fstat; a file that then grows or shrinks is refused (retryable).
+
+    ``grow_large`` spans several 1 MiB buffers, so the extra byte is detected by the
+    read past the last full buffer, not by the small-file over-read.
+    """
+    import sandbox_fs.snapshot as snap
+
+    size = {"grow_large": (3 << 20) + 512, "grow_empty": 0}.get(change, 1000)
+    (layout.ws / "keep").write_text("previous snapshot")
+    with open_root(layout.ws) as ws:
+        first = persist(ws, store, "s").info
+    (layout.ws / "victim").write_bytes(b"v" * size)
+    real = snap._member_stat
+
+    def racing_stat(fd, item):
+        st = real(fd, item)
+        if item.path == "victim":  # after the header's size is taken, before the data is read
+            if change == "shrink":
+                os.truncate(layout.ws / "victim", size // 2)
+            else:
+                with open(layout.ws / "victim", "ab") as fh:
+                    fh.write(b"more")
+        return st
+
+    monkeypatch.setattr(snap, "_member_stat", racing_stat)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s")
+    assert ei.value.retryable and ei.value.sandbox_path == "victim"
+    assert ("shrank" if change == "shrink" else "grew") in str(ei.value)
+    assert store.info("s") == first  # the previous snapshot stays current
+    monkeypatch.setattr(snap, "_member_stat", real)
+    with open_root(layout.ws) as ws:  # a retry succeeds and stores the file as it is now
+        info = persist(ws, store, "s").info
+    with tarfile.open(layout.base / "store" / info.archive) as tar:
+        assert tar.extractfile("victim").read() == (layout.ws / "victim").read_bytes()
+
+
+def test_file_replaced_by_another_file_between_listing_and_open_is_refused(layout, store, monkeypatch):
+    """The opened fd must be the inode the listing's lstat saw (not just any regular file)."""
+    (layout.ws / "victim").write_text("listed")
+    real_walk = Root.walk
+
+    def racing_walk(self, path="."):
+        for top, dirs, nondirs in real_walk(self, path):
+            (layout.ws / "other").write_text("swapped in")
+            os.replace(layout.ws / "other", layout.ws / "victim")  # a new inode at the same name
+            yield top, dirs, nondirs
+
+    monkeypatch.setattr(Root, "walk", racing_walk)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s")
+    assert ei.value.sandbox_path == "victim" and store.info("s") is None
+
+
+def test_symlink_swapped_in_after_listing_is_never_read_even_for_large_files(layout, store, monkeypatch):
+    """A multi-buffer file swapped for a symlink to a host secret: refused, secret never in the store."""
+    (layout.ws / "big").write_bytes(os.urandom(3 << 20))
+    real_walk = Root.walk
+
+    def racing_walk(self, path="."):
+        for top, dirs, nondirs in real_walk(self, path):
+            os.unlink(layout.ws / "big")
+            os.symlink(layout.outside / "secret.txt", layout.ws / "big")
+            yield top, dirs, nondirs
+
+    monkeypatch.setattr(Root, "walk", racing_walk)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError):
+            persist(ws, store, "s")
+    for p in (layout.base / "store").iterdir():
+        assert layout.secret.encode() not in p.read_bytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0/"), min_size=1,
+                    max_size=130),
+       link=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=130),
+       kind=st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE]),
+       size=st.sampled_from([0, 1, 511, 512, 8 ** 11 - 1, 8 ** 11, 20 << 30]),
+       mtime=st.sampled_from([0, 1_700_000_000.7, 8 ** 11 - 1, 8 ** 11]),
+       raw=st.binary(min_size=1, max_size=8))
+def test_header_fast_path_is_byte_identical_to_tarfile_pax(name, link, kind, size, mtime, raw):
+    """persist's headers are exactly tarfile's PAX headers (the library owns the format)."""
+    from sandbox_fs.snapshot import _header, _tarinfo
+
+    for nm in (name, name + os.fsdecode(b"\xff" + raw)):  # also undecodable bytes (surrogateescape)
+        ti = _tarinfo(nm, kind, 0o644, mtime)
+        ti.size = size if kind == tarfile.REGTYPE else 0
+        ti.linkname = link if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
+        assert _header(ti) == ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def test_archive_layout_matches_tarfile(layout, store):
+    """Members, sizes, data and record padding are what tarfile itself writes and reads."""
+    _fill(layout.ws)
+    (layout.ws / "big").write_bytes(os.urandom((2 << 20) + 3))
+    with open_root(layout.ws) as ws:
+        info = persist(ws, store, "s").info
+    path = layout.base / "store" / info.archive
+    assert path.stat().st_size % tarfile.RECORDSIZE == 0 and path.stat().st_size == info.archive_bytes
+    assert f"{zlib.crc32(path.read_bytes()):08x}" == info.archive_crc32
+    with tarfile.open(path) as tar:
+        for m in tar.getmembers():
+            if m.isfile():
+                assert tar.extractfile(m).read() == (layout.ws / m.name).read_bytes()
+        assert "big" in tar.getnames() and tar.getmember("big").size == (2 << 20) + 3
