@@ -11,7 +11,8 @@ Variants:
   baseline-capture trio.run_process(["true"], capture_stdout=True, capture_stderr=True):
                   what a caller who wants the output (as ExecResult has it) would run
   confined        run_confined(["true"]) with a session's ProcessSupervisor
-                  (Landlock + cgroup leaf + read-only mounts when root + rlimits)
+                  (Landlock + cgroup leaf + read-only mounts when root + rlimits +
+                  IPC/cgroup namespaces, the held network namespace, seccomp)
   confined-nomnt  the same without the read-only mount layer
   confined-none   confinement="none" (helper: setsid, rlimits, fds, cgroup)
   one-shot        run_confined without a supervisor (makes and removes a

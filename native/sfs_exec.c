@@ -18,7 +18,24 @@
  *                      fallback when clone3 is refused
  *   --rlimit RES=N     set soft and hard limit of RES (cpu, as, fsize,
  *                      nofile, nproc, core) to N; repeatable
- *   --unshare FLAGS    unshare(2) with these CLONE_NEW* flags (decimal)
+ *   --unshare FLAGS    unshare(2) with these CLONE_NEW* flags (decimal), after
+ *                      the mount namespace step (so inside its user namespace
+ *                      on unprivileged hosts) and after joining the cgroup
+ *                      (CLONE_NEWCGROUP then roots the view at the leaf)
+ *   --mask DIR         with --ro-mounts: mount an empty read-only tmpfs over
+ *                      DIR (a fixed system path such as /sys/fs/cgroup, from
+ *                      the parent's policy); repeatable
+ *   --netns FD         setns(FD, CLONE_NEWNET) after joining --mntns/--userns
+ *   --seccomp BITS     after no_new_privs, install a seccomp filter refusing:
+ *                      1: keyctl, add_key, request_key (after joining a fresh
+ *                         anonymous session keyring); 2: socket(IPPROTO_MPTCP),
+ *                         sendto/sendmsg/sendmmsg with MSG_FASTOPEN and
+ *                         setsockopt(TCP_FASTOPEN_CONNECT) (ways around
+ *                         Landlock's TCP connect rule); 4: socket(AF_UNIX) and
+ *                         socketpair(AF_UNIX, SOCK_DGRAM) (a datagram socket
+ *                         can be re-connected to any path).  Any bit also
+ *                         refuses io_uring (its ops bypass seccomp) and every
+ *                         syscall of another ABI (x32, 32-bit compat)
  *   --tty              setsid() then ioctl(0, TIOCSCTTY): fd 0 becomes the
  *                      controlling terminal (PTY sessions)
  *   --cwd FD           fchdir(FD): the working directory, opened by the
@@ -71,7 +88,13 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <stddef.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <linux/audit.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
 
 #ifndef SYS_landlock_add_rule
 #define SYS_landlock_add_rule 445
@@ -100,6 +123,7 @@
 #define SFS_MOVE_MOUNT_T_EMPTY_PATH 0x40
 #define SFS_MOUNT_ATTR_RDONLY 0x1
 #define SFS_MAX_TREES 64
+#define SFS_MAX_MASKS 32
 #ifndef SYS_clone3
 #define SYS_clone3 435
 #endif
@@ -293,7 +317,7 @@ static int reopen_here(int fd, const char *path, const char *stage)
 }
 
 /* Every mount read-only except clones of the trees[] directories. */
-static void read_only_mounts(const int *trees, int ntrees, int *cwd_fd)
+static void read_only_mounts(const int *trees, int ntrees, char **masks, int nmasks, int *cwd_fd)
 {
     int clones[SFS_MAX_TREES], targets[SFS_MAX_TREES];
     char *paths[SFS_MAX_TREES], *cwd_path = NULL;
@@ -337,6 +361,13 @@ static void read_only_mounts(const int *trees, int ntrees, int *cwd_fd)
         close(targets[t]);
         free(paths[t]);             /* trees[t] is closed at execve (it may also be the cwd fd) */
     }
+    for (int m = 0; m < nmasks; m++) {
+        /* Hide a host tree (cgroupfs: clone3(CLONE_INTO_CGROUP) with an O_PATH
+         * fd, which Landlock does not check, would leave the leaf). */
+        if (mount("tmpfs", masks[m], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=4k,nr_inodes=1,mode=0555") < 0 && errno != ENOENT)
+            fail("mask", errno);
+    }
     if (cwd_path) {
         /* The old fd names the covered directory; enter the one now on top. */
         int nfd = reopen_here(*cwd_fd, cwd_path, "cwd");
@@ -351,7 +382,7 @@ static void read_only_mounts(const int *trees, int ntrees, int *cwd_fd)
  * (kept alive by the parent's nsfs fd), so its teardown, which waits for an
  * RCU grace period, is paid once per supervisor instead of at every exit.
  */
-static void join_mount_ns(int userns_fd, int mntns_fd, int *cwd_fd)
+static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int *cwd_fd)
 {
     char *cwd_path = NULL;
     if (*cwd_fd >= 0)
@@ -360,6 +391,8 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int *cwd_fd)
         fail("mounts", errno);
     if (setns(mntns_fd, CLONE_NEWNS) < 0)
         fail("mounts", errno);
+    if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0)
+        fail("netns", errno);
     if (cwd_path) {
         int nfd = reopen_here(*cwd_fd, cwd_path, "cwd");
         close(*cwd_fd);
@@ -368,11 +401,155 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int *cwd_fd)
     }
 }
 
+
+/* ---- seccomp ------------------------------------------------------------ */
+
+#if defined(__x86_64__)
+#define SFS_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define SFS_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#elif defined(__riscv) && __riscv_xlen == 64
+#define SFS_AUDIT_ARCH AUDIT_ARCH_RISCV64
+#endif
+#define SFS_SECCOMP_KEYS 1
+#define SFS_SECCOMP_TCP 2
+#define SFS_SECCOMP_UNIX 4
+#ifndef MSG_FASTOPEN
+#define MSG_FASTOPEN 0x20000000
+#endif
+#ifndef IPPROTO_MPTCP
+#define IPPROTO_MPTCP 262
+#endif
+#define SFS_TCP_FASTOPEN_CONNECT 30
+#ifndef SYS_io_uring_setup
+#define SYS_io_uring_setup 425
+#define SYS_io_uring_enter 426
+#define SYS_io_uring_register 427
+#endif
+#define SFS_KEYCTL_JOIN_SESSION_KEYRING 1
+/* The low 32 bits of argument i (int and unsigned int arguments; little endian). */
+#define SFS_ARG(i) ((uint32_t)(offsetof(struct seccomp_data, args) + 8 * (i)))
+#define SFS_MAX_FILTER 96
+
+struct sfs_filter {
+    struct sock_filter insn[SFS_MAX_FILTER];
+    unsigned short n;
+};
+
+static void emit(struct sfs_filter *f, unsigned short code, unsigned char jt, unsigned char jf, uint32_t k)
+{
+    if (f->n >= SFS_MAX_FILTER)
+        fail("seccomp", E2BIG);
+    struct sock_filter insn = { code, jt, jf, k };
+    f->insn[f->n++] = insn;
+}
+
+#define LD_ABS(f, off) emit(f, BPF_LD | BPF_W | BPF_ABS, 0, 0, off)
+#define RET(f, v) emit(f, BPF_RET | BPF_K, 0, 0, v)
+#define DENY(err) (SECCOMP_RET_ERRNO | ((err) & SECCOMP_RET_DATA))
+
+/* One syscall whose arguments decide: "LD nr; JEQ nr else skip the body". */
+static void begin_block(struct sfs_filter *f, long nr, unsigned char body_len)
+{
+    LD_ABS(f, offsetof(struct seccomp_data, nr));
+    emit(f, BPF_JMP | BPF_JEQ | BPF_K, 0, body_len, (uint32_t)nr);
+}
+
+static void install_seccomp(long long bits)
+{
+#ifndef SFS_AUDIT_ARCH
+    (void)bits;
+    fail("seccomp", ENOSYS);
+#else
+    struct sfs_filter f = { .n = 0 };
+    /* Another ABI (32-bit compat: socketcall hides its arguments) is refused. */
+    LD_ABS(&f, offsetof(struct seccomp_data, arch));
+    emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, SFS_AUDIT_ARCH);
+    RET(&f, DENY(ENOSYS));
+    LD_ABS(&f, offsetof(struct seccomp_data, nr));
+#if defined(__x86_64__)
+    emit(&f, BPF_JMP | BPF_JGE | BPF_K, 0, 1, 0x40000000U);     /* x32 */
+    RET(&f, DENY(ENOSYS));
+#endif
+    /* io_uring submits socket, connect and sendmsg without seccomp seeing them. */
+    static const long uring[] = { SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register };
+    for (size_t k = 0; k < 3; k++) {
+        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, (uint32_t)uring[k]);
+        RET(&f, DENY(ENOSYS));
+    }
+    if (bits & SFS_SECCOMP_KEYS) {
+        static const long keys[] = { SYS_keyctl, SYS_add_key, SYS_request_key };
+        for (size_t k = 0; k < 3; k++) {
+            emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, (uint32_t)keys[k]);
+            RET(&f, DENY(EPERM));
+        }
+    }
+    if (bits & (SFS_SECCOMP_TCP | SFS_SECCOMP_UNIX)) {
+        unsigned char len = (unsigned char)(1 + ((bits & SFS_SECCOMP_UNIX) ? 3 : 0)
+                                            + ((bits & SFS_SECCOMP_TCP) ? 3 : 0));
+        begin_block(&f, SYS_socket, len);
+        if (bits & SFS_SECCOMP_UNIX) {
+            LD_ABS(&f, SFS_ARG(0));
+            emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, AF_UNIX);
+            RET(&f, DENY(EACCES));
+        }
+        if (bits & SFS_SECCOMP_TCP) {
+            LD_ABS(&f, SFS_ARG(2));
+            emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, IPPROTO_MPTCP);
+            RET(&f, DENY(EPROTONOSUPPORT));
+        }
+        RET(&f, SECCOMP_RET_ALLOW);
+    }
+    if (bits & SFS_SECCOMP_UNIX) {
+        /* Stream and seqpacket pairs are connected for good; a datagram one
+         * can connect()/sendto() any socket path. */
+        begin_block(&f, SYS_socketpair, 7);
+        LD_ABS(&f, SFS_ARG(0));
+        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, AF_UNIX);
+        LD_ABS(&f, SFS_ARG(1));
+        emit(&f, BPF_ALU | BPF_AND | BPF_K, 0, 0, 0xf);
+        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, SOCK_DGRAM);
+        RET(&f, DENY(EACCES));
+        RET(&f, SECCOMP_RET_ALLOW);
+    }
+    if (bits & SFS_SECCOMP_TCP) {
+        static const struct { long nr; int arg; } sends[] = {
+            { SYS_sendto, 3 }, { SYS_sendmsg, 2 }, { SYS_sendmmsg, 3 },
+        };
+        for (size_t k = 0; k < 3; k++) {
+            begin_block(&f, sends[k].nr, 4);
+            LD_ABS(&f, SFS_ARG(sends[k].arg));
+            emit(&f, BPF_JMP | BPF_JSET | BPF_K, 0, 1, MSG_FASTOPEN);
+            RET(&f, DENY(EOPNOTSUPP));
+            RET(&f, SECCOMP_RET_ALLOW);
+        }
+        begin_block(&f, SYS_setsockopt, 6);
+        LD_ABS(&f, SFS_ARG(1));
+        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 3, IPPROTO_TCP);
+        LD_ABS(&f, SFS_ARG(2));
+        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, SFS_TCP_FASTOPEN_CONNECT);
+        RET(&f, DENY(EOPNOTSUPP));
+        RET(&f, SECCOMP_RET_ALLOW);
+    }
+    RET(&f, SECCOMP_RET_ALLOW);
+    if (bits & SFS_SECCOMP_KEYS) {
+        /* Leave the inherited session keyring (possessed keys) for a fresh one. */
+        if (syscall(SYS_keyctl, SFS_KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0 && errno != ENOSYS)
+            fail("keyring", errno);
+    }
+    struct sock_fprog prog = { f.n, f.insn };
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0)
+        fail("seccomp", errno);
+#endif
+}
+
 int main(int argc, char **argv)
 {
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
-    int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1;
-    long long unshare_flags = 0, proc_self_access = 0;
+    int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1, netns_fd = -1;
+    char *masks[SFS_MAX_MASKS];
+    int nmasks = 0;
+    long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = 0;
     int i;
 
     /* First pass: --status, so later usage errors are reported through it. */
@@ -415,6 +592,16 @@ int main(int argc, char **argv)
             mntns_fd = parse_fd(v);
         else if (strcmp(a, "--userns") == 0)
             userns_fd = parse_fd(v);
+        else if (strcmp(a, "--netns") == 0)
+            netns_fd = parse_fd(v);
+        else if (strcmp(a, "--mask") == 0) {
+            if (nmasks == SFS_MAX_MASKS || v[0] != '/')
+                fail("usage", EINVAL);
+            masks[nmasks++] = (char *)v;
+        } else if (strcmp(a, "--seccomp") == 0) {
+            if (parse_int(v, &seccomp_bits) || seccomp_bits < 0)
+                fail("usage", EINVAL);
+        }
         else if (strcmp(a, "--rw-tree") == 0) {
             if (ntrees == SFS_MAX_TREES)
                 fail("usage", E2BIG);
@@ -442,12 +629,12 @@ int main(int argc, char **argv)
         fail("setsid", errno);
     if (tty && ioctl(0, TIOCSCTTY, 0) < 0)
         fail("tty", errno);
+    if (mntns_fd >= 0)
+        join_mount_ns(userns_fd, mntns_fd, netns_fd, &cwd_fd);
+    else if (ro_mounts)
+        read_only_mounts(trees, ntrees, masks, nmasks, &cwd_fd);
     if (unshare_flags && unshare((int)unshare_flags) < 0)
         fail("unshare", errno);
-    if (mntns_fd >= 0)
-        join_mount_ns(userns_fd, mntns_fd, &cwd_fd);
-    else if (ro_mounts)
-        read_only_mounts(trees, ntrees, &cwd_fd);
     if (hold_ns) {
         /* Keep this namespace alive until the parent holds its nsfs fds. */
         char c;
@@ -480,6 +667,8 @@ int main(int argc, char **argv)
             fail("landlock", errno);
         close(ruleset_fd);
     }
+    if (seccomp_bits)
+        install_seccomp(seccomp_bits);
     /* Every fd but 0/1/2 (the status fd included) is gone at execve. */
     if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {
         int maxfd = (int)sysconf(_SC_OPEN_MAX);

@@ -114,10 +114,10 @@ SYSTEM_DEVICES = (
     ("/dev/urandom", FS_READ_FILE),
 )
 
-#: Entries of ``/etc`` never granted (besides every entry that is not
+#: Paths under ``/etc`` never granted (besides everything that is not
 #: world-readable, such as ``shadow`` and ``gshadow``): credentials, private
-#: keys and privilege configuration.  Nested names are handled by granting
-#: the parent's other entries one by one.
+#: keys and privilege configuration.  A nested name makes its parent be
+#: granted entry by entry.
 ETC_EXCLUDED = frozenset({
     "shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "ssl/private",
     "security/opasswd", "credstore", "credstore.encrypted", "wireguard", "krb5.keytab",
@@ -141,47 +141,121 @@ def _inside_system(real: str) -> bool:
     return real.startswith(_SYSTEM_PREFIXES)
 
 
-def _etc_rules(top: str = "/etc") -> list[SystemRule]:
-    """Enumerate ``/etc`` minus :data:`ETC_EXCLUDED` and entries not world-readable.
+#: Bounds of the /etc walk: entries looked at and rules made.  Past them the
+#: rest is left out (less access, never more).
+ETC_MAX_ENTRIES = 20000
+ETC_MAX_RULES = 1500
 
-    A symlink entry is kept only when it resolves under ``/etc`` or ``/usr``:
-    a link to ``/`` (or to ``/proc/<pid>``, like ``mtab``) would otherwise
-    grant far more than the system set.
+
+def _etc_rules(top: str = "/etc") -> list[SystemRule]:
+    """The world-readable part of ``/etc`` minus :data:`ETC_EXCLUDED`, as few rules as possible.
+
+    The whole tree is checked, not only its top level: a directory gets one
+    rule only when everything beneath it is world-readable (files ``o+r``,
+    directories ``o+rx``, no other file types, no excluded name); otherwise
+    its world-readable children get rules one by one and its other
+    subdirectories are looked into the same way.  A directory that is not
+    ``o+rx`` is skipped with all it holds (``polkit-1/rules.d``), a file that
+    is not ``o+r`` too (``default/cacerts``, ``postgresql/*/pg_hba.conf``):
+    a uid-0 child passes their owner check, only Landlock can keep them out.
+
+    A symlink is followed only when it resolves under ``/usr`` (granted
+    anyway), or under ``/etc`` to something this walk grants itself: a link
+    to ``/`` (or to ``/proc/<pid>``, like ``mtab``) or to a private file
+    would otherwise grant more than the system set.  Symlinks do not make a
+    directory "unclean": Landlock checks their target, not the link.
     """
     rules: list[SystemRule] = []
-    nested: dict[str, set[str]] = {}
-    for item in ETC_EXCLUDED:
-        head, _, tail = item.partition("/")
-        if tail:
-            nested.setdefault(head, set()).add(tail)
+    budget = [ETC_MAX_ENTRIES]
+    top = top.rstrip("/") or "/"
+    excluded = {f"{top}/{e}" for e in ETC_EXCLUDED}
 
-    def walk(dir_path: str, excluded: set[str], nested_map: dict[str, set[str]]) -> None:
+    class Node:
+        __slots__ = ("path", "kind", "ok", "clean", "children")
+
+        def __init__(self, path: str, kind: str, ok: bool) -> None:
+            self.path, self.kind, self.ok = path, kind, ok
+            self.clean = ok and kind != "other"
+            self.children: list[Node] = []
+
+    def scan(node: Node) -> None:
+        """Fill node.children; node.clean = everything beneath is world-readable and allowed."""
         try:
-            names = sorted(os.listdir(dir_path))
+            with os.scandir(node.path) as it:
+                entries = sorted(it, key=lambda e: e.name)
         except OSError:
+            node.clean = False
             return
-        for name in names:
-            if name in excluded:
+        for e in entries:
+            budget[0] -= 1
+            if budget[0] < 0:
+                node.clean = False
+                return
+            path = f"{node.path}/{e.name}"
+            if path in excluded:
+                node.clean = False
                 continue
-            path = f"{dir_path}/{name}"
             try:
-                st = os.stat(path)  # follows symlinks: the rule lands on the target
-                if os.path.islink(path) and not _inside_system(os.path.realpath(path)):
-                    continue  # e.g. mtab -> /proc/<our pid>/mounts, or a stray link to "/"
+                st = e.stat(follow_symlinks=False)
             except OSError:
+                node.clean = False
                 continue
-            if not st.st_mode & 0o004:
-                continue  # not world-readable: shadow, gshadow, private keys ...
-            if name in nested_map and _stat.S_ISDIR(st.st_mode):
-                sub_excl = {t for t in nested_map[name] if "/" not in t}
-                walk(path, sub_excl, {})
+            mode = st.st_mode
+            if _stat.S_ISLNK(mode):
+                node.children.append(Node(path, "link", True))
                 continue
-            access = FS_READ_EXEC if _stat.S_ISDIR(st.st_mode) else FS_READ_FILE | FS_EXECUTE
-            rules.append(SystemRule(path, access))
+            if _stat.S_ISDIR(mode):
+                child = Node(path, "dir", mode & 0o005 == 0o005)
+                if child.ok:
+                    scan(child)
+            elif _stat.S_ISREG(mode):
+                child = Node(path, "file", bool(mode & 0o004))
+            else:
+                child = Node(path, "other", False)
+            node.children.append(child)
+            if not child.clean:
+                node.clean = False
 
-    top_excl = {e for e in ETC_EXCLUDED if "/" not in e}
-    walk(top, top_excl, nested)
-    return rules
+    granted_dirs: list[str] = []
+    granted_files: set[str] = set()
+    links: list[str] = []
+
+    def emit(node: Node) -> None:
+        for c in node.children:
+            if c.kind == "link":
+                links.append(c.path)
+            elif not c.ok or c.kind == "other":
+                continue
+            elif c.kind == "file":
+                rules.append(SystemRule(c.path, FS_READ_FILE | FS_EXECUTE))
+                granted_files.add(c.path)
+            elif c.clean:
+                rules.append(SystemRule(c.path, FS_READ_EXEC))
+                granted_dirs.append(c.path)
+            else:
+                emit(c)
+
+    root = Node(top, "dir", True)
+    scan(root)
+    emit(root)
+
+    def granted(real: str) -> bool:
+        return real in granted_files or any(real == d or real.startswith(d + "/") for d in granted_dirs)
+
+    for path in links:
+        try:
+            real = os.path.realpath(path)
+            st = os.stat(real)
+        except OSError:
+            continue
+        if not (real.startswith("/usr/") or (real.startswith(top + "/") and granted(real))):
+            continue  # e.g. mtab -> /proc/<our pid>/mounts, a stray link to "/", a private file
+        if _stat.S_ISDIR(st.st_mode):
+            if st.st_mode & 0o005 == 0o005:
+                rules.append(SystemRule(path, FS_READ_EXEC))
+        elif _stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:
+            rules.append(SystemRule(path, FS_READ_FILE | FS_EXECUTE))
+    return rules[:ETC_MAX_RULES]
 
 
 _SYSTEM_CACHE: list[SystemRule] | None = None

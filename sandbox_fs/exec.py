@@ -6,9 +6,14 @@ one so that on Linux it
 * reads, writes and executes only beneath the workspace (read-write, or
   read-only when the workspace Root is read-only), the application's extra
   path grants (by their mode) and a documented read-only system set;
-* cannot connect to or bind TCP ports unless allowed per port (Landlock
-  ABI >= 4), and cannot signal processes or reach abstract unix sockets
-  outside its sandbox (ABI >= 6);
+* has no network at all (its own network namespace) unless a TCP port is
+  allowed; then it cannot connect to or bind TCP ports but the allowed ones
+  (Landlock ABI >= 4, with a seccomp filter closing the MPTCP and TCP Fast
+  Open ways around it), and cannot signal processes or reach abstract unix
+  sockets outside its sandbox (ABI >= 6);
+* cannot create ``AF_UNIX`` sockets (so cannot reach host sockets such as
+  docker.sock or D-Bus by path) unless the policy allows them;
+* does not share the host's System V IPC, kernel keyrings or cgroup view;
 * runs with rlimits, no capabilities (when started as root), no new
   privileges, in its own session and process group (and cgroup v2 leaf when
   one can be made), with only fds 0/1/2 open;
@@ -28,7 +33,8 @@ through the Root, and spawns the tiny single-threaded C helper
 ``pass_fds``.  The helper joins the cgroup leaf, calls ``setsid`` (and
 ``TIOCSCTTY`` for a PTY), sets the rlimits, ``fchdir``\\ s to the cwd fd,
 drops capabilities, sets ``PR_SET_NO_NEW_PRIVS``, adds its own
-``/proc/self`` and calls ``landlock_restrict_self``, marks every fd but
+``/proc/self`` and calls ``landlock_restrict_self``, installs the seccomp
+filter (see below), marks every fd but
 0/1/2 close-on-exec (``close_range``) and ``execvp``\\ s the target.  A
 status pipe tells the parent which step failed, if one did.
 
@@ -36,9 +42,11 @@ The default read-only system set (:mod:`sandbox_fs._landlock`)
 --------------------------------------------------------------
 * read + execute beneath ``/usr``, ``/bin``, ``/sbin``, ``/lib``,
   ``/lib32``, ``/lib64``, ``/libx32`` (whichever exist);
-* ``/etc`` entry by entry (a symlink entry only when it resolves under
-  ``/etc`` or ``/usr``), minus every entry that is not world-readable
-  (``shadow``, ``gshadow`` ...) and minus ``sudoers``, ``sudoers.d``,
+* the world-readable part of ``/etc`` at every depth: a directory as one
+  rule only when everything beneath it is world-readable, otherwise its
+  readable files one by one (so ``shadow``, ``default/cacerts`` 0600 or a
+  0700 ``polkit-1/rules.d`` are left out; a symlink only when it resolves
+  under ``/usr`` or to something granted), minus ``sudoers``, ``sudoers.d``,
   ``ssh``, ``ssl/private``, ``security/opasswd``, ``credstore*``,
   ``wireguard``, ``krb5.keytab``, ``ppp``,
   ``NetworkManager/system-connections``, ``machine-id``;
@@ -111,14 +119,49 @@ Supervision guarantees (:class:`ProcessSupervisor`)
 * ``PR_SET_PDEATHSIG`` is not used: trio forks from a worker thread and the
   signal fires when that thread exits.
 
-Optional namespaces (``ConfinementPolicy.namespaces``, root only)
------------------------------------------------------------------
-``"net"``: a new network namespace with only a down loopback (no network at
-all, UDP included, which Landlock does not cover).  ``"ipc"``: a private
-System V IPC / POSIX message queue namespace.  ``"uts"``: a private host
-name.  A mount namespace is always used by the read-only mount layer (see
-above).  A PID namespace is not offered: it needs a forking init in the
-helper, and the cgroup leaf already bounds and ends every descendant.
+Namespaces and the seccomp filter (confined processes)
+------------------------------------------------------
+Made by the helper after the mount layer (as root directly; unprivileged,
+inside the mount layer's user namespace, and only when that layer applies):
+
+* IPC, always: the host's System V shared memory, semaphores and message
+  queues are out of reach (Landlock does not cover them; uid 0 passes
+  their owner checks).
+* cgroup, when the process has a cgroup leaf: it sees its leaf as ``/``.
+  Every cgroup mount is also hidden under an empty read-only tmpfs in the
+  child's mount namespace: with an ``O_PATH`` fd on the cgroup2 root
+  (Landlock does not check ``O_PATH``), ``clone3(CLONE_INTO_CGROUP)``
+  would otherwise move a child out of its leaf (uid 0 passes the
+  ``cgroup.procs`` owner check; a cgroup namespace alone only stops this
+  when cgroup2 is mounted with ``nsdelegate``).
+* network, when no TCP port is allowed (``isolate_network``): only a down
+  loopback, so no TCP, UDP or ICMP reaches anything.  A supervisor makes
+  it once (with its held mount namespace) and every process joins it; a
+  fresh one costs ~2 ms.
+
+A seccomp filter (after ``no_new_privs``) refuses ``keyctl``, ``add_key``
+and ``request_key`` (after joining a fresh session keyring: a uid-0 child
+could otherwise read root's keys); ``socket(AF_UNIX)`` and datagram
+``socketpair`` unless ``allow_unix_sockets`` (Landlock ABI <= 7 does not
+govern ``connect()`` on a socket path); when the host network is used,
+``socket(IPPROTO_MPTCP)`` (``EPROTONOSUPPORT``, so programs fall back to
+TCP), ``sendto``/``sendmsg``/``sendmmsg`` with ``MSG_FASTOPEN`` and
+``setsockopt(TCP_FASTOPEN_CONNECT)`` (``EOPNOTSUPP``), which reach a
+TCP port without the ``connect()`` Landlock checks; ``io_uring`` (its
+operations bypass seccomp); and every syscall of another ABI (x32, 32-bit
+compat: ``socketcall`` hides its arguments).
+
+``ConfinementPolicy.namespaces`` (root only) adds namespaces on request:
+``"net"`` even when ports are allowed, ``"ipc"`` (always on anyway),
+``"uts"`` a private host name.  A PID namespace is not offered: it needs a
+forking init in the helper, and the cgroup leaf already bounds and ends
+every descendant.  ``/proc/self/mountinfo`` still shows the host's mount
+layout (paths only).
+
+What remains: with a TCP port allowed the child uses the host network, so
+UDP, ICMP (where ``ping_group_range`` allows) and netlink queries reach
+the host; ``confinement="none"`` applies none of these layers; without the
+read-only mount layer (``read_only_mounts=False``) cgroupfs stays visible.
 
 Thread-safety: the async functions are meant for one trio run; a
 ProcessSupervisor and a PtyManager belong to one trio run.
@@ -182,6 +225,12 @@ TMP_DIR = ".tmp"
 _CHUNK = 1 << 16
 _STATUS_MAX = 256
 _NS_FLAGS = {"net": 0x40000000, "ipc": 0x08000000, "uts": 0x04000000}
+_CLONE_NEWCGROUP = 0x02000000
+
+# The helper's --seccomp bits (native/sfs_exec.c).
+_SECCOMP_KEYS = 1   # keyctl, add_key, request_key (after joining a fresh session keyring)
+_SECCOMP_TCP = 2    # socket(IPPROTO_MPTCP), MSG_FASTOPEN sends, TCP_FASTOPEN_CONNECT
+_SECCOMP_UNIX = 4   # socket(AF_UNIX), socketpair(AF_UNIX, SOCK_DGRAM)
 
 Confinement = Literal["required", "best_effort", "none"]
 
@@ -281,6 +330,17 @@ class ConfinementPolicy:
             running as uid 0 owns every system file: without this it could
             ``chmod 4755`` a system binary or ``chmod 644 /etc/shadow``.
         namespaces: subset of ``{"net", "ipc", "uts"}`` to unshare (root only).
+        isolate_network: when no TCP port is allowed (and not
+            ``unrestricted_tcp``), run the child in a new network namespace
+            (no interface but a down loopback: no TCP, UDP, ICMP ...).  As
+            root directly, otherwise inside the read-only mount layer's user
+            namespace; :attr:`ExecResult.network_isolated` says if it applied.
+        allow_unix_sockets: let the child create ``AF_UNIX`` sockets.  By
+            default ``socket(AF_UNIX)`` and datagram ``socketpair`` are
+            refused (seccomp, ``EACCES``): Landlock does not govern
+            ``connect()`` to a socket path, so any host socket the child can
+            name (docker.sock, D-Bus, syslog) would be reachable.  Stream
+            and seqpacket ``socketpair`` stay allowed.
         kill_grace_s: seconds between SIGTERM and SIGKILL on timeout or terminate.
         eof_grace_s: seconds to keep reading stdout/stderr after the main
             process exited (a background child may keep the pipes open).
@@ -302,6 +362,8 @@ class ConfinementPolicy:
     drop_capabilities: bool = True
     read_only_mounts: bool = True
     namespaces: frozenset[str] = frozenset()
+    isolate_network: bool = True
+    allow_unix_sockets: bool = False
     kill_grace_s: float = 2.0
     eof_grace_s: float = 1.0
     use_cgroup: bool = True
@@ -335,6 +397,7 @@ class ExecResult:
         landlock_abi: the Landlock ABI used (0 when none).
         read_only_mounts: everything but the workspace and read-write grants
             was mounted read-only for the child.
+        network_isolated: the child ran in its own network namespace (no network).
         stdout_bytes: total bytes the child wrote to stdout.
         stderr_bytes: total bytes the child wrote to stderr.
     """
@@ -348,6 +411,7 @@ class ExecResult:
     confinement: str
     landlock_abi: int = 0
     read_only_mounts: bool = False
+    network_isolated: bool = False
     stdout_bytes: int = 0
     stderr_bytes: int = 0
 
@@ -683,12 +747,12 @@ class _CgroupTree:
 
 # ----------------------------------------------------------------- supervision
 
-def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, int]]) -> None:
+def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, int, int]]) -> None:
     """Finalizer of a ProcessSupervisor: kill and remove its cgroup tree, close its namespace fds."""
     if cg is not None:
         cg.close()
-    for mnt, user in ns_fds.values():
-        for fd in (mnt, user):
+    for fds in ns_fds.values():
+        for fd in fds:
             if fd >= 0:
                 os.close(fd)
     ns_fds.clear()
@@ -730,7 +794,7 @@ class ProcessSupervisor:
         self._cg: _CgroupTree | None = _CgroupTree.create(pids_max) if use_cgroup else None
         self._closed = False
         self._hold_mount_ns = hold_mount_ns
-        self._ns_fds: dict[tuple, tuple[int, int]] = {}
+        self._ns_fds: dict[tuple, tuple[int, int, int]] = {}
         self._ns_lock = trio.Lock()
         # A supervisor dropped without aclose() still ends its processes,
         # removes its cgroup directory and releases its mount namespaces.
@@ -822,10 +886,14 @@ class ProcessSupervisor:
                 await trio.sleep(0.005)
         self._untrack(t)
 
-    async def _mount_ns(self, rw_roots: list[Root]) -> tuple[int, int] | None:
+    async def _mount_ns(self, rw_roots: list[Root]) -> tuple[int, int, int] | None:
         """The supervisor's read-only mount namespace for these writable trees (made once).
 
-        Returns ``(mntns_fd, userns_fd or -1)`` owned by the supervisor, or
+        The helper making it also makes a network namespace (no network),
+        which children join when their policy isolates the network: a fresh
+        one per process costs ~2 ms to set up.
+
+        Returns ``(mntns_fd, userns_fd or -1, netns_fd or -1)`` owned by the supervisor, or
         None when holding is off or the namespace cannot be made (the helper
         then makes one per process).  Making a mount namespace is cheap; its
         teardown waits for an RCU grace period inside the exiting process,
@@ -842,7 +910,9 @@ class ProcessSupervisor:
             args = [helper_path(), "--status", str(status_w), "--ro-mounts"]
             for fd in fds:
                 args += ["--rw-tree", str(fd)]
-            args += ["--hold-ns", "--", "true"]
+            for d in _mask_dirs(rw_roots):
+                args += ["--mask", d]
+            args += ["--unshare", str(_NS_FLAGS["net"]), "--hold-ns", "--", "true"]
             try:
                 proc = await trio.lowlevel.open_process(
                     args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -854,18 +924,20 @@ class ProcessSupervisor:
                 for fd in fds + [status_w]:
                     os.close(fd)
             status = _Status(status_r)
-            mnt = user = -1
+            mnt = user = net = -1
             with trio.CancelScope(shield=True):
                 try:
                     with trio.move_on_after(_STATUS_TIMEOUT_S):
                         if await status.read_line() == b"ready":
                             mnt = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+                            net = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
                             if os.geteuid() != 0:
                                 user = os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
                 except OSError:
-                    if mnt >= 0:
-                        os.close(mnt)
-                    mnt = user = -1
+                    for fd in (mnt, net):
+                        if fd >= 0:
+                            os.close(fd)
+                    mnt = user = net = -1
                 finally:
                     assert proc.stdin is not None
                     await proc.stdin.aclose()
@@ -873,8 +945,8 @@ class ProcessSupervisor:
                     await status.aclose()
             if mnt < 0:
                 return None
-            self._ns_fds[key] = (mnt, user)
-            return mnt, user
+            self._ns_fds[key] = (mnt, user, net)
+            return mnt, user, net
 
     async def kill_all(self, *, grace_s: float = 0.0) -> None:
         """Kill every process group and cgroup leaf started through this supervisor, and reap.
@@ -937,6 +1009,7 @@ class _Prepared:
     secrets: tuple[str, ...]
     cwd_shown: str
     ro_mounts: bool = False
+    net_isolated: bool = False
 
     def close_child_fds(self) -> None:
         for fd in self.pass_fds:
@@ -963,7 +1036,7 @@ def _rw_trees(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy 
 
 
 async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confinement: str,
-                         policy: ConfinementPolicy) -> tuple[int, int] | None:
+                         policy: ConfinementPolicy) -> tuple[int, int, int] | None:
     if confinement == "none" or not policy.read_only_mounts or not _ro_mounts_available(helper_path()):
         return None
     return await sup._mount_ns(_rw_trees(workspace, grants))
@@ -985,6 +1058,59 @@ def _ro_mounts_available(helper: str) -> bool:
     return _RO_MOUNTS
 
 
+_CGROUP_MOUNTS: tuple[str, ...] | None = None
+
+
+def _cgroup_mounts() -> tuple[str, ...]:
+    """Mount points of every cgroup / cgroup2 filesystem (read once per process)."""
+    global _CGROUP_MOUNTS
+    if _CGROUP_MOUNTS is None:
+        found = []
+        try:
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    parts = line.split()
+                    try:
+                        sep = parts.index("-")
+                    except ValueError:
+                        continue
+                    if parts[sep + 1] in ("cgroup", "cgroup2"):
+                        found.append(parts[4].replace("\\040", " "))
+        except OSError:
+            pass
+        _CGROUP_MOUNTS = tuple(found)
+    return _CGROUP_MOUNTS
+
+
+def _mask_dirs(rw_trees: Sequence[Root] = ()) -> list[str]:
+    """Host directories hidden from the child under an empty read-only tmpfs: cgroupfs.
+
+    A child holding an ``O_PATH`` fd on a cgroup directory (Landlock does not
+    check ``O_PATH``) could fork into it with ``clone3(CLONE_INTO_CGROUP)``,
+    leaving its leaf (uid 0 passes the ``cgroup.procs`` owner check).  Every
+    cgroup mount under ``/sys/fs/cgroup`` is covered by one mask on
+    ``/sys/fs/cgroup``; others get their own.  A directory holding a
+    writable tree is never masked.
+    """
+    out: list[str] = []
+    for mp in _cgroup_mounts():
+        d = "/sys/fs/cgroup" if mp == "/sys/fs/cgroup" or mp.startswith("/sys/fs/cgroup/") else mp
+        if d not in out and not any(d.startswith(o + "/") for o in out):
+            out = [o for o in out if not o.startswith(d + "/")] + [d]
+    if rw_trees and out:
+        homes = []
+        for t in rw_trees:
+            fd = t.fileno_dup()
+            try:
+                homes.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        out = [d for d in out if not any(h == d or h.startswith(d + "/") for h in homes)]
+    return out[:32]
+
+
 def _ensure_dirs(workspace: Root) -> None:
     if workspace.read_only:
         return
@@ -999,7 +1125,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
              grants: Sequence[tuple[Root, bool]] | PathPolicy | None, cwd: str,
              env: Mapping[str, str] | None, secret_env: Iterable[str], shell: bool | Sequence[str],
              confinement: str, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
-             tty: bool, mount_ns: tuple[int, int] | None = None) -> _Prepared:
+             tty: bool, mount_ns: tuple[int, int, int] | None = None) -> _Prepared:
     caller_env = dict(env or {})
     secrets = tuple(v for k, v in caller_env.items() if k in set(secret_env) and v)
     if confinement not in ("required", "best_effort", "none"):
@@ -1039,14 +1165,14 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
         args += policy.rlimit_args()
         if tty:
             args.append("--tty")
+        is_root = os.geteuid() == 0
+        flags = 0
         if policy.namespaces:
-            if os.geteuid() != 0:
+            if not is_root:
                 raise ConfinementError("namespaces are only offered when running as root", secrets=secrets)
-            flags = 0
             for ns in policy.namespaces:
                 flags |= _NS_FLAGS[ns]
-            args += ["--unshare", str(flags)]
-        if policy.drop_capabilities and os.geteuid() == 0:
+        if policy.drop_capabilities and is_root:
             args.append("--drop-caps")
 
         if confinement != "none":
@@ -1060,6 +1186,9 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                 pass_fds.append(rs.fd)
                 args += ["--ruleset", str(rs.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
                 prep.level, prep.abi = "landlock", version
+            isolate = (policy.isolate_network and not policy.unrestricted_tcp
+                       and not policy.allow_tcp_connect and not policy.allow_tcp_bind)
+            held_net = False
             if policy.read_only_mounts and _ro_mounts_available(helper):
                 if mount_ns is not None:
                     mfd = os.dup(mount_ns[0])
@@ -1069,13 +1198,40 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                         ufd = os.dup(mount_ns[1])
                         pass_fds.append(ufd)
                         args += ["--userns", str(ufd)]
+                    if isolate and mount_ns[2] >= 0 and not flags & _NS_FLAGS["net"]:
+                        nfd = os.dup(mount_ns[2])
+                        pass_fds.append(nfd)
+                        args += ["--netns", str(nfd)]
+                        held_net = True
                 else:
                     args.append("--ro-mounts")
-                    for tree in _rw_trees(workspace, grants):
+                    trees = _rw_trees(workspace, grants)
+                    for tree in trees:
                         tfd = tree.fileno_dup()
                         pass_fds.append(tfd)
                         args += ["--rw-tree", str(tfd)]
+                    for d in _mask_dirs(trees):
+                        args += ["--mask", d]
                 prep.ro_mounts = True
+            # Namespaces are made after the mount layer: on an unprivileged
+            # host, inside its user namespace.  IPC: the host's System V
+            # segments, semaphores and message queues; cgroup: the child sees
+            # its leaf as the root (with cgroupfs hidden by --mask above).
+            if is_root or prep.ro_mounts:
+                flags |= _NS_FLAGS["ipc"]
+                if isolate and not held_net:
+                    flags |= _NS_FLAGS["net"]
+                if prep.leaf is not None:
+                    flags |= _CLONE_NEWCGROUP
+            prep.net_isolated = held_net or bool(flags & _NS_FLAGS["net"])
+            bits = _SECCOMP_KEYS
+            if not prep.net_isolated and not policy.unrestricted_tcp:
+                bits |= _SECCOMP_TCP
+            if not policy.allow_unix_sockets:
+                bits |= _SECCOMP_UNIX
+            args += ["--seccomp", str(bits)]
+        if flags:
+            args += ["--unshare", str(flags)]
         prep.helper_argv = args + ["--"] + command
         return prep
     except BaseException:
@@ -1097,6 +1253,10 @@ _STAGE_TEXT = {
     "cwd": "changing to the working directory failed",
     "proc_self": "granting /proc/self failed",
     "mounts": "making the mounts outside the workspace read-only failed",
+    "mask": "hiding a host directory (cgroupfs) from the child failed",
+    "netns": "joining the supervisor's network namespace failed",
+    "seccomp": "installing the seccomp filter failed",
+    "keyring": "joining a fresh session keyring failed",
     "usage": "the exec helper was called wrongly",
 }
 
@@ -1435,7 +1595,7 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
         stdout=out.value(), stderr=err.value(),
         stdout_truncated=out.truncated, stderr_truncated=err.truncated,
         duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
-        read_only_mounts=prep.ro_mounts,
+        read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
         stdout_bytes=out.total, stderr_bytes=err.total)
     shown = redact(argv0, prep.secrets)
     if timed_out:

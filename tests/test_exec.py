@@ -353,10 +353,13 @@ async def test_abstract_unix_socket_outside_denied(layout, ws, pygrant):
         srv.bind(name)
         srv.listen(1)
         code = f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({name!r}); print('connected')"
-        r = await run(layout, ws, [PYTHON, "-c", code], grants=pygrant)
+        # Landlock's scope alone (AF_UNIX sockets allowed, host network namespace).
+        open_unix = ConfinementPolicy(allow_unix_sockets=True, isolate_network=False)
+        r = await run(layout, ws, [PYTHON, "-c", code], grants=pygrant, policy=open_unix)
         assert b"connected" not in r.stdout and b"PermissionError" in r.stderr, r.stderr
         r2 = await run(layout, ws, [PYTHON, "-c", code], grants=pygrant,
-                       policy=ConfinementPolicy(scope_abstract_unix=False))
+                       policy=ConfinementPolicy(scope_abstract_unix=False, allow_unix_sockets=True,
+                                                isolate_network=False))
         assert r2.stdout == b"connected\n", r2.stderr
 
 
