@@ -26,6 +26,9 @@
  *                      DIR (a fixed system path such as /sys/fs/cgroup, from
  *                      the parent's policy); repeatable
  *   --netns FD         setns(FD, CLONE_NEWNET) after joining --mntns/--userns
+ *   --ipcns FD         setns(FD, CLONE_NEWIPC) likewise (namespaces a --hold-ns
+ *                      helper made with --unshare, joined instead of made:
+ *                      setns costs less than a fresh namespace)
  *   --seccomp BITS     after no_new_privs, install a seccomp filter refusing:
  *                      1: keyctl, add_key, request_key (after joining a fresh
  *                         anonymous session keyring); 2: socket(IPPROTO_MPTCP),
@@ -382,7 +385,7 @@ static void read_only_mounts(const int *trees, int ntrees, char **masks, int nma
  * (kept alive by the parent's nsfs fd), so its teardown, which waits for an
  * RCU grace period, is paid once per supervisor instead of at every exit.
  */
-static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int *cwd_fd)
+static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int ipcns_fd, int *cwd_fd)
 {
     char *cwd_path = NULL;
     if (*cwd_fd >= 0)
@@ -392,6 +395,8 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int *cwd_fd
     if (setns(mntns_fd, CLONE_NEWNS) < 0)
         fail("mounts", errno);
     if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0)
+        fail("netns", errno);
+    if (ipcns_fd >= 0 && setns(ipcns_fd, CLONE_NEWIPC) < 0)
         fail("netns", errno);
     if (cwd_path) {
         int nfd = reopen_here(*cwd_fd, cwd_path, "cwd");
@@ -547,6 +552,7 @@ int main(int argc, char **argv)
 {
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
     int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1, netns_fd = -1;
+    int ipcns_fd = -1;
     char *masks[SFS_MAX_MASKS];
     int nmasks = 0;
     long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = 0;
@@ -594,6 +600,8 @@ int main(int argc, char **argv)
             userns_fd = parse_fd(v);
         else if (strcmp(a, "--netns") == 0)
             netns_fd = parse_fd(v);
+        else if (strcmp(a, "--ipcns") == 0)
+            ipcns_fd = parse_fd(v);
         else if (strcmp(a, "--mask") == 0) {
             if (nmasks == SFS_MAX_MASKS || v[0] != '/')
                 fail("usage", EINVAL);
@@ -630,7 +638,7 @@ int main(int argc, char **argv)
     if (tty && ioctl(0, TIOCSCTTY, 0) < 0)
         fail("tty", errno);
     if (mntns_fd >= 0)
-        join_mount_ns(userns_fd, mntns_fd, netns_fd, &cwd_fd);
+        join_mount_ns(userns_fd, mntns_fd, netns_fd, ipcns_fd, &cwd_fd);
     else if (ro_mounts)
         read_only_mounts(trees, ntrees, masks, nmasks, &cwd_fd);
     if (unshare_flags && unshare((int)unshare_flags) < 0)

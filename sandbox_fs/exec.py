@@ -126,7 +126,8 @@ inside the mount layer's user namespace, and only when that layer applies):
 
 * IPC, always: the host's System V shared memory, semaphores and message
   queues are out of reach (Landlock does not cover them; uid 0 passes
-  their owner checks).
+  their owner checks).  A supervisor's processes share one (held with its
+  mount namespace); without a supervisor each process gets its own.
 * cgroup, when the process has a cgroup leaf: it sees its leaf as ``/``.
   Every cgroup mount is also hidden under an empty read-only tmpfs in the
   child's mount namespace: with an ``O_PATH`` fd on the cgroup2 root
@@ -747,7 +748,7 @@ class _CgroupTree:
 
 # ----------------------------------------------------------------- supervision
 
-def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, int, int]]) -> None:
+def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]]) -> None:
     """Finalizer of a ProcessSupervisor: kill and remove its cgroup tree, close its namespace fds."""
     if cg is not None:
         cg.close()
@@ -794,7 +795,7 @@ class ProcessSupervisor:
         self._cg: _CgroupTree | None = _CgroupTree.create(pids_max) if use_cgroup else None
         self._closed = False
         self._hold_mount_ns = hold_mount_ns
-        self._ns_fds: dict[tuple, tuple[int, int, int]] = {}
+        self._ns_fds: dict[tuple, tuple[int, int, int, int]] = {}
         self._ns_lock = trio.Lock()
         # A supervisor dropped without aclose() still ends its processes,
         # removes its cgroup directory and releases its mount namespaces.
@@ -886,14 +887,16 @@ class ProcessSupervisor:
                 await trio.sleep(0.005)
         self._untrack(t)
 
-    async def _mount_ns(self, rw_roots: list[Root]) -> tuple[int, int, int] | None:
+    async def _mount_ns(self, rw_roots: list[Root]) -> tuple[int, int, int, int] | None:
         """The supervisor's read-only mount namespace for these writable trees (made once).
 
         The helper making it also makes a network namespace (no network),
-        which children join when their policy isolates the network: a fresh
-        one per process costs ~2 ms to set up.
+        which children join when their policy isolates the network (a fresh
+        one per process costs ~2 ms to set up), and an IPC namespace every
+        child joins.
 
-        Returns ``(mntns_fd, userns_fd or -1, netns_fd or -1)`` owned by the supervisor, or
+        Returns ``(mntns_fd, userns_fd or -1, netns_fd or -1, ipcns_fd or -1)``
+        owned by the supervisor, or
         None when holding is off or the namespace cannot be made (the helper
         then makes one per process).  Making a mount namespace is cheap; its
         teardown waits for an RCU grace period inside the exiting process,
@@ -912,7 +915,7 @@ class ProcessSupervisor:
                 args += ["--rw-tree", str(fd)]
             for d in _mask_dirs(rw_roots):
                 args += ["--mask", d]
-            args += ["--unshare", str(_NS_FLAGS["net"]), "--hold-ns", "--", "true"]
+            args += ["--unshare", str(_NS_FLAGS["net"] | _NS_FLAGS["ipc"]), "--hold-ns", "--", "true"]
             try:
                 proc = await trio.lowlevel.open_process(
                     args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -924,20 +927,21 @@ class ProcessSupervisor:
                 for fd in fds + [status_w]:
                     os.close(fd)
             status = _Status(status_r)
-            mnt = user = net = -1
+            mnt = user = net = ipc = -1
             with trio.CancelScope(shield=True):
                 try:
                     with trio.move_on_after(_STATUS_TIMEOUT_S):
                         if await status.read_line() == b"ready":
                             mnt = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
                             net = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                            ipc = os.open(f"/proc/{proc.pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
                             if os.geteuid() != 0:
                                 user = os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
                 except OSError:
-                    for fd in (mnt, net):
+                    for fd in (mnt, net, ipc):
                         if fd >= 0:
                             os.close(fd)
-                    mnt = user = net = -1
+                    mnt = user = net = ipc = -1
                 finally:
                     assert proc.stdin is not None
                     await proc.stdin.aclose()
@@ -945,8 +949,8 @@ class ProcessSupervisor:
                     await status.aclose()
             if mnt < 0:
                 return None
-            self._ns_fds[key] = (mnt, user, net)
-            return mnt, user, net
+            self._ns_fds[key] = (mnt, user, net, ipc)
+            return mnt, user, net, ipc
 
     async def kill_all(self, *, grace_s: float = 0.0) -> None:
         """Kill every process group and cgroup leaf started through this supervisor, and reap.
@@ -1036,7 +1040,7 @@ def _rw_trees(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy 
 
 
 async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confinement: str,
-                         policy: ConfinementPolicy) -> tuple[int, int, int] | None:
+                         policy: ConfinementPolicy) -> tuple[int, int, int, int] | None:
     if confinement == "none" or not policy.read_only_mounts or not _ro_mounts_available(helper_path()):
         return None
     return await sup._mount_ns(_rw_trees(workspace, grants))
@@ -1125,7 +1129,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
              grants: Sequence[tuple[Root, bool]] | PathPolicy | None, cwd: str,
              env: Mapping[str, str] | None, secret_env: Iterable[str], shell: bool | Sequence[str],
              confinement: str, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
-             tty: bool, mount_ns: tuple[int, int, int] | None = None) -> _Prepared:
+             tty: bool, mount_ns: tuple[int, int, int, int] | None = None) -> _Prepared:
     caller_env = dict(env or {})
     secrets = tuple(v for k, v in caller_env.items() if k in set(secret_env) and v)
     if confinement not in ("required", "best_effort", "none"):
@@ -1188,7 +1192,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                 prep.level, prep.abi = "landlock", version
             isolate = (policy.isolate_network and not policy.unrestricted_tcp
                        and not policy.allow_tcp_connect and not policy.allow_tcp_bind)
-            held_net = False
+            held_net = held_ipc = False
             if policy.read_only_mounts and _ro_mounts_available(helper):
                 if mount_ns is not None:
                     mfd = os.dup(mount_ns[0])
@@ -1203,6 +1207,11 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                         pass_fds.append(nfd)
                         args += ["--netns", str(nfd)]
                         held_net = True
+                    if mount_ns[3] >= 0 and not flags & _NS_FLAGS["ipc"]:
+                        ifd = os.dup(mount_ns[3])
+                        pass_fds.append(ifd)
+                        args += ["--ipcns", str(ifd)]
+                        held_ipc = True
                 else:
                     args.append("--ro-mounts")
                     trees = _rw_trees(workspace, grants)
@@ -1218,7 +1227,8 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
             # segments, semaphores and message queues; cgroup: the child sees
             # its leaf as the root (with cgroupfs hidden by --mask above).
             if is_root or prep.ro_mounts:
-                flags |= _NS_FLAGS["ipc"]
+                if not held_ipc:
+                    flags |= _NS_FLAGS["ipc"]
                 if isolate and not held_net:
                     flags |= _NS_FLAGS["net"]
                 if prep.leaf is not None:
@@ -1254,7 +1264,7 @@ _STAGE_TEXT = {
     "proc_self": "granting /proc/self failed",
     "mounts": "making the mounts outside the workspace read-only failed",
     "mask": "hiding a host directory (cgroupfs) from the child failed",
-    "netns": "joining the supervisor's network namespace failed",
+    "netns": "joining the supervisor's network or IPC namespace failed",
     "seccomp": "installing the seccomp filter failed",
     "keyring": "joining a fresh session keyring failed",
     "usage": "the exec helper was called wrongly",

@@ -350,6 +350,9 @@ async def test_host_system_v_ipc_is_not_shared(layout, ws, pygrant):
         assert r0.stdout == b"shm-found\n", r0.stderr  # positive control
         r = await py(layout, ws, pygrant, SHM, key)
         assert r.stdout == b"shm-errno 2\n", r.stdout + r.stderr
+        async with ProcessSupervisor() as sup:  # the supervisor's held IPC namespace
+            r2 = await py(layout, ws, pygrant, SHM, key, supervisor=sup)
+            assert r2.stdout == b"shm-errno 2\n", r2.stdout + r2.stderr
     finally:
         libc.shmctl(shmid, 0, None)  # IPC_RMID
 
