@@ -100,6 +100,7 @@ SNAPSHOT_VERSION = 1
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _READ_CHUNK = 1 << 20
 _MAX_META_BYTES = 256 << 20
+_WRITEBACK_BYTES = 8 << 20  # start writeback of the archive every 8 MiB (see _HashingSink); 0: never
 # In-flight names (Root.atomic_write temp files, archive staging dirs): never persisted.
 _IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-")
 
@@ -257,14 +258,23 @@ class SnapshotStore(Protocol):
 class _HashingSink(io.RawIOBase):
     """A forward-only writer over a fd that CRC-32s and counts every byte written.
 
-    ``tell()`` reports the bytes written so far (tarfile's ``"w:"`` mode asks
-    for it once); ``seek`` is never supported.
+    ``tell()`` reports the bytes written so far; ``seek`` is never supported.
+
+    Every ``_WRITEBACK_BYTES`` written, writeback of that range is started
+    early with ``posix_fadvise(POSIX_FADV_DONTNEED)``: on Linux that starts
+    asynchronous writeback of the range's dirty pages and then drops only
+    pages already clean, so the data stays readable (a dropped clean page
+    is read back from disk; tmpfs pages are never dropped) and the commit's
+    ``fsync``, which is still done, waits for the tail only instead of the
+    whole archive (measured on ext4: ~200 ms -> ~5 ms for 240 MiB).  The
+    hint is best effort; its errors are ignored.
     """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.crc = 0
         self.count = 0
+        self._advised = 0  # bytes before this offset already had writeback started
 
     def writable(self) -> bool:
         return True
@@ -280,6 +290,10 @@ class _HashingSink(io.RawIOBase):
             off += os.write(self.fd, view[off:])
         self.crc = zlib.crc32(view, self.crc)
         self.count += total
+        if _WRITEBACK_BYTES and self.count - self._advised >= _WRITEBACK_BYTES:
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(self.fd, self._advised, self.count - self._advised, os.POSIX_FADV_DONTNEED)
+            self._advised = self.count
         return total
 
     def hexdigest(self) -> str:
@@ -617,6 +631,11 @@ _RECORD_BYTES = tarfile.RECORDSIZE  # 10240: the archive is padded to this, as t
 _ZEROS = bytes(_RECORD_BYTES)
 
 
+# Not exactly 1 MiB: on ext4 (Linux 6.x, large folios) appending exactly 1 MiB
+# at 1 MiB-aligned offsets stalled for 0.6-1 s in about half the runs (240 MiB
+# archive; large-folio allocation), while 1 MiB - 512 never did.  A multiple of
+# the tar block, so headers and padding still pack.
+_WRITE_BUF_BYTES = (1 << 20) - _BLOCK_BYTES
 _USTAR_MAX_NUMBER = 8 ** 11  # size and mtime fields: 11 octal digits
 
 
@@ -637,7 +656,7 @@ def _header(ti: tarfile.TarInfo) -> bytes:
 
 
 class _TarWriter:
-    """Streams tar members through one fixed buffer of ``_READ_CHUNK`` bytes into a sink.
+    """Streams tar members through one fixed buffer of ``_WRITE_BUF_BYTES`` (1 MiB - 512) bytes into a sink.
 
     Headers come from :meth:`tarfile.TarInfo.tobuf` (POSIX.1-2001 / PAX, UTF-8
     with ``surrogateescape``: the standard library owns the format); file
@@ -659,7 +678,7 @@ class _TarWriter:
 
     def __init__(self, sink: "_HashingSink | None") -> None:
         self.sink = sink
-        self.view = memoryview(bytearray(_READ_CHUNK))
+        self.view = memoryview(bytearray(_WRITE_BUF_BYTES))
         self.pos = 0
         self.total = 0  # bytes written to the sink so far
 
@@ -676,9 +695,9 @@ class _TarWriter:
 
     def _put(self, data: bytes) -> None:
         n = len(data)
-        if self.pos + n > _READ_CHUNK:
+        if self.pos + n > _WRITE_BUF_BYTES:
             self.flush()
-            if n > _READ_CHUNK:  # a very long PAX header; never in practice (PATH_MAX)
+            if n > _WRITE_BUF_BYTES:  # a very long PAX header; never in practice (PATH_MAX)
                 assert self.sink is not None
                 self.sink.write(data)
                 self.total += n
@@ -714,10 +733,10 @@ class _TarWriter:
         view = self.view
         left = size
         while True:
-            room = _READ_CHUNK - self.pos
+            room = _WRITE_BUF_BYTES - self.pos
             if not room:
                 self.flush()
-                room = _READ_CHUNK
+                room = _WRITE_BUF_BYTES
             # Ask for one byte more than the header's size: getting it means the file grew.
             want = left + 1 if left < room else room
             pos = self.pos
