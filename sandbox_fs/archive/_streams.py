@@ -147,11 +147,18 @@ class InputCounter:
 
 
 class SeekCounter:
-    """A seekable view of a seekable source that counts bytes read (for zip)."""
+    """A seekable view of a seekable source that counts bytes read (for zip).
+
+    ``read_budget`` (None: unbounded) caps the bytes the next reads may
+    return: a read asking for more is refused *before* reading, as
+    ``max_central_directory_bytes`` (zipfile reads the whole central
+    directory with one ``read``).
+    """
 
     def __init__(self, raw: BinaryIO, meter: Meter) -> None:
         self._raw = raw
         self._meter = meter
+        self.read_budget: int | None = None
 
     def seekable(self) -> bool:
         return True
@@ -166,6 +173,22 @@ class SeekCounter:
         return self._raw.tell()
 
     def read(self, n: int = -1) -> bytes:
+        budget = self.read_budget
+        if budget is not None:
+            to_eof = n is None or n < 0
+            if not to_eof and n > budget:  # refused before reading: no allocation
+                raise ArchiveLimitError("max_central_directory_bytes", self._meter.limits.max_central_directory_bytes,
+                                        n, None, reason="the zip reader asked for more than the checked "
+                                                        "central directory")
+            data = self._raw.read(budget + 1 if to_eof else n)
+            if len(data) > budget:
+                raise ArchiveLimitError("max_central_directory_bytes", self._meter.limits.max_central_directory_bytes,
+                                        len(data), None, reason="the zip reader read past the checked "
+                                                                "central directory")
+            self.read_budget = budget - len(data)
+            if data:
+                self._meter.add_input(len(data))
+            return data
         if n is None or n < 0:
             return _read_to_eof(self._raw, self._meter)
         data = self._raw.read(n)
@@ -199,10 +222,11 @@ class StreamCounter:
         self.header_depth = 0
         self.header_start = 0
         self._splice_fd = splice_fd  # a regular, unbuffered, uncompressed source: member data may be sendfile'd
+        self._pushback = b""  # bytes already read (and counted) by peek(), returned again by the next read
 
     def can_splice(self) -> bool:
         """True when the next bytes can be copied kernel-side from the source fd."""
-        return self._splice_fd >= 0 and not getattr(self._stream, "_prefix", b"")
+        return self._splice_fd >= 0 and not self._pushback and not getattr(self._stream, "_prefix", b"")
 
     def splice(self, dst_fd: int, n: int) -> int:
         """Copy the next ``n`` (or fewer) stream bytes to ``dst_fd`` with ``sendfile``; counted like reads.
@@ -251,9 +275,28 @@ class StreamCounter:
             left -= len(data)
         return self.position
 
+    def peek(self, n: int) -> bytes:
+        """Read the next ``n`` bytes (fewer at EOF) and keep them for the next :meth:`read`.
+
+        Counted and bounded once, like any read; the position is unchanged,
+        so tarfile then reads exactly these bytes.  Used to validate a PAX
+        header body before tarfile's own parser sees it.
+        """
+        data = self.read(n)
+        self._pushback = data + self._pushback
+        self.position -= len(data)
+        return data
+
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = 1 << 20  # tarfile never asks for "all"; stay bounded anyway
+        if self._pushback:
+            data, self._pushback = self._pushback[:n], self._pushback[n:]
+            self.position += len(data)
+            if len(data) < n and not self._pushback:
+                more = self.read(n - len(data))
+                data += more
+            return data
         try:
             data = self._stream.read(n)
             if data and len(data) < n:  # pipes and the sniffed prefix give short reads: tarfile wants full ones

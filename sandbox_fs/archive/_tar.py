@@ -17,10 +17,23 @@ into memory): tarfile builds every header from its 512-byte block with
 :class:`StreamCounter` caps every byte tarfile reads while parsing one header
 chain (sparse maps included), and the chain length is capped so tarfile's
 recursion cannot overflow the stack.
+
+PAX body check (CVE-2024-6232): CPython before 3.11.10 / 3.12.6 runs
+``re.search`` for a ``hdrcharset`` record (and, for GNU sparse 0.0, two
+``finditer``) over every PAX body; the pattern starts with ``\\d+``, so each
+digit run costs its length squared (a 1 MiB run: ~48 minutes).  Our
+``_proc_pax`` override peeks the body (:meth:`StreamCounter.peek`: read and
+counted once, handed back to tarfile's own read) and validates it with
+:func:`check_pax_body`, a linear parser of the record format that refuses
+records not tiling the body exactly, non-NUL padding, and digit runs whose
+squared lengths add up past :data:`PAX_DIGIT_COST_HEADER` per header or
+:data:`PAX_DIGIT_COST_ARCHIVE` per archive.  The regex then costs at most
+16 steps a byte plus those bounds, on any Python.
 """
 
 from __future__ import annotations
 
+import re
 import stat as _stat
 import tarfile
 from typing import Any, Callable
@@ -36,9 +49,64 @@ _EXT_TYPES = frozenset({tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarf
                         tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE})
 MAX_HEADER_CHAIN = 16
 
+#: digit runs up to this length are free: a regex scan over them is linear (at most this many steps a byte)
+FREE_DIGIT_RUN = 16
+#: sum of squared lengths of longer digit runs allowed in one PAX header body (one 2,048-digit run)
+PAX_DIGIT_COST_HEADER = 1 << 22
+#: the same sum over all PAX headers of one archive
+PAX_DIGIT_COST_ARCHIVE = 1 << 25
+_LONG_DIGITS = re.compile(rb"[0-9]{%d,}" % (FREE_DIGIT_RUN + 1))
+_PAX_LEN_DIGITS = 20  # as CPython's fixed parser (gh-121285): "([0-9]{1,20}) "
+
+
+def check_pax_body(buf: bytes, size: int, member: str | bytes | None) -> int:
+    """Validate a PAX extended header body with a linear parser; return its digit-run cost.
+
+    POSIX pax (IEEE 1003.1, "pax Extended Header"): the body is a sequence
+    of records ``"<len> <keyword>=<value>\\n"`` where ``<len>`` is the decimal
+    length of the whole record.  The records must tile the first ``size``
+    bytes exactly, and the block padding after them must be NUL bytes
+    (tarfile's parser would otherwise read records from the padding that a
+    reader honouring ``size`` does not see).
+
+    The cost returned is the sum of squared lengths of the digit runs longer
+    than :data:`FREE_DIGIT_RUN` anywhere in ``buf``: what CPython 3.11.7's
+    ``re.search`` for a ``hdrcharset`` record (and the GNU sparse 0.0
+    ``finditer``) spend on them, CVE-2024-6232.  Linear in ``len(buf)``.
+
+    Raises:
+        ArchiveFormatError: a malformed record, lengths that do not tile the
+            body, or padding that is not NUL.
+    """
+    if len(buf) < size:
+        raise ArchiveFormatError("truncated PAX extended header", member=member)
+    pos = 0
+    while pos < size:
+        sp = buf.find(b" ", pos, min(size, pos + _PAX_LEN_DIGITS + 1))
+        field = buf[pos:sp] if sp > pos else b""
+        if not field or not field.isdigit():
+            raise ArchiveFormatError("malformed PAX record (no decimal length)", member=member)
+        length = int(field)
+        end = pos + length
+        if length < 5 or end > size:
+            raise ArchiveFormatError("malformed PAX record (length does not fit the header)", member=member)
+        if buf[end - 1] != 0x0A:
+            raise ArchiveFormatError("malformed PAX record (no newline at its length)", member=member)
+        eq = buf.find(b"=", sp + 1, end - 1)
+        if eq <= sp + 1:
+            raise ArchiveFormatError("malformed PAX record (no keyword=value)", member=member)
+        pos = end
+    if buf[size:].strip(b"\0"):
+        raise ArchiveFormatError("PAX header padding holds data after the last record", member=member)
+    cost = 0
+    for m in _LONG_DIGITS.finditer(buf):
+        n = m.end() - m.start()
+        cost += n * n
+    return cost
+
 
 def _guarded_tarinfo(limits: ArchiveLimits, counter: StreamCounter, meter: Meter) -> type[tarfile.TarInfo]:
-    state = {"global_bytes": 0}
+    state = {"global_bytes": 0, "digit_cost": 0}
 
     class GuardedTarInfo(tarfile.TarInfo):
         """TarInfo that bounds extension headers before tarfile reads them."""
@@ -59,6 +127,18 @@ def _guarded_tarinfo(limits: ArchiveLimits, counter: StreamCounter, meter: Meter
                         raise ArchiveLimitError("max_header_bytes", limits.max_header_bytes, state["global_bytes"],
                                                 meter.member, reason="PAX global headers are too large in total")
             return obj
+
+        def _proc_pax(self, tf):  # type: ignore[override]
+            # Validate the body before tarfile's parser (and its quadratic regex on
+            # CPython < 3.11.10, CVE-2024-6232) sees it: peek() keeps the bytes for
+            # the read tarfile makes next, so the stream is still read once.
+            buf = counter.peek(self._block(self.size))
+            cost = check_pax_body(buf, self.size, meter.member)
+            state["digit_cost"] += cost
+            if cost > PAX_DIGIT_COST_HEADER or state["digit_cost"] > PAX_DIGIT_COST_ARCHIVE:
+                raise ArchiveFormatError("PAX header refused: digit runs too long to parse in bounded time "
+                                         "(CVE-2024-6232)", member=meter.member)
+            return super()._proc_pax(tf)
 
         @classmethod
         def fromtarfile(cls, tf):  # type: ignore[override]

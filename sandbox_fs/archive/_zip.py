@@ -1,8 +1,11 @@
 """Zip reader: zipfile parses, our rules decide.
 
-Before zipfile builds its entry list we read the end-of-central-directory
-record (EOCD, and the ZIP64 EOCD when present) ourselves and check the entry
-count and the central-directory size against the limits.  Then, before any
+Before zipfile builds its entry list we find the end-of-central-directory
+record (EOCD, and the ZIP64 EOCD when present) exactly as zipfile does,
+refuse data after it, bound the central-directory size zipfile will read and
+count its entries by walking the headers (see
+:func:`locate_central_directory`); zipfile's reads are then bounded to what
+was checked.  Then, before any
 entry is extracted:
 
 * each local header's name must equal its central-directory name (a
@@ -43,37 +46,120 @@ def _fmt(reason: str, exc: BaseException | None = None, member: str | None = Non
     return ArchiveFormatError(reason, member=member, diagnostic=repr(exc) if exc else None)
 
 
-def precheck_eocd(f: SeekCounter, limits: ArchiveLimits) -> None:
-    """Find the EOCD the way zipfile does and bound the entry count and central directory size.
+_EOCD_SIZE = 22
+_EOCD64_LOC_SIZE = 20
+_EOCD64_SIZE = 56
+_CENTRAL = b"PK\x01\x02"
+_CENTRAL_SIZE = 46
+_CD_CHUNK_BYTES = 1 << 20
+#: bytes zipfile may read while locating the EOCD records: the last 22 bytes, the 64 KiB comment
+#: window from the end, the ZIP64 locator and record
+_LOCATE_READ_BYTES = _EOCD_SIZE + (1 << 16) + _EOCD_SIZE + _EOCD64_LOC_SIZE + _EOCD64_SIZE
+
+
+class CentralDirectory:
+    """Where the central directory is and what it holds, as zipfile will read it.
+
+    Attributes:
+        start: file offset of the first central-directory header (zipfile's ``start_dir``).
+        size: central-directory bytes (from the ZIP64 record when present).
+        entries: entries counted by walking the headers (never the declared count).
+    """
+
+    __slots__ = ("start", "size", "entries")
+
+    def __init__(self, start: int, size: int, entries: int) -> None:
+        self.start, self.size, self.entries = start, size, entries
+
+
+def _read_at(f: SeekCounter, offset: int, n: int) -> bytes:
+    f.seek(offset)
+    return f.read(n)
+
+
+def locate_central_directory(f: SeekCounter, limits: ArchiveLimits) -> CentralDirectory:
+    """Find the EOCD exactly as zipfile does, then walk the central directory counting entries.
+
+    The search mirrors ``zipfile._EndRecData``/``_EndRecData64`` (same
+    window: the last 22 bytes, else the last ``64 KiB + 22`` bytes searched
+    backwards; the ZIP64 locator and record right before the EOCD, wherever
+    that is), so the records checked here are the records zipfile uses.
+    Data after the EOCD and its comment is refused: it is how a second,
+    unchecked ZIP64 record is hidden from a reader with a narrower window.
+    The limits then apply to what zipfile will read: ``max_central_directory_bytes``
+    to the central-directory size it takes (the ZIP64 one when present),
+    ``max_members`` to the entries counted while walking the headers (a
+    declared count of 1 over 340,000 headers stops at ``max_members + 1``).
 
     Raises:
-        ArchiveFormatError: no EOCD record.
+        ArchiveFormatError: no EOCD record, data after it, a multi-disk
+            archive, a central directory outside the file or malformed.
         ArchiveLimitError: ``max_members`` or ``max_central_directory_bytes``.
     """
     size = f.seek(0, 2)
-    if size < 22:
+    if size < _EOCD_SIZE:
         raise _fmt("not a zip archive (too short)")
-    tail_len = min(size, 22 + 65535 + 20 + 56)
-    f.seek(size - tail_len)
-    tail = f.read(tail_len)
-    pos = -1
-    if tail[-22:-18] == _EOCD and tail[-2:] == b"\0\0":
-        pos = len(tail) - 22
+    rec = _read_at(f, size - _EOCD_SIZE, _EOCD_SIZE)
+    if rec[:4] == _EOCD and rec[-2:] == b"\0\0":
+        pos = size - _EOCD_SIZE
     else:
-        pos = tail.rfind(_EOCD, max(0, len(tail) - 22 - 65535 - 22))
-    if pos < 0 or len(tail) - pos < 22:
-        raise _fmt("not a zip archive (no end-of-central-directory record)")
-    (_sig, _disk, _cd_disk, _n_disk, entries, cd_size, _cd_off, _clen) = struct.unpack("<4s4H2LH", tail[pos:pos + 22])
-    loc = pos - 20
-    if loc >= 0 and tail[loc:loc + 4] == _EOCD64_LOC:
-        rec = loc - 56
-        if rec >= 0 and tail[rec:rec + 4] == _EOCD64:
-            (_s, _sz, _cv, _ev, _d, _dcd, _nd, entries, cd_size, _off) = struct.unpack("<4sQ2H2L4Q", tail[rec:rec + 56])
+        window_start = max(size - (1 << 16) - _EOCD_SIZE, 0)
+        window = _read_at(f, window_start, size - window_start)
+        start = window.rfind(_EOCD)
+        if start < 0 or len(window) - start < _EOCD_SIZE:
+            raise _fmt("not a zip archive (no end-of-central-directory record)")
+        pos = window_start + start
+        rec = window[start:start + _EOCD_SIZE]
+    (_sig, _disk, _cd_disk, _n_disk, entries, cd_size, cd_off, clen) = struct.unpack("<4s4H2LH", rec)
+    if pos + _EOCD_SIZE + clen != size:
+        raise _fmt("data after the end-of-central-directory record and its comment")
+    zip64 = False
+    if pos >= _EOCD64_LOC_SIZE:
+        loc = _read_at(f, pos - _EOCD64_LOC_SIZE, _EOCD64_LOC_SIZE)
+        sig, diskno, _reloff, disks = struct.unpack("<4sLQL", loc)
+        if sig == _EOCD64_LOC:
+            if diskno != 0 or disks > 1:
+                raise _fmt("zip archives spanning several disks are not supported")
+            at = pos - _EOCD64_LOC_SIZE - _EOCD64_SIZE
+            if at >= 0:
+                r64 = _read_at(f, at, _EOCD64_SIZE)
+                if r64[:4] == _EOCD64:
+                    (_s, _sz, _cv, _ev, _d, _dcd, _nd, entries, cd_size, cd_off) = struct.unpack("<4sQ2H2L4Q", r64)
+                    zip64 = True
     if entries > limits.max_members:
         raise ArchiveLimitError("max_members", limits.max_members, entries, None,
                                 reason=f"central directory declares {entries} entries > max_members {limits.max_members}")
     if cd_size > limits.max_central_directory_bytes:
         raise ArchiveLimitError("max_central_directory_bytes", limits.max_central_directory_bytes, cd_size, None)
+    start_dir = pos - cd_size - (_EOCD64_SIZE + _EOCD64_LOC_SIZE if zip64 else 0)  # zipfile's offset_cd + concat
+    if start_dir < 0:
+        raise _fmt("bad offset for the central directory")
+    # Walk the headers as zipfile will (total += 46 + name + extra + comment), counting and
+    # reading the directory in chunks: memory stays one chunk, the walk stops at max_members.
+    count = 0
+    total = 0
+    unpack = struct.Struct("<HHH").unpack_from
+    buf = b""
+    buf_at = 0  # central-directory offset of buf[0]
+    while total < cd_size:
+        if cd_size - total < _CENTRAL_SIZE:
+            raise _fmt("truncated central directory")
+        rel = total - buf_at
+        if rel + _CENTRAL_SIZE > len(buf):
+            buf = _read_at(f, start_dir + total, min(_CD_CHUNK_BYTES, cd_size - total))
+            buf_at, rel = total, 0
+            if len(buf) < _CENTRAL_SIZE:
+                raise _fmt("truncated central directory")
+        if buf[rel:rel + 4] != _CENTRAL:
+            raise _fmt("bad central directory header")
+        n, m, k = unpack(buf, rel + 28)
+        total += _CENTRAL_SIZE + n + m + k
+        count += 1
+        if count > limits.max_members:
+            raise ArchiveLimitError("max_members", limits.max_members, count, None,
+                                    reason=f"central directory holds more than max_members {limits.max_members} "
+                                           f"entries")
+    return CentralDirectory(start_dir, cd_size, count)
 
 
 def _central_name(zi: zipfile.ZipInfo) -> bytes:
@@ -130,14 +216,23 @@ def extract_zip(source: object, ex: Extractor, limits: ArchiveLimits, meter: Met
         raise _fmt("zip archives need a seekable source (a regular file)")
     f = SeekCounter(source, meter)  # type: ignore[arg-type]
     try:
-        precheck_eocd(f, limits)
-        zf = zipfile.ZipFile(f)  # type: ignore[arg-type]
+        cd = locate_central_directory(f, limits)
+        # zipfile now reads what was checked: bound its reads while it builds the entry
+        # list (the EOCD search window plus the checked central directory), so a reader
+        # that disagreed with ours could not pull more into memory.
+        f.read_budget = _LOCATE_READ_BYTES + cd.size
+        try:
+            zf = zipfile.ZipFile(f)  # type: ignore[arg-type]
+        finally:
+            f.read_budget = None
     except (ArchiveLimitError, ArchiveFormatError):
         raise
     except (zipfile.BadZipFile, OSError, *PARSE_ERRORS) as exc:
         raise _fmt(f"not a valid zip archive ({type(exc).__name__})", exc) from None
     with zf:
         infos = zf.infolist()
+        if zf.start_dir != cd.start or len(infos) != cd.entries:
+            raise _fmt("zipfile and the central-directory check disagree (refused)")
         if len(infos) > limits.max_members:
             raise ArchiveLimitError("max_members", limits.max_members, len(infos), None)
         check_layout(f, zf, infos)
