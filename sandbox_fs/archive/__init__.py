@@ -15,8 +15,11 @@ Rules (each refusal an :class:`UnsafeArchiveMemberError` with a stable ``rule``)
   written through a symlink, whatever an earlier member or another process
   did;
 * symlink members are created **last**, only with relative targets that stay
-  beneath the destination without passing through another symlink; a member
-  under a pending symlink is refused (``through_symlink``);
+  beneath the destination without passing through another symlink, with
+  ``..`` only as leading components (the rule of ``Root.symlink``, shared with
+  snapshot persist), and bounded by ``max_depth`` components and
+  ``max_path_bytes``; a member under a pending symlink is refused
+  (``through_symlink``);
 * hard links only to a regular file extracted earlier in this run;
 * devices, FIFOs, sockets and unknown types are refused (or skipped by policy);
 * modes: setuid/setgid/sticky and group/other write cleared, owner rw(x)
@@ -30,6 +33,11 @@ Rules (each refusal an :class:`UnsafeArchiveMemberError` with a stable ``rule``)
 
 Memory is bounded by a buffer: the archive is streamed once, per-member state
 is a 16-byte digest per path, pending symlinks are spooled to a host temp file.
+CPU is bounded too: each PAX header body is validated by a linear parser
+before tarfile's (quadratic on digit runs in CPython < 3.11.10,
+CVE-2024-6232) sees it; symlink checks are linear in the target; the zip
+central directory is located as zipfile locates it and its entries are
+counted while walking it.
 """
 
 from __future__ import annotations

@@ -34,16 +34,18 @@ class ArchiveLimits(BaseModel):
             produced, so tiny highly compressible archives pass.
         ratio_grace_bytes: uncompressed bytes produced before the ratio is
             enforced.
-        max_path_bytes: bytes of a member name (and of a link target) after
-            normalization (PATH_MAX is 4096).
-        max_depth: path components of a member name.
+        max_path_bytes: bytes of a member name (and of a link target, and of
+            the path a symlink target names) after normalization (PATH_MAX
+            is 4096).
+        max_depth: path components of a member name and of a symlink target.
         max_header_bytes: bytes of one PAX extended header or GNU long
             name/link header (checked from the header block's size field
             before tarfile reads the header body into memory); also the bound
             on the sum of all PAX *global* headers.
         max_input_bytes: bytes read from the source (the compressed archive).
-        max_central_directory_bytes: zip central directory size, checked
-            from the EOCD record before any entry list is built.
+        max_central_directory_bytes: zip central directory size (the ZIP64
+            one when present), checked from the EOCD records before any entry
+            list is built; zipfile's reads are then bounded to it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -14,6 +14,13 @@ sources:
   itself;
 * a component over NAME_MAX (255 bytes), more than ``max_depth`` components,
   more than ``max_path_bytes`` bytes (limits).
+
+Symlink targets (:func:`target_parts`, :func:`symlink_walk`): relative, ``..``
+only as leading components (``Root.symlink``'s rule: a ``..`` after a name
+resolves physically from that name, which may be a link), not above the
+destination, at most ``max_depth`` components and ``max_path_bytes`` bytes;
+checked in time linear in the target.  Snapshot persist imports these, so
+what persist accepts hydrate restores.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import re
 from ._errors import ArchiveLimitError, UnsafeArchiveMemberError
 from ._models import ArchiveLimits
 
-__all__ = ["normalize_member", "symlink_walk", "NAME_MAX"]
+__all__ = ["normalize_member", "symlink_walk", "target_parts", "NAME_MAX"]
 
 NAME_MAX = 255
 _DRIVE = re.compile(rb"^[A-Za-z]:")
@@ -85,34 +92,29 @@ def normalize_member(name: str | bytes, limits: ArchiveLimits, *, shown: str | b
     return path
 
 
-def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits,
-                 member: str | bytes) -> tuple[list[bytes], bytes]:
-    """Check a symlink target lexically and return the paths it traverses.
+def target_parts(link_path: bytes, target: str | bytes, limits: ArchiveLimits,
+                 member: str | bytes) -> tuple[bytes, list[bytes], bytes]:
+    """Check a symlink target lexically; return ``(base, names, final)`` in time linear in its length.
 
-    The target is walked from the link's directory: ``..`` pops, names push.
-    Refused when it is absolute, empty, holds NUL, or pops above the
-    destination.  Because a ``..`` after a symlink resolves against the
-    link's *target* (the CPython 2025 data-filter bypasses, CVE-2025-4517 and
-    friends, used chains of links for that), the caller must also make sure
-    that no path returned here is a symlink: then the kernel's resolution
-    equals this lexical one and stays beneath the destination.
-
-    Args:
-        link_path: normalized path of the link (relative to the destination).
-        target: the link target from the archive.
-        limits: supplies ``max_path_bytes``.
-        member: the member name for errors.
+    The one symlink-target predicate of sandbox-fs (the extractor, snapshot
+    persist and :meth:`Root.symlink` agree): the target is relative, not
+    empty, without NUL, at most ``max_path_bytes`` bytes and ``max_depth``
+    components, and may use ``..`` **only as leading components** (a ``..``
+    after a name would be resolved physically from that name, which may be a
+    symlink, so a lexical check of it is unsound; ``Root.symlink`` refuses it
+    too).  The leading ``..`` may not climb above the destination, counted
+    from the link's directory.
 
     Returns:
-        ``(through, final)``: the normalized paths of every directory the
-        target passes *through* (each pushed name followed by another
-        component), and the normalized path the target names (``b""`` for
-        the destination itself).  The final component may be another link
-        (a chain) when that one is checked too and no cycle forms.
+        ``base``: the link's directory after the leading ``..`` pops (a
+        normalized path, ``b""`` for the destination); ``names``: the target's
+        remaining components (no ``.``, no ``..``); ``final``: the normalized
+        path the target names (``b""`` for the destination itself).
 
     Raises:
         UnsafeArchiveMemberError: rule ``symlink_target``.
-        ArchiveLimitError: ``max_path_bytes``.
+        ArchiveLimitError: ``max_path_bytes`` (target, or the path it names),
+            ``max_depth`` (target components).
     """
     t = _as_bytes(target)
     if not t:
@@ -123,7 +125,6 @@ def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits,
         raise ArchiveLimitError("max_path_bytes", limits.max_path_bytes, len(t), member)
     if t.startswith(b"/") or _DRIVE.match(t):
         raise UnsafeArchiveMemberError("symlink_target", member, "absolute symlink targets are refused")
-    stack = link_path.split(b"/")[:-1]
     # drop "." and empty components at C speed first (a 4 KiB target of "./"*2000
     # would otherwise cost a 2,000-step Python loop per link)
     flat = b"/" + t + b"/"
@@ -131,16 +132,65 @@ def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits,
         flat = flat.replace(b"/./", b"/")
     while b"//" in flat:
         flat = flat.replace(b"//", b"/")
-    comps = [c for c in flat.strip(b"/").split(b"/") if c and c != b"."]
+    flat = flat.strip(b"/")
+    comps = flat.split(b"/") if flat and flat != b"." else []
+    if len(comps) > limits.max_depth:
+        raise ArchiveLimitError("max_depth", limits.max_depth, len(comps), member,
+                                reason=f"symlink target has {len(comps)} components > max_depth {limits.max_depth}")
+    ups = 0
+    while ups < len(comps) and comps[ups] == b"..":
+        ups += 1
+    names = comps[ups:]
+    if b".." in names:
+        raise UnsafeArchiveMemberError("symlink_target", member,
+                                       "symlink target has '..' after a name; only leading '..' are allowed")
+    stack = link_path.split(b"/")[:-1]
+    if ups > len(stack):
+        raise UnsafeArchiveMemberError("symlink_target", member, "symlink target resolves outside the destination")
+    base = b"/".join(stack[:len(stack) - ups])
+    tail = b"/".join(names)
+    final = (base + b"/" + tail if base and tail else base or tail)
+    if len(final) > limits.max_path_bytes:
+        raise ArchiveLimitError("max_path_bytes", limits.max_path_bytes, len(final), member,
+                                reason=f"symlink target names a path of {len(final)} bytes > max_path_bytes "
+                                       f"{limits.max_path_bytes}")
+    return base, names, final
+
+
+def symlink_walk(link_path: bytes, target: str | bytes, limits: ArchiveLimits,
+                 member: str | bytes) -> tuple[list[bytes], bytes]:
+    """Check a symlink target lexically and return the paths it traverses.
+
+    The rules are :func:`target_parts`' (relative, leading ``..`` only, not
+    above the destination, bounded by ``max_path_bytes`` and ``max_depth``).
+    Because a path component that is a symlink resolves against the link's
+    *target* (the CPython 2025 data-filter bypasses, CVE-2025-4517 and
+    friends, used chains of links for that), the caller must also make sure
+    that no path returned here is a symlink: then the kernel's resolution
+    equals this lexical one and stays beneath the destination.
+
+    Args:
+        link_path: normalized path of the link (relative to the destination).
+        target: the link target from the archive.
+        limits: supplies ``max_path_bytes`` and ``max_depth``.
+        member: the member name for errors.
+
+    Returns:
+        ``(through, final)``: the normalized paths of every directory the
+        target passes *through* after its leading ``..`` (each name followed
+        by another component; at most ``max_depth`` of them), and the
+        normalized path the target names (``b""`` for the destination
+        itself).  The final component may be another link (a chain) when
+        that one is checked too and no cycle forms.
+
+    Raises:
+        UnsafeArchiveMemberError: rule ``symlink_target``.
+        ArchiveLimitError: ``max_path_bytes``, ``max_depth``.
+    """
+    base, names, final = target_parts(link_path, target, limits, member)
     through: list[bytes] = []
-    for i, comp in enumerate(comps):
-        if comp == b"..":
-            if not stack:
-                raise UnsafeArchiveMemberError("symlink_target", member,
-                                               "symlink target resolves outside the destination")
-            stack.pop()
-        else:
-            stack.append(comp)
-            if i < len(comps) - 1:
-                through.append(b"/".join(stack))
-    return through, b"/".join(stack)
+    pre = base
+    for name in names[:-1]:
+        pre = pre + b"/" + name if pre else name
+        through.append(pre)
+    return through, final

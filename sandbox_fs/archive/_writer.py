@@ -39,7 +39,7 @@ from ..errors import PathEscapeError, SandboxError, SymlinkRefusedError
 from ..root import Root
 from ._errors import ArchiveLimitError, UnsafeArchiveMemberError, show_name
 from ._models import ArchiveLimits, ExtractPolicy, SkippedMember
-from ._names import normalize_member, symlink_walk
+from ._names import normalize_member, target_parts
 from ._streams import Meter
 
 __all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX"]
@@ -431,7 +431,7 @@ class Extractor:
         path = self.name(name)
         if not path:
             raise UnsafeArchiveMemberError("names_destination", name, "a symlink may not name the destination itself")
-        symlink_walk(path, target, self.limits, name)  # early, clear refusal of escapes
+        target_parts(path, target, self.limits, name)  # early, clear refusal of escapes (linear)
         key = _key(path)
         if self._kinds.get(key) in (_FILE, _DIR):
             raise UnsafeArchiveMemberError("conflict", name, "a symlink never replaces an earlier file or directory")
@@ -530,6 +530,43 @@ class Extractor:
             if self._pending_live.get(_key(path)) == seq:
                 yield path, target, (mt if has_mt else None), member
 
+    def _check_through(self, path: bytes, target: bytes, member: bytes, check_roots: list[Root],
+                       finals: dict[bytes, bytes]) -> None:
+        """Refuse a pending link whose target passes through another symlink; record where it points.
+
+        Linear in the target's length: the prefixes' keys come from one
+        running BLAKE2b state (``copy()`` per component, never re-hashing a
+        prefix), and the disk is asked once per checked root, for the deepest
+        prefix only: beneath a ``RESOLVE_NO_SYMLINKS`` Root that one
+        ``lstat`` is refused (or is a link) exactly when some prefix is a
+        symlink.  The per-archive work is then bounded by ``max_members``
+        times (``max_path_bytes`` + ``max_depth``).
+        """
+        base, names, final = target_parts(path, target, self.limits, member)
+        finals[_key(path)] = _key(final)
+        if len(names) < 2:
+            return  # passes through nothing beyond the link's own ancestors
+        h = hashlib.blake2b(base, digest_size=16)
+        sep = bool(base)
+        unknown = False
+        for name in names[:-1]:
+            if sep:
+                h.update(b"/")
+            h.update(name)
+            sep = True
+            kind = self._kinds.get(h.copy().digest())
+            if kind == _LINK:
+                raise UnsafeArchiveMemberError("symlink_target", member,
+                                               "symlink target passes through another symlink")
+            if kind is None:
+                unknown = True
+        if unknown and check_roots:
+            tail = b"/".join(names[:-1])
+            deepest = base + b"/" + tail if base else tail
+            if any(self._is_link_on_disk(r, deepest) for r in check_roots):
+                raise UnsafeArchiveMemberError("symlink_target", member,
+                                               "symlink target passes through another symlink")
+
     def _create_symlinks(self) -> None:
         if not self._pending_live:
             return
@@ -538,13 +575,7 @@ class Extractor:
             check_roots.append(self._dest_root)
         finals: dict[bytes, bytes] = {}
         for path, target, _mt, member in self._pending_records():
-            through_list, final = symlink_walk(path, target, self.limits, member)
-            finals[_key(path)] = _key(final)
-            for through in through_list:
-                kind = self._kinds.get(_key(through))
-                if kind == _LINK or (kind is None and any(self._is_link_on_disk(r, through) for r in check_roots)):
-                    raise UnsafeArchiveMemberError("symlink_target", member,
-                                                   "symlink target passes through another symlink")
+            self._check_through(path, target, member, check_roots, finals)
         acyclic: set[bytes] = set()
         for path, _t, _m, member in self._pending_records():
             # links to links are fine; cycles resolve nowhere (and fool realpath-based
