@@ -2,14 +2,20 @@
 
 Exit 0 with a one-line summary (or the JSON report with ``--json``); on a
 refusal ``main`` prints one line on stderr (code, member, reason) and exits 1.
+SIGTERM during the extraction takes the same path as SIGINT: the staging
+directory (``.sfs-extract-*``) is removed, then the process exits 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+from typing import Any, Iterator
 
 from .archive import FORMATS, ArchiveLimits, ExtractPolicy, extract
 from .errors import InvalidPathError
@@ -45,6 +51,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=handler)
 
 
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit(143)`` raised in the extracting (main) thread.
+
+    The extractor cleans up on any ``BaseException`` (staging tree removed,
+    the partial member removed), exactly as for SIGINT's ``KeyboardInterrupt``.
+    The first SIGTERM sets the signal to ignored so a second one cannot cut the
+    cleanup short.  Outside the main thread (tests, embedding) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("sandbox-fs: terminated", file=sys.stderr)
+        raise SystemExit(EXIT_TERMINATED)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def handler(args: argparse.Namespace) -> int:
     overrides = {f: getattr(args, f) for f in _LIMIT_FLAGS if getattr(args, f) is not None}
     try:
@@ -61,9 +95,13 @@ def handler(args: argparse.Namespace) -> int:
     else:
         root = open_root(into, label=label)
         dest = "."
-    with root:
+    with root, _sigterm_unwinds():
         if args.archive == "-":
-            report = extract(root, dest, sys.stdin.buffer, format=args.format, limits=limits, policy=policy)
+            # Unbuffered: every read is one syscall issued from Python code, so a SIGTERM or
+            # SIGINT while waiting for input interrupts it and runs the handler at once (a
+            # buffered reader can sit in its C read loop with the signal already noted).
+            with open(sys.stdin.fileno(), "rb", buffering=0, closefd=False) as stdin:
+                report = extract(root, dest, stdin, format=args.format, limits=limits, policy=policy)
         else:
             report = extract(root, dest, args.archive, format=args.format, limits=limits, policy=policy)
     if args.json:
