@@ -30,6 +30,7 @@ _LIMIT_FLAGS = {
     "max_depth": ("--max-depth", int),
     "max_header_bytes": ("--max-header-bytes", int),
     "max_input_bytes": ("--max-input-bytes", int),
+    "max_cpu_seconds": ("--max-cpu-seconds", float),
 }
 
 

@@ -405,3 +405,16 @@ def test_cli_sigterm_removes_staging(tmp_path):
     assert rc == 143, err
     assert "Traceback" not in err
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+# ------------------------------------------------------------- defence in depth: CPU budget
+
+def test_cpu_budget_off_by_default_and_enforced(tmp_path):
+    assert ArchiveLimits().max_cpu_seconds is None
+    data = tar_bytes([ti(f"f{i}", data=b"x") for i in range(2000)])
+    with pytest.raises(ArchiveLimitError) as ei:
+        _extract_bytes(tmp_path, data, limits=ArchiveLimits(max_cpu_seconds=1e-6))
+    assert ei.value.limit == "max_cpu_seconds"
+    assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == []  # staging removed
+    rep = _extract_bytes(tmp_path, data, limits=ArchiveLimits(max_cpu_seconds=600))
+    assert rep.files == 2000

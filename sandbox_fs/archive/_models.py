@@ -43,6 +43,11 @@ class ArchiveLimits(BaseModel):
             before tarfile reads the header body into memory); also the bound
             on the sum of all PAX *global* headers.
         max_input_bytes: bytes read from the source (the compressed archive).
+        max_cpu_seconds: CPU seconds the extracting thread may spend on one
+            archive (``time.thread_time``), or None (the default: off).
+            Defence in depth only: checked per member and per chunk read or
+            written, so one call into a parser is not cut short; the
+            parsers' own costs are bounded by the other limits.
         max_central_directory_bytes: zip central directory size (the ZIP64
             one when present), checked from the EOCD records before any entry
             list is built; zipfile's reads are then bounded to it.
@@ -60,6 +65,7 @@ class ArchiveLimits(BaseModel):
     max_header_bytes: int = Field(1 * MiB, ge=512)
     max_input_bytes: int = Field(8 * GiB, ge=1)
     max_central_directory_bytes: int = Field(16 * MiB, ge=22)
+    max_cpu_seconds: float | None = Field(None, gt=0)
 
 
 class ExtractPolicy(BaseModel):

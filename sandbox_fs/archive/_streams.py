@@ -15,6 +15,7 @@ import gzip
 import os
 import lzma
 import struct
+import time
 import zlib
 from typing import Any, BinaryIO
 
@@ -53,7 +54,8 @@ class Meter:
         member: the member being processed (for error messages).
     """
 
-    __slots__ = ("limits", "input_bytes", "stream_bytes", "written_bytes", "member", "_ratio", "_grace")
+    __slots__ = ("limits", "input_bytes", "stream_bytes", "written_bytes", "member", "_ratio", "_grace",
+                 "_cpu_limit", "_cpu_start")
 
     def __init__(self, limits: ArchiveLimits) -> None:
         self.limits = limits
@@ -63,6 +65,19 @@ class Meter:
         self.member: str | bytes | None = None
         self._ratio = limits.max_expansion_ratio
         self._grace = limits.ratio_grace_bytes
+        self._cpu_limit = limits.max_cpu_seconds
+        self._cpu_start = time.thread_time() if self._cpu_limit is not None else 0.0
+
+    def check_cpu(self) -> None:
+        """Enforce ``max_cpu_seconds`` (CPU time of the calling thread since this meter was made).
+
+        Raises:
+            ArchiveLimitError: ``max_cpu_seconds`` exceeded.
+        """
+        if self._cpu_limit is not None:
+            used = time.thread_time() - self._cpu_start
+            if used > self._cpu_limit:
+                raise ArchiveLimitError("max_cpu_seconds", self._cpu_limit, round(used, 3), self.member)
 
     def add_input(self, n: int) -> None:
         self.input_bytes += n
@@ -71,11 +86,15 @@ class Meter:
 
     def add_stream(self, n: int) -> None:
         self.stream_bytes += n
+        if self._cpu_limit is not None:
+            self.check_cpu()
         if self.stream_bytes > self._grace:
             self._check_ratio()
 
     def add_written(self, n: int) -> None:
         self.written_bytes += n
+        if self._cpu_limit is not None:
+            self.check_cpu()
         if self.written_bytes > self.limits.max_total_bytes:
             raise ArchiveLimitError("max_total_bytes", self.limits.max_total_bytes, self.written_bytes, self.member)
         if self.written_bytes > self._grace:

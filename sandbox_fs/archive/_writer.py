@@ -213,10 +213,12 @@ class Extractor:
         """Count one member against ``max_members``.
 
         Raises:
-            ArchiveLimitError: more than ``max_members`` members.
+            ArchiveLimitError: more than ``max_members`` members;
+                ``max_cpu_seconds`` spent.
         """
         self.members += 1
         self.meter.member = member
+        self.meter.check_cpu()
         if self.members > self.limits.max_members:
             raise ArchiveLimitError("max_members", self.limits.max_members, self.members, member)
 
