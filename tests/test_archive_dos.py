@@ -418,3 +418,39 @@ def test_cpu_budget_off_by_default_and_enforced(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == []  # staging removed
     rep = _extract_bytes(tmp_path, data, limits=ArchiveLimits(max_cpu_seconds=600))
     assert rep.files == 2000
+
+
+def test_zip_reads_capped_to_checked_directory(tmp_path, monkeypatch):
+    """zipfile may read only what was checked; a locator that disagreed with zipfile is refused."""
+    from sandbox_fs.archive import _zip as zipmod
+    from sandbox_fs.archive._streams import Meter, SeekCounter
+
+    f = SeekCounter(io.BytesIO(b"x" * 100), Meter(ArchiveLimits()))
+    f.read_budget = 10
+    with pytest.raises(ArchiveLimitError) as ei:
+        f.read(11)
+    assert ei.value.limit == "max_central_directory_bytes" and f.tell() == 0  # refused before reading
+    assert f.read(10) == b"x" * 10
+    with pytest.raises(ArchiveLimitError):
+        f.read()  # "to EOF" past the budget
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("f", b"hello")
+    real = zipmod.locate_central_directory
+    monkeypatch.setattr(zipmod, "locate_central_directory",
+                        lambda f, lim: zipmod.CentralDirectory((c := real(f, lim)).start, c.size, c.entries + 1))
+    with pytest.raises(ArchiveFormatError, match="disagree"):
+        _extract_bytes(tmp_path, buf.getvalue())
+
+
+def test_snapshot_persist_refuses_what_extract_refuses(tmp_path, capsys):
+    """The review's poc_dotdot_link: persist (same predicate) refuses l -> d/../f instead of saving it."""
+    from sandbox_fs.cli import main
+
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "f").write_text("f")
+    os.symlink("d/../f", ws / "l")
+    rc = main(["snapshot", "save", "--workspace", str(ws), "--store", str(tmp_path / "store"), "--name", "s1"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "unrestorable" in err and "[l]" in err
