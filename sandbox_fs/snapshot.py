@@ -101,8 +101,8 @@ _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _READ_CHUNK = 1 << 20
 _MAX_META_BYTES = 256 << 20
 _WRITEBACK_BYTES = 8 << 20  # start writeback of the archive every 8 MiB (see _HashingSink); 0: never
-# In-flight names (Root.atomic_write temp files, archive staging dirs): never persisted.
-_IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-")
+# In-flight names (Root.atomic_write temp files, archive and hydrate staging dirs): never persisted.
+_IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-", ".sfs-hydrate-")
 
 
 # ---------------------------------------------------------------------- errors
@@ -1125,14 +1125,20 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
             mount_points: Iterable[str] = ()) -> HydrateReport:
     """Replace the workspace's contents with snapshot ``name``.  Blocking: one worker thread.
 
-    The archive is verified (size, CRC-32) *before* the workspace is
-    touched.  Then the workspace contents are cleared (never the root
-    directory itself, never a mount point) and the archive is extracted by
-    :func:`sandbox_fs.archive.extract` with limits on (atomic staging: on a
-    refusal nothing of the snapshot remains).  The extractor applies the
-    PEP 706 data-filter modes; the exact permission bits (within 0o777)
-    that differ from those, recorded at persist, are then re-applied,
-    directories last and deepest first, so directory modes are restored.
+    Verify and stage first, then swap: the archive is verified (size,
+    CRC-32), then extracted by :func:`sandbox_fs.archive.extract` (limits on)
+    into a private staging directory inside the workspace
+    (``.sfs-hydrate-<hex>``, mode 0700, never persisted nor fingerprinted),
+    and the exact permission bits recorded at persist are re-applied there.
+    Only when all of that succeeded is the workspace cleared (never the
+    root itself, never a mount point, never the staging directory) and the
+    staged entries moved up (``renameat2(RENAME_NOREPLACE)`` through the
+    Root; a directory kept by the clear because it holds a mount point is
+    merged into).  Any failure before the swap (a member the extractor
+    refuses, a limit, a full disk, an interrupt) removes only the staging
+    directory: the previous contents are left exactly as they were.  A
+    staging directory left by a killed process is ignored by persist and
+    :func:`tree_digest` and removed by the next successful hydrate.
 
     Args:
         ws: the workspace Root (writable).
@@ -1144,19 +1150,72 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
 
     Raises:
         SnapshotNotFoundError: no such snapshot.
-        SnapshotCorruptError: the archive fails verification (nothing is
-            cleared) or is not a readable tar.
+        SnapshotCorruptError: the archive fails verification or is not a
+            readable tar (the workspace is untouched).
         SnapshotLimitError: the archive is larger than ``max_archive_bytes``.
         ArchiveLimitError, UnsafeArchiveMemberError: the extractor refuses a
-            member (a forged store: persist never writes such members).
+            member (a forged store: persist never writes such members); the
+            workspace is untouched.
+        SnapshotError: a staged entry cannot be moved over a kept mount
+            point (after the clear; rare).
     """
     limits = limits or SnapshotLimits()
     f, info = store.open_archive(name, limits)
     with f:
-        ws.clear(skip=is_mount_point_of(ws, mount_points))
-        _extract_with_archive(ws, f, limits)
-    _restore_modes(ws, info)
+        staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
+        ws.mkdir(staging, 0o700)
+        try:
+            with ws.open_root(staging) as sroot:
+                _extract_with_archive(sroot, f, limits)
+                deferred = _restore_modes(sroot, info, defer_top_dirs=True)
+            sid = ws.lstat(staging)
+            is_mount = is_mount_point_of(ws, mount_points)
+            keep = lambda st: (st.st_dev, st.st_ino) == (sid.st_dev, sid.st_ino) or is_mount(st)  # noqa: E731
+            ws.clear(skip=keep)
+            for entry in ws.listdir(staging):
+                _move_up(ws, f"{staging}/{entry}", entry, is_mount)
+            for path, mode in deferred:
+                ws.chmod(path, mode)
+        finally:
+            # On a failure before the swap this is all that changes; after the swap it is empty.
+            # Best effort: a leftover is never persisted and goes with the next hydrate's clear.
+            with contextlib.suppress(OSError, SandboxError):
+                _remove_staging(ws, staging)
     return HydrateReport(info, "archive")
+
+
+_HYDRATE_PREFIX = ".sfs-hydrate-"
+
+
+def _remove_staging(ws: Root, staging: str) -> None:
+    """Remove a hydrate staging tree (making its directories writable first, for non-root callers)."""
+    try:
+        ws.rmtree(staging, missing_ok=True)
+    except PermissionError:
+        for dirpath, _dirs, _nondirs in ws.walk(staging):
+            ws.chmod(dirpath, 0o700)
+        ws.rmtree(staging, missing_ok=True)
+
+
+def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], bool]) -> None:
+    """Move staged ``src`` to ``dst`` without replacing anything; merge into a kept directory."""
+    sst = ws.lstat(src)
+    if _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
+        ws.chmod(src, (_stat.S_IMODE(sst.st_mode) | 0o700) & 0o777)  # renaming a dir rewrites its ".."
+    try:
+        ws.rename(src, dst, no_replace=True)
+    except FileExistsError:
+        dst_st = ws.lstat(dst)
+        if not (_stat.S_ISDIR(sst.st_mode) and _stat.S_ISDIR(dst_st.st_mode)):
+            raise SnapshotError("a snapshot entry collides with an entry the restore must keep (a mount point?)",
+                                sandbox_path=dst) from None
+        for entry in ws.listdir(src):
+            _move_up(ws, f"{src}/{entry}", f"{dst}/{entry}", is_mount)
+        if not is_mount(dst_st):
+            ws.chmod(dst, _stat.S_IMODE(sst.st_mode) & 0o777)
+        return
+    if _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
+        ws.chmod(dst, _stat.S_IMODE(sst.st_mode) & 0o777)
 
 
 def _archive_limits(limits: SnapshotLimits) -> Any:
@@ -1172,7 +1231,8 @@ def _archive_limits(limits: SnapshotLimits) -> Any:
 
 
 def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
-    policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
+    # in_place: ``ws`` is hydrate's private staging directory, already removed whole on failure
+    policy = ExtractPolicy(in_place=True, special_files="refuse", symlinks="create", hardlinks="create",
                            preserve_owner=False, apply_mtime=True)
     try:
         _archive_extract(ws, ".", f, format="tar", limits=_archive_limits(limits), policy=policy)
@@ -1181,19 +1241,28 @@ def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> Non
                                    diagnostic=str(exc)) from None
 
 
-def _restore_modes(ws: Root, info: SnapshotInfo) -> None:
+def _restore_modes(ws: Root, info: SnapshotInfo, *, defer_top_dirs: bool = False) -> list[tuple[str, int]]:
     """Re-apply the exact permission bits the extractor's PEP 706 modes changed.
 
     Persist recorded every file and directory whose mode (within 0o777)
     differs from what the extractor applies (``info.mode_fixups``); files
     first, then directories deepest first, so a 0o500 directory becomes
     read-only last.  Root.chmod refuses bits outside 0o777 and symlinks.
+
+    With ``defer_top_dirs``, top-level directories are not changed but
+    returned as ``(path, mode)``: hydrate moves them out of its staging
+    directory first (renaming a directory needs write permission on it).
     """
     dirs: list[tuple[str, int]] = []
+    deferred: list[tuple[str, int]] = []
     for path, mode in info.mode_fixups:
         if _stat.S_ISDIR(ws.lstat(path).st_mode):
-            dirs.append((path, mode))
+            if defer_top_dirs and "/" not in path.strip("/"):
+                deferred.append((path, mode & 0o777))
+            else:
+                dirs.append((path, mode))
         else:
             ws.chmod(path, mode & 0o777)
     for path, mode in sorted(dirs, key=lambda pm: pm[0].count("/"), reverse=True):
         ws.chmod(path, mode & 0o777)
+    return deferred

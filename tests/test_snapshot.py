@@ -646,3 +646,116 @@ def test_archive_layout_matches_tarfile(layout, store):
             if m.isfile():
                 assert tar.extractfile(m).read() == (layout.ws / m.name).read_bytes()
         assert "big" in tar.getnames() and tar.getmember("big").size == (2 << 20) + 3
+
+
+# ------------------------------------------- hydrate: verify and stage first, then swap
+
+
+def _live(top: Path) -> dict:
+    """Every node under ``top`` with type, mode, size, mtime, nlink and content (the root's own mtime left out)."""
+    return {k: v for k, v in host_tree(top).items() if k != "."}
+
+
+def _staging_dirs(top: Path) -> list[str]:
+    return [n for n in os.listdir(top) if n.startswith(".sfs-")]
+
+
+def _previous_workspace(ws: Path) -> None:
+    (ws / "work" / "deep").mkdir(parents=True)
+    (ws / "work" / "deep" / "notes.txt").write_text("unsaved work\n")
+    (ws / "work" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(ws / "work" / "run.sh", 0o700)
+    (ws / "lnk").symlink_to("work/run.sh")
+
+
+@pytest.mark.parametrize("failure", ["refused_last_member", "limit_mid_restore", "interrupt", "mode_restore"])
+def test_failed_restore_leaves_previous_workspace_intact(layout, store, tmp_path, monkeypatch, failure):
+    """Any failure after verification leaves the previous contents exactly as they were (data loss, atomicity)."""
+    import sandbox_fs.snapshot as snap
+
+    _previous_workspace(layout.ws)
+    before = _live(layout.ws)
+    limits = None
+    if failure == "refused_last_member":
+        many = [("file", f"ok{i}", b"x" * 100) for i in range(20)] + [("file", "../outside/evil", b"pwn")]
+        _forge(tmp_path / "store", "s", _malicious_tar(many))
+    else:
+        src = tmp_path / "src"
+        (src / "d").mkdir(parents=True)
+        for i in range(20):
+            (src / "d" / f"f{i}").write_bytes(b"y" * 1000)
+        os.chmod(src / "d" / "f0", 0o600)
+        with open_root(src) as r:
+            persist(r, store, "s")
+        if failure == "limit_mid_restore":
+            limits = SnapshotLimits(max_entries=10)
+        elif failure == "interrupt":
+            real = snap._archive_extract
+
+            def cancelled(*a, **kw):
+                real(*a, **kw)
+                raise KeyboardInterrupt  # a cancel/interrupt once everything was staged
+            monkeypatch.setattr(snap, "_archive_extract", cancelled)
+        else:
+            def failing(*a, **kw):
+                raise OSError(28, "No space left on device")
+            monkeypatch.setattr(Root, "chmod", failing)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(BaseException) as ei:
+            hydrate(ws, store, "s", limits=limits)
+    assert not isinstance(ei.value, AssertionError)
+    assert _live(layout.ws) == before
+    assert _staging_dirs(layout.ws) == []
+    assert not (layout.outside / "evil").exists()
+
+
+def test_successful_restore_replaces_contents_and_leaves_no_staging(layout, store, tmp_path):
+    _fill(layout.ws)
+    with open_root(layout.ws) as ws:
+        rep = persist(ws, store, "s")
+    expected = _host_view(layout.ws)
+    dst = tmp_path / "dst"
+    _previous_workspace(dst)
+    (dst / "a").mkdir()  # same name as a snapshot directory: replaced, not merged
+    (dst / "a" / "stale").write_text("stale")
+    with open_root(dst) as r:
+        hydrate(r, store, "s")
+        assert tree_digest(r) == rep.info.tree_digest
+    assert _staging_dirs(dst) == []
+    assert _host_view(dst) == expected
+
+
+def test_leftover_staging_dir_of_a_killed_hydrate_is_ignored_then_removed(layout, store, tmp_path):
+    (layout.ws / "f").write_text("content")
+    with open_root(layout.ws) as ws:
+        clean = tree_digest(ws)
+        ws.mkdir(".sfs-hydrate-0123456789abcdef", 0o700)
+        ws.write_bytes(".sfs-hydrate-0123456789abcdef/half", b"half-restored")
+        assert tree_digest(ws) == clean
+        rep = persist(ws, store, "s")
+        assert rep.info.tree_digest == clean
+        with tarfile.open(tmp_path / "store" / rep.info.archive) as tar:
+            assert tar.getnames() == ["f"]
+        hydrate(ws, store, "s")
+    assert sorted(os.listdir(layout.ws)) == ["f"]
+
+
+def test_restore_keeps_mount_points_and_merges_into_their_parents(layout, store, tmp_path):
+    """A kept mount point (and the directory holding it) stays; snapshot entries are merged around it."""
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "a" / "b" / "f").write_text("from snapshot")
+    (src / "top").write_text("t")
+    os.chmod(src / "a", 0o750)
+    with open_root(src) as r:
+        persist(r, store, "s")
+    (layout.ws / "a" / "m").mkdir(parents=True)
+    (layout.ws / "a" / "m" / "mounted").write_text("keep me")
+    (layout.ws / "a" / "old").write_text("gone")
+    with open_root(layout.ws) as ws:
+        hydrate(ws, store, "s", mount_points=["a/m"])
+    assert (layout.ws / "a" / "m" / "mounted").read_text() == "keep me"
+    assert (layout.ws / "a" / "b" / "f").read_text() == "from snapshot"
+    assert not (layout.ws / "a" / "old").exists()
+    assert stat.S_IMODE(os.stat(layout.ws / "a").st_mode) == 0o750
+    assert sorted(os.listdir(layout.ws)) == ["a", "top"]
