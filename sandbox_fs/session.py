@@ -115,6 +115,7 @@ class SessionConfig:
         on_unrestorable: ``"refuse"`` or ``"skip"`` at persist time.
         max_read_bytes: default bound of :meth:`Session.read`, in bytes.
         hook_timeout_s: longest a pre-stop hook may run, in seconds.
+        max_ptys: most PTYs alive at once (the oldest idle one is pruned first).
         materialize: ``async (root, manifest, options, only_ephemeral) -> result``
             (default: :func:`sandbox_fs.materialize.materialize`).
     """
@@ -133,6 +134,7 @@ class SessionConfig:
     max_read_bytes: int = DEFAULT_MAX_READ_BYTES
     hook_timeout_s: float = 30.0
     materialize: Callable[..., Awaitable[Any]] | None = None
+    max_ptys: int = 8
 
 
 def _materialize_default() -> Callable[..., Awaitable[Any]] | None:
@@ -192,6 +194,7 @@ class Session:
         self._mounts: set[str] = set()
         self._supervisor: Any = None
         self._own_supervisor = False
+        self._pty_manager: Any = None
         self._bound_run: str | None = None
         self.last_persist: _snap.PersistReport | None = None
 
@@ -415,6 +418,11 @@ class Session:
         self._shut_down = True
         errors: list[BaseException] = []
         with trio.CancelScope(shield=True):
+            if self._pty_manager is not None:
+                try:
+                    await self._pty_manager.pty_terminate_all()
+                except Exception as exc:
+                    errors.append(exc)
             if self._supervisor is not None:
                 try:
                     if self._own_supervisor:
@@ -763,6 +771,88 @@ class Session:
         kwargs.setdefault("supervisor", self._supervisor)
         return await _exec.run_confined(argv, workspace=workspace, workspace_host_path=self.config.workspace_dir,
                                         grants=policy, **kwargs)
+
+    # ------------------------------------------------------------------ PTYs
+
+    def _ptys(self) -> Any:
+        from . import exec as _exec  # noqa: PLC0415
+
+        if self._supervisor is None:
+            self._supervisor = _exec.ProcessSupervisor()
+            self._own_supervisor = True
+        if self._pty_manager is None:
+            self._pty_manager = _exec.PtyManager(self._supervisor, max_live=self.config.max_ptys)
+        return self._pty_manager
+
+    async def pty_exec_start(self, argv: Any, **kwargs: Any) -> tuple[str, bytes]:
+        """Start ``argv`` on a new PTY in the workspace, confined like :meth:`exec`.
+
+        A thin delegation to :meth:`sandbox_fs.exec.PtyManager.pty_exec_start` with
+        the workspace Root, its host path and the session's PathPolicy passed for
+        you.  At most ``SessionConfig.max_ptys`` PTYs live at once; starting one
+        more prunes the oldest idle one (exited ones first).  Every PTY is
+        terminated at :meth:`shutdown`.
+
+        Returns:
+            ``(pty_id, first_output)``: an opaque id (``str``) and the bytes the
+            program printed within ``first_output_timeout_s`` seconds.
+
+        Raises:
+            SessionNotStartedError: the session is not started.
+            ConfinementError, CommandNotFoundError: see :func:`sandbox_fs.exec.run_confined`.
+
+        Cancellation:
+            A cancel before the process started leaves nothing; after, the PTY
+            stays registered and is terminated at :meth:`shutdown`.
+        """
+        workspace, policy = self.workspace, self.policy
+        return await self._ptys().pty_exec_start(argv, workspace=workspace,
+                                                 workspace_host_path=self.config.workspace_dir,
+                                                 grants=policy, **kwargs)
+
+    async def pty_write_stdin(self, pty_id: str, data: bytes) -> None:
+        """Write ``data`` (bytes) to PTY ``pty_id``'s input.
+
+        Raises:
+            PtyNotFoundError: no live PTY has that id.
+
+        Cancellation:
+            Part of ``data`` may have been written.
+        """
+        await self._ptys().pty_write_stdin(pty_id, data)
+
+    async def pty_read(self, pty_id: str, **kwargs: Any) -> bytes:
+        """Read what PTY ``pty_id`` printed (bounded buffer; see :meth:`PtyManager.pty_read`).
+
+        Raises:
+            PtyNotFoundError: no live PTY has that id.
+
+        Cancellation:
+            Nothing is lost: unread output stays buffered.
+        """
+        return await self._ptys().pty_read(pty_id, **kwargs)
+
+    async def pty_terminate(self, pty_id: str) -> None:
+        """Terminate PTY ``pty_id`` and its process group.
+
+        Raises:
+            PtyNotFoundError: no live PTY has that id.
+
+        Cancellation:
+            Runs to completion (the process group is killed).
+        """
+        await self._ptys().pty_terminate(pty_id)
+
+    async def pty_terminate_all(self) -> None:
+        """Terminate every PTY of this session.  Idempotent.
+
+        Cancellation:
+            Runs to completion.
+        """
+        if self._pty_manager is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._pty_manager.pty_terminate_all()
 
     def describe(self) -> str:
         """A rendered tree of the manifest: one line per entry, indented by depth.

@@ -1,0 +1,40 @@
+"""PTY sessions through Session: same confinement, ids, and all terminated at shutdown."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+import sandbox_fs
+from sandbox_fs.client import ClientOptions, LocalSandboxClient
+
+pytestmark = pytest.mark.skipif(sandbox_fs.features()["landlock_abi"] == 0,
+                                reason="kernel has no Landlock (features()['landlock_abi'] == 0)")
+
+
+async def test_session_pty_round_trip_and_shutdown_terminates(tmp_path, layout):
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"))
+    with LocalSandboxClient(opts) as client:
+        async with client.create() as s:
+            pty_id, _first = await s.pty_exec_start(
+                ["/bin/sh", "-c", f"echo $$ > pid.txt; cat {layout.outside}/secret.txt; exec cat"])
+            await s.pty_write_stdin(pty_id, b"hello-pty\n")
+            out = b""
+            with trio.move_on_after(10):
+                while b"hello-pty" not in out.replace(b"\r", b""):
+                    out += await s.pty_read(pty_id, timeout_s=0.2)
+            assert b"hello-pty" in out
+            assert layout.secret.encode() not in out  # same confinement as exec
+            pid = int((await s.read("pid.txt")).strip())
+            assert os.path.exists(f"/proc/{pid}")
+            with pytest.raises(sandbox_fs.SandboxError):
+                await s.pty_read("no-such-pty")
+        # aclose ran shutdown: the PTY's process is gone (or a zombie being reaped)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                assert fh.read().split()[2] == "Z"
+        except FileNotFoundError:
+            pass
+        await client.delete(s)
