@@ -1231,8 +1231,9 @@ def _archive_limits(limits: SnapshotLimits) -> Any:
 
 
 def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
-    # in_place: ``ws`` is hydrate's private staging directory, already removed whole on failure
-    policy = ExtractPolicy(in_place=True, special_files="refuse", symlinks="create", hardlinks="create",
+    # Not in_place even though ``ws`` is hydrate's own (empty) staging directory: the
+    # extractor's staging tree is known to start empty, which keeps its fast create paths.
+    policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
                            preserve_owner=False, apply_mtime=True)
     try:
         _archive_extract(ws, ".", f, format="tar", limits=_archive_limits(limits), policy=policy)
