@@ -16,7 +16,19 @@ Each regular file is opened beneath the workspace with ``O_NOFOLLOW`` and
 ``O_NONBLOCK``, ``fstat``-checked to be the very inode the listing's
 ``lstat`` saw, and read from that fd, so a file swapped for a symlink (or a
 FIFO, or another file) between the directory listing and the open is never
-read through.
+read through.  The walk takes every ``lstat`` relative to the open parent
+directory's fd, so a path longer than PATH_MAX is an unrestorable entry
+(refused or skipped) like any other, and errors of an entry changing under
+the walk (gone, no longer a symlink, a parent swapped for a symlink) are the
+retryable :class:`SnapshotSourceChangedError`.
+
+*Hard links*: ordinary files stream as they are listed (O(1) memory); a
+regular file with ``st_nlink > 1`` is deferred until the walk has counted
+its names (only multi-linked inodes are remembered) and archived only when
+every one of its links is inside the walk (the first name as a file, the
+others as hard-link members).  A file also linked from outside the
+workspace (or from an excluded path) is never read: refused, or skipped
+and reported, so outside content cannot reach a snapshot.
 
 *One policy for persist and hydrate* (a saved snapshot is always restorable):
 persist applies the archive extractor's own rules (its member-name and
@@ -29,13 +41,15 @@ with ``on_unrestorable="skip"``, left out and listed in the report.  Owners are
 never recorded (uid/gid 0, no names); setuid/setgid/sticky bits are never
 stored (modes are masked to 0o777, as :meth:`Root.chmod` enforces).
 
-*Hydrate* verifies the archive's size and CRC-32 against the metadata before
-touching the workspace, so a truncated or corrupted snapshot is refused with
-:class:`SnapshotCorruptError` and the workspace is left as it was; the
-previous good snapshot stays valid because a new one only becomes current
-when its metadata file is atomically replaced.  Extraction goes through the
-archive extractor (:mod:`sandbox_fs.archive`) with limits on; exact modes
-are re-applied after it, directories last and deepest first.
+*Hydrate* verifies the archive's size and CRC-32 against the metadata, so a
+truncated or corrupted snapshot is refused with :class:`SnapshotCorruptError`;
+the previous good snapshot stays valid because a new one only becomes
+current when its metadata file is atomically replaced.  It then stages
+before it swaps: extraction goes through the archive extractor
+(:mod:`sandbox_fs.archive`, limits on) into a private ``.sfs-hydrate-<hex>``
+directory inside the workspace, exact modes are re-applied there, and only
+then is the workspace cleared and the staged entries moved up.  Any failure
+before the swap leaves the previous contents untouched.
 
 The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
 where the tree digest covers, in walk order, every kept entry's path, type,
@@ -588,34 +602,41 @@ def _norm_set(paths: Iterable[str]) -> frozenset[str]:
 
 def _scan(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
           mount_points: frozenset[str] = frozenset(),
-          skip_ids: frozenset[tuple[int, int]] = frozenset()) -> Iterator[_Item]:
-    """Deterministic top-down walk, pruning excluded paths, mount points and grant roots."""
+          skip_ids: frozenset[tuple[int, int]] = frozenset(),
+          admit_dir: Callable[[_Item], bool] | None = None) -> Iterator[_Item]:
+    """Deterministic top-down walk, pruning excluded paths, mount points and grant roots.
+
+    Every ``lstat`` comes from the fd walk (:meth:`Root._walk_dirs` stats
+    each name relative to its open parent directory), never from a path
+    resolved again from the root: a path longer than PATH_MAX is listed like
+    any other, and a parent swapped for a symlink cannot turn a stat into a
+    path escape.  ``admit_dir`` (the persist policy) is asked before a
+    directory is entered; a refused one is pruned with everything under it.
+    """
     root_dev = ws.stat(".").st_dev
-    for dirpath, dirnames, nondirs in ws.walk("."):
+    for dirpath, dirents, nondirs in ws._walk_dirs("."):
         keep = []
-        for name in dirnames:
-            p = f"{dirpath}/{name}" if dirpath else name
+        for ent in dirents:
+            p = ent.path
             if _excluded(p, excluded):
                 skipped.append((p, "excluded"))
                 continue
-            if name.startswith(_IN_FLIGHT_PREFIXES):
+            if ent.name.startswith(_IN_FLIGHT_PREFIXES):
                 skipped.append((p, "in-flight staging"))
                 continue
-            try:
-                st = ws.lstat(p)
-            except FileNotFoundError:
-                continue
+            st = ent.stat
             if st.st_dev != root_dev or p in mount_points:
                 skipped.append((p, "mount point"))
                 continue
             if (st.st_dev, st.st_ino) in skip_ids:
                 skipped.append((p, "extra path grant"))
                 continue
-            if not _stat.S_ISDIR(st.st_mode):
-                continue  # swapped meanwhile; the walk will not enter it either
-            keep.append(name)
-            yield _Item(p, "dir", st)
-        dirnames[:] = keep
+            item = _Item(p, "dir", st)
+            if admit_dir is not None and not admit_dir(item):
+                continue
+            keep.append(ent)
+            yield item
+        dirents[:] = keep
         for e in nondirs:
             if _excluded(e.path, excluded):
                 skipped.append((e.path, "excluded"))
@@ -798,7 +819,7 @@ def _open_member(ws: Root, item: _Item) -> int | None:
         return None
     except (OSError, SandboxError) as exc:
         # ELOOP: now a symlink; special_file: Root refuses FIFOs/devices: swapped since the listing
-        if getattr(exc, "code", None) == "special_file" or \
+        if getattr(exc, "code", None) in _CHANGED_CODES or \
                 getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
             raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
                                              sandbox_path=item.path) from None
@@ -864,23 +885,35 @@ def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | N
     return "symlink chain is longer than 40 links"
 
 
-def _policy_check(ws: Root, item: _Item, target: str | None, on_unrestorable: str,
-                  skipped: list[tuple[str, str]], alimits: Any) -> bool:
-    """True when the item may be persisted; refuses or records it otherwise.
+def _policy_check(ws: Root, item: _Item, on_unrestorable: str,
+                  skipped: list[tuple[str, str]], alimits: Any) -> tuple[bool, str | None]:
+    """``(True, symlink target or None)`` when the item may be persisted; refuses or records it otherwise.
 
     The rules are the archive extractor's own (:func:`sandbox_fs.archive._names.normalize_member`
     and ``symlink_walk``), applied here so a saved snapshot always hydrates:
     names (zip slip, CVE-2007-4559; backslash ``..``, CVE-2021-37713; drive
-    letters), symlink targets (absolute, escaping, or passing through
-    another symlink: CVE-2025-4517), and special files.
+    letters; over PATH_MAX), symlink targets (absolute, escaping, or passing
+    through another symlink: CVE-2025-4517), and special files.  The name is
+    checked first, so a path the Root could not even address is refused or
+    skipped like any other unrestorable entry.
+
+    Raises:
+        UnrestorableEntryError: with ``on_unrestorable="refuse"``.
+        SnapshotSourceChangedError: the entry changed type or vanished from
+            under a parent while it was examined (retryable).
     """
     reason = None
+    target = None
     raw = item.path.encode("utf-8", "surrogateescape")
     try:
         normalize_member(raw, alimits)
         if item.kind == "symlink":
-            assert target is not None
-            reason = _symlink_reason(ws, raw, target, alimits)
+            with _source_changed(item.path):
+                try:
+                    target = ws.readlink(item.path)
+                except FileNotFoundError:
+                    return False, None  # removed since the listing, like a vanished file
+                reason = _symlink_reason(ws, raw, target, alimits)
         elif item.kind not in ("file", "dir"):
             reason = f"{item.kind} entries are not restorable"
     except UnsafeArchiveMemberError as exc:
@@ -889,12 +922,31 @@ def _policy_check(ws: Root, item: _Item, target: str | None, on_unrestorable: st
     except ArchiveLimitError as exc:
         reason = f"path exceeds {exc.limit}"
     if reason is None:
-        return True
+        return True, target
     if on_unrestorable == "skip":
         skipped.append((item.path, reason))
-        return False
+        return False, None
     raise UnrestorableEntryError(f"{reason}; hydrate would refuse it, so persist refuses it too",
                                  sandbox_path=item.path, context={"kind": item.kind})
+
+
+# errnos / codes of an entry changed under the walk: gone, no longer a symlink, a parent swapped
+_CHANGED_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EINVAL, errno.ELOOP, errno.EXDEV, errno.ENXIO})
+_CHANGED_CODES = frozenset({"path_escape", "symlink_refused", "special_file"})
+
+
+@contextlib.contextmanager
+def _source_changed(path: str) -> Iterator[None]:
+    """Turn the errors of an entry changing under the walk into the retryable SnapshotSourceChangedError."""
+    try:
+        yield
+    except (SnapshotError, UnsafeArchiveMemberError, ArchiveLimitError):
+        raise
+    except (OSError, SandboxError) as exc:
+        if getattr(exc, "code", None) in _CHANGED_CODES or getattr(exc, "errno", None) in _CHANGED_ERRNOS:
+            raise SnapshotSourceChangedError("entry changed while the workspace was being persisted",
+                                             sandbox_path=path) from None
+        raise
 
 
 def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
@@ -930,81 +982,164 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                tar: _TarWriter | None, progress: Callable[[int, int], None] | None,
                skip_ids: frozenset[tuple[int, int]] = frozenset(),
                fixups: list[tuple[str, int]] | None = None) -> tuple[int, int]:
+    """Walk the workspace once and stream every kept entry into ``digest`` (and ``tar``).
+
+    Ordinary entries stream as they are listed (O(1) memory).  A regular
+    file with more than one link is deferred until the walk has counted
+    its names (only multi-linked inodes are remembered): it is archived
+    only when every one of its links was seen inside the workspace walk
+    (the first name as a file, the others as hard-link members); otherwise
+    it is linked to a file outside the workspace (or to an excluded path)
+    and its content is never read: refused, or skipped and reported.
+    """
     alimits = _archive_limits(limits)
-    entries = 0
-    content = 0
-    links: dict[tuple[int, int], tuple[str, str]] = {}  # (dev, ino) -> (first path, sha256)
-    files = tar if tar is not None else _TarWriter(None)  # without a tar: hash only
+    state = _WalkState(limits, digest, tar if tar is not None else _TarWriter(None), tar is not None, fixups)
+    multi: dict[tuple[int, int], _Linked] = {}  # (dev, ino) -> names seen, for st_nlink > 1 only
     last_report = time.monotonic()
-    for item in _scan(ws, excluded, skipped, mounts, skip_ids):
-        target = None
-        if item.kind == "symlink":
-            try:
-                target = ws.readlink(item.path)
-            except FileNotFoundError:
-                continue
-        if not _policy_check(ws, item, target, on_unrestorable, skipped, alimits):
-            continue
-        entries += 1
-        if entries > limits.max_entries:
-            raise SnapshotLimitError("workspace has more entries than max_entries", sandbox_path=item.path,
-                                     context={"max_entries": limits.max_entries})
-        mode = _stat.S_IMODE(item.st.st_mode) & 0o777
-        if item.kind == "dir":
+
+    def admit_dir(item: _Item) -> bool:
+        if _policy_check(ws, item, on_unrestorable, skipped, alimits)[0]:
+            state.count(item)
+            mode = _stat.S_IMODE(item.st.st_mode) & 0o777
             digest.add(item.path, "dir", 0, mode, "")
             if fixups is not None and mode != _x_dir_mode(mode):
                 fixups.append((item.path, mode))
             if tar is not None:
                 tar.add(_tarinfo(item.path, tarfile.DIRTYPE, mode, item.st.st_mtime))
-        elif item.kind == "symlink":
-            assert target is not None
-            digest.add(item.path, "symlink", 0, 0o777, target)
-            if tar is not None:
-                ti = _tarinfo(item.path, tarfile.SYMTYPE, 0o777, item.st.st_mtime)
-                ti.linkname = target
-                tar.add(ti)
+            return True
+        return False
+
+    for item in _scan(ws, excluded, skipped, mounts, skip_ids, admit_dir):
+        if item.kind == "dir":
+            pass  # admitted and recorded by admit_dir before the walk entered it
         else:
-            fd = _open_member(ws, item)
-            if fd is None:
-                entries -= 1
+            ok, target = _policy_check(ws, item, on_unrestorable, skipped, alimits)
+            if not ok:
                 continue
-            try:
-                st = _member_stat(fd, item)
-                mode = _stat.S_IMODE(st.st_mode) & 0o777
-                key = (st.st_dev, st.st_ino)
-                if st.st_nlink > 1 and key in links:
-                    first, sha_hex = links[key]
-                    digest.add(item.path, "file", st.st_size, mode, sha_hex)
-                    if tar is not None:
-                        ti = _tarinfo(item.path, tarfile.LNKTYPE, mode, st.st_mtime)
-                        ti.linkname = first
-                        tar.add(ti)
+            if item.kind == "symlink":
+                assert target is not None
+                state.count(item)
+                digest.add(item.path, "symlink", 0, 0o777, target)
+                if tar is not None:
+                    ti = _tarinfo(item.path, tarfile.SYMTYPE, 0o777, item.st.st_mtime)
+                    ti.linkname = target
+                    tar.add(ti)
+            elif item.st.st_nlink > 1:
+                state.count(item)
+                key = (item.st.st_dev, item.st.st_ino)
+                linked = multi.get(key)
+                if linked is None:
+                    multi[key] = _Linked(item.st.st_nlink, [item])
+                else:
+                    linked.items.append(item)
+                    if item.st.st_nlink != linked.nlink:
+                        linked.changed = True
+            else:
+                state.count(item)
+                fd = _open_member(ws, item)
+                if fd is None:
+                    state.entries -= 1
                     continue
-                if st.st_size > limits.max_file_bytes:
-                    raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
-                                             context={"max_file_bytes": limits.max_file_bytes})
-                content += st.st_size
-                if content > limits.max_total_bytes:
-                    raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
-                                             context={"max_total_bytes": limits.max_total_bytes})
-                if fixups is not None and mode != _x_file_mode(mode):
-                    fixups.append((item.path, mode))
-                ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
-                ti.size = st.st_size
-                sha_hex = files.add_file(ti, fd, item.path)
-                if st.st_nlink > 1:
-                    links[key] = (item.path, sha_hex)
-                digest.add(item.path, "file", st.st_size, mode, sha_hex)
-            finally:
-                os.close(fd)
+                try:
+                    state.add_file(item, fd, [])
+                finally:
+                    os.close(fd)
         if progress is not None:
             now = time.monotonic()
             if now - last_report >= 0.2:
                 last_report = now
-                progress(entries, content)
+                progress(state.entries, state.content)
+    for linked in multi.values():
+        _add_linked(ws, state, linked, on_unrestorable, skipped)
     if progress is not None:
-        progress(entries, content)
-    return entries, content
+        progress(state.entries, state.content)
+    return state.entries, state.content
+
+
+@dataclass
+class _Linked:
+    """The names of one multi-linked inode seen by the walk, with its link count at listing time."""
+
+    nlink: int
+    items: list[_Item]
+    changed: bool = False
+
+
+class _WalkState:
+    """Counters and sinks shared by the streaming walk and the deferred hard-linked files."""
+
+    def __init__(self, limits: SnapshotLimits, digest: _Digest, files: _TarWriter, write: bool,
+                 fixups: list[tuple[str, int]] | None) -> None:
+        self.limits = limits
+        self.digest = digest
+        self.files = files
+        self.write = write
+        self.fixups = fixups
+        self.entries = 0
+        self.content = 0
+
+    def count(self, item: _Item) -> None:
+        self.entries += 1
+        if self.entries > self.limits.max_entries:
+            raise SnapshotLimitError("workspace has more entries than max_entries", sandbox_path=item.path,
+                                     context={"max_entries": self.limits.max_entries})
+
+    def add_file(self, item: _Item, fd: int, links: list[_Item]) -> os.stat_result:
+        """Archive the file open on ``fd`` as ``item``, then ``links`` as hard links to it."""
+        limits = self.limits
+        st = _member_stat(fd, item)
+        mode = _stat.S_IMODE(st.st_mode) & 0o777
+        if st.st_size > limits.max_file_bytes:
+            raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
+                                     context={"max_file_bytes": limits.max_file_bytes})
+        self.content += st.st_size
+        if self.content > limits.max_total_bytes:
+            raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
+                                     context={"max_total_bytes": limits.max_total_bytes})
+        if self.fixups is not None and mode != _x_file_mode(mode):
+            self.fixups.append((item.path, mode))
+        ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
+        ti.size = st.st_size
+        sha_hex = self.files.add_file(ti, fd, item.path)
+        self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
+        for other in links:
+            self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
+            if self.write:
+                ti = _tarinfo(other.path, tarfile.LNKTYPE, mode, st.st_mtime)
+                ti.linkname = item.path
+                self.files.add(ti)
+        return st
+
+
+def _add_linked(ws: Root, state: _WalkState, linked: _Linked, on_unrestorable: str,
+                skipped: list[tuple[str, str]]) -> None:
+    """Archive one multi-linked inode if all its links are inside the walk, else refuse or skip it."""
+    items = linked.items
+    if linked.changed or len(items) > linked.nlink:
+        raise SnapshotSourceChangedError("hard links of this file changed while the workspace was persisted",
+                                         sandbox_path=items[0].path)
+    if len(items) < linked.nlink:
+        reason = (f"file has {linked.nlink} hard links but only {len(items)} in the persisted workspace "
+                  "(linked to a file outside it or to an excluded path); its content is never read")
+        if on_unrestorable == "skip":
+            skipped.extend((it.path, reason) for it in items)
+            state.entries -= len(items)
+            return
+        raise UnrestorableEntryError(reason, sandbox_path=items[0].path, context={"kind": "file"})
+    for i, first in enumerate(items):
+        fd = _open_member(ws, first)
+        if fd is None:
+            state.entries -= 1  # removed since the listing: its other names still hold the inode
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink != linked.nlink:
+                raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
+                                                 "persisted", sandbox_path=first.path)
+            state.add_file(first, fd, items[i + 1:])
+        finally:
+            os.close(fd)
+        return
 
 
 def _member_stat(fd: int, item: _Item) -> os.stat_result:

@@ -165,7 +165,7 @@ def test_excluded_mount_and_tmp_entries_not_persisted(layout, store):
 def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store, monkeypatch):
     (layout.ws / "victim").write_text("harmless")
     with open_root(layout.ws) as ws:
-        real_walk = Root.walk
+        real_walk = Root._walk_dirs
 
         def racing_walk(self, path="."):
             for top, dirs, nondirs in real_walk(self, path):
@@ -175,7 +175,7 @@ def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store, 
                 yield top, dirs, nondirs
 
         # Root has __slots__: patch the class.  The listing said "file"; the open finds a symlink.
-        monkeypatch.setattr(Root, "walk", racing_walk)
+        monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
         assert ei.value.retryable
@@ -187,7 +187,7 @@ def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store, 
 def test_file_swapped_for_fifo_mid_walk_does_not_block(layout, store, monkeypatch):
     (layout.ws / "victim").write_text("harmless")
     with open_root(layout.ws) as ws:
-        real_walk = Root.walk
+        real_walk = Root._walk_dirs
 
         def racing_walk(self, path="."):
             for top, dirs, nondirs in real_walk(self, path):
@@ -195,7 +195,7 @@ def test_file_swapped_for_fifo_mid_walk_does_not_block(layout, store, monkeypatc
                 os.mkfifo(layout.ws / "victim")
                 yield top, dirs, nondirs
 
-        monkeypatch.setattr(Root, "walk", racing_walk)
+        monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
         with pytest.raises(SnapshotSourceChangedError):
             persist(ws, store, "s")
 
@@ -579,7 +579,7 @@ def test_file_that_changes_size_while_persisted_is_refused_not_truncated(layout,
 def test_file_replaced_by_another_file_between_listing_and_open_is_refused(layout, store, monkeypatch):
     """The opened fd must be the inode the listing's lstat saw (not just any regular file)."""
     (layout.ws / "victim").write_text("listed")
-    real_walk = Root.walk
+    real_walk = Root._walk_dirs
 
     def racing_walk(self, path="."):
         for top, dirs, nondirs in real_walk(self, path):
@@ -587,7 +587,7 @@ def test_file_replaced_by_another_file_between_listing_and_open_is_refused(layou
             os.replace(layout.ws / "other", layout.ws / "victim")  # a new inode at the same name
             yield top, dirs, nondirs
 
-    monkeypatch.setattr(Root, "walk", racing_walk)
+    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
@@ -597,7 +597,7 @@ def test_file_replaced_by_another_file_between_listing_and_open_is_refused(layou
 def test_symlink_swapped_in_after_listing_is_never_read_even_for_large_files(layout, store, monkeypatch):
     """A multi-buffer file swapped for a symlink to a host secret: refused, secret never in the store."""
     (layout.ws / "big").write_bytes(os.urandom(3 << 20))
-    real_walk = Root.walk
+    real_walk = Root._walk_dirs
 
     def racing_walk(self, path="."):
         for top, dirs, nondirs in real_walk(self, path):
@@ -605,7 +605,7 @@ def test_symlink_swapped_in_after_listing_is_never_read_even_for_large_files(lay
             os.symlink(layout.outside / "secret.txt", layout.ws / "big")
             yield top, dirs, nondirs
 
-    monkeypatch.setattr(Root, "walk", racing_walk)
+    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError):
             persist(ws, store, "s")
@@ -759,3 +759,175 @@ def test_restore_keeps_mount_points_and_merges_into_their_parents(layout, store,
     assert not (layout.ws / "a" / "old").exists()
     assert stat.S_IMODE(os.stat(layout.ws / "a").st_mode) == 0o750
     assert sorted(os.listdir(layout.ws)) == ["a", "top"]
+
+
+# ------------------------------------- hard links: only inodes whose every link is inside
+
+
+def _archive_bytes(store_dir: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in store_dir.iterdir() if p.suffix == ".tar")
+
+
+def test_hard_link_to_an_outside_file_is_never_archived(layout, store, tmp_path):
+    """A workspace name hard-linked to an outside inode: its content never reaches the store."""
+    (layout.ws / "ok.txt").write_text("fine")
+    os.link(layout.outside / "secret.txt", layout.ws / "innocent")
+    with open_root(layout.ws) as ws:
+        with pytest.raises(UnrestorableEntryError) as ei:
+            persist(ws, store, "s")
+        assert ei.value.sandbox_path == "innocent" and "hard link" in str(ei.value)
+        assert store.info("s") is None
+        rep = persist(ws, store, "s", on_unrestorable="skip")
+        assert [p for p, _ in rep.skipped] == ["innocent"]
+        assert tree_digest(ws) == rep.info.tree_digest
+    data = _archive_bytes(tmp_path / "store")
+    assert layout.secret.encode() not in data and b"fine" in data
+    with tarfile.open(tmp_path / "store" / rep.info.archive) as tar:
+        assert tar.getnames() == ["ok.txt"]
+
+
+def test_hard_links_inside_round_trip_and_a_partly_outside_group_is_refused(layout, store, tmp_path):
+    (layout.ws / "a").mkdir()
+    (layout.ws / "a" / "one").write_text("shared inside")
+    os.link(layout.ws / "a" / "one", layout.ws / "two")
+    os.link(layout.ws / "a" / "one", layout.ws / "three")
+    (layout.ws / "mixed").write_text(layout.secret)
+    os.link(layout.ws / "mixed", layout.ws / "a" / "mixed2")
+    os.link(layout.ws / "mixed", layout.outside / "planted")  # a third link, outside
+    with open_root(layout.ws) as ws:
+        rep = persist(ws, store, "s", on_unrestorable="skip")
+    assert sorted(p for p, _ in rep.skipped) == ["a/mixed2", "mixed"]
+    assert layout.secret.encode() not in _archive_bytes(tmp_path / "store")
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with open_root(dst) as r:
+        hydrate(r, store, "s")
+    ino = {os.stat(dst / p).st_ino for p in ("a/one", "two", "three")}
+    assert len(ino) == 1 and os.stat(dst / "two").st_nlink == 3
+    assert (dst / "three").read_text() == "shared inside"
+    assert not (dst / "mixed").exists()
+
+
+def test_hard_link_planted_after_the_listing_is_refused_as_changed(layout, store, monkeypatch, tmp_path):
+    (layout.ws / "x").write_text("mine")
+    os.link(layout.ws / "x", layout.ws / "y")
+    real_walk = Root._walk_dirs
+
+    def racing_walk(self, path="."):
+        for top, dirs, nondirs in real_walk(self, path):
+            yield top, dirs, nondirs
+            if top == "":
+                os.link(layout.ws / "x", layout.outside / "late")  # link count changes after listing
+    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s")
+    assert ei.value.retryable and store.info("s") is None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=st.lists(st.tuples(st.integers(1, 4), st.booleans()), min_size=1, max_size=6))
+def test_property_hard_link_groups(groups, tmp_path_factory):
+    """Groups of in-workspace links round-trip as one inode; a group with an outside link never reaches the store."""
+    base = tmp_path_factory.mktemp("hl")
+    ws, out, dst = base / "ws", base / "out", base / "dst"
+    for d in (ws, out, dst):
+        d.mkdir()
+    (ws / "sub").mkdir()
+    for g, (n, outside) in enumerate(groups):
+        first = ws / f"g{g}_0"
+        first.write_bytes(f"GROUP-{g}-{'OUT' if outside else 'IN'}-{os.urandom(4).hex()}".encode())
+        for i in range(1, n):
+            os.link(first, ws / ("sub" if i % 2 else ".") / f"g{g}_{i}")
+        if outside:
+            os.link(first, out / f"g{g}")
+    s = LocalSnapshotStore(base / "store")
+    with s, open_root(ws) as w, open_root(dst) as d:
+        rep = persist(w, s, "p", on_unrestorable="skip")
+        hydrate(d, s, "p")
+    data = _archive_bytes(base / "store")
+    assert b"-OUT-" not in data
+    for g, (n, outside) in enumerate(groups):
+        names = [p for p in dst.rglob(f"g{g}_*")]
+        if outside:
+            assert names == []
+        else:
+            assert len(names) == n and len({p.stat().st_ino for p in names}) == 1
+            assert names[0].stat().st_nlink == n
+
+
+# ------------------------------------- robustness: PATH_MAX paths, a tree changing under the walk
+
+
+def _deep_dir(ws: Path, total_bytes: int) -> str:
+    fd = os.open(ws, os.O_RDONLY)
+    parts = []
+    try:
+        while sum(len(p) + 1 for p in parts) < total_bytes:
+            name = f"d{len(parts):02d}" + "x" * 247
+            os.mkdir(name, dir_fd=fd)
+            nfd = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            parts.append(name)
+        with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
+            f.write("deep")
+        os.symlink("leaf", "leaflink", dir_fd=fd)
+    finally:
+        os.close(fd)
+    return "/".join(parts)
+
+
+def test_path_over_path_max_is_refused_or_skipped_like_other_unrestorable_entries(layout, store):
+    """A process cannot block every snapshot with a > 4095-byte path: it is an unrestorable entry."""
+    (layout.ws / "ok.txt").write_text("ok")
+    _deep_dir(layout.ws, 5000)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(UnrestorableEntryError) as ei:
+            persist(ws, store, "s")
+        assert ei.value.code == "snapshot_unrestorable_entry"
+        rep = persist(ws, store, "s", on_unrestorable="skip")
+        assert tree_digest(ws) == rep.info.tree_digest
+    assert len(rep.skipped) == 1 and "max_path_bytes" in rep.skipped[0][1]
+    assert len(rep.skipped[0][0].encode()) > 4095
+    assert rep.info.entries >= 2  # ok.txt and the directories up to the limit
+
+
+def test_symlink_swapped_back_to_a_dir_is_retryable(layout, store, monkeypatch):
+    """readlink EINVAL on a name listed as a symlink: the tree changed, retry (never os_error)."""
+    (layout.ws / "d").mkdir()
+    (layout.ws / "s").symlink_to("d")
+    real_walk = Root._walk_dirs
+
+    def racing_walk(self, path="."):
+        for top, dirs, nondirs in real_walk(self, path):
+            if top == "":
+                os.unlink(layout.ws / "s")
+                os.mkdir(layout.ws / "s")
+            yield top, dirs, nondirs
+    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s", on_unrestorable="skip")
+    assert ei.value.retryable
+
+
+def test_parent_swapped_for_outside_symlink_mid_walk_is_retryable_and_never_read(layout, store, monkeypatch,
+                                                                                  tmp_path):
+    """A parent swapped for a symlink to outside after the walk entered it: retryable, nothing read."""
+    (layout.ws / "d" / "subdir").mkdir(parents=True)
+    (layout.ws / "d" / "subdir" / "inner.txt").write_text("mine")
+    real_walk = Root._walk_dirs
+
+    def racing_walk(self, path="."):
+        for top, dirs, nondirs in real_walk(self, path):
+            if top == "d/subdir":
+                os.rename(layout.ws / "d", layout.ws / "d.away")
+                os.symlink(layout.outside, layout.ws / "d")
+            yield top, dirs, nondirs
+    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s", on_unrestorable="skip")
+    assert ei.value.retryable and store.info("s") is None
+    assert layout.secret.encode() not in _archive_bytes(tmp_path / "store")
