@@ -931,3 +931,53 @@ def test_parent_swapped_for_outside_symlink_mid_walk_is_retryable_and_never_read
             persist(ws, store, "s", on_unrestorable="skip")
     assert ei.value.retryable and store.info("s") is None
     assert layout.secret.encode() not in _archive_bytes(tmp_path / "store")
+
+
+class _InterruptAfter(io.RawIOBase):
+    """A reader that raises KeyboardInterrupt once ``limit`` bytes were read (an interrupt mid-extraction)."""
+
+    def __init__(self, f, limit: int) -> None:
+        self.f, self.left = f, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.left <= 0:
+            raise KeyboardInterrupt
+        n = self.f.readinto(memoryview(b)[:self.left])
+        self.left -= n
+        return n
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 50_000))
+def test_property_interrupt_anywhere_in_restore_keeps_previous_workspace(cut, tmp_path_factory):
+    """Wherever an interrupt lands while the snapshot is extracted, the previous workspace is untouched."""
+    import sandbox_fs.snapshot as snap
+
+    base = tmp_path_factory.mktemp("cut")
+    src, ws = base / "src", base / "ws"
+    (src / "d" / "e").mkdir(parents=True)
+    for i in range(12):
+        (src / "d" / f"f{i}").write_bytes(bytes([i]) * 2500)
+    (src / "d" / "e" / "link").symlink_to("../f1")
+    _previous_workspace(ws)
+    before = _live(ws)
+    real = snap._archive_extract
+    s = LocalSnapshotStore(base / "store")
+    with s, open_root(src) as r, open_root(ws) as w:
+        persist(r, s, "s")
+        snap._archive_extract = lambda root, dest, f, **kw: real(root, dest, _InterruptAfter(f, cut), **kw)
+        try:
+            hydrate(w, s, "s")
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            snap._archive_extract = real
+    assert _staging_dirs(ws) == []
+    if interrupted:
+        assert _live(ws) == before
+    else:
+        assert sorted(os.listdir(ws)) == ["d"]
