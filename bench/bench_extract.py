@@ -21,7 +21,8 @@ Then the peak RSS of ``sandbox-fs extract -`` fed generated tar streams of
 growing size (64 MiB, 2 GiB, 90,000 members) shows memory does not grow with
 the archive.
 
-Usage: ``python bench/bench_extract.py [--rounds N] [--fs /tmp,/dev/shm] [--rss-fs /dev/shm]``
+Usage: ``python bench/bench_extract.py [--rounds N] [--fs /tmp,/dev/shm] [--rss-fs /dev/shm]
+[--only ext4|tmpfs]``
 """
 
 from __future__ import annotations
@@ -136,7 +137,13 @@ def main() -> int:
     ap.add_argument("--fs", default="/tmp,/dev/shm")
     ap.add_argument("--tools", default="gnutar,sandbox,sandbox-inplace,tarfile-data")
     ap.add_argument("--rss-fs", default="/dev/shm", help="filesystem for the peak-RSS scenarios ('' to skip)")
+    ap.add_argument("--only", choices=["ext4", "tmpfs"],
+                    help="quick iteration: one filesystem (/tmp or /dev/shm), GNU tar and sandbox only, no RSS runs")
     args = ap.parse_args()
+    if args.only:
+        args.fs = "/tmp" if args.only == "ext4" else "/dev/shm"
+        args.tools = "gnutar,sandbox"
+        args.rss_fs = ""
     tools = args.tools.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-extract-") as work:
         archive, members = build_archive(work)

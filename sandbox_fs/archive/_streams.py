@@ -302,9 +302,13 @@ class StreamCounter:
         header body before tarfile's own parser sees it.
         """
         data = self.read(n)
+        self.unread(data)
+        return data
+
+    def unread(self, data: bytes) -> None:
+        """Give back ``data``, the bytes just read (already counted): the next :meth:`read` returns them again."""
         self._pushback = data + self._pushback
         self.position -= len(data)
-        return data
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:

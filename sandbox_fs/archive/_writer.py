@@ -608,27 +608,47 @@ class Extractor:
         Done after every member (a directory's mtime changes as entries are
         added); order does not matter since changing a child's metadata never
         changes its parent's mtime.
+
+        Each directory of ours is opened ``O_DIRECTORY|O_NOFOLLOW`` through
+        the work Root (``RESOLVE_NO_SYMLINKS``: a symlink or non-directory
+        there is skipped, never followed) and its entries are listed from
+        that fd by type (``getdents``, no ``lstat`` each); modes and mtimes
+        go through ``Root.chmod``/``Root.utime`` (never following a leaf
+        symlink; read-only grants checked).  Memory: the paths of our
+        directories still to visit; fds: one at a time.
         """
         if not self._dir_meta:
             return
-        for dirpath, dirnames, _nondirs in self.work.walk("."):
-            keep = []
-            for d in dirnames:
-                rel = os.fsencode(f"{dirpath}/{d}" if dirpath else d)
-                k = _key(rel)
-                if self._kinds.get(k) != _DIR:
-                    continue  # not made by this extraction (in place into an existing tree): never touched
-                keep.append(d)
-                meta = self._dir_meta.get(k)
-                if meta is None:
-                    continue
-                mode, mt, owner = meta
-                self.work.chmod(rel, mode)
-                if self._owner and owner is not None:
-                    self._chown(rel, owner)
-                if mt is not None:
-                    self.work.utime(rel, ns=(mt, mt))
-            dirnames[:] = keep
+        work, kinds, meta = self.work, self._kinds, self._dir_meta
+        dflags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        stack: list[bytes] = [b""]
+        while stack:
+            rel = stack.pop()
+            if rel:
+                m = meta.get(_key(rel))
+                if m is not None:
+                    mode, mt, owner = m
+                    work.chmod(rel, mode)
+                    if self._owner and owner is not None:
+                        self._chown(rel, owner)
+                    if mt is not None:
+                        work.utime(rel, ns=(mt, mt))
+            try:
+                fd = work.open_fd(rel or b".", dflags)
+            except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
+                if not rel:
+                    raise
+                continue  # swapped or removed meanwhile: never followed
+            try:
+                with os.scandir(fd) as it:
+                    for ent in it:
+                        if ent.is_dir(follow_symlinks=False):
+                            name = os.fsencode(ent.name)
+                            child = rel + b"/" + name if rel else name
+                            if kinds.get(_key(child)) == _DIR:
+                                stack.append(child)
+            finally:
+                os.close(fd)
 
     def finish(self) -> None:
         """Create the symlinks, apply directory modes/mtimes, then move the staged tree in.

@@ -1,0 +1,190 @@
+"""The tar reader's fast path for plain one-block headers gives exactly what tarfile gives.
+
+``_tar.parse_simple_header`` parses regular / directory / symlink / hard-link
+headers itself and hands everything else to tarfile.  Two checks: on any
+512-byte block (valid ones from tarfile's writer, and mutated ones with odd
+numbers, prefixes, V7 directories ...) the fast parser either declines or
+returns tarfile's own values; and whole archives extract to the same tree,
+report and error with the fast path on and off.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_archive_builders import tar_bytes, ti
+
+from sandbox_fs import SandboxError, open_root
+from sandbox_fs.archive import ExtractPolicy, extract
+from sandbox_fs.archive import _tar
+
+
+def _tarfile_view(buf: bytes):
+    """What tarfile makes of one header block (frombuf, then _proc_builtin's directory rule)."""
+    try:
+        info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return None
+    name = info.name.rstrip("/") if info.isdir() else info.name
+    return (name, info.type, info.mode, info.uid, info.gid, info.size, info.mtime, info.linkname)
+
+
+def _header(name: str, kind: bytes = tarfile.REGTYPE, *, fmt: int = tarfile.USTAR_FORMAT, size: int = 0,
+            linkname: str = "", mode: int = 0o644, uid: int = 1000, mtime: int = 1_700_000_000) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.linkname, info.mode, info.uid, info.mtime = kind, size, linkname, mode, uid, mtime
+    return info.tobuf(fmt, "utf-8", "surrogateescape")[-512:]
+
+
+def _with_checksum(block: bytearray) -> bytes:
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % (sum(block) & 0o777777)
+    return bytes(block)
+
+
+_PLAIN = [
+    _header("a.txt", size=5),
+    _header("dir/", tarfile.DIRTYPE),
+    _header("dir//", tarfile.DIRTYPE),
+    _header("lnk", tarfile.SYMTYPE, linkname="a.txt"),
+    _header("hard", tarfile.LNKTYPE, linkname="a.txt"),
+    _header("p" * 90 + "/" + "q" * 90),  # ustar prefix field
+    _header("p" * 90 + "/" + "d" * 90, tarfile.DIRTYPE),
+    _header("caf\u00e9/\udcff-not-utf8", size=3, fmt=tarfile.GNU_FORMAT),
+    _header("big", size=(8 << 30) - 1, fmt=tarfile.GNU_FORMAT),  # 11 octal digits
+    _header("huge", size=8 << 30, fmt=tarfile.GNU_FORMAT),  # base-256: tarfile's
+    _header("gnu.txt", fmt=tarfile.GNU_FORMAT, mode=0o4777, mtime=0),
+    _header("neg-mtime", fmt=tarfile.GNU_FORMAT, mtime=-5),  # base-256: tarfile's
+    _header("v7dir/", tarfile.AREGTYPE),  # old V7 directory
+    _header("v7file", tarfile.AREGTYPE, size=7),
+]
+
+
+@pytest.mark.parametrize("block", _PLAIN)
+def test_plain_headers_match_tarfile(block):
+    fast = _tar.parse_simple_header(block)
+    assert fast is None or fast == _tarfile_view(block)
+    if b"neg-mtime" not in block and b"huge" not in block:
+        assert fast is not None  # the common headers do take the fast path
+
+
+def test_declines_what_it_does_not_know():
+    assert _tar.parse_simple_header(b"\0" * 512) is None  # end of archive
+    assert _tar.parse_simple_header(_PLAIN[0][:511]) is None
+    bad = bytearray(_PLAIN[0])
+    bad[0] ^= 1  # checksum no longer matches
+    assert _tar.parse_simple_header(bytes(bad)) is None
+    for kind in (tarfile.CHRTYPE, tarfile.FIFOTYPE, tarfile.CONTTYPE, tarfile.GNUTYPE_SPARSE,
+                 tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, b"Z"):
+        assert _tar.parse_simple_header(_header("x", kind)) is None
+
+
+_FIELDS = [(0, 100), (100, 8), (108, 8), (116, 8), (124, 12), (136, 12), (148, 8), (156, 1), (157, 100),
+           (329, 8), (337, 8), (345, 155)]
+_BYTES = st.lists(st.sampled_from(list(b"0178 \0\x80\xff\x1c\t_+-/.a\xc3\xa9x5")), min_size=0, max_size=14)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(_PLAIN), edits=st.lists(st.tuples(st.sampled_from(_FIELDS), st.integers(0, 11), _BYTES),
+                                                   max_size=4), fix_sum=st.booleans())
+def test_mutated_headers_match_tarfile(base, edits, fix_sum):
+    block = bytearray(base)
+    for (start, width), at, data in edits:
+        at = min(at, width - 1)
+        chunk = bytes(data)[: width - at]
+        block[start + at:start + at + len(chunk)] = chunk
+    buf = _with_checksum(block) if fix_sum else bytes(block)
+    fast = _tar.parse_simple_header(buf)
+    if fast is not None:
+        assert fast == _tarfile_view(buf)
+
+
+# ---------------------------------------------------------------- whole archives
+
+def _blocks(*parts: bytes) -> bytes:
+    return b"".join(p + b"\0" * (-len(p) % 512) for p in parts)
+
+
+def _archives() -> dict[str, bytes]:
+    files = [ti("top", "dir"), ti("top/a.txt", data=b"hello"), ti("top/sub", "dir", mode=0o700),
+             ti("top/sub/x", data=b"x" * 1000, mode=0o751), ti("top/l", "symlink", linkname="a.txt"),
+             ti("top/h", "hardlink", linkname="top/a.txt"), ti("p" * 90 + "/" + "q" * 90, data=b"prefix"),
+             ti("top/a.txt", data=b"replaced")]
+    out = {f"fmt{fmt}": tar_bytes(files, fmt=fmt) for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT,
+                                                               tarfile.PAX_FORMAT)}
+    out["pax-path"] = tar_bytes([ti("plain", data=b"1"), ti("short", data=b"2", pax={"path": "from/pax"}),
+                                 ti("after", data=b"3")])
+    out["gnu-long"] = tar_bytes([ti("n" * 150, data=b"long"), ti("next", data=b"n")], fmt=tarfile.GNU_FORMAT)
+    glob = tarfile.TarInfo("g")
+    glob.type = tarfile.XGLTYPE
+    out["global-pax"] = _blocks(_header("one", size=1), b"1",
+                                tarfile.TarInfo.create_pax_global_header({"mtime": "5"}),
+                                _header("two", size=1), b"2") + b"\0" * 1024
+    out["v7-dir"] = _blocks(_header("v7/", tarfile.AREGTYPE), _header("v7/f", size=2), b"ok") + b"\0" * 1024
+    out["dir-with-size"] = _blocks(_header("d", tarfile.DIRTYPE, size=512), _header("d/f", size=1), b"z")
+    out["no-eof-blocks"] = _blocks(_header("f", size=3), b"abc")
+    out["truncated-padding"] = _header("f", size=3) + b"abc" + b"\0" * 10
+    out["truncated-data"] = _header("f", size=3000) + b"abc"
+    out["truncated-header"] = _blocks(_header("f", size=3), b"abc") + _header("g")[:100]
+    out["garbage-after"] = _blocks(_header("f", size=3), b"abc") + b"\x01" * 512 + _blocks(_header("g", size=1), b"g")
+    out["bad-second-checksum"] = _blocks(_header("f", size=1), b"f") + b"X" + _header("g")[1:]
+    out["special"] = tar_bytes([ti("fifo", "fifo"), ti("after", data=b"a")])
+    unknown = tarfile.TarInfo("unknown")
+    unknown.type, unknown.size = b"Z", 10_000  # tarfile skips its data blocks
+    out["unknown-with-data"] = _blocks(unknown.tobuf(tarfile.USTAR_FORMAT), b"u" * 10_000,
+                                       _header("after", size=1), b"a") + b"\0" * 1024
+    out["unknown-truncated"] = _blocks(unknown.tobuf(tarfile.USTAR_FORMAT), b"u" * 5_000)
+    out["escape"] = tar_bytes([ti("ok", data=b"1"), ti("../evil", data=b"x")])
+    out["through-link"] = tar_bytes([ti("l", "symlink", linkname="."), ti("l/f", data=b"x")])
+    return out
+
+
+def _tree(top: str) -> list[tuple]:
+    rows = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        for n in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, n)
+            st_ = os.lstat(p)
+            body = os.readlink(p) if os.path.islink(p) else (Path(p).read_bytes() if os.path.isfile(p) else None)
+            rel = os.path.relpath(p, top)
+            mtime = st_.st_mtime_ns
+            if os.path.isdir(p) and not os.path.islink(p) and mtime > 1_750_000_000 * 10**9:
+                mtime = "now"  # the destination or an implicit parent: not from the archive
+            rows.append((rel, st_.st_mode, mtime,
+                         st_.st_nlink if os.path.isfile(p) else 0, body))
+    return sorted(rows)
+
+
+def _outcome(tmp_path, data: bytes, how: str, in_place: bool):
+    dest = tmp_path / f"d{len(list(tmp_path.iterdir()))}"
+    dest.mkdir()
+    src = tmp_path / "a.tar"
+    src.write_bytes(data)
+    source = {"file": str(src), "stream": io.BytesIO(data), "gz": io.BytesIO(gzip.compress(data))}[how]
+    try:
+        with open_root(dest) as root:
+            rep = extract(root, "out", source, policy=ExtractPolicy(in_place=in_place, special_files="skip"))
+        result = ("ok", rep.members, rep.files, rep.dirs, rep.symlinks, rep.hardlinks, rep.bytes_written,
+                  [(s.member, s.rule) for s in rep.skipped])
+    except SandboxError as exc:
+        result = ("error", type(exc).__name__, getattr(exc, "rule", None), str(exc))
+    return result, _tree(str(dest))
+
+
+@pytest.mark.parametrize("name", sorted(_archives()))
+@pytest.mark.parametrize("how", ["file", "stream", "gz"])
+def test_fast_path_extracts_what_tarfile_extracts(tmp_path, monkeypatch, name, how):
+    data = _archives()[name]
+    for in_place in (False, True):
+        fast = _outcome(tmp_path, data, how, in_place)
+        with monkeypatch.context() as m:
+            m.setattr(_tar, "parse_simple_header", lambda buf: None)
+            slow = _outcome(tmp_path, data, how, in_place)
+        assert fast == slow, name
