@@ -141,6 +141,9 @@ def _archives() -> dict[str, bytes]:
     out["unknown-with-data"] = _blocks(unknown.tobuf(tarfile.USTAR_FORMAT), b"u" * 10_000,
                                        _header("after", size=1), b"a") + b"\0" * 1024
     out["unknown-truncated"] = _blocks(unknown.tobuf(tarfile.USTAR_FORMAT), b"u" * 5_000)
+    out["interleaved"] = tar_bytes([ti("a/1", data=b"1"), ti("b/1", data=b"2"), ti("a/2", data=b"3"),
+                                    ti("top", data=b"4"), ti("a/c/1", data=b"5"), ti("a/3", data=b"6"),
+                                    ti("b", "dir", mode=0o750), ti("b/2", data=b"7"), ti("a/1", data=b"8")])
     out["escape"] = tar_bytes([ti("ok", data=b"1"), ti("../evil", data=b"x")])
     out["through-link"] = tar_bytes([ti("l", "symlink", linkname="."), ti("l/f", data=b"x")])
     return out
@@ -182,9 +185,60 @@ def _outcome(tmp_path, data: bytes, how: str, in_place: bool):
 @pytest.mark.parametrize("how", ["file", "stream", "gz"])
 def test_fast_path_extracts_what_tarfile_extracts(tmp_path, monkeypatch, name, how):
     data = _archives()[name]
+    seen = []
     for in_place in (False, True):
         fast = _outcome(tmp_path, data, how, in_place)
         with monkeypatch.context() as m:
             m.setattr(_tar, "parse_simple_header", lambda buf: None)
             slow = _outcome(tmp_path, data, how, in_place)
         assert fast == slow, name
+        seen.append(fast)
+    if seen[0][0][0] == "ok":
+        # staging (creates relative to a kept parent-directory fd) and in place (Root.open_fd) agree
+        assert seen[0] == seen[1], name
+
+
+# ---------------------------------------------------------------- member names
+
+def _normalize_reference(raw: bytes, limits) -> tuple:
+    """The name rules written plainly (no fast path): ('ok', path) or ('refused', rule)."""
+    import re
+
+    from sandbox_fs.archive._names import NAME_MAX
+    if b"\0" in raw:
+        return ("refused", "nul_in_name")
+    if raw.startswith((b"/", b"\\")):
+        return ("refused", "absolute_name")
+    if re.match(rb"^[A-Za-z]:", raw):
+        return ("refused", "drive_letter")
+    if b".." in re.split(rb"[/\\]", raw):
+        return ("refused", "dotdot")
+    comps = [c for c in raw.split(b"/") if c and c != b"."]
+    if any(len(c) > NAME_MAX for c in comps):
+        return ("refused", "name_too_long")
+    if len(comps) > limits.max_depth:
+        return ("refused", "max_depth")
+    path = b"/".join(comps)
+    if len(path) > limits.max_path_bytes:
+        return ("refused", "max_path_bytes")
+    return ("ok", path)
+
+
+_NAME_PARTS = st.sampled_from([b".", b"./", b"/", b"..", b"a", b"bc", b"C:", b"\\", b"\0", b"x" * 256, b":"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(parts=st.lists(_NAME_PARTS, max_size=8), depth=st.integers(1, 4), path_bytes=st.integers(1, 300))
+def test_member_name_fast_path_matches_the_rules(parts, depth, path_bytes):
+    from sandbox_fs.archive import ArchiveLimits
+    from sandbox_fs.archive._errors import ArchiveLimitError, UnsafeArchiveMemberError
+    from sandbox_fs.archive._names import normalize_member
+    limits = ArchiveLimits(max_depth=depth, max_path_bytes=path_bytes)
+    raw = b"".join(parts)
+    try:
+        got = ("ok", normalize_member(raw, limits))
+    except UnsafeArchiveMemberError as exc:
+        got = ("refused", exc.rule)
+    except ArchiveLimitError as exc:
+        got = ("refused", exc.limit)
+    assert got == _normalize_reference(raw, limits)

@@ -64,11 +64,15 @@ def normalize_member(name: str | bytes, limits: ArchiveLimits, *, shown: str | b
         ArchiveLimitError: ``max_depth`` or ``max_path_bytes`` exceeded.
     """
     raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
-    if (b"\0" not in raw and b"\\" not in raw and b".." not in raw and b":" not in raw and raw[:1] != b"/"
-            and b"//" not in raw and b"/./" not in raw and raw[:2] != b"./" and raw[-2:] != b"/." and raw != b"."):
+    # one leading "./" (as in `tar -C dir -cf x .`) is dropped for the fast check only;
+    # a name the fast path declines is judged whole below
+    clean = raw[2:] if raw[:2] == b"./" else raw
+    if (b"\0" not in clean and b"\\" not in clean and b".." not in clean and b":" not in clean
+            and clean[:1] != b"/" and b"//" not in clean and b"/./" not in clean and clean[:2] != b"./"
+            and clean[-2:] != b"/." and clean != b"."):
         # fast path for the common clean name: only the length limits apply
-        if len(raw) <= limits.max_path_bytes and raw.count(b"/") < limits.max_depth:
-            comps = raw.rstrip(b"/").split(b"/") if raw else []
+        if len(clean) <= limits.max_path_bytes and clean.count(b"/") < limits.max_depth:
+            comps = clean.rstrip(b"/").split(b"/") if clean else []
             if all(len(c) <= NAME_MAX for c in comps):
                 return b"/".join(comps)
     member = shown if shown is not None else name

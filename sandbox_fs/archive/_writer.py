@@ -26,6 +26,7 @@ Layout (atomic mode, the default):
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
@@ -51,6 +52,7 @@ MAX_SKIPPED_LISTED = 1000
 _REC = struct.Struct("<HHHq?")  # path len, target len, member len, mtime_ns, has mtime
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _STAGE_FLAGS = _CREATE_FLAGS | os.O_CLOEXEC
+_PDIR_FLAGS = _native.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE, _DIR, _LINK = "file", "dir", "symlink"
 
 
@@ -141,6 +143,8 @@ class Extractor:
         self._staging: str | None = None
         self._opened: list[Root] = []
         self._stage_fd = -1
+        self._pdir: bytes | None = None  # the parent directory kept open by _create_staged
+        self._pdir_fd = -1
         self._setup(root, dest)
         if self._staging is not None:
             # Staging fast path: a new file in our own fresh staging tree is created with ONE
@@ -348,8 +352,7 @@ class Extractor:
         if kind is None:
             try:
                 if self._stage_fd >= 0:
-                    fd = _native.open_beneath(self._stage_resolver, self._stage_fd, path, _STAGE_FLAGS, fmode,
-                                              _native.RESOLVE_NO_SYMLINKS, "extract", self.shown_dest)
+                    fd = self._create_staged(path, fmode)
                 else:
                     fd = self.work.open_fd(path, _CREATE_FLAGS, fmode)
             except FileExistsError:
@@ -417,6 +420,47 @@ class Extractor:
                 self._chown(path, owner)
         self._kinds[key] = _FILE
         self.files += 1
+
+    def _create_staged(self, path: bytes, fmode: int) -> int:
+        """Create the new file ``path`` in the fresh staging tree and return its fd.
+
+        The leaf is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to its
+        parent directory's fd; the parent is opened ``O_PATH|O_DIRECTORY``
+        beneath the staging directory with ``RESOLVE_NO_SYMLINKS`` (no
+        symlink on any component) and kept while the next members go to the
+        same directory (archives list a directory's files together), so the
+        kernel resolves the path once a directory instead of once a member.
+        Directories are never removed or replaced during an extraction, so
+        the kept fd is the directory that path named.
+
+        Raises:
+            FileExistsError: the name exists.
+            SymlinkRefusedError, PathEscapeError: a symlink on the parent's path.
+            OSError: any other failure (with the destination's sandbox path).
+        """
+        parent, _, leaf = path.rpartition(b"/")
+        if not parent:
+            dfd = self._stage_fd
+        elif parent == self._pdir:
+            dfd = self._pdir_fd
+        else:
+            self._close_pdir()
+            dfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0,
+                                       _native.RESOLVE_NO_SYMLINKS, "extract", self.shown_dest)
+            self._pdir, self._pdir_fd = parent, dfd
+        try:
+            return os.open(leaf, _STAGE_FLAGS, fmode, dir_fd=dfd)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
+            raise  # unreachable
+
+    def _close_pdir(self) -> None:
+        if self._pdir_fd >= 0:
+            os.close(self._pdir_fd)
+            self._pdir_fd = -1
+        self._pdir = None
 
     def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
         """Record symlink member ``name`` -> ``target``; it is created by :meth:`finish`.
@@ -657,6 +701,7 @@ class Extractor:
             UnsafeArchiveMemberError: a symlink rule or a ``conflict`` with a
                 pre-existing entry of the destination (found before anything moves).
         """
+        self._close_pdir()
         self._create_symlinks()
         self._apply_dir_meta()
         if self._staging is None:
@@ -718,6 +763,7 @@ class Extractor:
             if self._spool is not None:
                 self._spool.close()
                 self._spool = None
+            self._close_pdir()
             if self._stage_fd >= 0:
                 os.close(self._stage_fd)
                 self._stage_fd = -1
