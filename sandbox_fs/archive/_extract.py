@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import os
 import stat
-from typing import Any, BinaryIO, Callable
+import threading
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
-import trio
+if TYPE_CHECKING:
+    import trio
 
 from ..root import Root
 from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
@@ -152,16 +154,26 @@ def _splice_fd(source: Any) -> int:
         return -1
 
 
-_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sandbox_fs_archive_limiter")
+# trio is imported on the first async call: it costs ~150 ms of start-up that a synchronous
+# extraction (the CLI, a host without trio) never needs.
+_LIMITER: "trio.lowlevel.RunVar[trio.CapacityLimiter] | None" = None
+_LIMITER_LOCK = threading.Lock()
 
 
 def default_limiter() -> trio.CapacityLimiter:
     """The archive module's own ``CapacityLimiter`` for this trio run (2 concurrent extractions)."""
+    global _LIMITER
+    import trio
+
+    with _LIMITER_LOCK:
+        if _LIMITER is None:
+            _LIMITER = trio.lowlevel.RunVar("sandbox_fs_archive_limiter")
+        var = _LIMITER
     try:
-        return _LIMITER.get()
+        return var.get()
     except LookupError:
         lim = trio.CapacityLimiter(2)
-        _LIMITER.set(lim)
+        var.set(lim)
         return lim
 
 
@@ -190,6 +202,8 @@ async def extract_async(root: Root, dest: str, source: BinaryIO | str | os.PathL
         before the cancel remain.  The thread is never abandoned: the call
         returns only once the worker has cleaned up.
     """
+    import trio
+
     lim = limiter if limiter is not None else default_limiter()
     return await trio.to_thread.run_sync(
         _extract, root, dest, source, format, limits, policy, trio.from_thread.check_cancelled,
