@@ -73,7 +73,7 @@ def normalize_member(name: str | bytes, limits: ArchiveLimits, *, shown: str | b
         # fast path for the common clean name: only the length limits apply
         if len(clean) <= limits.max_path_bytes and clean.count(b"/") < limits.max_depth:
             comps = clean.rstrip(b"/").split(b"/") if clean else []
-            if all(len(c) <= NAME_MAX for c in comps):
+            if len(clean) <= NAME_MAX or all(len(c) <= NAME_MAX for c in comps):
                 return b"/".join(comps)
     member = shown if shown is not None else name
     if b"\0" in raw:

@@ -335,19 +335,6 @@ class Extractor:
         fmode = file_mode(mode)
         mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
         meter = self.meter
-
-        def chunks():
-            total = 0
-            while True:
-                data = read(CHUNK_BYTES)
-                if not data:
-                    return
-                total += len(data)
-                if total > lim:
-                    raise ArchiveLimitError("max_member_bytes", lim, total, name)
-                meter.add_written(len(data))
-                yield data
-
         fd = -1
         if kind is None:
             try:
@@ -412,6 +399,18 @@ class Extractor:
                     pass
                 raise
         else:
+            def chunks():
+                total = 0
+                while True:
+                    data = read(CHUNK_BYTES)
+                    if not data:
+                        return
+                    total += len(data)
+                    if total > lim:
+                        raise ArchiveLimitError("max_member_bytes", lim, total, name)
+                    meter.add_written(len(data))
+                    yield data
+
             try:
                 self._guard(name, lambda: self.work.atomic_write(path, chunks(), mode=fmode, fsync=False, mtime_ns=mt))
             except IsADirectoryError:
