@@ -8,16 +8,9 @@ the decompressor to the file with no extra stream-buffer copy (measured: the
 with ``next()`` and dropped from ``TarFile.members`` at once so memory does
 not grow with the member count.
 
-Plain headers are parsed here (:func:`parse_simple_header`): a one-block
-regular / directory / symlink / hard-link header with an unsigned checksum
-and octal-text numbers, while no PAX global header is in force, gives exactly
-the values tarfile's ``frombuf`` + ``_proc_builtin`` give (a differential
-test holds the two together), with one read a member for the padding and the
-next header.  Every other block (extension headers, sparse and special
-types, base-256 numbers, a bad checksum, the end of the archive) is pushed
-back and parsed by tarfile under all the guards below.  Measured on the
-stdlib tarball: tarfile's header parsing was ~40 us a member, a third of the
-extraction time on tmpfs.
+Every header is parsed by tarfile (the project keeps format parsing in the
+well-kept library: a second parser of our own would be a second place for
+parser differentials).
 
 Header-size bound (the sound way to check before tarfile reads a header body
 into memory): tarfile builds every header from its 512-byte block with
@@ -44,10 +37,8 @@ squared lengths add up past :data:`PAX_DIGIT_COST_HEADER` per header or
 
 from __future__ import annotations
 
-import codecs
 import re
 import stat as _stat
-import struct
 import tarfile
 from typing import Any, Callable
 
@@ -177,10 +168,7 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
                 check_cancel: Callable[[], None] | None, splice_fd: int = -1) -> None:
     """Read the (already decompressed) tar ``stream`` and apply each member to ``ex``.
 
-    Plain one-block headers (see :func:`parse_simple_header`) are parsed here;
-    every other header (PAX, GNU long names, sparse, special types, base-256
-    numbers, a bad checksum, the end of the archive ...) is pushed back and
-    parsed by tarfile, with all the guards above.  Both give the same member.
+    Every header is parsed by tarfile, with all the guards above.
 
     Raises:
         ArchiveFormatError: the stream is not a valid tar archive.
@@ -192,18 +180,10 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
         tf = tarfile.open(fileobj=counter, mode="r:", tarinfo=info_cls)
     except (tarfile.TarError, OSError, *PARSE_ERRORS) as exc:
         raise _format_error(exc, meter) from None
-    # the fast path decodes names exactly as tarfile would: only for utf-8 + surrogateescape,
-    # which decode any bytes (tarfile's default on Linux)
-    fast = tf.errors == "surrogateescape" and codecs.lookup(tf.encoding).name == "utf-8"
     try:
         while True:
             if check_cancel is not None:
                 check_cancel()
-            if fast and tf.firstmember is None and not tf.pax_headers:
-                fields = _next_simple(tf, counter, meter)
-                if fields is not None:
-                    _apply_simple(fields, ex, counter)
-                    continue
             try:
                 ti = tf.next()
             except (tarfile.TarError, OSError, *PARSE_ERRORS) as exc:
@@ -214,116 +194,6 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
             _apply(tf, ti, ex, meter, counter)
     finally:
         tf.close()
-
-
-_HEADER = struct.Struct("100s8s8s8s12s12s8sc100s6s2s32s32s8s8s155s12x")
-#: member types whose header is one block and whose meaning tarfile does not change later
-_SIMPLE_TYPES = frozenset({tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE,
-                           tarfile.LNKTYPE})
-#: padding skipped with one read together with the next header; more is skipped in bounded chunks
-_MAX_JOINED_SKIP = 4096
-
-
-def parse_simple_header(buf: bytes) -> tuple[str, bytes, int, int, int, int, int, str] | None:
-    """Parse a plain one-block tar header as ``tarfile.TarInfo.frombuf`` + ``_proc_builtin`` would.
-
-    Returns ``(name, type, mode, uid, gid, size, mtime, linkname)`` for a
-    512-byte header of type regular (``0``/NUL), directory, symlink or hard
-    link whose checksum is the unsigned one and whose numeric fields are
-    octal text; the values are exactly tarfile's (utf-8, surrogateescape).
-    Returns None for anything else, which tarfile then parses (and judges):
-    an end-of-archive block, a bad or signed checksum, base-256 or odd
-    numbers, extension headers, sparse and special types.
-    """
-    if len(buf) != 512:
-        return None
-    (name, mode, uid, gid, size, mtime, chk, typ, link, _magic, _version, _uname, _gname, dmajor, dminor,
-     prefix) = _HEADER.unpack(buf)
-    if typ not in _SIMPLE_TYPES:
-        return None
-    try:
-        # tarfile's nti(): the text up to the first NUL, stripped, read as octal ("" is 0).
-        # int() on bytes strips only ASCII whitespace and refuses non-ASCII and base-256
-        # fields: those raise here and go to tarfile, which decides.
-        c = chk.partition(b"\0")[0]
-        if not c or int(c, 8) != 256 + sum(buf) - sum(chk):
-            return None
-        f = mode.partition(b"\0")[0]
-        imode = int(f, 8) if f else 0
-        f = uid.partition(b"\0")[0]
-        iuid = int(f, 8) if f else 0
-        f = gid.partition(b"\0")[0]
-        igid = int(f, 8) if f else 0
-        f = size.partition(b"\0")[0]
-        isize = int(f, 8) if f else 0
-        f = mtime.partition(b"\0")[0]
-        imtime = int(f, 8) if f else 0
-        f = dmajor.partition(b"\0")[0]  # unused, but tarfile refuses the header when invalid
-        if f:
-            int(f, 8)
-        f = dminor.partition(b"\0")[0]
-        if f:
-            int(f, 8)
-    except ValueError:
-        return None
-    sname = name.partition(b"\0")[0].decode("utf-8", "surrogateescape")
-    if typ == tarfile.AREGTYPE and sname.endswith("/"):
-        typ = tarfile.DIRTYPE  # old V7 directory
-    if typ == tarfile.DIRTYPE:
-        sname = sname.rstrip("/")
-    p = prefix.partition(b"\0")[0]
-    if p:
-        sname = p.decode("utf-8", "surrogateescape") + "/" + sname
-        if typ == tarfile.DIRTYPE:
-            sname = sname.rstrip("/")
-    slink = link.partition(b"\0")[0].decode("utf-8", "surrogateescape")
-    return sname, typ, imode, iuid, igid, isize, imtime, slink
-
-
-def _next_simple(tf: tarfile.TarFile, counter: StreamCounter,
-                 meter: Meter) -> tuple[str, bytes, int, int, int, int, int, str] | None:
-    """Read the next header at ``tf.offset``; parse it when simple, else push it back for tarfile.
-
-    The padding before the header and the header are read together (one
-    read a member).  A stream that ends inside the padding is the error
-    tarfile gives (``unexpected end of data``).
-    """
-    off = tf.offset
-    skip = off - counter.position
-    if skip < 0:
-        return None  # tarfile reports the corrupt offset
-    if skip > _MAX_JOINED_SKIP:
-        counter.seek(off)
-        if counter.position != off:
-            raise _format_error(tarfile.ReadError("unexpected end of data"), meter)
-        skip = 0
-    got = counter.read(skip + 512)
-    if len(got) < skip:
-        raise _format_error(tarfile.ReadError("unexpected end of data"), meter)
-    buf = got[skip:] if skip else got
-    fields = parse_simple_header(buf)
-    if fields is None:
-        counter.unread(buf)  # position is ``off`` again: tarfile reads this block itself
-        return None
-    size = fields[5]
-    data = counter.position
-    # as _proc_builtin: only regular files have data blocks (a directory's or link's size is ignored)
-    tf.offset = data + ((size + 511) & ~511 if fields[1] in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0)
-    return fields
-
-
-def _apply_simple(fields: tuple[str, bytes, int, int, int, int, int, str], ex: Extractor,
-                  counter: StreamCounter) -> None:
-    name, typ, mode, uid, gid, size, mtime, link = fields
-    ex.count_member(name)
-    if typ == tarfile.DIRTYPE:
-        ex.add_dir(name, mode & 0o7777, mtime, owner=(uid, gid))
-    elif typ == tarfile.SYMTYPE:
-        ex.add_symlink(name, link, mtime)
-    elif typ == tarfile.LNKTYPE:
-        ex.add_hardlink(name, link)
-    else:
-        _add_plain_file(name, mode, uid, gid, size, mtime, ex, counter, counter.position)
 
 
 def _add_plain_file(name: str, mode: int, uid: int, gid: int, size: int, mtime: int, ex: Extractor,
