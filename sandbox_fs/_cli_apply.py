@@ -141,10 +141,7 @@ def handler(args: argparse.Namespace) -> int:
         manifest = load_manifest(_read_manifest(args.manifest), trust="untrusted")
         ws_dir = _workspace_dir(args, manifest.root)
         base = os.path.abspath(args.base) if args.base else None
-        grants = []
-        for spec in args.grant:
-            g = Grant.parse(spec)
-            grants.append(Grant(os.path.abspath(g.path), read_only=g.read_only))
+        grants = [Grant.parse(spec, relative_to=os.getcwd()) for spec in args.grant]
         _make_root_dir(ws_dir)
         opts = MaterializeOptions(base_dir=base, extra_path_grants=grants, digest=not args.no_digest,
                                   progress=MaterializeProgress())

@@ -55,11 +55,8 @@ def _read_input(path: str, what: str, max_bytes: int = 64 << 20) -> bytes:
 
 
 def parse_grant(spec: str) -> Grant:
-    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is made absolute."""
-    path, sep, mode = spec.rpartition(":")
-    if sep and mode in ("ro", "rw"):
-        return Grant(os.path.abspath(path), read_only=(mode == "ro"))
-    return Grant(os.path.abspath(spec), read_only=True)
+    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is taken from the cwd."""
+    return Grant.parse(spec, relative_to=os.getcwd())
 
 
 def client_options(args: argparse.Namespace) -> Any:

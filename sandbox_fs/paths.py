@@ -120,12 +120,24 @@ class Grant:
         object.__setattr__(self, "path", posixpath.normpath(self.path))
 
     @classmethod
-    def parse(cls, spec: str) -> "Grant":
-        """Parse ``PATH``, ``PATH:ro`` or ``PATH:rw`` (the CLI form; default read-only)."""
+    def parse(cls, spec: str, *, relative_to: str | None = None) -> "Grant":
+        """Parse ``PATH``, ``PATH:ro`` or ``PATH:rw`` (the CLI form; default read-only).
+
+        Args:
+            spec: the grant text.
+            relative_to: a trusted absolute directory that a relative PATH is
+                joined to (the CLI passes the operator's cwd); None refuses
+                relative paths.
+
+        Raises:
+            InvalidPathError: PATH is relative and ``relative_to`` is None.
+        """
         path, sep, mode = spec.rpartition(":")
-        if sep and mode in ("ro", "rw"):
-            return cls(path, read_only=(mode == "ro"))
-        return cls(spec, read_only=True)
+        if not (sep and mode in ("ro", "rw")):
+            path, mode = spec, "ro"
+        if relative_to is not None and not path.startswith("/"):
+            path = posixpath.join(relative_to, path)
+        return cls(path, read_only=(mode == "ro"))
 
 
 @dataclass(frozen=True)

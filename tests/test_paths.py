@@ -94,6 +94,8 @@ def test_grant_parse():
     assert Grant.parse("/x") == Grant("/x", True)
     with pytest.raises(InvalidPathError):
         Grant.parse("rel:rw")
+    assert Grant.parse("rel/x:rw", relative_to="/base") == Grant("/base/rel/x", False)
+    assert Grant.parse("/abs", relative_to="/base") == Grant("/abs", True)
 
 
 @settings(max_examples=300, deadline=None)
