@@ -89,6 +89,40 @@ def layout(tmp_path) -> Layout:
     return Layout(tmp_path, ws, outside, secret)
 
 
+@pytest.fixture
+def ws(layout):
+    """A Root on ``layout.ws`` (the exec tests' workspace)."""
+    root = sandbox_fs.open_root(layout.ws)
+    yield root
+    root.close()
+
+
+@pytest.fixture
+def pygrant():
+    """Python lives under /root/.pyenv here: an explicit read-only grant of its prefix."""
+    import sys
+
+    root = sandbox_fs.open_root(sys.base_prefix, read_only=True)
+    yield [(root, True)]
+    root.close()
+
+
+@pytest.fixture
+def opts(tmp_path):
+    """ClientOptions with a private workspaces dir and snapshot store under tmp_path."""
+    from sandbox_fs.client import ClientOptions
+
+    return ClientOptions(workspaces_dir=str(tmp_path / "workspaces"), snapshot_dir=str(tmp_path / "store"))
+
+
+@pytest.fixture
+def client(opts):
+    from sandbox_fs.client import LocalSandboxClient
+
+    with LocalSandboxClient(opts) as c:
+        yield c
+
+
 _WATCHED_HOST_DIRS = ("/", "/etc", "/usr", "/root")
 
 

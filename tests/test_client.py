@@ -25,17 +25,6 @@ from sandbox_fs.session import SessionBusyError
 MANIFEST = {"entries": {"a.txt": {"type": "file", "content": "from manifest"}}}
 
 
-@pytest.fixture
-def opts(tmp_path):
-    return ClientOptions(workspaces_dir=str(tmp_path / "workspaces"), snapshot_dir=str(tmp_path / "store"))
-
-
-@pytest.fixture
-def client(opts):
-    with LocalSandboxClient(opts) as c:
-        yield c
-
-
 async def _saved_state(client, **create):
     async with client.create(**create) as s:
         await s.write("f.txt", b"data")

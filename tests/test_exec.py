@@ -42,21 +42,6 @@ needs_scope = pytest.mark.skipif(ABI < 6, reason="Landlock ABI < 6: no signal sc
 PYTHON = os.path.join(sys.base_prefix, "bin", "python3")
 
 
-@pytest.fixture
-def ws(layout):
-    root = open_root(layout.ws)
-    yield root
-    root.close()
-
-
-@pytest.fixture
-def pygrant():
-    """Python lives under /root/.pyenv here: an explicit read-only grant of its prefix."""
-    root = open_root(sys.base_prefix, read_only=True)
-    yield [(root, True)]
-    root.close()
-
-
 async def run(layout, ws, argv, **kw):
     return await run_confined(argv, workspace=ws, workspace_host_path=str(layout.ws), **kw)
 

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 import sandbox_fs
-from sandbox_fs import _landlock, open_root
+from sandbox_fs import _landlock
 from sandbox_fs import exec as sfs_exec
 from sandbox_fs.exec import ConfinementPolicy, ProcessSupervisor, run_confined
 
@@ -39,20 +39,6 @@ needs_root = pytest.mark.skipif(not ROOT, reason="needs root (namespaces and cgr
 _SYSCALLS = {"x86_64": {"add_key": 248, "keyctl": 250, "clone3": 435},
              "aarch64": {"add_key": 217, "keyctl": 219, "clone3": 435}}.get(platform.machine())
 needs_syscall_table = pytest.mark.skipif(_SYSCALLS is None, reason="syscall numbers known for x86_64/aarch64 only")
-
-
-@pytest.fixture
-def ws(layout):
-    root = open_root(layout.ws)
-    yield root
-    root.close()
-
-
-@pytest.fixture
-def pygrant():
-    root = open_root(sys.base_prefix, read_only=True)
-    yield [(root, True)]
-    root.close()
 
 
 async def run(layout, ws, argv, **kw):

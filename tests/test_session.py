@@ -36,17 +36,6 @@ class FakeSupervisor:
         await trio.lowlevel.checkpoint()
 
 
-@pytest.fixture
-def opts(tmp_path):
-    return ClientOptions(workspaces_dir=str(tmp_path / "workspaces"), snapshot_dir=str(tmp_path / "store"))
-
-
-@pytest.fixture
-def client(opts):
-    with LocalSandboxClient(opts) as c:
-        yield c
-
-
 def _ws(opts, session) -> str:
     return os.path.join(opts.workspaces_dir, session.id)
 
