@@ -81,6 +81,7 @@ def features() -> dict[str, object]:
     abi = _native.lib.sfs_landlock_abi()
     fuse = False
     try:
+        # host-access: features() probe of a fixed device node
         fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         os.close(fd)
         fuse = True

@@ -54,7 +54,8 @@ def _read_manifest(path: str) -> bytes:
         data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
     else:
         try:
-            with open(path, "rb") as fh:  # the CLI user's own file (trusted input path)
+            # host-access: the manifest file the operator named on the command line
+            with open(path, "rb") as fh:
                 data = fh.read(MAX_MANIFEST_BYTES + 1)
         except OSError as exc:
             raise ManifestError(f"cannot read the manifest file ({os.strerror(exc.errno or 5)})",
@@ -77,6 +78,7 @@ def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
     # it names an existing, empty, real directory (never created here, never
     # one holding files that the manifest could overwrite).
     try:
+        # host-access: checks the manifest root is an existing empty real dir before any Root is opened on it
         fd = os.open(manifest_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         raise ManifestError("without --root, the manifest's root must be an existing directory "
@@ -93,7 +95,7 @@ def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
 
 def _make_root_dir(path: str) -> None:
     try:
-        os.mkdir(path, 0o700)
+        os.mkdir(path, 0o700)  # host-access: the operator's --root, created before open_root
     except FileExistsError:
         pass
     except FileNotFoundError:

@@ -21,10 +21,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"kernel features: {features()}")
     with tempfile.TemporaryDirectory(prefix="sfs-demo-") as tmp:
         ws, outside = os.path.join(tmp, "ws"), os.path.join(tmp, "outside")
-        os.mkdir(ws)
-        os.mkdir(outside)
+        os.mkdir(ws)  # host-access: the demo's own throw-away temp dir
+        os.mkdir(outside)  # host-access: the demo's own throw-away temp dir
+        # host-access: the demo's sentinel, outside the workspace on purpose
         with open(os.path.join(outside, "secret.txt"), "w") as f:
             f.write("secret\n")
+        # host-access: the demo plants the hostile link itself
         os.symlink("../outside", os.path.join(ws, "escape"))
         refused = 0
         with open_root(ws) as root:
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
                 except SandboxError as exc:
                     refused += 1
                     print(f"  {label}: refused -> {exc}")
+        # host-access: the demo checks its own sentinel dir
         ok = refused == 5 and os.listdir(outside) == ["secret.txt"]
         print("demo:", "every escape refused, outside untouched" if ok else "FAILED")
         return 0 if ok else 1

@@ -101,6 +101,7 @@ def handler(args: argparse.Namespace) -> int:
             # Unbuffered: every read is one syscall issued from Python code, so a SIGTERM or
             # SIGINT while waiting for input interrupts it and runs the handler at once (a
             # buffered reader can sit in its C read loop with the signal already noted).
+            # host-access: stdin fd, not a path
             with open(sys.stdin.fileno(), "rb", buffering=0, closefd=False) as stdin:
                 report = extract(root, dest, stdin, format=args.format, limits=limits, policy=policy)
         else:

@@ -78,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # lives is authority, and only the operator's --root (or a private
         # workspace under --workspaces-dir) decides it.
     if root is not None:
+        # host-access: the operator's --root, created before open_root
         os.makedirs(root, mode=0o700, exist_ok=True)
 
     options = ClientOptions(
@@ -87,6 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         base_dir=os.path.abspath(args.base) if args.base else None,
     )
     if args.workspaces_dir is None:
+        # host-access: the default workspaces dir (operator config)
         os.makedirs(options.workspaces_dir, mode=0o700, exist_ok=True)
     exec_kw: dict[str, Any] = {"timeout_s": args.timeout, "confinement": args.confinement, "cwd": args.cwd}
     if args.max_output_bytes is not None:

@@ -44,7 +44,8 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
 
 def _read_input(path: str, what: str, max_bytes: int = 64 << 20) -> bytes:
     try:
-        with open(path, "rb") as fh:  # a path the operator named on the command line (trusted)
+        # host-access: a state/manifest/key file the operator named on the command line
+        with open(path, "rb") as fh:
             data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise CliInputError(f"cannot read the {what} file ({os.strerror(exc.errno or 5)})",
@@ -97,10 +98,10 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # host-access: the state file the operator named
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp)  # host-access: our own temp file beside the operator-named state file
         except OSError:
             pass
         raise

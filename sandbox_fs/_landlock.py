@@ -181,6 +181,7 @@ def _etc_rules(top: str = "/etc") -> list[SystemRule]:
     def scan(node: Node) -> None:
         """Fill node.children; node.clean = everything beneath is world-readable and allowed."""
         try:
+            # host-access: system set: walking /etc to grant only world-readable files (fixed host paths, never a workspace)
             with os.scandir(node.path) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError:
@@ -245,7 +246,7 @@ def _etc_rules(top: str = "/etc") -> list[SystemRule]:
     for path in links:
         try:
             real = os.path.realpath(path)
-            st = os.stat(real)
+            st = os.stat(real)  # host-access: system set: where an /etc symlink lands (fixed host paths)
         except OSError:
             continue
         if not (real.startswith("/usr/") or (real.startswith(top + "/") and granted(real))):
@@ -282,7 +283,7 @@ def _dir_signature() -> tuple:
     sig = []
     for d in _WATCHED_DIRS:
         try:
-            st = os.stat(d)
+            st = os.stat(d)  # host-access: system set: the fixed system directories
             sig.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
         except OSError:
             sig.append(None)
@@ -304,6 +305,7 @@ class _SystemFds:
         try:
             for rule in system_rules():
                 try:
+                    # host-access: system set: O_PATH fd for a Landlock rule on a fixed host path
                     fd = os.open(rule.host_path, _native.O_PATH | os.O_CLOEXEC)
                 except OSError:
                     continue  # vanished or changed since listing: less access, never more
@@ -399,6 +401,7 @@ class Ruleset:
     def add_host_path(self, host_path: str, access: int) -> bool:
         """Open a fixed system path ``O_PATH`` and add it; False when it does not exist."""
         try:
+            # host-access: system set: O_PATH fd for a Landlock rule on a fixed host path
             fd = os.open(host_path, _native.O_PATH | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return False

@@ -222,7 +222,8 @@ class LocalSandboxClient:
         self.options = options
         path = os.fspath(options.workspaces_dir)
         if not os.path.isdir(path):
-            os.makedirs(path, mode=0o700, exist_ok=True)  # trusted host path from the application
+            # host-access: workspaces_dir is trusted application config; opened as a Root right after
+            os.makedirs(path, mode=0o700, exist_ok=True)
         self._parent: Root = open_root(path, label="workspaces")
         self._own_store = False
         try:

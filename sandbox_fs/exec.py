@@ -616,9 +616,10 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
 def _find_cgroup2() -> str | None:
     """Host path of this process's cgroup v2 directory, or None without a cgroup2 mount."""
     try:
+        # host-access: our own process mount table (finding the cgroup2 mount)
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split() for line in f]
-        with open("/proc/self/cgroup") as f:
+        with open("/proc/self/cgroup") as f:  # host-access: our own process's cgroup
             own = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
     except OSError:
         return None
@@ -644,6 +645,7 @@ class _CgroupTree:
 
     def __init__(self, base: str, pids_max: int | None) -> None:
         self.dir = f"{base}/sandbox-fs-{os.getpid()}-{next(self._ids)}-{os.urandom(3).hex()}"
+        # host-access: the supervisor cgroup dir under cgroupfs (kernel interface, not a workspace)
         os.mkdir(self.dir, 0o755)
         self._leaves = itertools.count(1)
         self.pids = False
@@ -1071,6 +1073,7 @@ def _cgroup_mounts() -> tuple[str, ...]:
     if _CGROUP_MOUNTS is None:
         found = []
         try:
+            # host-access: our own process mount table (finding the cgroup2 mount)
             with open("/proc/self/mountinfo") as f:
                 for line in f:
                     parts = line.split()

@@ -383,7 +383,8 @@ class LocalSnapshotStore:
     def __init__(self, directory: str | os.PathLike, *, create: bool = True) -> None:
         path = os.fspath(directory)
         if create and not os.path.isdir(path):
-            os.makedirs(path, mode=0o700, exist_ok=True)  # trusted host path from the application
+            # host-access: the store dir is trusted application config; opened as a Root right after
+            os.makedirs(path, mode=0o700, exist_ok=True)
         self.root = open_root(path, label="snapshot-store")
 
     # -- reading
