@@ -18,7 +18,7 @@ import threading
 from typing import Any, Iterator
 
 from .archive import FORMATS, ArchiveLimits, ExtractPolicy, extract
-from .errors import InvalidPathError
+from .errors import InvalidArgumentError
 from .root import open_root
 
 _LIMIT_FLAGS = {
@@ -85,7 +85,9 @@ def handler(args: argparse.Namespace) -> int:
     try:
         limits = ArchiveLimits(**overrides)
     except ValueError as exc:  # pydantic ValidationError
-        raise InvalidPathError(f"invalid limit: {' '.join(str(exc).split())[:200]}", sandbox_path=None) from None
+        first = exc.errors()[0] if hasattr(exc, "errors") else None
+        what = f"{first['loc'][0]}: {first['msg']}" if first else " ".join(str(exc).split())[:200]
+        raise InvalidArgumentError(f"invalid limit {what}", sandbox_path=None) from None
     policy = ExtractPolicy(in_place=args.in_place, special_files="skip" if args.skip_special else "refuse")
     into = os.path.abspath(args.into)
     parent, leaf = os.path.split(into)

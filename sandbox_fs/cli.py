@@ -17,6 +17,7 @@ import importlib
 import os
 import resource
 import sys
+from typing import NoReturn
 
 from .errors import SandboxError
 
@@ -37,8 +38,15 @@ def _raise_nofile() -> None:
         pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one stderr line (exit 2), like every other refusal."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"sandbox-fs: error: usage: {_one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sandbox-fs", description="A security-hardened filesystem sandbox.")
+    parser = _Parser(prog="sandbox-fs", description="A security-hardened filesystem sandbox.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMANDS:
         modname = f"sandbox_fs._cli_{name}"

@@ -26,6 +26,7 @@ __all__ = [
     "SymlinkRefusedError",
     "ReadOnlyError",
     "InvalidPathError",
+    "InvalidArgumentError",
     "WorkspaceClosedError",
     "NativeUnavailableError",
     "SandboxOSError",
@@ -146,6 +147,12 @@ class InvalidPathError(SandboxError, ValueError):
     """A sandbox path is malformed: NUL, empty, too long, or climbs above its root."""
 
     code = "invalid_path"
+
+
+class InvalidArgumentError(SandboxError, ValueError):
+    """An option or argument given by the caller is out of range or malformed (not a path)."""
+
+    code = "invalid_argument"
 
 
 class WorkspaceClosedError(SandboxError, ValueError):

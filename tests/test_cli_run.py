@@ -89,3 +89,20 @@ def test_run_required_confinement_fails_closed_without_landlock(job, monkeypatch
     layout, mpath, common = job
     r = run("run", "--manifest", str(mpath), *common, "--", "/bin/true")
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["bogus"], ["extract"], ["snapshot", "restore", "--store", "s"],
+                                  ["run", "--timeout", "soon", "--", "true"]])
+def test_usage_errors_are_one_line(args):
+    r = run(*args)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sandbox-fs: error: usage:"), r.stderr
+
+
+def test_bad_limit_is_an_invalid_argument(tmp_path):
+    (tmp_path / "a.tar").write_bytes(b"")
+    r = run("extract", str(tmp_path / "a.tar"), "--into", str(tmp_path / "d"), "--max-members", "-1")
+    assert r.returncode == 1
+    assert r.stderr.startswith("sandbox-fs: error: invalid_argument: invalid limit max_members")
+    assert len(r.stderr.strip().splitlines()) == 1
