@@ -145,13 +145,6 @@ def open_beneath(resolver: str, dirfd: int, rel: bytes, flags: int, mode: int, r
     return check(ret, op, sandbox_path)
 
 
-def native_open_function(resolver: str):
-    """The raw C open function for ``resolver`` (returns fd or -errno; no mapping)."""
-    if resolver == "fallback":
-        return lib.sfs_open_fallback
-    return lib.sfs_openat2
-
-
 def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int,
               op: str, sandbox_path: str | None) -> None:
     """renameat2(2) on names relative to two dir fds (flags: RENAME_NOREPLACE ...)."""

@@ -20,10 +20,8 @@ access only: nothing persists them.
 
 from __future__ import annotations
 
-import os
 import posixpath
-import stat as _stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 from .errors import InvalidPathError, PathEscapeError, ReadOnlyError
@@ -254,6 +252,3 @@ class PathPolicy:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def is_dir_mode(mode: int) -> bool:
-    return _stat.S_ISDIR(mode)

@@ -187,7 +187,7 @@ class Root:
             ``filename`` set to the sandbox path, never a host path.
     """
 
-    __slots__ = ("_closing", "_deny", "_fallback", "_fdbox", "_inflight", "_label", "_open_native",
+    __slots__ = ("_closing", "_deny", "_fallback", "_fdbox", "_inflight", "_label",
                  "_resolve", "_root_id", "no_symlinks", "read_only", "resolver", "__weakref__")
 
     def __init__(self, _fd: int, *, read_only: bool, no_symlinks: bool, resolver: str,
@@ -211,7 +211,6 @@ class Root:
         self._root_id = (st.st_dev, st.st_ino)
         self._resolve = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_MAGICLINKS |
                          (_native.RESOLVE_NO_SYMLINKS if no_symlinks else 0))
-        self._open_native = _native.native_open_function(resolver)
         self._fallback = 1 if resolver == "fallback" else 0
 
     # ------------------------------------------------------------------ basics
