@@ -44,7 +44,7 @@ echo "== 1. materialize + compile confined + persist"
     --workspaces-dir "$DEMO/workspaces" --snapshot-dir "$DEMO/snapshots" --state "$DEMO/state.json" \
     --timeout 300 -- "$PYBIN" -m compileall -q .
 echo "   pyc files in the workspace: $(find "$DEMO/workspaces" -name '*.pyc' | wc -l)"
-echo "   snapshots: $(ls "$DEMO/snapshots")"
+echo "   snapshot archives in the store: $(cd "$DEMO/snapshots" && ls *.tar | tr '\n' ' ')"
 
 echo "== 2. delete the workspace, resume a new session from the snapshot"
 rm -rf "$DEMO/workspaces"
