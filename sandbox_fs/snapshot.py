@@ -6,21 +6,28 @@ with workspace-relative member names straight into a :class:`SnapshotStore`:
 an unnamed ``O_TMPFILE`` (or a uniquely named partial file) in the store
 directory, ``fsync``, then an atomic link/rename and an atomic rewrite of the
 snapshot's metadata.  Memory is O(1) in workspace size: one file is open at
-a time and data moves through one fixed 1 MiB buffer: each file is read
-into it (``readv``), SHA-256-hashed there for the fingerprint and written
-out with its tarfile-built header, so every byte is read once.  A file
-that grows or shrinks while it is read no longer matches its header and is
-refused (:class:`SnapshotSourceChangedError`, retryable).
+a time and data moves through two fixed 1 MiB buffers: each file is read
+into one (``readv``), SHA-256-hashed there for the fingerprint and, with
+its tarfile-built header, handed to one writer thread that writes (and
+CRC-32s) the other buffer meanwhile, so every byte is read once and the
+write uses the second core.  A file that grows or shrinks while it is read
+no longer matches its header and is refused
+(:class:`SnapshotSourceChangedError`, retryable).  The writer thread is
+joined before persist returns or raises, and a write error (ENOSPC) is
+raised by persist: the archive is then discarded, never committed.
 
-Each regular file is opened beneath the workspace with ``O_NOFOLLOW`` and
-``O_NONBLOCK``, ``fstat``-checked to be the very inode the listing's
-``lstat`` saw, and read from that fd, so a file swapped for a symlink (or a
-FIFO, or another file) between the directory listing and the open is never
-read through.  The walk takes every ``lstat`` relative to the open parent
-directory's fd, so a path longer than PATH_MAX is an unrestorable entry
-(refused or skipped) like any other, and errors of an entry changing under
-the walk (gone, no longer a symlink, a parent swapped for a symlink) are the
-retryable :class:`SnapshotSourceChangedError`.
+The walk never follows a symlink: each directory is opened ``O_NOFOLLOW``
+relative to its parent's fd and checked to be the inode its listing saw,
+and each regular file is opened by its name relative to that held
+directory fd with ``O_NOFOLLOW`` and ``O_NONBLOCK``, ``fstat``-checked to
+be the very inode the listing's ``lstat`` saw, and read from that fd, so a
+file swapped for a symlink (or a FIFO, or another file), or a parent
+swapped for a symlink, between the listing and the open is never read
+through.  Every ``lstat`` is taken relative to the open parent directory's
+fd, so a path longer than PATH_MAX is an unrestorable entry (refused or
+skipped) like any other, and errors of an entry changing under the walk
+(no longer a symlink, a directory replaced) are the retryable
+:class:`SnapshotSourceChangedError`.
 
 *Hard links*: ordinary files stream as they are listed (O(1) memory); a
 regular file with ``st_nlink > 1`` is deferred until the walk has counted
@@ -71,10 +78,11 @@ import re
 import secrets
 import stat as _stat
 import tarfile
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterable, Iterator, Literal, Protocol, runtime_checkable
+from typing import IO, Any, Callable, Iterable, Iterator, Literal, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -86,7 +94,7 @@ from .archive import extract as _archive_extract
 from .archive._names import normalize_member, symlink_walk
 from .archive._writer import dir_mode as _x_dir_mode
 from .archive._writer import file_mode as _x_file_mode
-from .root import MAX_PATH_BYTES, Root, open_root
+from .root import MAX_PATH_BYTES, Root, kind_of, open_root
 
 __all__ = [
     "SnapshotError",
@@ -572,11 +580,11 @@ class LocalSnapshotStore:
 # ------------------------------------------------------------------- the walk
 
 
-@dataclass(frozen=True)
-class _Item:
+class _Item(NamedTuple):
     path: str  # workspace-relative sandbox path
     kind: str  # file | dir | symlink | fifo | socket | char | block | unknown
     st: os.stat_result
+    name: str = ""  # its name in its parent directory (fd-relative calls)
 
 
 def _excluded(path: str, excluded: frozenset[str]) -> bool:
@@ -601,51 +609,133 @@ def _norm_set(paths: Iterable[str]) -> frozenset[str]:
     return frozenset(out)
 
 
-def _scan(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
-          mount_points: frozenset[str] = frozenset(),
-          skip_ids: frozenset[tuple[int, int]] = frozenset(),
-          admit_dir: Callable[[_Item], bool] | None = None) -> Iterator[_Item]:
-    """Deterministic top-down walk, pruning excluded paths, mount points and grant roots.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MEMBER_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 
-    Every ``lstat`` comes from the fd walk (:meth:`Root._walk_dirs` stats
-    each name relative to its open parent directory), never from a path
-    resolved again from the root: a path longer than PATH_MAX is listed like
-    any other, and a parent swapped for a symlink cannot turn a stat into a
-    path escape.  ``admit_dir`` (the persist policy) is asked before a
-    directory is entered; a refused one is pruned with everything under it.
+
+def _list_dir(dfd: int) -> list[tuple[str, os.stat_result]]:
+    """``(name, lstat)`` of every entry of the open directory ``dfd``, sorted by name.
+
+    Each ``lstat`` is taken relative to ``dfd`` (never follows a symlink);
+    an entry removed between the listing and its ``lstat`` is left out.
+    (Tests replace this function to change the tree between a listing and
+    the opens that follow it.)
+
+    Raises:
+        OSError: the directory cannot be read.
+    """
+    out = []
+    stat = os.stat
+    for name in sorted(os.listdir(dfd)):
+        try:
+            out.append((name, stat(name, dir_fd=dfd, follow_symlinks=False)))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def _walk(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
+          mount_points: frozenset[str], skip_ids: frozenset[tuple[int, int]],
+          admit_dir: Callable[[_Item], bool]) -> Iterator[tuple[int, list[_Item]]]:
+    """Deterministic top-down walk over directory fds, pruning excluded paths, mount points and grant roots.
+
+    Yields ``(dfd, nondirs)`` once per directory: its open fd (valid until
+    the next iteration; the caller opens and reads its entries relative to
+    it) and its non-directory entries.  Subdirectories are offered to
+    ``admit_dir`` (the persist policy, which records them) in name order
+    while their parent is listed, and the admitted ones are entered after
+    the parent's non-directories, depth first: the order of :meth:`Root.walk`.
+
+    No symlink is ever followed: the top is the Root's own directory, every
+    other directory is opened ``O_NOFOLLOW | O_DIRECTORY`` relative to its
+    parent's fd and ``fstat``-checked to be the very inode its listing's
+    ``lstat`` saw, so a directory swapped for a symlink or for another
+    directory (a grant root, a mount point) after the listing is never
+    entered.  Every ``lstat`` is taken relative to the open parent, so a
+    path longer than PATH_MAX is listed like any other and a parent
+    swapped for a symlink cannot turn a stat into a path escape.  A
+    directory that vanished before it was entered is skipped (like a
+    vanished file); a swapped one is :class:`SnapshotSourceChangedError`.
+
+    Open fds: one per ancestor that still has a subdirectory to enter (a
+    directory's fd is closed as soon as its last subdirectory is opened),
+    so at most the depth, never the width of the tree.
+
+    Raises:
+        SnapshotSourceChangedError: a directory was replaced after its listing (retryable).
+        OSError: a directory cannot be read (with its sandbox path, never a host path).
     """
     root_dev = ws.stat(".").st_dev
-    for dirpath, dirents, nondirs in ws._walk_dirs("."):
-        keep = []
-        for ent in dirents:
-            p = ent.path
-            if _excluded(p, excluded):
-                skipped.append((p, "excluded"))
+    frames: list[list[Any]] = []  # [dfd, admitted subdirectories, index of the next one]; each dfd owned here
+    cur: tuple[int, str] | None = (ws.open_dir_fd("."), "")
+    try:
+        while True:
+            if cur is not None:
+                dfd, dpath = cur
+                frames.append([dfd, (), 0])
+                cur = None
+                prefix = dpath + "/" if dpath else ""
+                try:
+                    listing = _list_dir(dfd)
+                except OSError as exc:
+                    _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
+                dirs = []
+                nondirs = []
+                for name, st in listing:
+                    p = prefix + name
+                    if excluded and _excluded(p, excluded):
+                        skipped.append((p, "excluded"))
+                        continue
+                    isdir = _stat.S_ISDIR(st.st_mode)
+                    if name.startswith(_IN_FLIGHT_PREFIXES):
+                        skipped.append((p, "in-flight staging" if isdir else "in-flight atomic write"))
+                        continue
+                    if not isdir:
+                        nondirs.append(_Item(p, kind_of(st.st_mode), st, name))
+                        continue
+                    if st.st_dev != root_dev or p in mount_points:
+                        skipped.append((p, "mount point"))
+                        continue
+                    if (st.st_dev, st.st_ino) in skip_ids:
+                        skipped.append((p, "extra path grant"))
+                        continue
+                    item = _Item(p, "dir", st, name)
+                    if admit_dir(item):
+                        dirs.append(item)
+                frames[-1][1] = dirs
+                yield dfd, nondirs
+            if not frames:
+                return
+            frame = frames[-1]
+            dfd, dirs, i = frame
+            if i >= len(dirs):
+                frames.pop()
+                os.close(dfd)
                 continue
-            if ent.name.startswith(_IN_FLIGHT_PREFIXES):
-                skipped.append((p, "in-flight staging"))
-                continue
-            st = ent.stat
-            if st.st_dev != root_dev or p in mount_points:
-                skipped.append((p, "mount point"))
-                continue
-            if (st.st_dev, st.st_ino) in skip_ids:
-                skipped.append((p, "extra path grant"))
-                continue
-            item = _Item(p, "dir", st)
-            if admit_dir is not None and not admit_dir(item):
-                continue
-            keep.append(ent)
-            yield item
-        dirents[:] = keep
-        for e in nondirs:
-            if _excluded(e.path, excluded):
-                skipped.append((e.path, "excluded"))
-                continue
-            if e.name.startswith(_IN_FLIGHT_PREFIXES):
-                skipped.append((e.path, "in-flight atomic write"))
-                continue
-            yield _Item(e.path, e.kind, e.stat)
+            frame[2] = i + 1
+            item = dirs[i]
+            try:
+                cfd = os.open(item.name, _DIR_FLAGS, dir_fd=dfd)
+            except FileNotFoundError:
+                continue  # removed since the listing: skipped, like a vanished file
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise SnapshotSourceChangedError("directory was replaced while the workspace was being "
+                                                     "persisted", sandbox_path=item.path) from None
+                _native.raise_errno(exc.errno or errno.EIO, "persist", item.path)
+            cur = (cfd, item.path)
+            if i + 1 >= len(dirs):  # its last subdirectory: the parent's fd is no longer needed
+                frames.pop()
+                os.close(dfd)
+            cst = os.fstat(cfd)
+            if (cst.st_dev, cst.st_ino) != (item.st.st_dev, item.st.st_ino):
+                raise SnapshotSourceChangedError("directory was replaced while the workspace was being persisted",
+                                                 sandbox_path=item.path)
+    finally:
+        if cur is not None:
+            os.close(cur[0])
+        for frame in frames:
+            os.close(frame[0])
 
 
 _BLOCK_BYTES = tarfile.BLOCKSIZE  # 512: tar members and headers are padded to this
@@ -677,20 +767,110 @@ def _header(ti: tarfile.TarInfo) -> bytes:
     return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+class _Writer:
+    """The persist writer thread: writes filled buffers to the sink, in order.
+
+    Double buffering: :class:`_TarWriter` fills one buffer while this thread
+    writes the other to the sink (``os.write`` and the sink's ``zlib.crc32``
+    of 1 MiB, both release the GIL, so they run on the second core while
+    the caller walks, builds headers, reads and hashes files).  At most one
+    buffer is queued: :meth:`submit` waits until the previous one is
+    written, so memory stays two buffers however large the workspace.
+    (Moving the SHA-256 of file data here as well was measured slower: the
+    many small per-file hash steps each need the GIL, and the hand-offs
+    cost more than the hashing they moved.)
+
+    The first error (ENOSPC ...) is kept and raised in the caller's thread
+    by the next :meth:`submit` or :meth:`drain`; buffers after it are
+    dropped, never written.  :meth:`stop` must be called on every path
+    (persist does it in a ``finally``): it joins the thread before the
+    caller closes the sink's fd, so no write can ever reach a reused fd.
+    """
+
+    def __init__(self, sink: "_HashingSink") -> None:
+        self._sink = sink
+        self._cv = threading.Condition()
+        self._job: Any = None
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sfs-persist-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while self._job is None and not self._stopping:
+                    cv.wait()
+                job = self._job
+                if job is None or (self._stopping and self._error is not None):
+                    self._job = None
+                    cv.notify_all()
+                    return
+            try:
+                if self._error is None:
+                    self._sink.write(job)
+            except BaseException as exc:  # kept and raised in the caller's thread
+                self._error = exc
+            with cv:
+                self._job = None
+                cv.notify_all()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, data: Any) -> None:
+        """Queue ``data`` (a buffer the caller will not touch until the next submit returns).
+
+        Raises:
+            OSError: an earlier buffer failed to write (ENOSPC ...).
+        """
+        with self._cv:
+            while self._job is not None:
+                self._cv.wait()
+            self._raise()
+            self._job = data
+            self._cv.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every queued buffer is written.
+
+        Raises:
+            OSError: writing a buffer failed.
+        """
+        with self._cv:
+            while self._job is not None:
+                self._cv.wait()
+        self._raise()
+
+    def stop(self) -> None:
+        """End the thread and join it (idempotent); a buffer still queued after an error is dropped."""
+        with self._cv:
+            if self._error is None and self._job is not None:
+                self._error = SnapshotError("persist was abandoned", sandbox_path=None)
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join()
+
+
 class _TarWriter:
-    """Streams tar members through one fixed buffer of ``_WRITE_BUF_BYTES`` (1 MiB - 512) bytes into a sink.
+    """Streams tar members through fixed buffers of ``_WRITE_BUF_BYTES`` (1 MiB - 512) bytes into a sink.
 
     Headers come from :meth:`tarfile.TarInfo.tobuf` (POSIX.1-2001 / PAX, UTF-8
     with ``surrogateescape``: the standard library owns the format); file
-    data is read from the member's fd straight into the same buffer with
-    ``readv`` (no per-chunk ``bytes`` objects, no second copy), hashed
-    there (SHA-256 for the fingerprint) and written to the sink with its
-    header and padding in one ``write`` per full buffer; the sink CRC-32s
-    and counts every byte.  So each file byte is read once, hashed once and
-    written once, and memory stays one buffer however large the workspace.
+    data is read from the member's fd straight into the buffer with
+    ``readv`` (no per-chunk ``bytes`` objects, no second copy) and
+    SHA-256-hashed there for the fingerprint.  With a sink, there are two
+    buffers and a :class:`_Writer` thread: while this thread walks, builds
+    headers and reads files into one buffer, the writer writes the other
+    to the sink (which CRC-32s and counts every byte).  So each file byte
+    is read once, hashed once and written once, and memory stays two
+    buffers however large the workspace.  The caller must :meth:`stop` the
+    writer on every path (success or failure) before the sink's fd is closed.
 
-    With ``sink=None`` nothing is written: files are only hashed
-    (:func:`tree_digest`).
+    With ``sink=None`` nothing is written and there is no thread: files are
+    only hashed, in place (:func:`tree_digest`).
 
     A member must match its header: a file that returns fewer bytes than
     the size in its header (it shrank) or more (it grew) while it is read
@@ -702,17 +882,27 @@ class _TarWriter:
         self.sink = sink
         self.view = memoryview(bytearray(_WRITE_BUF_BYTES))
         self.pos = 0
-        self.total = 0  # bytes written to the sink so far
+        self.total = 0  # bytes handed to the sink so far
+        self._spare: memoryview | None = None
+        self._writer: _Writer | None = None
+        if sink is not None:
+            self._spare = memoryview(bytearray(_WRITE_BUF_BYTES))
+            self._writer = _Writer(sink)
 
     def flush(self) -> None:
-        """Write the buffered bytes to the sink (a no-op without a sink).
+        """Hand the buffered bytes to the writer thread and switch buffers.
 
         Raises:
-            OSError: writing the sink failed (ENOSPC ...).
+            OSError: writing an earlier buffer to the sink failed (ENOSPC ...).
         """
-        if self.pos and self.sink is not None:
-            self.sink.write(self.view[:self.pos])
-            self.total += self.pos
+        if self._writer is None:
+            self.pos = 0
+            return
+        if not self.pos:
+            return
+        self._writer.submit(self.view[:self.pos])  # returns once the other buffer is free
+        self.total += self.pos
+        self.view, self._spare = self._spare, self.view  # type: ignore[assignment]
         self.pos = 0
 
     def _put(self, data: bytes) -> None:
@@ -720,8 +910,8 @@ class _TarWriter:
         if self.pos + n > _WRITE_BUF_BYTES:
             self.flush()
             if n > _WRITE_BUF_BYTES:  # a very long PAX header; never in practice (PATH_MAX)
-                assert self.sink is not None
-                self.sink.write(data)
+                assert self._writer is not None
+                self._writer.submit(data)
                 self.total += n
                 return
         self.view[self.pos:self.pos + n] = data
@@ -729,7 +919,7 @@ class _TarWriter:
 
     def add(self, ti: tarfile.TarInfo) -> None:
         """Append a member header without data (directory, symlink, hard link)."""
-        if self.sink is not None:
+        if self._writer is not None:
             self._put(_header(ti))
 
     def add_file(self, ti: tarfile.TarInfo, fd: int, path: str) -> str:
@@ -752,7 +942,7 @@ class _TarWriter:
         size = ti.size
         self.add(ti)
         sha = hashlib.sha256()
-        view = self.view
+        threaded = self._writer is not None
         left = size
         while True:
             room = _WRITE_BUF_BYTES - self.pos
@@ -762,6 +952,7 @@ class _TarWriter:
             # Ask for one byte more than the header's size: getting it means the file grew.
             want = left + 1 if left < room else room
             pos = self.pos
+            view = self.view
             got = os.readv(fd, [view[pos:pos + want]])
             if got > left:
                 raise SnapshotSourceChangedError("file grew while it was being persisted (a tar member must "
@@ -773,26 +964,35 @@ class _TarWriter:
                 break
             sha.update(view[pos:pos + got])
             left -= got
-            self.pos = pos + got if self.sink is not None else 0
+            if threaded:
+                self.pos = pos + got
             if not left and got < want:
                 break  # a short read of a regular file: end of file, exactly at the header's size
         pad = -size % _BLOCK_BYTES
-        if pad and self.sink is not None:
+        if pad and threaded:
             self._put(_ZEROS[:pad])
         return sha.hexdigest()
 
     def close(self) -> None:
         """End the archive as tarfile does (two zero blocks, zero-padded to a 10240-byte record), write it all.
 
+        Waits until the writer thread has written everything.
+
         Raises:
             OSError: writing the sink failed.
         """
-        assert self.sink is not None
+        assert self._writer is not None
         self._put(_ZEROS[:2 * _BLOCK_BYTES])
         pad = -(self.total + self.pos) % _RECORD_BYTES
         if pad:
             self._put(_ZEROS[:pad])
         self.flush()
+        self._writer.drain()
+
+    def stop(self) -> None:
+        """Join the writer thread (idempotent; call on every path before the sink's fd is closed)."""
+        if self._writer is not None:
+            self._writer.stop()
 
 
 class _Digest:
@@ -812,10 +1012,24 @@ def fingerprint(manifest_digest: str, tree_digest_hex: str) -> str:
     return hashlib.sha256(f"sfs-fp-v1\0{manifest_digest}\0{tree_digest_hex}".encode()).hexdigest()
 
 
-def _open_member(ws: Root, item: _Item) -> int | None:
-    """Open a regular file for reading without following any symlink on its leaf."""
+def _open_member(ws: Root, item: _Item, dfd: int | None = None) -> int | None:
+    """Open a regular file for reading without following a symlink on its leaf; None when it vanished.
+
+    With ``dfd`` (the walk's fd of its parent directory) the file is opened
+    by its name relative to it (``O_NOFOLLOW | O_NONBLOCK``: a symlink is
+    refused, a FIFO never blocks), so no path is resolved again; without,
+    by its path beneath the Root (deferred hard-linked files).  The caller
+    ``fstat``-checks the fd (:func:`_member_stat`).
+
+    Raises:
+        SnapshotSourceChangedError: it is now a symlink or a special file,
+            or a parent was swapped (retryable).
+        OSError: any other failure (with its sandbox path).
+    """
     try:
-        fd = ws.open_fd(item.path, os.O_RDONLY | os.O_NONBLOCK, follow_symlinks=False)
+        if dfd is not None:
+            return os.open(item.name, _MEMBER_FLAGS, dir_fd=dfd)
+        return ws.open_fd(item.path, os.O_RDONLY | os.O_NONBLOCK, follow_symlinks=False)
     except FileNotFoundError:
         return None
     except (OSError, SandboxError) as exc:
@@ -824,8 +1038,10 @@ def _open_member(ws: Root, item: _Item) -> int | None:
                 getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
             raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
                                              sandbox_path=item.path) from None
-        raise
-    return fd
+        if isinstance(exc, SandboxError):
+            raise
+        _native.raise_errno(exc.errno or errno.EIO, "persist", item.path)
+        raise  # unreachable
 
 
 def _walk_target(link: bytes, target: str | bytes, alimits: Any) -> tuple[list[bytes], bytes]:
@@ -887,7 +1103,7 @@ def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | N
 
 
 def _policy_check(ws: Root, item: _Item, on_unrestorable: str,
-                  skipped: list[tuple[str, str]], alimits: Any) -> tuple[bool, str | None]:
+                  skipped: list[tuple[str, str]], alimits: Any, dfd: int | None = None) -> tuple[bool, str | None]:
     """``(True, symlink target or None)`` when the item may be persisted; refuses or records it otherwise.
 
     The rules are the archive extractor's own (:func:`sandbox_fs.archive._names.normalize_member`
@@ -896,7 +1112,8 @@ def _policy_check(ws: Root, item: _Item, on_unrestorable: str,
     letters; over PATH_MAX), symlink targets (absolute, escaping, or passing
     through another symlink: CVE-2025-4517), and special files.  The name is
     checked first, so a path the Root could not even address is refused or
-    skipped like any other unrestorable entry.
+    skipped like any other unrestorable entry.  A symlink's target is read
+    relative to ``dfd`` (its parent's fd held by the walk) when given.
 
     Raises:
         UnrestorableEntryError: with ``on_unrestorable="refuse"``.
@@ -911,7 +1128,7 @@ def _policy_check(ws: Root, item: _Item, on_unrestorable: str,
         if item.kind == "symlink":
             with _source_changed(item.path):
                 try:
-                    target = ws.readlink(item.path)
+                    target = os.readlink(item.name, dir_fd=dfd) if dfd is not None else ws.readlink(item.path)
                 except FileNotFoundError:
                     return False, None  # removed since the listing, like a vanished file
                 reason = _symlink_reason(ws, raw, target, alimits)
@@ -985,16 +1202,20 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                fixups: list[tuple[str, int]] | None = None) -> tuple[int, int]:
     """Walk the workspace once and stream every kept entry into ``digest`` (and ``tar``).
 
-    Ordinary entries stream as they are listed (O(1) memory).  A regular
-    file with more than one link is deferred until the walk has counted
-    its names (only multi-linked inodes are remembered): it is archived
-    only when every one of its links was seen inside the workspace walk
-    (the first name as a file, the others as hard-link members); otherwise
-    it is linked to a file outside the workspace (or to an excluded path)
-    and its content is never read: refused, or skipped and reported.
+    Ordinary entries stream as they are listed (O(1) memory); each regular
+    file is opened relative to its parent directory's fd held by the walk
+    (see :func:`_walk`).  A regular file with more than one link is
+    deferred until the walk has counted its names (only multi-linked
+    inodes are remembered): it is archived only when every one of its
+    links was seen inside the workspace walk (the first name as a file,
+    the others as hard-link members); otherwise it is linked to a file
+    outside the workspace (or to an excluded path) and its content is
+    never read: refused, or skipped and reported.
     """
     alimits = _archive_limits(limits)
-    state = _WalkState(limits, digest, tar if tar is not None else _TarWriter(None), tar is not None, fixups)
+    writes = tar is not None
+    files = tar if tar is not None else _TarWriter(None)
+    state = _WalkState(limits, digest, files, writes, fixups)
     multi: dict[tuple[int, int], _Linked] = {}  # (dev, ino) -> names seen, for st_nlink > 1 only
     last_report = time.monotonic()
 
@@ -1005,51 +1226,51 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
             digest.add(item.path, "dir", 0, mode, "")
             if fixups is not None and mode != _x_dir_mode(mode):
                 fixups.append((item.path, mode))
-            if tar is not None:
-                tar.add(_tarinfo(item.path, tarfile.DIRTYPE, mode, item.st.st_mtime))
+            if writes:
+                files.add(_tarinfo(item.path, tarfile.DIRTYPE, mode, item.st.st_mtime))
             return True
         return False
 
-    for item in _scan(ws, excluded, skipped, mounts, skip_ids, admit_dir):
-        if item.kind == "dir":
-            pass  # admitted and recorded by admit_dir before the walk entered it
-        else:
-            ok, target = _policy_check(ws, item, on_unrestorable, skipped, alimits)
-            if not ok:
-                continue
-            if item.kind == "symlink":
-                assert target is not None
-                state.count(item)
-                digest.add(item.path, "symlink", 0, 0o777, target)
-                if tar is not None:
-                    ti = _tarinfo(item.path, tarfile.SYMTYPE, 0o777, item.st.st_mtime)
-                    ti.linkname = target
-                    tar.add(ti)
-            elif item.st.st_nlink > 1:
-                state.count(item)
-                key = (item.st.st_dev, item.st.st_ino)
-                linked = multi.get(key)
-                if linked is None:
-                    multi[key] = _Linked(item.st.st_nlink, [item])
-                else:
-                    linked.items.append(item)
-                    if item.st.st_nlink != linked.nlink:
-                        linked.changed = True
-            else:
-                state.count(item)
-                fd = _open_member(ws, item)
-                if fd is None:
-                    state.entries -= 1
+    with contextlib.closing(_walk(ws, excluded, skipped, mounts, skip_ids, admit_dir)) as walk:
+        for dfd, nondirs in walk:
+            for item in nondirs:
+                ok, target = _policy_check(ws, item, on_unrestorable, skipped, alimits, dfd)
+                if not ok:
                     continue
-                try:
-                    state.add_file(item, fd, [])
-                finally:
-                    os.close(fd)
-        if progress is not None:
-            now = time.monotonic()
-            if now - last_report >= 0.2:
-                last_report = now
-                progress(state.entries, state.content)
+                st = item.st
+                if item.kind == "symlink":
+                    assert target is not None
+                    state.count(item)
+                    digest.add(item.path, "symlink", 0, 0o777, target)
+                    if writes:
+                        ti = _tarinfo(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime)
+                        ti.linkname = target
+                        files.add(ti)
+                elif st.st_nlink > 1:
+                    state.count(item)
+                    key = (st.st_dev, st.st_ino)
+                    linked = multi.get(key)
+                    if linked is None:
+                        multi[key] = _Linked(st.st_nlink, [item])
+                    else:
+                        linked.items.append(item)
+                        if st.st_nlink != linked.nlink:
+                            linked.changed = True
+                else:
+                    state.count(item)
+                    fd = _open_member(ws, item, dfd)
+                    if fd is None:
+                        state.entries -= 1
+                        continue
+                    try:
+                        state.add_file(item, fd, [])
+                    finally:
+                        os.close(fd)
+            if progress is not None:
+                now = time.monotonic()
+                if now - last_report >= 0.2:
+                    last_report = now
+                    progress(state.entries, state.content)
     for linked in multi.values():
         _add_linked(ws, state, linked, on_unrestorable, skipped)
     if progress is not None:
@@ -1177,7 +1398,10 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             on_unrestorable: Literal["refuse", "skip"] = "refuse",
             limits: SnapshotLimits | None = None,
             progress: Callable[[int, int], None] | None = None) -> PersistReport:
-    """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: one worker thread.
+    """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: call from one worker thread.
+
+    Uses one more thread of its own (the archive writer, see
+    :class:`_Writer`), always joined before this returns or raises.
 
     Args:
         ws: the workspace Root (read through it only; never follows a symlink).
@@ -1219,9 +1443,12 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
         digest = _Digest()
         fixups: list[tuple[str, int]] = []
         tar = _TarWriter(pending.sink)
-        entries, content = _walk_into(ws, excl, mounts, on_unrestorable, limits, skipped,
-                                      digest, tar, progress, frozenset(skip_identities), fixups)
-        tar.close()
+        try:
+            entries, content = _walk_into(ws, excl, mounts, on_unrestorable, limits, skipped,
+                                          digest, tar, progress, frozenset(skip_identities), fixups)
+            tar.close()
+        finally:
+            tar.stop()  # the writer thread is joined before the archive's fd can be closed
         tree = digest.hexdigest()
         info = SnapshotInfo(
             name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import zlib
 from pathlib import Path
 
@@ -42,6 +43,20 @@ def _host_view(top: Path) -> dict:
     return {k: (v[0], v[1], v[2], v[5]) for k, v in host_tree(top).items() if k != "."}
 
 
+def _race_after_listing(monkeypatch, change) -> None:
+    """Call ``change(names)`` right after each directory's listing (every entry lstat-ed), before any open."""
+    import sandbox_fs.snapshot as snap
+
+    real = snap._list_dir
+
+    def racing(dfd):
+        out = real(dfd)
+        change([name for name, _st in out])
+        return out
+
+    monkeypatch.setattr(snap, "_list_dir", racing)
+
+
 def _fill(ws: Path) -> None:
     (ws / "a" / "b").mkdir(parents=True)
     (ws / "a" / "f.txt").write_bytes(b"hello\n")
@@ -62,6 +77,22 @@ def store(tmp_path):
     s = LocalSnapshotStore(tmp_path / "store")
     yield s
     s.close()
+
+
+def _sfs_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("sfs-")]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_running():
+    """After every test, success or failure: no persist writer or hydrate checker thread is still alive."""
+    assert _sfs_threads() == []
+    yield
+    assert _sfs_threads() == []
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def test_round_trip_restores_exactly(layout, store, resolver, tmp_path):
@@ -165,17 +196,13 @@ def test_excluded_mount_and_tmp_entries_not_persisted(layout, store):
 def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store, monkeypatch):
     (layout.ws / "victim").write_text("harmless")
     with open_root(layout.ws) as ws:
-        real_walk = Root._walk_dirs
+        def swap(names):
+            if "victim" in names:
+                os.unlink(layout.ws / "victim")
+                os.symlink(layout.outside / "secret.txt", layout.ws / "victim")
 
-        def racing_walk(self, path="."):
-            for top, dirs, nondirs in real_walk(self, path):
-                if top == "":
-                    os.unlink(layout.ws / "victim")
-                    os.symlink(layout.outside / "secret.txt", layout.ws / "victim")
-                yield top, dirs, nondirs
-
-        # Root has __slots__: patch the class.  The listing said "file"; the open finds a symlink.
-        monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+        # The listing said "file"; the open finds a symlink.
+        _race_after_listing(monkeypatch, swap)
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
         assert ei.value.retryable
@@ -187,15 +214,11 @@ def test_file_swapped_for_symlink_mid_walk_is_never_read_through(layout, store, 
 def test_file_swapped_for_fifo_mid_walk_does_not_block(layout, store, monkeypatch):
     (layout.ws / "victim").write_text("harmless")
     with open_root(layout.ws) as ws:
-        real_walk = Root._walk_dirs
+        def swap(names):
+            os.unlink(layout.ws / "victim")
+            os.mkfifo(layout.ws / "victim")
 
-        def racing_walk(self, path="."):
-            for top, dirs, nondirs in real_walk(self, path):
-                os.unlink(layout.ws / "victim")
-                os.mkfifo(layout.ws / "victim")
-                yield top, dirs, nondirs
-
-        monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+        _race_after_listing(monkeypatch, swap)
         with pytest.raises(SnapshotSourceChangedError):
             persist(ws, store, "s")
 
@@ -480,8 +503,9 @@ def test_persist_memory_does_not_buffer_workspace(layout, store):
             seen.append(seen[0].sink.count)
 
         persist(ws, store, "s", progress=progress)
-    # by the final progress call nearly everything already reached the file, in 1 MiB-bounded buffers
-    assert seen[-1] >= 7 << 20
+    # by the final progress call nearly everything already reached the file: at most two 1 MiB
+    # buffers (one being filled, one in the writer thread) are not written yet
+    assert seen[-1] >= 6 << 20
 
 
 @pytest.mark.parametrize("case", ["through_symlink", "backslash_dotdot", "drive_letter", "cycle"])
@@ -533,6 +557,102 @@ def test_named_partial_fallback_commits_and_aborts_cleanly(layout, store, monkey
     assert (dst / "f").read_text() == "v1"
 
 
+# ------------------------------------------------------- the persist writer thread
+
+
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_writer_thread_write_error_commits_nothing_and_previous_snapshot_still_hydrates(
+        layout, store, monkeypatch, tmp_path, fail_at):
+    """ENOSPC in the writer thread surfaces in persist; the archive is never committed; no thread, no fd left."""
+    import errno
+
+    import sandbox_fs.snapshot as snap
+
+    (layout.ws / "keep").write_text("previous snapshot")
+    with open_root(layout.ws) as ws:
+        first = persist(ws, store, "s").info
+    for i in range(5):  # several 1 MiB buffers, so the error can come from a later one
+        (layout.ws / f"big{i}").write_bytes(os.urandom(1 << 20))
+    real_write = snap._HashingSink.write
+    calls = []
+
+    def failing_write(self, b):
+        calls.append(threading.current_thread().name)
+        if len(calls) == fail_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, b)
+
+    monkeypatch.setattr(snap._HashingSink, "write", failing_write)
+    with open_root(layout.ws) as ws:
+        fds = _open_fds()
+        with pytest.raises(OSError) as ei:
+            persist(ws, store, "s")
+        assert _open_fds() == fds
+    assert ei.value.errno == errno.ENOSPC
+    assert set(calls) == {"sfs-persist-writer"} and len(calls) == fail_at  # nothing written after the error
+    assert store.info("s") == first
+    assert sorted(os.listdir(tmp_path / "store")) == sorted(["s.json", "s.lock", first.archive])
+    monkeypatch.setattr(snap._HashingSink, "write", real_write)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with open_root(dst) as d:
+        hydrate(d, store, "s")
+    assert os.listdir(dst) == ["keep"] and (dst / "keep").read_text() == "previous snapshot"
+
+
+def test_persist_leaves_fd_count_unchanged_on_success_and_on_a_refusal(layout, store):
+    """The walk's directory fds, member fds and the writer thread are all released, whatever the outcome."""
+    for d in ("a/b/c", "a/d", "e"):
+        (layout.ws / d).mkdir(parents=True, exist_ok=True)
+        (layout.ws / d / "f").write_bytes(os.urandom(3000))
+    with open_root(layout.ws) as ws:
+        fds = _open_fds()
+        persist(ws, store, "s")
+        assert _open_fds() == fds
+        os.mkfifo(layout.ws / "a" / "b" / "fifo")  # refused midway through the walk
+        with pytest.raises(UnrestorableEntryError):
+            persist(ws, store, "s")
+        assert _open_fds() == fds
+
+
+def test_walk_holds_fds_by_depth_not_by_width(layout, store, monkeypatch):
+    """A directory with many subdirectories does not hold one fd per subdirectory open at once."""
+    import sandbox_fs.snapshot as snap
+
+    for i in range(300):
+        (layout.ws / "wide" / f"d{i:03d}").mkdir(parents=True)
+    real = snap._list_dir
+    peak = []
+
+    def counting(dfd):
+        peak.append(_open_fds())
+        return real(dfd)
+
+    monkeypatch.setattr(snap, "_list_dir", counting)
+    with open_root(layout.ws) as ws:
+        fds = _open_fds()
+        persist(ws, store, "s")
+    assert max(peak) - fds < 20
+
+
+def test_directory_replaced_by_another_directory_after_listing_is_not_entered(layout, store, monkeypatch):
+    """A directory renamed over a listed one (e.g. an extra path grant moved in) is refused, never walked."""
+    (layout.ws / "d").mkdir()
+    (layout.ws / "d" / "mine.txt").write_text("mine")
+    (layout.ws / "other").mkdir()
+    (layout.ws / "other" / "theirs.txt").write_text("not listed")
+
+    def swap(names):
+        if "d" in names and (layout.ws / "other").exists():
+            os.rename(layout.ws / "d", layout.ws / "d.old")
+            os.rename(layout.ws / "other", layout.ws / "d")
+    _race_after_listing(monkeypatch, swap)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s")
+    assert ei.value.retryable and ei.value.sandbox_path == "d" and store.info("s") is None
+
+
 # ------------------------------------------------------- a member must match its header
 
 
@@ -579,15 +699,12 @@ def test_file_that_changes_size_while_persisted_is_refused_not_truncated(layout,
 def test_file_replaced_by_another_file_between_listing_and_open_is_refused(layout, store, monkeypatch):
     """The opened fd must be the inode the listing's lstat saw (not just any regular file)."""
     (layout.ws / "victim").write_text("listed")
-    real_walk = Root._walk_dirs
 
-    def racing_walk(self, path="."):
-        for top, dirs, nondirs in real_walk(self, path):
-            (layout.ws / "other").write_text("swapped in")
-            os.replace(layout.ws / "other", layout.ws / "victim")  # a new inode at the same name
-            yield top, dirs, nondirs
+    def swap(names):
+        (layout.ws / "other").write_text("swapped in")
+        os.replace(layout.ws / "other", layout.ws / "victim")  # a new inode at the same name
 
-    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    _race_after_listing(monkeypatch, swap)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
@@ -597,15 +714,12 @@ def test_file_replaced_by_another_file_between_listing_and_open_is_refused(layou
 def test_symlink_swapped_in_after_listing_is_never_read_even_for_large_files(layout, store, monkeypatch):
     """A multi-buffer file swapped for a symlink to a host secret: refused, secret never in the store."""
     (layout.ws / "big").write_bytes(os.urandom(3 << 20))
-    real_walk = Root._walk_dirs
 
-    def racing_walk(self, path="."):
-        for top, dirs, nondirs in real_walk(self, path):
-            os.unlink(layout.ws / "big")
-            os.symlink(layout.outside / "secret.txt", layout.ws / "big")
-            yield top, dirs, nondirs
+    def swap(names):
+        os.unlink(layout.ws / "big")
+        os.symlink(layout.outside / "secret.txt", layout.ws / "big")
 
-    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    _race_after_listing(monkeypatch, swap)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError):
             persist(ws, store, "s")
@@ -811,14 +925,11 @@ def test_hard_links_inside_round_trip_and_a_partly_outside_group_is_refused(layo
 def test_hard_link_planted_after_the_listing_is_refused_as_changed(layout, store, monkeypatch, tmp_path):
     (layout.ws / "x").write_text("mine")
     os.link(layout.ws / "x", layout.ws / "y")
-    real_walk = Root._walk_dirs
 
-    def racing_walk(self, path="."):
-        for top, dirs, nondirs in real_walk(self, path):
-            yield top, dirs, nondirs
-            if top == "":
-                os.link(layout.ws / "x", layout.outside / "late")  # link count changes after listing
-    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    def plant(names):
+        if "x" in names:
+            os.link(layout.ws / "x", layout.outside / "late")  # link count changes after listing
+    _race_after_listing(monkeypatch, plant)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
@@ -897,39 +1008,45 @@ def test_symlink_swapped_back_to_a_dir_is_retryable(layout, store, monkeypatch):
     """readlink EINVAL on a name listed as a symlink: the tree changed, retry (never os_error)."""
     (layout.ws / "d").mkdir()
     (layout.ws / "s").symlink_to("d")
-    real_walk = Root._walk_dirs
 
-    def racing_walk(self, path="."):
-        for top, dirs, nondirs in real_walk(self, path):
-            if top == "":
-                os.unlink(layout.ws / "s")
-                os.mkdir(layout.ws / "s")
-            yield top, dirs, nondirs
-    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    def swap(names):
+        if "s" in names:
+            os.unlink(layout.ws / "s")
+            os.mkdir(layout.ws / "s")
+    _race_after_listing(monkeypatch, swap)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s", on_unrestorable="skip")
     assert ei.value.retryable
 
 
-def test_parent_swapped_for_outside_symlink_mid_walk_is_retryable_and_never_read(layout, store, monkeypatch,
-                                                                                  tmp_path):
-    """A parent swapped for a symlink to outside after the walk entered it: retryable, nothing read."""
+@pytest.mark.parametrize("when", ["before_entering", "after_entering"])
+def test_parent_swapped_for_outside_symlink_mid_walk_is_never_followed(layout, store, monkeypatch, tmp_path, when):
+    """A parent swapped for a symlink to outside: never followed, nothing outside read.
+
+    Swapped after its listing but before the walk enters it: the O_NOFOLLOW
+    open relative to the parent's fd refuses it (retryable).  Swapped after
+    the walk entered it: the walk holds the directory's own fd, so it reads
+    the very files it listed (now under ``d.away``), never the outside.
+    """
     (layout.ws / "d" / "subdir").mkdir(parents=True)
     (layout.ws / "d" / "subdir" / "inner.txt").write_text("mine")
-    real_walk = Root._walk_dirs
+    trigger = "d" if when == "before_entering" else "inner.txt"
 
-    def racing_walk(self, path="."):
-        for top, dirs, nondirs in real_walk(self, path):
-            if top == "d/subdir":
-                os.rename(layout.ws / "d", layout.ws / "d.away")
-                os.symlink(layout.outside, layout.ws / "d")
-            yield top, dirs, nondirs
-    monkeypatch.setattr(Root, "_walk_dirs", racing_walk)
+    def swap(names):
+        if trigger in names and not (layout.ws / "d.away").exists():
+            os.rename(layout.ws / "d", layout.ws / "d.away")
+            os.symlink(layout.outside, layout.ws / "d")
+    _race_after_listing(monkeypatch, swap)
     with open_root(layout.ws) as ws:
-        with pytest.raises(SnapshotSourceChangedError) as ei:
-            persist(ws, store, "s", on_unrestorable="skip")
-    assert ei.value.retryable and store.info("s") is None
+        if when == "before_entering":
+            with pytest.raises(SnapshotSourceChangedError) as ei:
+                persist(ws, store, "s", on_unrestorable="skip")
+            assert ei.value.retryable and store.info("s") is None
+        else:
+            info = persist(ws, store, "s", on_unrestorable="skip").info
+            with tarfile.open(tmp_path / "store" / info.archive) as tar:
+                assert tar.extractfile("d/subdir/inner.txt").read() == b"mine"
     assert layout.secret.encode() not in _archive_bytes(tmp_path / "store")
 
 
