@@ -368,6 +368,76 @@ def _proc_fd_available() -> bool:
     return os.path.isdir("/proc/self/fd")
 
 
+def _archive_crc(fd: int, stop: threading.Event | None = None) -> tuple[int, int]:
+    """``(bytes, CRC-32)`` of the whole file open on ``fd``, read with ``preadv`` (the fd's offset is not moved).
+
+    Memory: one 1 MiB buffer.  With ``stop`` set, returns early (the result is then meaningless).
+
+    Raises:
+        OSError: reading failed.
+    """
+    buf = bytearray(_READ_CHUNK)
+    view = memoryview(buf)
+    crc = 0
+    total = 0
+    while stop is None or not stop.is_set():
+        n = os.preadv(fd, [buf], total)
+        if not n:
+            break
+        crc = zlib.crc32(view[:n], crc)
+        total += n
+    return total, crc
+
+
+def _check_crc(result: tuple[int, int], info: SnapshotInfo) -> None:
+    """Raise SnapshotCorruptError unless ``(bytes, CRC-32)`` is what ``info`` recorded."""
+    total, crc = result
+    if total != info.archive_bytes or f"{crc:08x}" != info.archive_crc32:
+        raise SnapshotCorruptError("snapshot archive does not match its CRC-32 (corrupted?)",
+                                   sandbox_path=None, context={"snapshot": info.name})
+
+
+class _CrcCheck:
+    """The archive's CRC-32, computed by one thread (``sfs-hydrate-crc``) while hydrate extracts.
+
+    ``preadv`` and ``zlib.crc32`` of 1 MiB both release the GIL, so the
+    check runs on the second core.  :meth:`stop` must be called on every
+    path before the fd is closed (it joins the thread).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._stop = threading.Event()
+        self._result: tuple[int, int] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sfs-hydrate-crc", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = _archive_crc(self._fd, self._stop)
+        except BaseException as exc:  # raised in the caller's thread by verify()
+            self._error = exc
+
+    def verify(self, info: SnapshotInfo) -> None:
+        """Wait for the whole archive to be read and compare it with ``info``.
+
+        Raises:
+            SnapshotCorruptError: size or CRC-32 differs from the metadata.
+            OSError: the archive could not be read.
+        """
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        _check_crc(self._result, info)
+
+    def stop(self) -> None:
+        """Stop reading and join the thread (idempotent)."""
+        self._stop.set()
+        self._thread.join()
+
+
 class LocalSnapshotStore:
     """Snapshots as files in one trusted host directory (the embedded default).
 
@@ -430,6 +500,27 @@ class LocalSnapshotStore:
             SnapshotCorruptError: size or CRC-32 does not match its metadata.
             SnapshotLimitError: the archive is larger than ``limits.max_archive_bytes``.
         """
+        f, info = self.open_archive_unverified(name, limits)
+        try:
+            _check_crc(_archive_crc(f.fileno()), info)
+            return f, info
+        except BaseException:
+            f.close()
+            raise
+
+    def open_archive_unverified(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
+        """:meth:`open_archive` without the CRC-32 pass: only the size is checked here.
+
+        For :func:`hydrate`, which computes the CRC-32 with ``pread`` on the
+        returned reader's fd in a thread while it extracts into its staging
+        directory, and checks it before the swap.  A caller that reads the
+        archive must check it the same way (:func:`_archive_crc`).
+
+        Raises:
+            SnapshotNotFoundError: no such snapshot.
+            SnapshotCorruptError: the archive is missing or its size does not match its metadata.
+            SnapshotLimitError: the archive is larger than ``limits.max_archive_bytes``.
+        """
         info = self.info(name)
         if info is None:
             raise SnapshotNotFoundError("no snapshot with this name", sandbox_path=None, context={"snapshot": name})
@@ -447,20 +538,6 @@ class LocalSnapshotStore:
             if not _stat.S_ISREG(st.st_mode) or st.st_size != info.archive_bytes:
                 raise SnapshotCorruptError("snapshot archive size does not match its metadata (truncated?)",
                                            sandbox_path=None, context={"snapshot": name})
-            crc = 0
-            buf = bytearray(_READ_CHUNK)
-            view = memoryview(buf)
-            total = 0
-            while True:
-                n = os.readv(fd, [buf])
-                if not n:
-                    break
-                crc = zlib.crc32(view[:n], crc)
-                total += n
-            if total != info.archive_bytes or f"{crc:08x}" != info.archive_crc32:
-                raise SnapshotCorruptError("snapshot archive does not match its CRC-32 (corrupted?)",
-                                           sandbox_path=None, context={"snapshot": name})
-            os.lseek(fd, 0, os.SEEK_SET)
             return f, info
         except BaseException:
             f.close()
@@ -1486,13 +1563,21 @@ def is_mount_point_of(ws: Root, mount_points: Iterable[str] = ()) -> Callable[[o
 
 def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
             mount_points: Iterable[str] = ()) -> HydrateReport:
-    """Replace the workspace's contents with snapshot ``name``.  Blocking: one worker thread.
+    """Replace the workspace's contents with snapshot ``name``.  Blocking: call from one worker thread.
 
-    Verify and stage first, then swap: the archive is verified (size,
-    CRC-32), then extracted by :func:`sandbox_fs.archive.extract` (limits on)
-    into a private staging directory inside the workspace
-    (``.sfs-hydrate-<hex>``, mode 0700, never persisted nor fingerprinted),
-    and the exact permission bits recorded at persist are re-applied there.
+    Verify and stage first, then swap: the archive's size is checked, then
+    it is extracted by :func:`sandbox_fs.archive.extract` (limits on, as for
+    any untrusted archive) into a private staging directory inside the
+    workspace (``.sfs-hydrate-<hex>``, mode 0700, never persisted nor
+    fingerprinted), and the exact permission bits recorded at persist are
+    re-applied there.  Meanwhile one thread of its own (``sfs-hydrate-crc``,
+    with a :class:`LocalSnapshotStore`) reads the same fd with ``pread`` and
+    computes the archive's CRC-32 (both release the GIL: the second core),
+    so the archive is not read twice in a row; the CRC-32 is compared with
+    the metadata before anything in the workspace changes, and a corrupted
+    archive that made the extractor fail is reported as corrupt too.  The
+    thread is joined before this returns or raises.  (Other stores verify
+    in ``open_archive``, first.)
     Only when all of that succeeded is the workspace cleared (never the
     root itself, never a mount point, never the staging directory) and the
     staged entries moved up (``renameat2(RENAME_NOREPLACE)`` through the
@@ -1523,28 +1608,54 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
             point (after the clear; rare).
     """
     limits = limits or SnapshotLimits()
-    f, info = store.open_archive(name, limits)
+    if isinstance(store, LocalSnapshotStore):
+        f, info = store.open_archive_unverified(name, limits)  # size checked; CRC-32 checked below
+    else:
+        f, info = store.open_archive(name, limits)  # verified by the store
     with f:
-        staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
-        ws.mkdir(staging, 0o700)
+        check = _CrcCheck(f.fileno()) if isinstance(store, LocalSnapshotStore) else None
+        try:
+            _hydrate_staged(ws, f, info, limits, mount_points, check)
+        finally:
+            if check is not None:
+                check.stop()  # joined before the archive's fd is closed
+    return HydrateReport(info, "archive")
+
+
+def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits,
+                    mount_points: Iterable[str], check: _CrcCheck | None) -> None:
+    """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
+    staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
+    ws.mkdir(staging, 0o700)
+    try:
         try:
             with ws.open_root(staging) as sroot:
                 _extract_with_archive(sroot, f, limits)
                 deferred = _restore_modes(sroot, info, defer_top_dirs=True)
-            sid = ws.lstat(staging)
-            is_mount = is_mount_point_of(ws, mount_points)
-            keep = lambda st: (st.st_dev, st.st_ino) == (sid.st_dev, sid.st_ino) or is_mount(st)  # noqa: E731
-            ws.clear(skip=keep)
-            for entry in ws.listdir(staging):
-                _move_up(ws, f"{staging}/{entry}", entry, is_mount)
-            for path, mode in deferred:
-                ws.chmod(path, mode)
-        finally:
-            # On a failure before the swap this is all that changes; after the swap it is empty.
-            # Best effort: a leftover is never persisted and goes with the next hydrate's clear.
-            with contextlib.suppress(OSError, SandboxError):
-                _remove_staging(ws, staging)
-    return HydrateReport(info, "archive")
+        except Exception as exc:
+            # A corrupted archive may fail extraction in any way: report it as what it is.
+            # (An interrupt does not wait for the check.)
+            if check is not None:
+                try:
+                    check.verify(info)
+                except SnapshotCorruptError as corrupt:
+                    raise corrupt from exc
+            raise
+        if check is not None:
+            check.verify(info)  # before anything in the workspace changes
+        sid = ws.lstat(staging)
+        is_mount = is_mount_point_of(ws, mount_points)
+        keep = lambda st: (st.st_dev, st.st_ino) == (sid.st_dev, sid.st_ino) or is_mount(st)  # noqa: E731
+        ws.clear(skip=keep)
+        for entry in ws.listdir(staging):
+            _move_up(ws, f"{staging}/{entry}", entry, is_mount)
+        for path, mode in deferred:
+            ws.chmod(path, mode)
+    finally:
+        # On a failure before the swap this is all that changes; after the swap it is empty.
+        # Best effort: a leftover is never persisted and goes with the next hydrate's clear.
+        with contextlib.suppress(OSError, SandboxError):
+            _remove_staging(ws, staging)
 
 
 _HYDRATE_PREFIX = ".sfs-hydrate-"

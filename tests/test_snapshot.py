@@ -247,6 +247,62 @@ def test_corrupted_or_truncated_snapshot_refused_previous_stays_valid(layout, st
     assert (dst / "v").read_text() == "two, longer" and not (dst / "precious").exists()
 
 
+def _tar_member_offset(data: bytes, name: str) -> int:
+    """Offset of member ``name``'s header in an uncompressed tar."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return tar.getmember(name).offset
+
+
+@pytest.mark.parametrize("corruption", ["file_data", "member_name"])
+def test_corruption_caught_by_the_concurrent_crc_leaves_workspace_unchanged(layout, store, tmp_path,
+                                                                            monkeypatch, corruption):
+    """The CRC-32 is checked while/after extracting into staging, always before the swap.
+
+    ``file_data``: a flipped content byte the extractor cannot notice; only the
+    CRC-32 catches it, after extraction (it ran concurrently, not first).
+    ``member_name``: a header rewritten to ``../f`` with a valid header checksum:
+    the extractor refuses it (unsafe member); since the CRC-32 does not match,
+    it is reported as SnapshotCorruptError.  Either way the workspace, the fd
+    count and the thread list are as before.
+    """
+    import sandbox_fs.snapshot as snap
+
+    (layout.ws / "aa").mkdir()
+    (layout.ws / "aa" / "f").write_bytes(b"A" * 5000)
+    (layout.ws / "big").write_bytes(os.urandom(3 << 20))
+    with open_root(layout.ws) as ws:
+        info = persist(ws, store, "s").info
+    arch = tmp_path / "store" / info.archive
+    data = bytearray(arch.read_bytes())
+    off = _tar_member_offset(bytes(data), "aa/f")
+    if corruption == "file_data":
+        data[off + 512 + 100] ^= 0x01
+    else:
+        data[off:off + 4] = b"../f"
+        data[off + 148:off + 156] = b"        "
+        data[off + 148:off + 156] = b"%06o\0 " % tarfile.calc_chksums(bytes(data[off:off + 512]))[0]
+    arch.write_bytes(bytes(data))
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    _previous_workspace(dst)
+    before = _live(dst)
+    extracted = []
+    real = snap._archive_extract
+
+    def recording(*a, **kw):
+        extracted.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(snap, "_archive_extract", recording)
+    with open_root(dst) as d:
+        fds = _open_fds()
+        with pytest.raises(SnapshotCorruptError) as ei:
+            hydrate(d, store, "s")
+        assert _open_fds() == fds
+    assert "CRC-32" in str(ei.value) and extracted == [1]
+    assert _live(dst) == before and _staging_dirs(dst) == []
+
+
 def test_corrupt_metadata_and_missing_snapshot(store, tmp_path):
     with pytest.raises(SnapshotNotFoundError):
         store.open_archive("nope", SnapshotLimits())
