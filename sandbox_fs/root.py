@@ -739,7 +739,8 @@ class Root:
 
     def copy_files_from(self, src: "Root", items: Iterable[tuple[str, str, int, int | None, tuple[int, int] | None]],
                         *, max_bytes: int | None = None, digest: bool = True, fsync: bool = False,
-                        buffer_bytes: int = 1 << 20, before_each: Callable[[int], None] | None = None,
+                        buffer_bytes: int = 1 << 20, buffer: bytearray | None = None,
+                        before_each: Callable[[int], None] | None = None,
                         results: list[tuple[int, str | None]] | None = None) -> list[tuple[int, str | None]]:
         """Copy many regular files from ``src`` into this Root, each one atomically.
 
@@ -775,6 +776,11 @@ class Root:
             fsync: fsync each file before its rename.
             buffer_bytes: size of the copy buffer in bytes (>= 4096); files
                 over it are copied in buffer-sized chunks.
+            buffer: a ``bytearray`` (>= 4096 bytes) to copy through instead of
+                a new ``buffer_bytes`` one, so a caller making many calls from
+                one thread allocates (and page-faults) it once; its size
+                replaces ``buffer_bytes``.  Not thread-safe: one call at a
+                time per buffer.  Unused without ``digest``.
             before_each: called with the item's index before each file; an
                 exception it raises stops the copy (nothing of that item is
                 written) and propagates.
@@ -802,14 +808,19 @@ class Root:
             FileNotFoundError, NotADirectoryError: a source or destination
                 directory is missing or not a directory.
             OSError: any other failure, ``filename`` the sandbox path.
-            ValueError: ``buffer_bytes`` below 4096.
+            ValueError: ``buffer_bytes`` (or ``len(buffer)``) below 4096.
+            TypeError: ``buffer`` is not a ``bytearray``.
         """
+        if buffer is not None:
+            if type(buffer) is not bytearray:
+                raise TypeError("buffer must be a bytearray")
+            buffer_bytes = len(buffer)
         if buffer_bytes < 4096:
             raise ValueError("buffer_bytes must be at least 4096")
         out: list[tuple[int, str | None]] = [] if results is None else results
         self._check_writable(b".", "copy")
         bound = _COPY_UNBOUNDED if max_bytes is None else max_bytes
-        buf = bytearray(buffer_bytes) if digest else None
+        buf = (buffer if buffer is not None else bytearray(buffer_bytes)) if digest else None
         cbuf = _native.buffer_of(buf) if buf is not None else _native.NULL
         view = memoryview(buf) if buf is not None else None
         x = _native.new_xfer()
@@ -817,6 +828,8 @@ class Root:
         base_flags = _native.XFER_FSYNC if fsync else 0
         sha256 = _hashlib_sha256
         xfer = _native.xfer_file
+        check_ident, set_mtime = _native.XFER_CHECK_IDENT, _native.XFER_SET_MTIME
+        eexist, tmp_create = -errno.EEXIST, _native.STAGE_TMP_CREATE
         prefix = b".sfs-tmp-" + _secrets.token_hex(6).encode() + b"-"
         sdirs: dict[bytes, int] = {}
         ddirs: dict[bytes, int] = {}
@@ -852,22 +865,25 @@ class Root:
                         if self._deny:
                             self._check_write_target(ddfd, None, drel, False)
                     sleaf = sleaf_s.encode("utf-8", "surrogateescape")
-                    dleaf = dleaf_s.encode("utf-8", "surrogateescape")
+                    dleaf = sleaf if dleaf_s == sleaf_s else dleaf_s.encode("utf-8", "surrogateescape")
                     flags = base_flags
                     if ident is not None:
                         x.dev, x.ino = ident
-                        flags |= _native.XFER_CHECK_IDENT
+                        flags |= check_ident
                     if mtime_ns is not None:
                         x.mtime_ns = mtime_ns
-                        flags |= _native.XFER_SET_MTIME
+                        flags |= set_mtime
                     x.flags = flags
                     x.mode = mode
-                    for _attempt in range(100):
-                        counter += 1
+                    counter += 1
+                    tmp = prefix + str(counter).encode()
+                    ret = xfer(sdfd, sleaf, ddfd, tmp, dleaf, x, cbuf, buffer_bytes)
+                    attempts = 1
+                    while ret == eexist and x.stage == tmp_create and attempts < 100:
+                        counter += 1  # a name planted in the destination: take the next one
+                        attempts += 1
                         tmp = prefix + str(counter).encode()
                         ret = xfer(sdfd, sleaf, ddfd, tmp, dleaf, x, cbuf, buffer_bytes)
-                        if ret != -errno.EEXIST or x.stage != _native.STAGE_TMP_CREATE:
-                            break
                     if ret == 0:
                         n = x.size
                         out.append((n, sha256(view[:n]).hexdigest() if view is not None else None))

@@ -415,6 +415,39 @@ async def test_cancellation_leaves_only_complete_files(layout, tmp_path):
     assert len(res.files) == 400
 
 
+async def test_cancel_stops_a_local_dir_mid_chunk(layout, tmp_path, monkeypatch):
+    """A cancel reaches worker threads at their next file, not at the end of their chunk."""
+    import sandbox_fs.root as root_mod
+
+    b = tmp_path / "one"
+    b.mkdir()
+    for i in range(400):
+        (b / f"f{i:03}").write_bytes(os.urandom(3000))
+    real_sha = root_mod._hashlib_sha256
+    seen = {"n": 0}
+    with trio.CancelScope() as scope:
+        def counting_sha(data):  # runs in the worker threads, once per file copied
+            seen["n"] += 1
+            if seen["n"] == 20:
+                trio.from_thread.run_sync(scope.cancel)
+            return real_sha(data)
+
+        monkeypatch.setattr(root_mod, "_hashlib_sha256", counting_sha)
+        ws = open_root(layout.ws)
+        try:
+            # one chunk of 400 files: only a per-file check can stop it early
+            await materialize(ws, load_manifest({"entries": {"c": {"type": "local_dir", "src": "."}}}),
+                              MaterializeOptions(base_dir=str(b), batch_files=1000))
+        finally:
+            ws.close()
+    assert scope.cancelled_caught
+    names = os.listdir(layout.ws / "c")
+    assert not [n for n in names if n.startswith(".sfs-tmp")], "temporary file left behind"
+    assert 20 <= len(names) < 400
+    for n in names:
+        assert (layout.ws / "c" / n).read_bytes() == (b / n).read_bytes()
+
+
 async def test_planted_workspace_symlink_is_never_written_through(layout, resolver):
     os.symlink(str(layout.outside), layout.ws / "a")
     os.symlink("../outside/sentinel.txt", layout.ws / "f")
