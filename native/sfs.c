@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <sys/vfs.h>
@@ -776,6 +777,148 @@ int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char
             return SFS_XFER_MORE;
     }
     return sfs_xfer_finish(dst_dirfd, tmp_name, dst_name, x);
+}
+
+/* ------------------------------------------------------------------ */
+/* Archive extraction: a batch of new files from an uncompressed tar   */
+/*                                                                    */
+/* Each entry names a NEW file (one component, created O_CREAT|O_EXCL| */
+/* O_NOFOLLOW relative to a directory fd the caller opened beneath its */
+/* staging directory with RESOLVE_NO_SYMLINKS) and the source bytes    */
+/* [src_off, src_off + size) of src_fd, copied with an explicit offset */
+/* (the source's file position is the caller's).  Nothing here         */
+/* resolves a path or decides what is allowed.                         */
+/* ------------------------------------------------------------------ */
+
+static int xf_fail(int dirfd, const char *name, int fd, int64_t *err_out, int stage, int err)
+{
+    if (fd >= 0) {
+        close(fd);
+        unlinkat(dirfd, name, 0);
+    }
+    err_out[0] = err;
+    err_out[1] = stage;
+    return -1;
+}
+
+static int xf_copy(int src_fd, int fd, int64_t off, int64_t size, int *stage)
+{
+    char buf[SFS_COPY_BUF];
+    int use_rw = 0;
+    *stage = SFS_XF_STAGE_COPY;
+    while (size > 0) {
+        size_t want = (size_t)(size < (1 << 30) ? size : (1 << 30));
+        ssize_t n;
+        if (!use_rw) {
+            off_t o = (off_t)off;
+            n = sendfile(fd, src_fd, &o, want);
+            if (n < 0) {
+                if (errno == EINTR)
+                    continue;
+                if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+                    use_rw = 1;
+                    continue;
+                }
+                return errno;
+            }
+        } else {
+            if (want > sizeof buf)
+                want = sizeof buf;
+            n = pread(src_fd, buf, want, (off_t)off);
+            if (n < 0) {
+                if (errno == EINTR)
+                    continue;
+                return errno;
+            }
+            if (n > 0) {
+                int w = write_all(fd, buf, (size_t)n);
+                if (w < 0)
+                    return -w;
+            }
+        }
+        if (n == 0) {
+            *stage = SFS_XF_STAGE_SHORT;
+            return ENODATA;
+        }
+        off += n;
+        size -= n;
+    }
+    return 0;
+}
+
+static int xf_one(int src_fd, const int64_t *e, const char *name, int64_t *err_out)
+{
+    int dirfd = (int)e[0];
+    int fd, err, stage;
+    if (!one_component(name))
+        return xf_fail(dirfd, name, -1, err_out, SFS_XF_STAGE_CREATE, EINVAL);
+    do {
+        fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)(e[4] & 0777));
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return xf_fail(dirfd, name, -1, err_out, SFS_XF_STAGE_CREATE, errno);
+    err = xf_copy(src_fd, fd, e[1], e[2], &stage);
+    if (err)
+        return xf_fail(dirfd, name, fd, err_out, stage, err);
+    if (e[3] >= 0) {  /* the last byte of the block padding must exist, as tar readers check */
+        char c;
+        ssize_t n;
+        do {
+            n = pread(src_fd, &c, 1, (off_t)e[3]);
+        } while (n < 0 && errno == EINTR);
+        if (n <= 0)
+            return xf_fail(dirfd, name, fd, err_out, n < 0 ? SFS_XF_STAGE_COPY : SFS_XF_STAGE_SHORT,
+                           n < 0 ? errno : ENODATA);
+    }
+    if ((e[6] & SFS_XF_CHMOD) && fchmod(fd, (mode_t)(e[4] & 0777)) < 0)
+        return xf_fail(dirfd, name, fd, err_out, SFS_XF_STAGE_META, errno);
+    if (e[6] & SFS_XF_MTIME) {
+        struct timespec ts[2];
+        ts[0].tv_sec = (time_t)(e[5] / 1000000000);
+        ts[0].tv_nsec = (long)(e[5] % 1000000000);
+        if (ts[0].tv_nsec < 0) {
+            ts[0].tv_sec -= 1;
+            ts[0].tv_nsec += 1000000000;
+        }
+        ts[1] = ts[0];
+        if (futimens(fd, ts) < 0)
+            return xf_fail(dirfd, name, fd, err_out, SFS_XF_STAGE_META, errno);
+    }
+    if (close(fd) < 0 && errno != EINTR) {
+        int e = errno;
+        unlinkat(dirfd, name, 0);
+        return xf_fail(dirfd, name, -1, err_out, SFS_XF_STAGE_META, e);
+    }
+    return 0;
+}
+
+/*
+ * Create and fill the n new files described by nums (SFS_XF_FIELDS int64s
+ * each) and names (n NUL-terminated single components, names_len bytes in
+ * all), in order.  Returns n when all are done; else the index i of the
+ * first failure, with err_out[0] = errno and err_out[1] = SFS_XF_STAGE_*:
+ * entries before i are complete, entry i's name is removed, later entries
+ * are untouched.  One call per batch, so the caller's thread drops the GIL
+ * once for the whole batch.
+ */
+
+int sfs_extract_files(int src_fd, const int64_t *nums, const char *names, int64_t names_len, int n,
+                      int64_t *err_out)
+{
+    const char *p = names, *end = names + names_len;
+    err_out[0] = err_out[1] = 0;
+    for (int i = 0; i < n; i++) {
+        const char *nul = memchr(p, '\0', (size_t)(end - p));
+        if (nul == NULL) {
+            err_out[0] = EINVAL;
+            err_out[1] = SFS_XF_STAGE_CREATE;
+            return i;
+        }
+        if (xf_one(src_fd, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out) < 0)
+            return i;
+        p = nul + 1;
+    }
+    return n;
 }
 
 /* ------------------------------------------------------------------ */

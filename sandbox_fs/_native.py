@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import TYPE_CHECKING
 
 from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
+
+if TYPE_CHECKING:
+    from array import array
 
 EXPECTED_ABI = 3
 
@@ -55,6 +59,13 @@ xfer_file = lib.sfs_xfer_file
 xfer_finish = lib.sfs_xfer_finish
 xfer_abort = lib.sfs_xfer_abort
 NULL = ffi.NULL
+XF_FIELDS = lib.SFS_XF_FIELDS
+XF_CHMOD = lib.SFS_XF_CHMOD
+XF_MTIME = lib.SFS_XF_MTIME
+XF_STAGE_CREATE = lib.SFS_XF_STAGE_CREATE
+XF_STAGE_COPY = lib.SFS_XF_STAGE_COPY
+XF_STAGE_SHORT = lib.SFS_XF_STAGE_SHORT
+XF_STAGE_META = lib.SFS_XF_STAGE_META
 
 
 def raise_errno(err: int, op: str, sandbox_path: str | None) -> None:
@@ -169,3 +180,26 @@ def new_xfer() -> object:
 def buffer_of(buf: bytearray) -> object:
     """A ``char *`` view of the writable ``buf`` (valid while ``buf`` lives), for :data:`xfer_file`."""
     return ffi.from_buffer("char[]", buf, require_writable=True)
+
+
+def extract_files(src_fd: int, nums: "array[int]", names: bytearray, n: int) -> tuple[int, int, int]:
+    """Create and fill ``n`` new files in one native call (the GIL is released for all of it).
+
+    Args:
+        src_fd: the uncompressed tar source (a regular file), read at explicit offsets.
+        nums: ``array("q")`` of ``n * XF_FIELDS`` ints per entry: dirfd, source offset,
+            size (bytes), offset of a byte that must exist (-1: none), mode, mtime (ns),
+            ``XF_CHMOD | XF_MTIME`` flags.
+        names: ``n`` NUL-terminated single path components, one per entry.
+        n: entry count.
+
+    Returns:
+        ``(done, errno, stage)``: ``done == n`` when every file was made; else the
+        index of the failed entry (its name removed; earlier entries complete, later
+        ones untouched), its positive errno and ``XF_STAGE_*``.  Never raises for
+        an errno: the caller decides what it means.
+    """
+    out = ffi.new("int64_t[2]")
+    done = lib.sfs_extract_files(src_fd, ffi.from_buffer("int64_t[]", nums), ffi.from_buffer("char[]", names),
+                                 len(names), n, out)
+    return done, int(out[0]), int(out[1])
