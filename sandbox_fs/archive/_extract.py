@@ -130,11 +130,17 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
             check_cancel()
         ex.finish()
     except BaseException as exc:
+        # a queued file before this member failed: that error comes first (not for a cancellation)
+        earlier = ex.pending_error(run_queued=isinstance(exc, Exception))
         ex.abort()
+        if earlier is not None and isinstance(exc, Exception):
+            exc = earlier
         if isinstance(exc, (ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError)) and \
                 exc.sandbox_path is None:
             exc.sandbox_path = ex.shown_dest  # the destination (a sandbox path) for the error line
-        raise
+        if exc is not earlier:
+            raise
+        raise exc from None
     finally:
         ex.close()
     return ExtractReport(format=_NAMES.get(kind, kind), members=ex.members, files=ex.files, dirs=ex.dirs,
@@ -182,6 +188,10 @@ async def extract_async(root: Root, dest: str, source: BinaryIO | str | os.PathL
                         limiter: trio.CapacityLimiter | None = None) -> ExtractReport:
     """Run :func:`extract` in one worker thread (one hop per archive, never per member).
 
+    An uncompressed tar from a host path may use one more helper thread of
+    its own for batches of new files (see :mod:`sandbox_fs.archive`); it is
+    joined before this returns.
+
     Args:
         root, dest, source, format, limits, policy: as for :func:`extract`.
         limiter: the ``trio.CapacityLimiter`` bounding concurrent extractions;
@@ -196,8 +206,10 @@ async def extract_async(root: Root, dest: str, source: BinaryIO | str | os.PathL
     Cancellation:
         This function is always a checkpoint.  A cancel is noticed between
         members (``trio.from_thread.check_cancelled``): the worker stops,
-        removes the partly written member and, in atomic mode, the whole
-        staging tree, so nothing new remains in the destination; then
+        waits for the batch of new files in flight, if any (at most 64
+        files / 8 MiB, see :mod:`sandbox_fs.archive`), removes the partly
+        written member and, in atomic mode, the whole staging tree, so
+        nothing new remains in the destination; then
         ``Cancelled`` propagates.  In in-place mode the members completed
         before the cancel remain.  The thread is never abandoned: the call
         returns only once the worker has cleaned up.

@@ -243,6 +243,36 @@ class StreamCounter:
         self._splice_fd = splice_fd  # a regular, unbuffered, uncompressed source: member data may be sendfile'd
         self._pushback = b""  # bytes already read (and counted) by peek(), returned again by the next read
 
+    @property
+    def splice_fd(self) -> int:
+        """The source's fd when member data may be copied kernel-side from it, else -1."""
+        return self._splice_fd
+
+    def skip_data(self, offset_data: int, size: int) -> tuple[int, int]:
+        """Step over a member's ``size`` data bytes and their block padding without reading them.
+
+        Only when :meth:`can_splice` and the stream is at ``offset_data``.  The
+        bytes are counted (input and stream bytes, limits checked) as reads of
+        them would be, then the source's file offset moves past them with one
+        ``lseek``: the caller copies them later at an explicit offset.
+
+        Returns:
+            ``(source offset of the data, source offset of the padding's last
+            byte or -1 when there is no padding)``; the caller must check that
+            byte exists, as tarfile does before the next header.
+
+        Raises:
+            ArchiveLimitError: ``max_input_bytes``, ``max_expansion_ratio``,
+                ``max_cpu_seconds``.
+        """
+        blk = (size + 511) & ~511  # tarfile's TarInfo._block
+        meter = self._meter
+        meter.add_input(blk)
+        meter.add_stream(blk)
+        end = os.lseek(self._splice_fd, blk, os.SEEK_CUR)
+        self.position = offset_data + blk
+        return end - blk, (end - 1 if blk > size else -1)
+
     def can_splice(self) -> bool:
         """True when the next bytes can be copied kernel-side from the source fd."""
         return self._splice_fd >= 0 and not self._pushback and not getattr(self._stream, "_prefix", b"")

@@ -175,6 +175,7 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
         ArchiveLimitError, UnsafeArchiveMemberError: see :func:`extract`.
     """
     counter = StreamCounter(stream, meter, splice_fd)
+    batch = splice_fd >= 0 and ex.can_batch()  # new plain files go to Extractor.add_new_file_from
     info_cls = _guarded_tarinfo(limits, counter, meter)
     try:
         tf = tarfile.open(fileobj=counter, mode="r:", tarinfo=info_cls)
@@ -191,7 +192,7 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
             if ti is None:
                 break
             tf.members.clear()  # tarfile appends every member: keep memory flat
-            _apply(tf, ti, ex, meter, counter)
+            _apply(tf, ti, ex, meter, counter, batch)
     finally:
         tf.close()
 
@@ -218,12 +219,15 @@ def _add_plain_file(name: str, mode: int, uid: int, gid: int, size: int, mtime: 
     ex.add_file(name, read, mode & 0o7777, mtime, declared_size=size, owner=(uid, gid), splice=splice)
 
 
-def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter, counter: StreamCounter) -> None:
+def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter, counter: StreamCounter,
+           batch: bool) -> None:
     name = ti.name
     ex.count_member(name)
-    owner = (ti.uid, ti.gid)
     if ti.isreg():
         if ti.sparse is None and ti.type != tarfile.GNUTYPE_SPARSE:
+            if batch and counter.position == ti.offset_data and counter.can_splice() and \
+                    ex.add_new_file_from(name, ti.mode, ti.mtime, ti.size, counter, ti.offset_data):
+                return
             _add_plain_file(name, ti.mode, ti.uid, ti.gid, ti.size, ti.mtime, ex, counter, ti.offset_data)
             return
         fobj = tf.extractfile(ti)  # sparse: tarfile expands the holes
@@ -235,9 +239,9 @@ def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter
             except (tarfile.TarError, OSError, *PARSE_ERRORS) as exc:
                 raise _format_error(exc, meter) from None
 
-        ex.add_file(name, read, _stat.S_IMODE(ti.mode), ti.mtime, declared_size=ti.size, owner=owner)
+        ex.add_file(name, read, _stat.S_IMODE(ti.mode), ti.mtime, declared_size=ti.size, owner=(ti.uid, ti.gid))
     elif ti.isdir():
-        ex.add_dir(name, _stat.S_IMODE(ti.mode), ti.mtime, owner=owner)
+        ex.add_dir(name, _stat.S_IMODE(ti.mode), ti.mtime, owner=(ti.uid, ti.gid))
     elif ti.issym():
         ex.add_symlink(name, ti.linkname, ti.mtime)
     elif ti.islnk():

@@ -22,6 +22,27 @@ Layout (atomic mode, the default):
   (whose own mode and mtime are kept).  A new directory over a pre-existing
   non-directory, or a new non-directory over a pre-existing directory, is a
   ``conflict`` found before anything is moved: nothing new remains.
+
+Batched new files (atomic mode, uncompressed tar read from a regular file):
+a plain file member with a new name is *queued* (:meth:`Extractor.add_new_file_from`)
+after every check the one-by-one path makes (name rules, ``_parents``, limits
+counted from the declared size before any byte is copied); its parent is the
+kept ``O_PATH`` directory fd opened beneath the staging directory with
+``RESOLVE_NO_SYMLINKS``.  Batches of up to :data:`BATCH_FILES` files or
+:data:`BATCH_BYTES` bytes are created and filled by ONE native call
+(``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to that fd, data copied at explicit
+source offsets, mode, mtime, close; a failed file is unlinked) in one helper
+thread per extraction, while the calling thread parses the next headers.  At
+most one batch is in flight; the directory fds it uses are closed only after
+it completes.  Ordering: the queue is flushed (waited for) before any member
+that could depend on a queued file (a hard link, a repeated name), before
+:meth:`~Extractor.finish`, and on any error, where the error of the earliest
+failing member wins, as in one-by-one order (a cancellation only waits for the
+batch in flight).  New names written one by one (over :data:`BATCH_BYTES`),
+directories and symlink records need no flush: they never touch a queued name
+(the per-path kinds are updated when a file is queued, so a later member
+naming it sees it).  With ``max_cpu_seconds`` set, batches run in the calling thread, so
+the CPU limit still counts every syscall.
 """
 
 from __future__ import annotations
@@ -29,19 +50,25 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import queue
 import secrets
 import stat as _stat
 import struct
 import tempfile
-from typing import IO, Callable, Iterator
+import threading
+from array import array
+from typing import IO, TYPE_CHECKING, Callable, Iterator
 
 from .. import _native
 from ..errors import PathEscapeError, SandboxError, SymlinkRefusedError
 from ..root import Root
-from ._errors import ArchiveLimitError, UnsafeArchiveMemberError, show_name
+from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError, show_name
 from ._models import ArchiveLimits, ExtractPolicy, SkippedMember
 from ._names import normalize_member, target_parts
 from ._streams import Meter
+
+if TYPE_CHECKING:
+    from ._streams import StreamCounter
 
 __all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX"]
 
@@ -54,6 +81,67 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _STAGE_FLAGS = _CREATE_FLAGS | os.O_CLOEXEC
 _PDIR_FLAGS = _native.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE, _DIR, _LINK = "file", "dir", "symlink"
+#: a batch of queued new files is handed to the helper thread at this many files ...
+BATCH_FILES = 64
+#: ... or this many data bytes; a larger member is written one by one (cancellable once a MiB)
+BATCH_BYTES = 8 << 20
+_XF = _native.XF_FIELDS
+
+
+class _Batch:
+    """New files queued for one native call: ``XF_FIELDS`` ints and a NUL-terminated leaf each."""
+
+    __slots__ = ("nums", "names", "members", "n", "nbytes", "close_fds", "result")
+
+    def __init__(self) -> None:
+        self.nums = array("q")
+        self.names = bytearray()
+        self.members: list[tuple[str | bytes, bytes]] = []  # (member name, normalized path)
+        self.n = 0
+        self.nbytes = 0
+        self.close_fds: list[int] = []  # parent dir fds to close once this batch is done
+        self.result: tuple[int, int, int] | BaseException | None = None
+
+    def run(self, src_fd: int) -> None:
+        try:
+            self.result = _native.extract_files(src_fd, self.nums, self.names, self.n)
+        except BaseException as exc:  # reported in the calling thread
+            self.result = exc
+
+    def close(self) -> None:
+        fds, self.close_fds = self.close_fds, []
+        for fd in fds:
+            os.close(fd)
+
+
+class _CopyWorker:
+    """The one helper thread of an extraction: runs queued batches, one at a time, in order."""
+
+    def __init__(self, src_fd: int) -> None:
+        self._src_fd = src_fd
+        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[_Batch] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="sandbox-fs-extract-copy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        jobs, done, fd = self._jobs, self._done, self._src_fd
+        while True:
+            b = jobs.get()
+            if b is None:
+                return
+            b.run(fd)
+            done.put(b)
+
+    def put(self, b: _Batch) -> None:
+        self._jobs.put(b)
+
+    def wait(self) -> _Batch:
+        return self._done.get()
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
 
 
 def file_mode(mode: int | None) -> int:
@@ -155,6 +243,14 @@ class Extractor:
             # and nothing inside it predates this extraction.
             self._stage_fd = self.work.fileno_dup()
             self._stage_resolver = self.work.resolver
+        # batched new files (see the module docstring)
+        self._batch = _Batch()
+        self._inflight: _Batch | None = None
+        self._worker: _CopyWorker | None = None
+        self._src_fd = -1
+        self._threaded = limits.max_cpu_seconds is None
+        self._batch_failed = False  # a batch error was raised: later queued files are never made
+        self._fmode_cache: dict[int, tuple[int, int]] = {}
 
     # ----------------------------------------------------------------- setup
 
@@ -327,6 +423,8 @@ class Extractor:
                                     reason=f"declared size {declared_size} > max_member_bytes {lim}")
         key = _key(path)
         kind = self._kinds.get(key)
+        if kind is not None and (self._batch.n or self._inflight is not None):
+            self.flush()  # a queued file may hold this name; a new name depends on no queued file
         if kind == _DIR:
             raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory")
         if kind == _LINK:
@@ -443,10 +541,7 @@ class Extractor:
         elif parent == self._pdir:
             dfd = self._pdir_fd
         else:
-            self._close_pdir()
-            dfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0,
-                                       _native.RESOLVE_NO_SYMLINKS, "extract", self.shown_dest)
-            self._pdir, self._pdir_fd = parent, dfd
+            dfd = self._open_pdir(parent)
         try:
             return os.open(leaf, _STAGE_FLAGS, fmode, dir_fd=dfd)
         except FileExistsError:
@@ -455,11 +550,252 @@ class Extractor:
             _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
             raise  # unreachable
 
+    def _open_pdir(self, parent: bytes) -> int:
+        """Open (and keep) ``parent`` beneath the staging directory, ``O_PATH``, no symlink on the path."""
+        self._close_pdir()
+        dfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0,
+                                   _native.RESOLVE_NO_SYMLINKS, "extract", self.shown_dest)
+        self._pdir, self._pdir_fd = parent, dfd
+        return dfd
+
     def _close_pdir(self) -> None:
         if self._pdir_fd >= 0:
-            os.close(self._pdir_fd)
+            if self._batch.n or self._inflight is not None:
+                self._batch.close_fds.append(self._pdir_fd)  # a queued file may still use it
+            else:
+                os.close(self._pdir_fd)
             self._pdir_fd = -1
         self._pdir = None
+
+    # ------------------------------------------------------- batched new files
+
+    def can_batch(self) -> bool:
+        """True when new plain files may be queued (atomic mode, no ownership to apply)."""
+        return self._stage_fd >= 0 and not self._owner
+
+    def add_new_file_from(self, name: str | bytes, mode: int, mtime: float | int | None, size: int,
+                          counter: StreamCounter, offset_data: int) -> bool:
+        """Queue regular-file member ``name`` whose ``size`` data bytes sit in the source file.
+
+        Only for a *new* name in the fresh staging tree (:meth:`can_batch`),
+        read from an uncompressed tar in a regular file (``counter.can_splice()``
+        and the stream at ``offset_data``): the data and its block padding are
+        stepped over in the stream at once (counted as reads would be), the
+        written bytes are counted from ``size`` before any byte is copied, and
+        the file is created and filled later by the helper thread (see the
+        module docstring).
+
+        Args:
+            name: the member name; mode: its mode bits; mtime: seconds;
+            size: data bytes (``max_member_bytes`` applies to it);
+            counter: the tar stream; offset_data: stream offset of the data.
+
+        Returns:
+            False when the member is not for this path (a name already seen, the
+            destination's own name, over :data:`BATCH_BYTES`): nothing was done,
+            the caller uses :meth:`add_file`.  True when queued.
+
+        Raises:
+            UnsafeArchiveMemberError: name rules; ``through_symlink``/``conflict``
+                from the parents.
+            ArchiveLimitError: ``max_member_bytes``, ``max_total_bytes``,
+                ``max_input_bytes``, ``max_expansion_ratio``, ``max_cpu_seconds``.
+            ArchiveFormatError, OSError: an earlier batch failed (raised in
+                archive order, with that member's name).
+        """
+        if size > BATCH_BYTES:
+            return False
+        path = normalize_member(name, self.limits)
+        if not path:
+            return False
+        lim = self.limits.max_member_bytes
+        if size > lim:
+            raise ArchiveLimitError("max_member_bytes", lim, size, name,
+                                    reason=f"declared size {size} > max_member_bytes {lim}")
+        key = _key(path)
+        if key in self._kinds:
+            return False
+        parent, _, leaf = path.rpartition(b"/")
+        if not parent:
+            dfd = self._stage_fd
+        elif parent == self._pdir:
+            dfd = self._pdir_fd  # a kept parent passed _parents already and is never replaced
+        else:
+            self._parents(path, name)
+            try:
+                dfd = self._open_pdir(parent)
+            except (SymlinkRefusedError, PathEscapeError):
+                raise UnsafeArchiveMemberError("through_symlink", name,
+                                               "a symlink on the path was refused (writes never follow symlinks)") from None
+        src_off, probe = counter.skip_data(offset_data, size)
+        self.meter.add_written(size)
+        mbits = mode & 0o7777
+        fm = self._fmode_cache.get(mbits)
+        if fm is None:
+            fmode = file_mode(mbits)
+            fm = self._fmode_cache[mbits] = (fmode, _native.XF_CHMOD if fmode & ~self._umask != fmode else 0)
+        mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
+        b = self._batch
+        if mt is None:
+            b.nums.extend((dfd, src_off, size, probe, fm[0], 0, fm[1]))
+        else:
+            b.nums.extend((dfd, src_off, size, probe, fm[0], mt, fm[1] | _native.XF_MTIME))
+        b.names += leaf
+        b.names.append(0)
+        b.members.append((name, path))
+        b.n += 1
+        b.nbytes += size
+        self._kinds[key] = _FILE
+        self.files += 1
+        self._src_fd = counter.splice_fd
+        if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
+            self._submit()
+        return True
+
+    def _submit(self) -> None:
+        """Hand the queued batch to the helper thread (after the one in flight completes)."""
+        self._wait()
+        b, self._batch = self._batch, _Batch()
+        if not self._threaded:
+            self._inflight = b
+            b.run(self._src_fd)
+            self._inflight = None
+            self._complete(b)
+            return
+        if self._worker is None:
+            self._worker = _CopyWorker(self._src_fd)
+        self._inflight = b
+        self._worker.put(b)
+
+    def _wait(self) -> None:
+        """Wait for the batch in flight; raise its error (see :meth:`_complete`)."""
+        b = self._inflight
+        if b is None:
+            return
+        assert self._worker is not None
+        self._worker.wait()  # one batch in flight: this is b
+        self._inflight = None
+        self._complete(b)
+
+    def _complete(self, b: _Batch) -> None:
+        """Check a finished batch; then close the directory fds it used (never before: a retry uses them)."""
+        try:
+            self._check_result(b)
+        except BaseException:
+            self._batch_failed = True
+            raise
+        finally:
+            b.close()
+
+    def _check_result(self, b: _Batch) -> None:
+        res = b.result
+        while True:
+            if isinstance(res, BaseException):
+                raise res
+            assert res is not None
+            done, err, stage = res
+            if done >= b.n:
+                return
+            if not (stage == _native.XF_STAGE_CREATE and err == errno.EEXIST):
+                raise self._batch_error(b.members[done][0], err, stage)
+            # The name exists although this run never made it (a name the filesystem
+            # folds onto an earlier one, or a racing process in the staging tree): the
+            # one-by-one path replaces it atomically; do that, then the rest of the batch.
+            self._replace_queued(b, done)
+            if done + 1 >= b.n:
+                return
+            rest = _Batch()
+            rest.nums = b.nums[(done + 1) * _XF:]
+            rest.names = bytearray(b"".join(n + b"\0" for n in b.names.split(b"\0")[done + 1:b.n]))
+            rest.members = b.members[done + 1:]
+            rest.n = b.n - done - 1
+            rest.run(self._src_fd)
+            b, res = rest, rest.result
+
+    def _batch_error(self, member: str | bytes, err: int, stage: int) -> BaseException:
+        """The error the one-by-one path raises for a failed queued file."""
+        if stage == _native.XF_STAGE_SHORT:
+            return ArchiveFormatError("unexpected end of data", member=member)
+        if stage == _native.XF_STAGE_CREATE and err == errno.EISDIR:
+            return UnsafeArchiveMemberError("conflict", member, "a file never replaces a directory")
+        if stage == _native.XF_STAGE_CREATE and err in (errno.ELOOP, errno.EXDEV):
+            return UnsafeArchiveMemberError("through_symlink", member,
+                                            "a symlink on the path was refused (writes never follow symlinks)")
+        try:
+            _native.raise_errno(err or errno.EIO, "extract", self.shown_dest)
+        except (OSError, SandboxError) as exc:
+            return exc
+        return OSError(err, os.strerror(err))  # pragma: no cover - raise_errno always raises
+
+    def _replace_queued(self, b: _Batch, i: int) -> None:
+        """Write queued entry ``i`` of ``b`` through :meth:`Root.atomic_write` (replacing the name)."""
+        name, path = b.members[i]
+        _dfd, src_off, size, probe, fmode, mt, flags = b.nums[i * _XF:(i + 1) * _XF]
+        src_fd = self._src_fd
+
+        def chunks() -> Iterator[bytes]:
+            off, left = src_off, size
+            while left:
+                data = os.pread(src_fd, min(left, CHUNK_BYTES), off)
+                if not data:
+                    raise ArchiveFormatError("unexpected end of data", member=name)
+                off += len(data)
+                left -= len(data)
+                yield data
+            if probe >= 0 and not os.pread(src_fd, 1, probe):
+                raise ArchiveFormatError("unexpected end of data", member=name)
+
+        try:
+            self._guard(name, lambda: self.work.atomic_write(
+                path, chunks(), mode=fmode, fsync=False, mtime_ns=mt if flags & _native.XF_MTIME else None))
+        except IsADirectoryError:
+            raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
+
+    def flush(self) -> None:
+        """Create every queued file now (wait for the helper thread).
+
+        Raises:
+            ArchiveFormatError: ``unexpected end of data`` (the source is short).
+            UnsafeArchiveMemberError: ``conflict`` / ``through_symlink``.
+            OSError: the file could not be created or written (sandbox path only).
+        """
+        if self._batch.n:
+            self._submit()
+        self._wait()
+        self._batch.close()
+
+    def pending_error(self, run_queued: bool = False) -> BaseException | None:
+        """Stop batching after an error in the calling thread; never raises.
+
+        Waits for the batch in flight; with ``run_queued`` (an ordinary error,
+        not a cancellation) also makes the queued files, so that the error of
+        the earliest failing member wins, as in one-by-one order.  Then drops
+        whatever is still queued and closes the directory fds batches held.
+
+        Returns:
+            The first batch error (a member before the one that failed in the
+            calling thread), or None.
+        """
+        err: BaseException | None = None
+        try:
+            if run_queued and not self._batch_failed:
+                self.flush()
+            elif self._inflight is not None and self._worker is not None:
+                b = self._inflight
+                self._worker.wait()
+                self._inflight = None
+                self._complete(b)
+        except BaseException as exc:  # reported to the caller, raised there
+            err = exc
+        finally:
+            if self._inflight is not None:  # the wait itself was interrupted: the thread still owns it
+                assert self._worker is not None
+                self._worker.wait()
+                self._inflight.close()
+                self._inflight = None
+            self._batch.close()
+            self._batch = _Batch()
+        return err
 
     def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
         """Record symlink member ``name`` -> ``target``; it is created by :meth:`finish`.
@@ -502,6 +838,8 @@ class Extractor:
         if self.policy.hardlinks != "create":
             self._skip_or_refuse(self.policy.hardlinks, "hardlink_refused", name, "hard link members are not allowed")
             return
+        if self._batch.n or self._inflight is not None:
+            self.flush()  # the target may be a queued file
         path = self.name(name)
         if not path:
             raise UnsafeArchiveMemberError("names_destination", name, "a hard link may not name the destination")
@@ -700,6 +1038,7 @@ class Extractor:
             UnsafeArchiveMemberError: a symlink rule or a ``conflict`` with a
                 pre-existing entry of the destination (found before anything moves).
         """
+        self.flush()
         self._close_pdir()
         self._create_symlinks()
         self._apply_dir_meta()
@@ -746,6 +1085,7 @@ class Extractor:
 
     def abort(self) -> None:
         """Remove the staging tree (atomic mode).  In-place mode leaves what was extracted."""
+        self.pending_error()  # the helper thread is idle before anything is removed
         try:
             if self._staging is not None:
                 owner = self._parent_root if self._parent_root is not None else self._dest_root
@@ -759,6 +1099,9 @@ class Extractor:
         try:
             self.abort()
         finally:
+            if self._worker is not None:
+                self._worker.stop()
+                self._worker = None
             if self._spool is not None:
                 self._spool.close()
                 self._spool = None

@@ -1,0 +1,305 @@
+"""Batched new files: an uncompressed tar read from a regular file (a host path) in atomic mode.
+
+New plain file members are queued and made by one native call per batch in a
+helper thread (see ``sandbox_fs.archive._writer``).  These tests check that a
+file source gives exactly what a stream source (one by one, no batching) gives,
+and the ordering rules: hard links and repeated names after queued files, errors
+in archive order, truncated data, cancellation with a batch in flight, no fd or
+thread left behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+import stat
+import tarfile
+import threading
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_archive_builders import tar_bytes, ti
+
+from sandbox_fs import SandboxError, open_root
+from sandbox_fs.archive import (ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy,
+                                UnsafeArchiveMemberError, extract, extract_async)
+from sandbox_fs.archive import _writer
+
+_THREAD = "sandbox-fs-extract-copy"
+
+
+def _nfds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _copy_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == _THREAD)
+
+
+def _tree(top) -> dict[str, tuple]:
+    """Every entry under ``top``: type, permission bits, file mtime, content or link target
+    (not directory mtimes: a directory made for a member's parent gets the current time)."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirs, files in os.walk(top):
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            st_ = os.lstat(p)
+            rel = os.path.relpath(p, top)
+            if stat.S_ISLNK(st_.st_mode):
+                out[rel] = ("l", os.readlink(p))
+            elif stat.S_ISDIR(st_.st_mode):
+                out[rel] = ("d", stat.S_IMODE(st_.st_mode))
+            else:
+                with open(p, "rb") as fh:
+                    out[rel] = ("f", stat.S_IMODE(st_.st_mode), st_.st_mtime_ns, st_.st_nlink, fh.read())
+    return out
+
+
+def _write(tmp_path, data: bytes, name: str = "a.tar"):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def _many(n: int, size: int = 100, prefix: str = "d") -> list:
+    return [ti(f"{prefix}{i % 7}/f{i:05d}", data=bytes([i % 251]) * (size + i % 600)) for i in range(n)]
+
+
+def test_file_source_is_batched_and_matches_stream(layout, tmp_path, monkeypatch):
+    members = [ti("top", "dir")] + _many(300) + [ti("top/a", data=b"A" * 513), ti("l", "symlink", linkname="top/a"),
+                                                 ti("h", "hardlink", linkname="top/a")]
+    data = tar_bytes(members, fmt=tarfile.GNU_FORMAT)
+    calls = []
+    real = _writer._native.extract_files
+    monkeypatch.setattr(_writer._native, "extract_files", lambda *a: calls.append(a[3]) or real(*a))
+    with open_root(layout.ws) as root:
+        rep_file = extract(root, "from_file", _write(tmp_path, data))
+        assert calls and sum(calls) == 301 and max(calls) <= _writer.BATCH_FILES
+        calls.clear()
+        rep_stream = extract(root, "from_stream", io.BytesIO(data))
+        assert calls == []  # a stream source is never batched
+    assert rep_file == rep_stream
+    assert _tree(layout.ws / "from_file") == _tree(layout.ws / "from_stream")
+    assert os.stat(layout.ws / "from_file/h").st_ino == os.stat(layout.ws / "from_file/top/a").st_ino
+
+
+def test_hard_link_to_a_queued_file(layout, tmp_path):
+    data = tar_bytes([ti("d/a", data=b"payload"), ti("d/b", "hardlink", linkname="d/a"),
+                      ti("c", "hardlink", linkname="d/a")])
+    with open_root(layout.ws) as root:
+        rep = extract(root, "dest", _write(tmp_path, data))
+    assert rep.files == 1 and rep.hardlinks == 2
+    st_a = os.stat(layout.ws / "dest/d/a")
+    assert st_a.st_nlink == 3 and os.stat(layout.ws / "dest/c").st_ino == st_a.st_ino
+    assert (layout.ws / "dest/d/b").read_bytes() == b"payload"
+
+
+def test_repeated_name_after_a_queued_file(layout, tmp_path):
+    data = tar_bytes([ti("d/a", data=b"first"), ti("d/x", data=b"x"), ti("d/a", data=b"second", mode=0o755)])
+    with open_root(layout.ws) as root:
+        rep = extract(root, "dest", _write(tmp_path, data))
+    assert rep.files == 3
+    assert (layout.ws / "dest/d/a").read_bytes() == b"second"
+    assert stat.S_IMODE(os.stat(layout.ws / "dest/d/a").st_mode) == 0o755
+
+
+def test_directory_over_a_queued_file_is_a_conflict(layout, tmp_path):
+    data = tar_bytes([ti("a", data=b"1"), ti("a", "dir")])
+    with open_root(layout.ws) as root, pytest.raises(UnsafeArchiveMemberError) as ei:
+        extract(root, "dest", _write(tmp_path, data))
+    assert ei.value.rule == "conflict"
+    assert os.listdir(layout.ws) == []
+
+
+@pytest.mark.parametrize("cut", ["data", "padding"])
+def test_truncated_last_member(layout, tmp_path, cut):
+    data = tar_bytes(_many(100) + [ti("last", data=b"z" * 1000)], fmt=tarfile.GNU_FORMAT)
+    end = data.rindex(b"z" * 1000) + 1000  # end of the last member's data
+    data = data[:end - 10] if cut == "data" else data[:end + 3]
+    base = _nfds()
+    with open_root(layout.ws) as root:
+        with pytest.raises(ArchiveFormatError) as ei:
+            extract(root, "dest", _write(tmp_path, data))
+        with pytest.raises(ArchiveFormatError):  # the stream path refuses it too
+            extract(root, "dest", io.BytesIO(data))
+    assert "unexpected end of data" in str(ei.value)
+    assert ei.value.member == "last"
+    assert os.listdir(layout.ws) == []
+    assert _nfds() == base
+
+
+def test_limits_are_checked_before_queued_files_are_made(layout, tmp_path):
+    data = tar_bytes(_many(50, size=1000))
+    total = sum(1000 + i % 600 for i in range(50))
+    with open_root(layout.ws) as root:
+        with pytest.raises(ArchiveLimitError) as ei:
+            extract(root, "dest", _write(tmp_path, data), limits=ArchiveLimits(max_total_bytes=total - 1))
+        assert ei.value.limit == "max_total_bytes"
+        with pytest.raises(ArchiveLimitError) as ei:
+            extract(root, "dest", _write(tmp_path, data), limits=ArchiveLimits(max_input_bytes=len(data) // 2))
+        assert ei.value.limit == "max_input_bytes"
+        rep = extract(root, "dest", _write(tmp_path, data), limits=ArchiveLimits(max_total_bytes=total))
+        rep_stream = extract(root, "dest2", io.BytesIO(data), limits=ArchiveLimits(max_total_bytes=total))
+    assert rep.bytes_written == total and rep == rep_stream
+    shutil.rmtree(layout.ws / "dest2")
+    assert sorted(os.listdir(layout.ws)) == ["dest"]
+
+
+def test_batch_error_is_raised_with_the_member_and_nothing_remains(layout, tmp_path, monkeypatch):
+    def full(src_fd, nums, names, n):
+        return 3, errno.ENOSPC, _writer._native.XF_STAGE_COPY
+
+    monkeypatch.setattr(_writer._native, "extract_files", full)
+    data = tar_bytes(_many(10))
+    base = _nfds()
+    with open_root(layout.ws) as root, pytest.raises(OSError) as ei:
+        extract(root, "dest", _write(tmp_path, data))
+    assert ei.value.errno == errno.ENOSPC
+    assert str(tmp_path) not in str(ei.value)  # sandbox paths only
+    assert os.listdir(layout.ws) == []
+    assert _nfds() == base
+
+
+def test_earlier_batch_error_wins_over_a_later_member_error(layout, tmp_path, monkeypatch):
+    def full(src_fd, nums, names, n):
+        return 0, errno.ENOSPC, _writer._native.XF_STAGE_COPY
+
+    monkeypatch.setattr(_writer._native, "extract_files", full)
+    data = tar_bytes([ti("ok", data=b"1"), ti("../evil", data=b"2")])
+    with open_root(layout.ws) as root, pytest.raises(OSError) as ei:
+        extract(root, "dest", _write(tmp_path, data))
+    assert ei.value.errno == errno.ENOSPC  # "ok" comes first in the archive, as one by one
+    assert os.listdir(layout.ws) == []
+
+
+def test_name_appearing_in_staging_is_replaced_like_one_by_one(layout, tmp_path, monkeypatch):
+    """A queued name that exists when the batch runs (a racing process, a case-folding filesystem)
+    is replaced atomically, as the one-by-one path does; the rest of the batch is still made."""
+    real_run = _writer._Batch.run
+
+    def run(self, src_fd):
+        assert self.n
+        name = bytes(self.names).split(b"\0")[0]
+        dirfd = self.nums[0]
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dirfd)
+        os.write(fd, b"raced")
+        os.close(fd)
+        real_run(self, src_fd)
+
+    monkeypatch.setattr(_writer._Batch, "run", run)
+    data = tar_bytes([ti("d/a", data=b"archive"), ti("d/b", data=b"bbb"), ti("d/c", data=b"ccc")])
+    with open_root(layout.ws) as root:
+        rep = extract(root, "dest", _write(tmp_path, data))
+    assert rep.files == 3
+    assert {n: (layout.ws / "dest/d" / n).read_bytes() for n in "abc"} == {"a": b"archive", "b": b"bbb", "c": b"ccc"}
+    assert not [n for n in os.listdir(layout.ws / "dest/d") if n.startswith(".sfs")]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_no_fd_or_thread_left(layout, tmp_path, fail):
+    members = _many(500) + ([ti("x/../../evil", data=b"!")] if fail else [])
+    path = _write(tmp_path, tar_bytes(members))
+    with open_root(layout.ws) as root:
+        extract(root, "warm", io.BytesIO(tar_bytes([ti("a", data=b"1")])))
+        base, threads = _nfds(), _copy_threads()
+        for i in range(3):
+            try:
+                extract(root, f"dest{i}", path)
+            except SandboxError:
+                assert fail
+        assert _nfds() == base and _copy_threads() == threads == 0
+    assert sorted(os.listdir(layout.ws)) == (["warm"] if fail else ["dest0", "dest1", "dest2", "warm"])
+
+
+def test_cpu_limit_runs_batches_in_the_calling_thread(layout, tmp_path, monkeypatch):
+    seen = set()
+    real_run = _writer._Batch.run
+
+    def run(self, src_fd):
+        seen.add(threading.get_ident())
+        real_run(self, src_fd)
+
+    monkeypatch.setattr(_writer._Batch, "run", run)
+    data = tar_bytes(_many(200))
+    with open_root(layout.ws) as root:
+        extract(root, "dest", _write(tmp_path, data), limits=ArchiveLimits(max_cpu_seconds=60))
+    assert seen == {threading.get_ident()}
+    with open_root(layout.ws) as root:
+        extract(root, "dest2", io.BytesIO(data))
+    assert _tree(layout.ws / "dest") == _tree(layout.ws / "dest2")
+
+
+async def test_cancel_with_a_batch_in_flight(layout, tmp_path, monkeypatch):
+    started = threading.Event()
+    real_run = _writer._Batch.run
+
+    def slow_run(self, src_fd):
+        started.set()
+        threading.Event().wait(0.05)
+        real_run(self, src_fd)
+
+    monkeypatch.setattr(_writer._Batch, "run", slow_run)
+    path = _write(tmp_path, tar_bytes(_many(3000, size=10)))
+    with open_root(layout.ws) as root:
+        with trio.move_on_after(30) as outer:
+            async with trio.open_nursery() as nursery:
+                async def run():
+                    await extract_async(root, "dest", path)
+                    raise AssertionError("extraction should have been cancelled")
+
+                nursery.start_soon(run)
+                while not started.is_set():
+                    await trio.sleep(0.005)
+                await trio.sleep(0.02)
+                nursery.cancel_scope.cancel()
+        assert not outer.cancelled_caught, "cancel was not honoured"
+    assert os.listdir(layout.ws) == []
+    assert _copy_threads() == 0
+
+
+# --- property: a file source (batched) and a stream source (one by one) agree ---------------
+
+_NAMES = st.lists(st.sampled_from(["a", "b", "c", ".", "..", "", "x" * 260]), min_size=1, max_size=3).map("/".join)
+_SIZES = st.sampled_from([0, 1, 511, 512, 513, 5000])
+_MEMBER = st.tuples(st.sampled_from(["file", "file", "file", "dir", "symlink", "hardlink"]), _NAMES, _NAMES, _SIZES,
+                    st.integers(0, 0o7777))
+
+
+def _outcome(layout, dest, source):
+    try:
+        with open_root(layout.ws) as root:
+            rep = extract(root, dest, source, limits=ArchiveLimits(max_depth=4),
+                          policy=ExtractPolicy(special_files="skip"))
+    except SandboxError as exc:
+        return ("error", type(exc).__name__, getattr(exc, "rule", None), getattr(exc, "limit", None),
+                os.listdir(layout.ws / dest) if (layout.ws / dest).is_dir() else None)
+    return ("ok", rep, _tree(layout.ws / dest))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(members=st.lists(_MEMBER, min_size=1, max_size=10), existing=st.booleans())
+def test_file_and_stream_sources_agree(layout, tmp_path, members, existing):
+    out = []
+    for i, (kind, name, target, size, mode) in enumerate(members):
+        if kind == "file":
+            out.append(ti(name, data=bytes([65 + i]) * size, mode=mode, mtime=1_600_000_000 + i))
+        elif kind == "dir":
+            out.append(ti(name, "dir", mode=mode))
+        else:
+            out.append(ti(name, kind, linkname=target))
+    data = tar_bytes(out, fmt=tarfile.GNU_FORMAT)
+    path = _write(tmp_path, data, "p.tar")
+    results = []
+    for source in (io.BytesIO(data), path):
+        for name in os.listdir(layout.ws):
+            shutil.rmtree(layout.ws / name)
+        if existing:
+            (layout.ws / "dest").mkdir()
+            (layout.ws / "dest" / "keep").write_bytes(b"k")
+            os.utime(layout.ws / "dest" / "keep", ns=(1, 1))
+        results.append(_outcome(layout, "dest", source))
+    assert results[0] == results[1]
