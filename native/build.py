@@ -64,6 +64,8 @@ int sfs_landlock_abi(void);
 int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
 int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);
 int sfs_landlock_add_port(int ruleset_fd, uint64_t port, uint64_t access);
+int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64_t names_len,
+                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out);
 """
 
 ffibuilder = FFI()

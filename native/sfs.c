@@ -970,3 +970,48 @@ int sfs_landlock_add_port(int ruleset_fd, uint64_t port, uint64_t access)
         return -errno;
     return 0;
 }
+
+/*
+ * Many files from one source directory into one destination directory in one call, each
+ * exactly as sfs_xfer_file copies one (same checks, temporary name, rename).  With buf, the
+ * files' data are packed one after another: file i's bytes are at buf + off_i, off_i the sum
+ * of xs[0..i).size, so the caller hashes them after the call.  names holds 3 * n
+ * NUL-terminated strings within names_len bytes: the source name, temporary name and
+ * destination name of each file.  Stops at the first file whose sfs_xfer_file does not
+ * return 0 and stores that return in *ret_out: SFS_XFER_MORE (it filled the rest of buf,
+ * its fds are left open in xs[i]), or -errno with xs[i].stage telling the step (-EINVAL at
+ * SFS_STAGE_SRC_OPEN when names runs out).  Returns the number of files finished.
+ */
+int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64_t names_len,
+                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out)
+{
+    const char *p = names;
+    const char *end = names + names_len;
+    int64_t off = 0;
+
+    *ret_out = 0;
+    for (int i = 0; i < n; i++) {
+        const char *part[3];
+        for (int k = 0; k < 3; k++) {
+            const char *z = p < end ? memchr(p, '\0', (size_t)(end - p)) : NULL;
+            if (z == NULL) {
+                xs[i].size = 0;
+                xs[i].src_fd = xs[i].tmp_fd = -1;
+                xs[i].stage = SFS_STAGE_SRC_OPEN;
+                *ret_out = -EINVAL;
+                return i;
+            }
+            part[k] = p;
+            p = z + 1;
+        }
+        int r = sfs_xfer_file(src_dirfd, part[0], dst_dirfd, part[1], part[2], &xs[i],
+                              buf != NULL ? buf + off : NULL, buf != NULL ? buflen - off : 0);
+        if (r != 0) {
+            *ret_out = r;
+            return i;
+        }
+        if (buf != NULL)
+            off += xs[i].size;
+    }
+    return n;
+}

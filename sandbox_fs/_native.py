@@ -58,6 +58,7 @@ STAGE_TMP_CREATE = lib.SFS_STAGE_TMP_CREATE
 xfer_file = lib.sfs_xfer_file
 xfer_finish = lib.sfs_xfer_finish
 xfer_abort = lib.sfs_xfer_abort
+xfer_files = lib.sfs_xfer_files  # many files of one directory pair per call
 NULL = ffi.NULL
 XF_FIELDS = lib.SFS_XF_FIELDS
 XF_CHMOD = lib.SFS_XF_CHMOD
@@ -175,6 +176,16 @@ def copy_fd(in_fd: int, out_fd: int, max_bytes: int, op: str, sandbox_path: str 
 def new_xfer() -> object:
     """A zeroed ``struct sfs_xfer *`` (owned by the returned cdata) for :data:`xfer_file`."""
     return ffi.new("struct sfs_xfer *")
+
+
+def new_xfers(n: int) -> object:
+    """A zeroed ``struct sfs_xfer[n]`` (owned by the returned cdata) for :data:`xfer_files`."""
+    return ffi.new("struct sfs_xfer[]", n)
+
+
+def new_int() -> object:
+    """A zeroed ``int *`` out-parameter (owned by the returned cdata)."""
+    return ffi.new("int *")
 
 
 def buffer_of(buf: bytearray) -> object:

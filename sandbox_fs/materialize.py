@@ -860,8 +860,10 @@ def _copy_batch(run: _Run, work: _DirWork, batch: list[tuple[str, os.stat_result
             done: list[tuple[int, str | None]] = []
             failed = False
             try:
-                run.ws.copy_files_from(tree, items[start:], max_bytes=max_file, digest=opts.digest,
-                                       fsync=opts.fsync, buffer=buf, before_each=before, results=done)
+                # near a bound, one file per call: before() reserves exactly the file copied next
+                run.ws.copy_files_from(tree, items[start:] if whole else items[start:start + 1], max_bytes=max_file,
+                                       digest=opts.digest, fsync=opts.fsync, buffer=buf, before_each=before,
+                                       results=done)
             except (_Stopped, MaterializeLimitError):
                 raise
             except Exception:  # noqa: BLE001 - the per-file path decides (repair or the reported error)

@@ -747,7 +747,7 @@ class Root:
         The batched form of ``atomic_write(dst, src.open_fd(src_rel))``: each
         source and destination *directory* is opened once per call, beneath
         its root with ``RESOLVE_NO_SYMLINKS`` (whatever the Roots' own
-        options), and each file then costs one native call that opens the
+        options), and each file is then copied by native code that opens the
         source name ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK`` relative to that
         directory fd, checks it is a regular file (and, when given, its
         identity), creates a temporary name ``O_CREAT|O_EXCL|O_NOFOLLOW`` in
@@ -759,9 +759,13 @@ class Root:
         see the old file or the complete new one.  On any failure the
         temporary name is removed.
 
-        With ``digest``, data moves through one ``buffer_bytes`` buffer and
-        the sha256 is computed from the bytes written (no second read);
-        without it, data moves fd to fd (``copy_file_range``).
+        Consecutive items of one directory pair go to the native code in
+        groups of up to 64, one call (one GIL release) per group.  With
+        ``digest``, their data are packed one after another in one
+        ``buffer_bytes`` buffer and each sha256 is computed from the bytes
+        written (no second read); a file reaching past the buffer's end is
+        finished through the whole buffer.  Without ``digest``, data moves
+        fd to fd (``copy_file_range``).
 
         Args:
             src: the Root the sources are read from (may be read-only).
@@ -781,9 +785,11 @@ class Root:
                 one thread allocates (and page-faults) it once; its size
                 replaces ``buffer_bytes``.  Not thread-safe: one call at a
                 time per buffer.  Unused without ``digest``.
-            before_each: called with the item's index before each file; an
-                exception it raises stops the copy (nothing of that item is
-                written) and propagates.
+            before_each: called with each item's index before any of that
+                item is written (up to one group ahead of the copy); an
+                exception it raises stops the copy: the items before that
+                index are copied first, nothing of that item is, and the
+                exception propagates.
             results: a list to append each finished item's result to (so a
                 caller sees what was written when an exception is raised).
 
@@ -823,49 +829,32 @@ class Root:
         buf = (buffer if buffer is not None else bytearray(buffer_bytes)) if digest else None
         cbuf = _native.buffer_of(buf) if buf is not None else _native.NULL
         view = memoryview(buf) if buf is not None else None
-        x = _native.new_xfer()
-        x.max_bytes = bound
+        group_max = 64  # files per native call
+        xs = _native.new_xfers(group_max)
+        ret_box = _native.new_int()
         base_flags = _native.XFER_FSYNC if fsync else 0
         sha256 = _hashlib_sha256
-        xfer = _native.xfer_file
+        xfer_files = _native.xfer_files
         check_ident, set_mtime = _native.XFER_CHECK_IDENT, _native.XFER_SET_MTIME
-        eexist, tmp_create = -errno.EEXIST, _native.STAGE_TMP_CREATE
+        eexist, tmp_create, more = -errno.EEXIST, _native.STAGE_TMP_CREATE, _native.XFER_MORE
         prefix = b".sfs-tmp-" + _secrets.token_hex(6).encode() + b"-"
-        sdirs: dict[bytes, int] = {}
-        ddirs: dict[bytes, int] = {}
+        sdirs: dict[str, int] = {}
+        ddirs: dict[str, int] = {}
+        # Files are copied in groups: consecutive items of one directory pair,
+        # one native call per group (its data packed in buf, hashed afterwards).
+        group: list[tuple[str, str, bytes, bytes, int, int | None, tuple[int, int] | None]] = []
+        gfds = [-1, -1]
         counter = 0
-        srootfd = src._acquire()
-        try:
-            drootfd = self._acquire()
-            try:
-                for i, (srel_s, drel_s, mode, mtime_ns, ident) in enumerate(items):
-                    if before_each is not None:
-                        before_each(i)
-                    if type(mode) is not int or mode & ~0o777 or mode < 0:
-                        _check_mode(mode, drel_s)
-                    if type(srel_s) is not str or type(drel_s) is not str or "\0" in srel_s or "\0" in drel_s \
-                            or srel_s[:1] == "/" or drel_s[:1] == "/":
-                        srel_s, drel_s = self._copy_names(src, srel_s, drel_s)
-                    # Directories are validated and opened once (full checks on the first
-                    # path met in each); a leaf is one component by construction, and the
-                    # native call refuses "", "." and ".." (checked fully on that error).
-                    sdir_s, _, sleaf_s = srel_s.rpartition("/")
-                    ddir_s, _, dleaf_s = drel_s.rpartition("/")
-                    sdfd = sdirs.get(sdir_s)
-                    if sdfd is None:
-                        sdir = src._split(src._rel(srel_s), "copy")[0]
-                        sdfd = src._open_fd(srootfd, sdir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
-                        sdirs[sdir_s] = sdfd
-                    ddfd = ddirs.get(ddir_s)
-                    if ddfd is None:
-                        drel = self._rel(drel_s)
-                        ddir = self._split(drel, "copy")[0]
-                        ddfd = self._open_fd(drootfd, ddir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
-                        ddirs[ddir_s] = ddfd
-                        if self._deny:
-                            self._check_write_target(ddfd, None, drel, False)
-                    sleaf = sleaf_s.encode("utf-8", "surrogateescape")
-                    dleaf = sleaf if dleaf_s == sleaf_s else dleaf_s.encode("utf-8", "surrogateescape")
+
+        def flush() -> None:
+            """Copy the group; raise the error of the first file that fails (those before it are done)."""
+            nonlocal counter
+            attempts = 0
+            while group:
+                n = len(group)
+                names: list[bytes] = []
+                for j, (_s, _d, sleaf, dleaf, mode, mtime_ns, ident) in enumerate(group):
+                    x = xs[j]
                     flags = base_flags
                     if ident is not None:
                         x.dev, x.ino = ident
@@ -875,22 +864,77 @@ class Root:
                         flags |= set_mtime
                     x.flags = flags
                     x.mode = mode
+                    x.max_bytes = bound
                     counter += 1
-                    tmp = prefix + str(counter).encode()
-                    ret = xfer(sdfd, sleaf, ddfd, tmp, dleaf, x, cbuf, buffer_bytes)
-                    attempts = 1
-                    while ret == eexist and x.stage == tmp_create and attempts < 100:
-                        counter += 1  # a name planted in the destination: take the next one
-                        attempts += 1
-                        tmp = prefix + str(counter).encode()
-                        ret = xfer(sdfd, sleaf, ddfd, tmp, dleaf, x, cbuf, buffer_bytes)
-                    if ret == 0:
-                        n = x.size
-                        out.append((n, sha256(view[:n]).hexdigest() if view is not None else None))
-                    elif ret == _native.XFER_MORE:
-                        out.append(self._copy_rest(x, view, ddfd, tmp, dleaf, bound, drel_s))
-                    else:
-                        self._copy_error(-ret, x.stage, src, srel_s, drel_s)
+                    names += (sleaf, prefix + str(counter).encode(), dleaf)
+                blob = b"\0".join(names) + b"\0"
+                done = xfer_files(gfds[0], gfds[1], n, blob, len(blob), xs, cbuf, buffer_bytes, ret_box)
+                off = 0
+                for j in range(done):
+                    size = xs[j].size
+                    out.append((size, sha256(view[off:off + size]).hexdigest() if view is not None else None))
+                    off += size
+                if done == n:
+                    group.clear()
+                    return
+                ret = ret_box[0]
+                srel_s, drel_s, _sl, dleaf = group[done][:4]
+                tmp = names[3 * done + 1]
+                del group[:done]
+                if done:
+                    attempts = 0
+                if ret == more:
+                    out.append(self._copy_rest(xs + done, view, off, gfds[1], tmp, dleaf, bound, drel_s))
+                    del group[0]
+                    attempts = 0
+                elif ret == eexist and xs[done].stage == tmp_create and attempts < 100:
+                    attempts += 1  # a name planted in the destination: again with the next one
+                else:
+                    stage = xs[done].stage
+                    group.clear()
+                    self._copy_error(-ret, stage, src, srel_s, drel_s)
+
+        srootfd = src._acquire()
+        try:
+            drootfd = self._acquire()
+            try:
+                for i, (srel_s, drel_s, mode, mtime_ns, ident) in enumerate(items):
+                    try:
+                        if before_each is not None:
+                            before_each(i)
+                        if type(mode) is not int or mode & ~0o777 or mode < 0:
+                            _check_mode(mode, drel_s)
+                        if type(srel_s) is not str or type(drel_s) is not str or "\0" in srel_s \
+                                or "\0" in drel_s or srel_s[:1] == "/" or drel_s[:1] == "/":
+                            srel_s, drel_s = self._copy_names(src, srel_s, drel_s)
+                        # Directories are validated and opened once (full checks on the first
+                        # path met in each); a leaf is one component by construction, and the
+                        # native call refuses "", "." and ".." (checked fully on that error).
+                        sdir_s, _, sleaf_s = srel_s.rpartition("/")
+                        ddir_s, _, dleaf_s = drel_s.rpartition("/")
+                        sdfd = sdirs.get(sdir_s)
+                        if sdfd is None:
+                            sdir = src._split(src._rel(srel_s), "copy")[0]
+                            sdfd = src._open_fd(srootfd, sdir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
+                            sdirs[sdir_s] = sdfd
+                        ddfd = ddirs.get(ddir_s)
+                        if ddfd is None:
+                            drel = self._rel(drel_s)
+                            ddir = self._split(drel, "copy")[0]
+                            ddfd = self._open_fd(drootfd, ddir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
+                            ddirs[ddir_s] = ddfd
+                            if self._deny:
+                                self._check_write_target(ddfd, None, drel, False)
+                    except BaseException:
+                        flush()  # the items before this one are copied first, as promised
+                        raise
+                    if group and (len(group) >= group_max or sdfd != gfds[0] or ddfd != gfds[1]):
+                        flush()
+                    gfds[0], gfds[1] = sdfd, ddfd
+                    sleaf = sleaf_s.encode("utf-8", "surrogateescape")
+                    dleaf = sleaf if dleaf_s == sleaf_s else dleaf_s.encode("utf-8", "surrogateescape")
+                    group.append((srel_s, drel_s, sleaf, dleaf, mode, mtime_ns, ident))
+                flush()
             finally:
                 for fd in ddirs.values():
                     os.close(fd)
@@ -907,11 +951,14 @@ class Root:
             root._split(root._rel(rel), "copy")
         return os.fsdecode(srel), os.fsdecode(drel)
 
-    def _copy_rest(self, x: Any, view: memoryview, ddfd: int, tmp: bytes, leaf: bytes, bound: int,
+    def _copy_rest(self, x: Any, view: memoryview, off: int, ddfd: int, tmp: bytes, leaf: bytes, bound: int,
                    rel: str) -> tuple[int, str]:
-        """Finish a file whose first buffer is written (fds open in ``x``): read, hash, write, rename."""
+        """Finish a file whose first ``x.size`` bytes (at ``view[off:]``) are written, fds open in ``x``.
+
+        Reads the rest through the whole ``view``, hashes, writes, then renames.
+        """
         try:
-            h = _hashlib_sha256(view[:x.size])
+            h = _hashlib_sha256(view[off:off + x.size])
             total = x.size
             src_fd, tmp_fd = x.src_fd, x.tmp_fd
             while True:

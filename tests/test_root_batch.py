@@ -200,6 +200,58 @@ def test_copy_files_from_before_each_stops_and_results_show_progress(layout, res
     assert sorted(os.listdir(layout.ws / "out")) == ["f0", "f1"]
 
 
+@pytest.mark.parametrize("digest", [True, False])
+def test_copy_files_from_groups_pack_many_files_in_one_buffer(layout, resolver, digest):
+    """Files go to the native code in groups (one directory pair, packed in the buffer): the
+    group boundaries (a directory change, 64 files, a file straddling the buffer's end) never
+    change a byte, a digest, a mode or the order of the results."""
+    src_dir = layout.base / "many"
+    rng = __import__("random").Random(7)
+    names = []
+    for d in ("d1", "d2"):
+        (src_dir / d).mkdir(parents=True)
+        for i in range(90):
+            n = f"{d}/f{i:03}"
+            (src_dir / n).write_bytes(os.urandom(rng.choice([0, 1, 700, 3000, 5000, 9000, 20000])))
+            names.append(n)
+    names = [n for pair in zip(names[:90], names[90:]) for n in pair][:100] + names[45:90]  # interleaved, then one dir
+    for d in ("d1", "d2"):
+        (layout.ws / "out" / d).mkdir(parents=True)
+    buf = bytearray(8192)
+    with open_root(src_dir, read_only=True) as src, open_root(layout.ws) as ws:
+        fds = _fds()
+        items = [(n, f"out/{n}", 0o600 + (int(n[-3:]) % 3) * 0o11, None, None) for n in names]
+        res = ws.copy_files_from(src, items, digest=digest, buffer=buf)
+        res2 = ws.copy_files_from(src, items[:70], digest=digest, buffer=buf)  # the buffer is reused
+        assert _fds() == fds
+    assert len(res) == len(names) and res[:70] == res2
+    for n, (size, sha) in zip(names, res):
+        data = (src_dir / n).read_bytes()
+        assert size == len(data) and (layout.ws / "out" / n).read_bytes() == data
+        assert sha == (hashlib.sha256(data).hexdigest() if digest else None)
+        assert stat.S_IMODE((layout.ws / "out" / n).lstat().st_mode) == 0o600 + (int(n[-3:]) % 3) * 0o11
+    _no_tmp(layout.ws)
+
+
+def test_copy_files_from_failure_inside_a_group_keeps_the_files_before_it(layout, resolver, src_tree):
+    os.mkfifo(src_tree / "a" / "pipe")
+    (layout.ws / "out").mkdir()
+    done: list = []
+    items = [("a/one.bin", "out/f0", 0o644, None, None), ("top.txt", "out/f1", 0o644, None, None),
+             ("a/one.bin", "out/f2", 0o644, None, None), ("a/pipe", "out/f3", 0o644, None, None),
+             ("a/one.bin", "out/f4", 0o644, None, None)]
+    with open_root(src_tree, read_only=True) as src, open_root(layout.ws) as ws:
+        with pytest.raises(SpecialFileError):
+            ws.copy_files_from(src, items, results=done)
+        with pytest.raises(ValueError):
+            ws.copy_files_from(src, items, buffer=bytearray(100))
+        with pytest.raises(TypeError):
+            ws.copy_files_from(src, items, buffer=b"\0" * 8192)
+    assert [n for n, _ in done] == [5000, 4, 5000]
+    assert sorted(os.listdir(layout.ws / "out")) == ["f0", "f1", "f2"]
+    _no_tmp(layout.ws)
+
+
 def test_copy_files_from_race_swapping_source_dir_for_symlink(layout, resolver):
     """A thread swaps a source subdirectory for a symlink to the outside tree while batches run."""
     before_outside = None
