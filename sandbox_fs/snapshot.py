@@ -74,6 +74,7 @@ import fcntl
 import hashlib
 import io
 import os
+import queue
 import re
 import secrets
 import stat as _stat
@@ -850,84 +851,92 @@ class _Writer:
     Double buffering: :class:`_TarWriter` fills one buffer while this thread
     writes the other to the sink (``os.write`` and the sink's ``zlib.crc32``
     of 1 MiB, both release the GIL, so they run on the second core while
-    the caller walks, builds headers, reads and hashes files).  At most one
-    buffer is queued: :meth:`submit` waits until the previous one is
-    written, so memory stays two buffers however large the workspace.
-    (Moving the SHA-256 of file data here as well was measured slower: the
-    many small per-file hash steps each need the GIL, and the hand-offs
-    cost more than the hashing they moved.)
+    the caller walks, builds headers, reads and hashes files).  Buffers go
+    round through two queues (filled -> written -> free again), and there
+    are only two, so :meth:`swap` waits until the other one is written and
+    memory stays two buffers however large the workspace.  (Moving the
+    SHA-256 of file data here as well was measured: for every file it was
+    slower, the many small per-file hash steps each needing the GIL; for
+    files of 64 KiB and more only it gained nothing, this thread then
+    being the slower one while large files stream.)
 
     The first error (ENOSPC ...) is kept and raised in the caller's thread
-    by the next :meth:`submit` or :meth:`drain`; buffers after it are
+    by the next :meth:`swap` or :meth:`drain`; buffers after it are
     dropped, never written.  :meth:`stop` must be called on every path
     (persist does it in a ``finally``): it joins the thread before the
     caller closes the sink's fd, so no write can ever reach a reused fd.
     """
 
-    def __init__(self, sink: "_HashingSink") -> None:
+    def __init__(self, sink: "_HashingSink", spare: memoryview) -> None:
         self._sink = sink
-        self._cv = threading.Condition()
-        self._job: Any = None
-        self._stopping = False
+        self._filled: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._free.put(spare)
         self._error: BaseException | None = None
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="sfs-persist-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        cv = self._cv
+        filled, free, write = self._filled, self._free, self._sink.write
         while True:
-            with cv:
-                while self._job is None and not self._stopping:
-                    cv.wait()
-                job = self._job
-                if job is None or (self._stopping and self._error is not None):
-                    self._job = None
-                    cv.notify_all()
-                    return
+            job = filled.get()
+            if job is None:
+                return
+            buf, n = job
             try:
                 if self._error is None:
-                    self._sink.write(job)
+                    write(buf[:n])
             except BaseException as exc:  # kept and raised in the caller's thread
                 self._error = exc
-            with cv:
-                self._job = None
-                cv.notify_all()
+            free.put(buf)
 
     def _raise(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def submit(self, data: Any) -> None:
-        """Queue ``data`` (a buffer the caller will not touch until the next submit returns).
+    def swap(self, buf: memoryview, n: int) -> memoryview:
+        """Queue the first ``n`` bytes of ``buf`` for writing; return the other buffer once it is written.
+
+        The caller must not touch ``buf`` until it is returned by a later swap.
 
         Raises:
             OSError: an earlier buffer failed to write (ENOSPC ...).
         """
-        with self._cv:
-            while self._job is not None:
-                self._cv.wait()
-            self._raise()
-            self._job = data
-            self._cv.notify_all()
+        self._raise()
+        self._filled.put((buf, n))
+        other = self._free.get()
+        self._raise()
+        return other
+
+    def write_now(self, data: bytes) -> None:
+        """Write ``data`` after everything queued, and wait for it (a very long header; never in practice).
+
+        Raises:
+            OSError: writing failed.
+        """
+        spare = self._free.get()  # the buffer in flight is written
+        self._filled.put((memoryview(data), len(data)))
+        self._free.get()  # ``data`` is written
+        self._free.put(spare)
+        self._raise()
 
     def drain(self) -> None:
-        """Wait until every queued buffer is written.
+        """Wait until every queued buffer is written (the caller holds the other one).
 
         Raises:
             OSError: writing a buffer failed.
         """
-        with self._cv:
-            while self._job is not None:
-                self._cv.wait()
+        self._free.put(self._free.get())  # the spare comes back only once its write is done
         self._raise()
 
     def stop(self) -> None:
-        """End the thread and join it (idempotent); a buffer still queued after an error is dropped."""
-        with self._cv:
-            if self._error is None and self._job is not None:
+        """End the thread and join it (idempotent); nothing queued after an error is written."""
+        if not self._stopped:
+            self._stopped = True
+            if self._error is None:
                 self._error = SnapshotError("persist was abandoned", sandbox_path=None)
-            self._stopping = True
-            self._cv.notify_all()
+            self._filled.put(None)
         self._thread.join()
 
 
@@ -960,11 +969,9 @@ class _TarWriter:
         self.view = memoryview(bytearray(_WRITE_BUF_BYTES))
         self.pos = 0
         self.total = 0  # bytes handed to the sink so far
-        self._spare: memoryview | None = None
         self._writer: _Writer | None = None
         if sink is not None:
-            self._spare = memoryview(bytearray(_WRITE_BUF_BYTES))
-            self._writer = _Writer(sink)
+            self._writer = _Writer(sink, memoryview(bytearray(_WRITE_BUF_BYTES)))
 
     def flush(self) -> None:
         """Hand the buffered bytes to the writer thread and switch buffers.
@@ -977,9 +984,8 @@ class _TarWriter:
             return
         if not self.pos:
             return
-        self._writer.submit(self.view[:self.pos])  # returns once the other buffer is free
+        self.view = self._writer.swap(self.view, self.pos)  # returns once the other buffer is written
         self.total += self.pos
-        self.view, self._spare = self._spare, self.view  # type: ignore[assignment]
         self.pos = 0
 
     def _put(self, data: bytes) -> None:
@@ -988,7 +994,7 @@ class _TarWriter:
             self.flush()
             if n > _WRITE_BUF_BYTES:  # a very long PAX header; never in practice (PATH_MAX)
                 assert self._writer is not None
-                self._writer.submit(data)
+                self._writer.write_now(data)
                 self.total += n
                 return
         self.view[self.pos:self.pos + n] = data

@@ -656,6 +656,33 @@ def test_writer_thread_write_error_commits_nothing_and_previous_snapshot_still_h
     assert os.listdir(dst) == ["keep"] and (dst / "keep").read_text() == "previous snapshot"
 
 
+def test_tiny_writer_buffers_round_trip_headers_longer_than_a_buffer(layout, store, monkeypatch, tmp_path):
+    """With 1 KiB buffers, PAX headers longer than a buffer and many buffer swaps still round-trip exactly."""
+    import sandbox_fs.snapshot as snap
+
+    monkeypatch.setattr(snap, "_WRITE_BUF_BYTES", 1024)
+    long_dir = layout.ws / ("d" * 200) / ("e" * 200) / ("f" * 200)
+    long_dir.mkdir(parents=True)
+    (long_dir / ("g" * 250)).write_bytes(os.urandom(5000))
+    for i in range(20):
+        (layout.ws / f"s{i}").write_bytes(os.urandom(i * 300))
+    # a large file and its hard link across many buffer swaps
+    (layout.ws / "big").write_bytes(os.urandom(200_000))
+    os.link(layout.ws / "big", layout.ws / "s5-big-link")
+    (layout.ws / "big2").write_bytes(os.urandom(70_000))
+    (layout.ws / "zlink").symlink_to("big2")
+    with open_root(layout.ws) as ws:
+        info = persist(ws, store, "s").info
+        assert tree_digest(ws) == info.tree_digest  # the inline-hashing walk agrees
+    with tarfile.open(tmp_path / "store" / info.archive) as tar:
+        assert len(tar.getmembers()) == 28  # 3 directories, 23 files, a hard link, a symlink
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with open_root(dst) as d:
+        hydrate(d, store, "s")
+    assert _host_view(dst) == _host_view(layout.ws)
+
+
 def test_persist_leaves_fd_count_unchanged_on_success_and_on_a_refusal(layout, store):
     """The walk's directory fds, member fds and the writer thread are all released, whatever the outcome."""
     for d in ("a/b/c", "a/d", "e"):
