@@ -51,12 +51,13 @@ stored (modes are masked to 0o777, as :meth:`Root.chmod` enforces).
 *Hydrate* verifies the archive's size and CRC-32 against the metadata, so a
 truncated or corrupted snapshot is refused with :class:`SnapshotCorruptError`;
 the previous good snapshot stays valid because a new one only becomes
-current when its metadata file is atomically replaced.  It then stages
-before it swaps: extraction goes through the archive extractor
+current when its metadata file is atomically replaced.  It stages before it
+swaps: extraction goes through the archive extractor
 (:mod:`sandbox_fs.archive`, limits on) into a private ``.sfs-hydrate-<hex>``
-directory inside the workspace, exact modes are re-applied there, and only
-then is the workspace cleared and the staged entries moved up.  Any failure
-before the swap leaves the previous contents untouched.
+directory inside the workspace while a thread computes the archive's CRC-32
+(``pread`` of the same fd), exact modes are re-applied there, the CRC-32 is
+checked, and only then is the workspace cleared and the staged entries
+moved up.  Any failure before the swap leaves the previous contents untouched.
 
 The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
 where the tree digest covers, in walk order, every kept entry's path, type,
@@ -280,6 +281,9 @@ class SnapshotStore(Protocol):
 
 class _HashingSink(io.RawIOBase):
     """A forward-only writer over a fd that CRC-32s and counts every byte written.
+
+    Not thread-safe: persist writes it from its one writer thread only, and
+    reads ``count`` / :meth:`hexdigest` after that thread has drained.
 
     ``tell()`` reports the bytes written so far; ``seek`` is never supported.
 
