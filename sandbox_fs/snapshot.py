@@ -1353,11 +1353,11 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                         state.add_file(item, fd, [])
                     finally:
                         os.close(fd)
-            if progress is not None:
-                now = time.monotonic()
-                if now - last_report >= 0.2:
-                    last_report = now
-                    progress(state.entries, state.content)
+                if progress is not None:
+                    now = time.monotonic()
+                    if now - last_report >= 0.2:
+                        last_report = now
+                        progress(state.entries, state.content)
     for linked in multi.values():
         _add_linked(ws, state, linked, on_unrestorable, skipped)
     if progress is not None:

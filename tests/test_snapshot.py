@@ -683,6 +683,33 @@ def test_tiny_writer_buffers_round_trip_headers_longer_than_a_buffer(layout, sto
     assert _host_view(dst) == _host_view(layout.ws)
 
 
+def test_interrupt_mid_persist_joins_the_writer_and_commits_nothing(layout, store, monkeypatch):
+    """A KeyboardInterrupt in the walking thread: the writer thread is joined, no fd left, nothing committed."""
+    import sandbox_fs.snapshot as snap
+
+    (layout.ws / "keep").write_text("previous snapshot")
+    with open_root(layout.ws) as ws:
+        first = persist(ws, store, "s").info
+    for i in range(40):
+        (layout.ws / f"f{i:02d}").write_bytes(os.urandom(256 << 10))
+    real = snap._member_stat
+    seen = []
+
+    def interrupted(fd, item):
+        seen.append(item.path)
+        if len(seen) == 20:  # several buffers already handed to the writer thread
+            raise KeyboardInterrupt
+        return real(fd, item)
+
+    monkeypatch.setattr(snap, "_member_stat", interrupted)
+    with open_root(layout.ws) as ws:
+        fds = _open_fds()
+        with pytest.raises(KeyboardInterrupt):
+            persist(ws, store, "s")
+        assert _open_fds() == fds
+    assert store.info("s") == first
+
+
 def test_persist_leaves_fd_count_unchanged_on_success_and_on_a_refusal(layout, store):
     """The walk's directory fds, member fds and the writer thread are all released, whatever the outcome."""
     for d in ("a/b/c", "a/d", "e"):
