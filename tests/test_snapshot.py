@@ -679,7 +679,9 @@ def test_tiny_writer_buffers_round_trip_headers_longer_than_a_buffer(layout, sto
     dst = tmp_path / "dst"
     dst.mkdir()
     with open_root(dst) as d:
+        fds = _open_fds()
         hydrate(d, store, "s")
+        assert _open_fds() == fds  # the CRC-32 thread and the archive fd are gone too
     assert _host_view(dst) == _host_view(layout.ws)
 
 
