@@ -73,9 +73,10 @@ def normalize_member(name: str | bytes, limits: ArchiveLimits, *, shown: str | b
     if _NOT_FAST.search(clean) is None:
         # fast path for the common clean name: only the length limits apply
         if len(clean) <= limits.max_path_bytes and clean.count(b"/") < limits.max_depth:
-            comps = clean.rstrip(b"/").split(b"/") if clean else []
-            if len(clean) <= NAME_MAX or all(len(c) <= NAME_MAX for c in comps):
-                return b"/".join(comps)
+            # no '//', no leading '/': the components joined again are the name less one trailing '/'
+            path = clean[:-1] if clean[-1:] == b"/" else clean
+            if len(path) <= NAME_MAX or max(map(len, path.split(b"/"))) <= NAME_MAX:
+                return path
     member = shown if shown is not None else name
     if b"\0" in raw:
         raise UnsafeArchiveMemberError("nul_in_name", member, "name holds a NUL byte")

@@ -100,6 +100,30 @@ class Meter:
         if self.written_bytes > self._grace:
             self._check_ratio()
 
+    def add_skipped(self, n: int, written: int) -> None:
+        """Count ``n`` archive bytes stepped over unread and ``written`` of them as file bytes.
+
+        The same totals and checks, in the same order, as ``add_input(n)``,
+        ``add_stream(n)``, ``add_written(written)`` (one call: this runs once a member).
+
+        Raises:
+            ArchiveLimitError: ``max_input_bytes``, ``max_total_bytes``,
+                ``max_expansion_ratio``, ``max_cpu_seconds``.
+        """
+        self.input_bytes += n
+        if self.input_bytes > self.limits.max_input_bytes:
+            raise ArchiveLimitError("max_input_bytes", self.limits.max_input_bytes, self.input_bytes, self.member)
+        self.stream_bytes += n
+        if self._cpu_limit is not None:
+            self.check_cpu()
+        if self.stream_bytes > self._grace:
+            self._check_ratio()
+        self.written_bytes += written
+        if self.written_bytes > self.limits.max_total_bytes:
+            raise ArchiveLimitError("max_total_bytes", self.limits.max_total_bytes, self.written_bytes, self.member)
+        if self.written_bytes > self._grace:
+            self._check_ratio()
+
     def _check_ratio(self) -> None:
         produced = max(self.stream_bytes, self.written_bytes)
         if produced > self._grace and produced > self._ratio * max(self.input_bytes, 1):
@@ -253,8 +277,9 @@ class StreamCounter:
 
         Only when :meth:`can_splice` and the stream is at ``offset_data``.  The
         bytes are counted (input and stream bytes, limits checked) as reads of
-        them would be, then the source's file offset moves past them with one
-        ``lseek``: the caller copies them later at an explicit offset.
+        them would be, and ``size`` as written bytes (:meth:`Meter.add_skipped`),
+        then the source's file offset moves past them with one ``lseek``: the
+        caller copies them later at an explicit offset.
 
         Returns:
             ``(source offset of the data, source offset of the padding's last
@@ -262,13 +287,11 @@ class StreamCounter:
             byte exists, as tarfile does before the next header.
 
         Raises:
-            ArchiveLimitError: ``max_input_bytes``, ``max_expansion_ratio``,
-                ``max_cpu_seconds``.
+            ArchiveLimitError: ``max_input_bytes``, ``max_total_bytes``,
+                ``max_expansion_ratio``, ``max_cpu_seconds``.
         """
         blk = (size + 511) & ~511  # tarfile's TarInfo._block
-        meter = self._meter
-        meter.add_input(blk)
-        meter.add_stream(blk)
+        self._meter.add_skipped(blk, size)
         end = os.lseek(self._splice_fd, blk, os.SEEK_CUR)
         self.position = offset_data + blk
         return end - blk, (end - 1 if blk > size else -1)

@@ -85,6 +85,8 @@ _FILE, _DIR, _LINK = "file", "dir", "symlink"
 BATCH_FILES = 64
 #: ... or this many data bytes; a larger member is written one by one (cancellable once a MiB)
 BATCH_BYTES = 8 << 20
+#: parent directory fds kept open while extracting (see Extractor._create_staged)
+PDIR_CACHE = 16
 _XF = _native.XF_FIELDS
 
 
@@ -96,7 +98,7 @@ class _Batch:
     def __init__(self) -> None:
         self.nums = array("q")
         self.names = bytearray()
-        self.members: list[tuple[str | bytes, bytes]] = []  # (member name, normalized path)
+        self.members: list[str | bytes] = []  # member names
         self.n = 0
         self.nbytes = 0
         self.close_fds: list[int] = []  # parent dir fds to close once this batch is done
@@ -231,8 +233,8 @@ class Extractor:
         self._staging: str | None = None
         self._opened: list[Root] = []
         self._stage_fd = -1
-        self._pdir: bytes | None = None  # the parent directory kept open by _create_staged
-        self._pdir_fd = -1
+        # parent directories kept open (O_PATH) by _create_staged / add_new_file_from, oldest first
+        self._pdirs: dict[bytes, int] = {}
         self._setup(root, dest)
         if self._staging is not None:
             # Staging fast path: a new file in our own fresh staging tree is created with ONE
@@ -524,11 +526,11 @@ class Extractor:
         The leaf is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to its
         parent directory's fd; the parent is opened ``O_PATH|O_DIRECTORY``
         beneath the staging directory with ``RESOLVE_NO_SYMLINKS`` (no
-        symlink on any component) and kept while the next members go to the
-        same directory (archives list a directory's files together), so the
-        kernel resolves the path once a directory instead of once a member.
-        Directories are never removed or replaced during an extraction, so
-        the kept fd is the directory that path named.
+        symlink on any component) and kept (the last :data:`PDIR_CACHE`
+        parents: archives list a directory's files together, interleaved with
+        its subdirectories), so the kernel resolves the path once a directory
+        instead of once a member.  Directories are never removed or replaced
+        during an extraction, so a kept fd is the directory that path named.
 
         Raises:
             FileExistsError: the name exists.
@@ -538,10 +540,10 @@ class Extractor:
         parent, _, leaf = path.rpartition(b"/")
         if not parent:
             dfd = self._stage_fd
-        elif parent == self._pdir:
-            dfd = self._pdir_fd
         else:
-            dfd = self._open_pdir(parent)
+            dfd = self._pdirs.get(parent, -1)
+            if dfd < 0:
+                dfd = self._open_pdir(parent)
         try:
             return os.open(leaf, _STAGE_FLAGS, fmode, dir_fd=dfd)
         except FileExistsError:
@@ -552,20 +554,24 @@ class Extractor:
 
     def _open_pdir(self, parent: bytes) -> int:
         """Open (and keep) ``parent`` beneath the staging directory, ``O_PATH``, no symlink on the path."""
-        self._close_pdir()
         dfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0,
                                    _native.RESOLVE_NO_SYMLINKS, "extract", self.shown_dest)
-        self._pdir, self._pdir_fd = parent, dfd
+        pdirs = self._pdirs
+        pdirs[parent] = dfd
+        if len(pdirs) > PDIR_CACHE:
+            self._release_fd(pdirs.pop(next(iter(pdirs))))
         return dfd
 
+    def _release_fd(self, fd: int) -> None:
+        if self._batch.n or self._inflight is not None:
+            self._batch.close_fds.append(fd)  # a queued file may still use it
+        else:
+            os.close(fd)
+
     def _close_pdir(self) -> None:
-        if self._pdir_fd >= 0:
-            if self._batch.n or self._inflight is not None:
-                self._batch.close_fds.append(self._pdir_fd)  # a queued file may still use it
-            else:
-                os.close(self._pdir_fd)
-            self._pdir_fd = -1
-        self._pdir = None
+        pdirs, self._pdirs = self._pdirs, {}
+        for fd in pdirs.values():
+            self._release_fd(fd)
 
     # ------------------------------------------------------- batched new files
 
@@ -618,31 +624,35 @@ class Extractor:
         parent, _, leaf = path.rpartition(b"/")
         if not parent:
             dfd = self._stage_fd
-        elif parent == self._pdir:
-            dfd = self._pdir_fd  # a kept parent passed _parents already and is never replaced
         else:
-            self._parents(path, name)
-            try:
-                dfd = self._open_pdir(parent)
-            except (SymlinkRefusedError, PathEscapeError):
-                raise UnsafeArchiveMemberError("through_symlink", name,
-                                               "a symlink on the path was refused (writes never follow symlinks)") from None
-        src_off, probe = counter.skip_data(offset_data, size)
-        self.meter.add_written(size)
+            dfd = self._pdirs.get(parent, -1)  # a kept parent passed _parents already and is never replaced
+            if dfd < 0:
+                self._parents(path, name)
+                try:
+                    dfd = self._open_pdir(parent)
+                except (SymlinkRefusedError, PathEscapeError):
+                    raise UnsafeArchiveMemberError("through_symlink", name, "a symlink on the path was refused "
+                                                   "(writes never follow symlinks)") from None
+        src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
         mbits = mode & 0o7777
         fm = self._fmode_cache.get(mbits)
         if fm is None:
             fmode = file_mode(mbits)
             fm = self._fmode_cache[mbits] = (fmode, _native.XF_CHMOD if fmode & ~self._umask != fmode else 0)
-        mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
         b = self._batch
-        if mt is None:
+        if not self.policy.apply_mtime:
             b.nums.extend((dfd, src_off, size, probe, fm[0], 0, fm[1]))
         else:
-            b.nums.extend((dfd, src_off, size, probe, fm[0], mt, fm[1] | _native.XF_MTIME))
+            # _mtime_ns, inlined for the common integer mtime (bounds keep ns within +-2**62)
+            mt = mtime * 1_000_000_000 if type(mtime) is int and -4611686018 <= mtime <= 4611686018 \
+                else _mtime_ns(mtime)
+            if mt is None:
+                b.nums.extend((dfd, src_off, size, probe, fm[0], 0, fm[1]))
+            else:
+                b.nums.extend((dfd, src_off, size, probe, fm[0], mt, fm[1] | _native.XF_MTIME))
         b.names += leaf
         b.names.append(0)
-        b.members.append((name, path))
+        b.members.append(name)
         b.n += 1
         b.nbytes += size
         self._kinds[key] = _FILE
@@ -697,7 +707,7 @@ class Extractor:
             if done >= b.n:
                 return
             if not (stage == _native.XF_STAGE_CREATE and err == errno.EEXIST):
-                raise self._batch_error(b.members[done][0], err, stage)
+                raise self._batch_error(b.members[done], err, stage)
             # The name exists although this run never made it (a name the filesystem
             # folds onto an earlier one, or a racing process in the staging tree): the
             # one-by-one path replaces it atomically; do that, then the rest of the batch.
@@ -729,7 +739,8 @@ class Extractor:
 
     def _replace_queued(self, b: _Batch, i: int) -> None:
         """Write queued entry ``i`` of ``b`` through :meth:`Root.atomic_write` (replacing the name)."""
-        name, path = b.members[i]
+        name = b.members[i]
+        path = normalize_member(name, self.limits)
         _dfd, src_off, size, probe, fmode, mt, flags = b.nums[i * _XF:(i + 1) * _XF]
         src_fd = self._src_fd
 
