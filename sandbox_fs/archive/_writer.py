@@ -665,6 +665,11 @@ class Extractor:
     def _submit(self) -> None:
         """Hand the queued batch to the helper thread (after the one in flight completes)."""
         self._wait()
+        if self._threaded and self._worker is None:
+            try:
+                self._worker = _CopyWorker(self._src_fd)
+            except RuntimeError:  # no thread to be had: make the files in this thread
+                self._threaded = False
         b, self._batch = self._batch, _Batch()
         if not self._threaded:
             self._inflight = b
@@ -672,8 +677,7 @@ class Extractor:
             self._inflight = None
             self._complete(b)
             return
-        if self._worker is None:
-            self._worker = _CopyWorker(self._src_fd)
+        assert self._worker is not None
         self._inflight = b
         self._worker.put(b)
 
