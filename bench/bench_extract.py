@@ -5,7 +5,10 @@ Compares, alternating in one run on each filesystem (ext4 ``/tmp`` and tmpfs
 ``/dev/shm``):
 
 * ``gnutar``  — ``tar -xf ARCHIVE -C DIR`` (GNU tar), the tool a user would use;
-* ``sandbox`` — ``sandbox_fs.archive.extract`` (atomic mode, the default);
+* ``sandbox`` — ``sandbox_fs.archive.extract`` (atomic mode, the default; from a
+  host path it makes new files in batches in one helper thread while the calling
+  thread parses headers, so it may use the second core: its cpu s counts both
+  threads, GNU tar and cp are single-threaded);
 * ``sandbox-inplace`` — the same with ``ExtractPolicy(in_place=True)``;
 * ``tarfile-data`` — ``tarfile.open(ARCHIVE).extractall(DIR, filter="data")``.
 
