@@ -15,7 +15,9 @@ ext4, <= 1.5x on tmpfs.
 Tools:
   cp -a                      GNU coreutils, one process.
   shutil.copytree            ``copytree(src, dst, symlinks=True)`` (copy2: data, mode, mtime).
-  sandbox-fs                 ``materialize()`` in-process (default options: sha256 of every file).
+  sandbox-fs                 ``materialize()`` in-process (default options: sha256 of every file;
+                             the walk runs on one thread, the copy on up to ``cpu_count`` worker
+                             threads, so on 2 cores it uses both while cp -a uses one).
   sandbox-fs --no-digest     same with ``digest=False`` (fd-to-fd copy_file_range, no hashing).
 
 Usage: python bench/bench_materialize.py [--rounds N] [--fs /tmp,/dev/shm]

@@ -37,8 +37,9 @@ Symlink-safe copying:
   destination is never written through a symlink, and a symlink planted at
   a destination is replaced, not followed.  A local_dir's files go through
   :meth:`Root.copy_files_from` (same rules, batched: each source and
-  destination directory opened once per batch with ``RESOLVE_NO_SYMLINKS``,
-  one native call per file, sha256 computed from the bytes written); a file
+  destination directory opened once per chunk with ``RESOLVE_NO_SYMLINKS``,
+  one native call per group of up to 64 files, sha256 computed from the
+  bytes written); a file
   it cannot copy is done again by the per-file path, which repairs the
   destination or raises the precise error.
 
@@ -47,8 +48,11 @@ Concurrency (trio): entries run concurrently under *one* pair of
 children included (they are flattened first, so nesting never multiplies
 the fan-out): ``limiter_entries`` bounds entries in flight,
 ``limiter_files`` bounds worker threads copying files.  Blocking work runs
-in worker threads in coarse batches (up to ``batch_files`` files per hop),
-never on the trio thread and never one hop per file.
+in worker threads, never on the trio thread and never one hop per file: a
+local_dir is walked by one thread, then copied by it and up to
+``min(limiter_files tokens, cpus) - 1`` more, each a single hop that takes
+chunks (one directory, at most ``batch_files`` files) from a shared queue
+until it is empty; simple entries go 64 to a hop.
 
 Partial failure: the first error stops every other entry at its next file
 boundary; it is re-raised with ``context["written"]`` (up to 50 sandbox
@@ -192,7 +196,9 @@ class MaterializeOptions:
             Python; False copies fd to fd with ``copy_file_range`` and
             reports ``sha256=None``).
         fsync: fsync each file before its rename (default False, like ``cp -a``).
-        batch_files: files per worker-thread hop inside a local_dir.
+        batch_files: most files in one chunk of a local_dir (the unit a
+            copier thread takes from the entry's queue, and of the
+            ``max_total_bytes`` reservation).
         progress: optional :class:`MaterializeProgress` to update.
 
     Raises (on construction):
@@ -814,7 +820,7 @@ def _copy_batch(run: _Run, work: _DirWork, batch: list[tuple[str, os.stat_result
     """Copy one chunk of a local_dir's files (in a worker thread; ``buf``: its copy buffer).
 
     Fast path: :meth:`Root.copy_files_from` (each directory opened once,
-    one native call per file, sha256 from the bytes written).  A file it
+    one native call per group of files, sha256 from the bytes written).  A file it
     cannot copy (any error: a source that changed, a directory where the
     file belongs, a bound) is done again by :func:`_copy_one`, the per-file
     path, which re-opens the source, repairs the destination or raises the
@@ -1119,8 +1125,9 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
 
     Cancellation:
         A checkpoint.  On cancel, worker threads stop at their next file
-        boundary (each running thread finishes the file it is writing, so
-        the cancel may wait for one file); files already written stay,
+        boundary (each running thread first finishes the group of at most
+        64 files it has taken, so the cancel may wait that long); files
+        already written stay,
         complete (atomic writes: no partial file, no temp file left).  The
         workspace may then hold a subset of the manifest; applying it again
         repairs it.
