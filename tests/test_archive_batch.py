@@ -303,3 +303,44 @@ def test_file_and_stream_sources_agree(layout, tmp_path, members, existing):
             os.utime(layout.ws / "dest" / "keep", ns=(1, 1))
         results.append(_outcome(layout, "dest", source))
     assert results[0] == results[1]
+
+
+# --- directories in the staging tree: mkdir relative to the kept parent fd ---------------------
+
+def test_staged_mkdir_never_follows_a_planted_symlink(layout):
+    from sandbox_fs.archive._models import ArchiveLimits as Limits
+    from sandbox_fs.archive._streams import Meter
+
+    before = layout.snapshot()
+    with open_root(layout.ws) as root:
+        ex = _writer.Extractor(root, "dest", Limits(), ExtractPolicy(), Meter(Limits()))
+        try:
+            staging = layout.ws / ex._staging
+            os.symlink(str(layout.outside), staging / "d")  # a racing process plants a link
+            (staging / "e").mkdir()                            # ... and a directory
+            with pytest.raises(UnsafeArchiveMemberError) as ei:
+                ex.add_dir("d", 0o755, None)
+            assert ei.value.rule == "conflict"
+            with pytest.raises(UnsafeArchiveMemberError) as ei:
+                ex.add_dir("d/sub", 0o755, None)
+            assert ei.value.rule == "conflict"
+            ex.add_dir("e", 0o755, None)  # an existing directory is fine (exist_ok)
+            ex.add_dir("e/f/g", 0o755, None)
+            assert (staging / "e/f/g").is_dir()
+            layout.assert_outside_unchanged(before)
+        finally:
+            ex.abort()
+            ex.close()
+    assert os.listdir(layout.ws) == []
+
+
+def test_staged_directories_get_exact_modes_whatever_the_umask(layout):
+    data = tar_bytes([ti("a/b/c/f", data=b"1"), ti("a/b/d", "dir", mode=0o750)])
+    old = os.umask(0o077)
+    try:
+        with open_root(layout.ws) as root:
+            extract(root, "dest", io.BytesIO(data))
+    finally:
+        os.umask(old)
+    modes = {p: stat.S_IMODE(os.stat(layout.ws / "dest" / p).st_mode) for p in ("a", "a/b", "a/b/c", "a/b/d")}
+    assert modes == {"a": 0o755, "a/b": 0o755, "a/b/c": 0o755, "a/b/d": 0o750}

@@ -353,7 +353,10 @@ class Extractor:
             if kind == _FILE:
                 raise UnsafeArchiveMemberError("conflict", member, "a parent of this member is a file")
             try:
-                self._guard(member, lambda: self.work.mkdir(pre, 0o755, exist_ok=True))
+                if self._stage_fd >= 0:
+                    self._guard(member, lambda: self._mkdir_staged(pre, 0o755))
+                else:
+                    self._guard(member, lambda: self.work.mkdir(pre, 0o755, exist_ok=True))
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", member,
                                                "a parent of this member exists and is not a directory") from None
@@ -386,7 +389,13 @@ class Extractor:
         if kind is None:
             self._parents(path, name)
             try:
-                self._guard(name, lambda: self.work.mkdir(path, 0o700 if self.fresh else 0o755, exist_ok=True))
+                if self._stage_fd >= 0:
+                    self._mkdir_staged(path, 0o700)
+                else:
+                    self.work.mkdir(path, 0o700 if self.fresh else 0o755, exist_ok=True)
+            except (SymlinkRefusedError, PathEscapeError):
+                raise UnsafeArchiveMemberError("through_symlink", name, "a symlink on the path was refused "
+                                               "(writes never follow symlinks)") from None
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", name, "the name exists and is not a directory") from None
             self._kinds[key] = _DIR
@@ -551,6 +560,44 @@ class Extractor:
         except OSError as exc:
             _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
             raise  # unreachable
+
+    def _mkdir_staged(self, path: bytes, mode: int) -> None:
+        """Make directory ``path`` (exactly ``mode``) in the fresh staging tree; an existing directory is fine.
+
+        As :meth:`Root.mkdir` with ``exist_ok=True``, but relative to the kept
+        parent fd of :meth:`_create_staged` (opened beneath the staging
+        directory with ``RESOLVE_NO_SYMLINKS``): ``mkdirat`` of one component
+        never follows a link (a symlink there is an existing non-directory).
+
+        Raises:
+            FileExistsError: the name exists and is not a directory.
+            SymlinkRefusedError, PathEscapeError: a symlink on the parent's path.
+            OSError: any other failure (with the destination's sandbox path).
+        """
+        parent, _, leaf = path.rpartition(b"/")
+        if not parent:
+            dfd = self._stage_fd
+        else:
+            dfd = self._pdirs.get(parent, -1)
+            if dfd < 0:
+                dfd = self._open_pdir(parent)
+        try:
+            try:
+                os.mkdir(leaf, mode, dir_fd=dfd)
+            except FileExistsError:
+                if _stat.S_ISDIR(os.stat(leaf, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    return
+                raise
+            if mode & ~self._umask != mode:  # mkdir applied the umask: set the asked mode, never via a link
+                fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                try:
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
 
     def _open_pdir(self, parent: bytes) -> int:
         """Open (and keep) ``parent`` beneath the staging directory, ``O_PATH``, no symlink on the path."""
