@@ -344,3 +344,15 @@ def test_staged_directories_get_exact_modes_whatever_the_umask(layout):
         os.umask(old)
     modes = {p: stat.S_IMODE(os.stat(layout.ws / "dest" / p).st_mode) for p in ("a", "a/b", "a/b/c", "a/b/d")}
     assert modes == {"a": 0o755, "a/b": 0o755, "a/b/c": 0o755, "a/b/d": 0o750}
+
+
+def test_caller_fileio_at_an_offset_is_batched_correctly(layout, tmp_path):
+    data = tar_bytes(_many(100) + [ti("d0/last", data=b"L" * 700)])
+    p = tmp_path / "prefixed.bin"
+    p.write_bytes(b"J" * 1000 + data)
+    with open(p, "rb", buffering=0) as fh, open_root(layout.ws) as root:
+        assert fh.read(1000) == b"J" * 1000
+        rep = extract(root, "from_fileio", fh)
+        rep_stream = extract(root, "from_stream", io.BytesIO(data))
+    assert rep == rep_stream
+    assert _tree(layout.ws / "from_fileio") == _tree(layout.ws / "from_stream")
