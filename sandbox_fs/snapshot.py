@@ -537,7 +537,9 @@ class LocalSnapshotStore:
         except FileNotFoundError:
             raise SnapshotCorruptError("snapshot archive is missing", sandbox_path=None,
                                        context={"snapshot": name}) from None
-        f = io.open(fd, "rb", buffering=_READ_CHUNK, closefd=True)
+        # unbuffered (io.FileIO): the file offset is the read position, so the extractor copies
+        # member data kernel-side from this fd (its batched path), not through Python buffers
+        f = io.open(fd, "rb", buffering=0, closefd=True)
         try:
             st = os.fstat(fd)
             if not _stat.S_ISREG(st.st_mode) or st.st_size != info.archive_bytes:
