@@ -3,7 +3,7 @@
 #include <stdint.h>
 
 /* Bumped whenever a signature below changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 3
+#define SFS_ABI_VERSION 4
 #define SFS_MAX_SYMLINK_HOPS 40   /* MAXSYMLINKS in the kernel */
 #define SFS_EAGAIN_RETRIES 128
 #define SFS_COPY_BUF 65536

@@ -23,7 +23,7 @@ from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 3
+EXPECTED_ABI = 4
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
