@@ -55,9 +55,10 @@ current when its metadata file is atomically replaced.  It stages before it
 swaps: extraction goes through the archive extractor
 (:mod:`sandbox_fs.archive`, limits on) into a private ``.sfs-hydrate-<hex>``
 directory inside the workspace while a thread computes the archive's CRC-32
-(``pread`` of the same fd), exact modes are re-applied there, the CRC-32 is
-checked, and only then is the workspace cleared and the staged entries
-moved up.  Any failure before the swap leaves the previous contents untouched.
+(``pread`` of the same fd, at most the recorded size and one byte more:
+never to the end of a file grown after its size check), exact modes are
+re-applied there, the CRC-32 is checked, and only then is the workspace
+cleared and the staged entries moved up.  Any failure before the swap leaves the previous contents untouched.
 
 The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
 where the tree digest covers, in walk order, every kept entry's path, type,
@@ -373,10 +374,21 @@ def _proc_fd_available() -> bool:
     return os.path.isdir("/proc/self/fd")
 
 
-def _archive_crc(fd: int, stop: threading.Event | None = None) -> tuple[int, int]:
-    """``(bytes, CRC-32)`` of the whole file open on ``fd``, read with ``preadv`` (the fd's offset is not moved).
+def _archive_crc(fd: int, limit: int, stop: threading.Event | None = None) -> tuple[int, int]:
+    """``(bytes, CRC-32)`` of the file open on ``fd``, reading at most ``limit + 1`` bytes.
 
-    Memory: one 1 MiB buffer.  With ``stop`` set, returns early (the result is then meaningless).
+    Read with ``preadv`` (the fd's offset is not moved).  ``limit`` is the
+    size already validated (the metadata's ``archive_bytes``): the read is
+    bounded by it, never by the file's current end, so a store file grown
+    after the size check (even sparse to 1 TiB) costs at most one extra
+    byte, and that byte makes the result a size mismatch (:func:`_check_crc`).
+    Memory: one 1 MiB buffer.  With ``stop`` set, returns early (the result
+    is then meaningless).
+
+    Args:
+        fd: the archive, open for reading.
+        limit: the validated archive size, in bytes (>= 0).
+        stop: set by another thread to end the read early.
 
     Raises:
         OSError: reading failed.
@@ -385,8 +397,10 @@ def _archive_crc(fd: int, stop: threading.Event | None = None) -> tuple[int, int
     view = memoryview(buf)
     crc = 0
     total = 0
-    while stop is None or not stop.is_set():
-        n = os.preadv(fd, [buf], total)
+    bound = limit + 1
+    while total < bound and (stop is None or not stop.is_set()):
+        want = min(_READ_CHUNK, bound - total)
+        n = os.preadv(fd, [view[:want]], total)
         if not n:
             break
         crc = zlib.crc32(view[:n], crc)
@@ -395,7 +409,11 @@ def _archive_crc(fd: int, stop: threading.Event | None = None) -> tuple[int, int
 
 
 def _check_crc(result: tuple[int, int], info: SnapshotInfo) -> None:
-    """Raise SnapshotCorruptError unless ``(bytes, CRC-32)`` is what ``info`` recorded."""
+    """Raise SnapshotCorruptError unless ``(bytes, CRC-32)`` is what ``info`` recorded.
+
+    ``bytes`` is at most ``info.archive_bytes + 1`` (:func:`_archive_crc`):
+    one byte more means the file is longer than recorded.
+    """
     total, crc = result
     if total != info.archive_bytes or f"{crc:08x}" != info.archive_crc32:
         raise SnapshotCorruptError("snapshot archive does not match its CRC-32 (corrupted?)",
@@ -406,12 +424,20 @@ class _CrcCheck:
     """The archive's CRC-32, computed by one thread (``sfs-hydrate-crc``) while hydrate extracts.
 
     ``preadv`` and ``zlib.crc32`` of 1 MiB both release the GIL, so the
-    check runs on the second core.  :meth:`stop` must be called on every
+    check runs on the second core.  The thread reads at most ``limit + 1``
+    bytes (the validated size and one more, see :func:`_archive_crc`), so
+    :meth:`verify` waits for a bounded read even if the file has grown
+    since its size was checked.  :meth:`stop` must be called on every
     path before the fd is closed (it joins the thread).
+
+    Args:
+        fd: the archive, open for reading (``pread`` only; its offset is the extractor's).
+        limit: the validated archive size, in bytes.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, limit: int) -> None:
         self._fd = fd
+        self._limit = limit
         self._stop = threading.Event()
         self._result: tuple[int, int] | None = None
         self._error: BaseException | None = None
@@ -420,7 +446,7 @@ class _CrcCheck:
 
     def _run(self) -> None:
         try:
-            self._result = _archive_crc(self._fd, self._stop)
+            self._result = _archive_crc(self._fd, self._limit, self._stop)
         except BaseException as exc:  # raised in the caller's thread by verify()
             self._error = exc
 
@@ -498,7 +524,9 @@ class LocalSnapshotStore:
         """Open and verify snapshot ``name``; returns a binary reader at offset 0 and its info.
 
         The archive is hashed through the same fd that is returned, so what is
-        verified is what will be read.
+        verified is what will be read; the hash reads at most the recorded
+        size and one byte more (a file grown since its size was checked is a
+        mismatch, however large it has grown).
 
         Raises:
             SnapshotNotFoundError: no such snapshot.
@@ -507,7 +535,7 @@ class LocalSnapshotStore:
         """
         f, info = self.open_archive_unverified(name, limits)
         try:
-            _check_crc(_archive_crc(f.fileno()), info)
+            _check_crc(_archive_crc(f.fileno(), info.archive_bytes), info)
             return f, info
         except BaseException:
             f.close()
@@ -1625,7 +1653,7 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     else:
         f, info = store.open_archive(name, limits)  # verified by the store
     with f:
-        check = _CrcCheck(f.fileno()) if isinstance(store, LocalSnapshotStore) else None
+        check = _CrcCheck(f.fileno(), info.archive_bytes) if isinstance(store, LocalSnapshotStore) else None
         try:
             _hydrate_staged(ws, f, info, limits, mount_points, check)
         finally:
@@ -1642,7 +1670,7 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
     try:
         try:
             with ws.open_root(staging) as sroot:
-                _extract_with_archive(sroot, f, limits)
+                _extract_with_archive(sroot, f, limits, info.archive_bytes)
                 deferred = _restore_modes(sroot, info, defer_top_dirs=True)
         except Exception as exc:
             # A corrupted archive may fail extraction in any way: report it as what it is.
@@ -1704,25 +1732,32 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
         ws.chmod(dst, _stat.S_IMODE(sst.st_mode) & 0o777)
 
 
-def _archive_limits(limits: SnapshotLimits) -> Any:
+def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> Any:
     """The extractor's limits for a snapshot: the same bounds persist applied.
 
     Depth and path length are as wide as the Root allows (PATH_MAX), so
     whatever persist accepted, hydrate accepts.  An uncompressed tar never
-    expands, so the expansion-ratio bound is left at its default.
+    expands, so the expansion-ratio bound is left at its default.  With
+    ``archive_bytes`` (the validated archive size, in bytes), the input is
+    bounded by it too, not only by ``max_archive_bytes``.
     """
+    max_input = limits.max_archive_bytes if archive_bytes is None else max(1, min(limits.max_archive_bytes,
+                                                                                   archive_bytes))
     return ArchiveLimits(max_members=limits.max_entries, max_member_bytes=limits.max_file_bytes,
-                         max_total_bytes=limits.max_total_bytes, max_input_bytes=limits.max_archive_bytes,
+                         max_total_bytes=limits.max_total_bytes, max_input_bytes=max_input,
                          max_depth=MAX_PATH_BYTES // 2, max_path_bytes=MAX_PATH_BYTES)
 
 
-def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits) -> None:
+def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits, archive_bytes: int) -> None:
     # Not in_place even though ``ws`` is hydrate's own (empty) staging directory: the
     # extractor's staging tree is known to start empty, which keeps its fast create paths.
+    # Its input is bounded by the validated archive size, not by the file's current end
+    # (a store file grown after the size check): reading more is a limit error, reported
+    # by hydrate as a corrupt archive once the CRC-32 check (also bounded) disagrees.
     policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
                            preserve_owner=False, apply_mtime=True)
     try:
-        _archive_extract(ws, ".", f, format="tar", limits=_archive_limits(limits), policy=policy)
+        _archive_extract(ws, ".", f, format="tar", limits=_archive_limits(limits, archive_bytes), policy=policy)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None

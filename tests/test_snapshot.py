@@ -1210,3 +1210,79 @@ def test_property_interrupt_anywhere_in_restore_keeps_previous_workspace(cut, tm
         assert _live(ws) == before
     else:
         assert sorted(os.listdir(ws)) == ["d"]
+
+
+# ------------------------------------------- reads bounded by the validated size (issue 5)
+
+
+def _grown_archive_reads(monkeypatch) -> list[int]:
+    """Record the byte count of every CRC-32 pass over an archive."""
+    import sandbox_fs.snapshot as snap
+
+    totals: list[int] = []
+    real = snap._archive_crc
+
+    def recording(fd, limit, stop=None):
+        res = real(fd, limit, stop)
+        totals.append(res[0])
+        return res
+
+    monkeypatch.setattr(snap, "_archive_crc", recording)
+    return totals
+
+
+@pytest.mark.parametrize("grow_bytes", [1, 256 << 20])
+def test_archive_grown_after_the_size_check_fails_fast_and_leaves_the_workspace(layout, store, tmp_path,
+                                                                               monkeypatch, grow_bytes):
+    """Review PoC poc_crc_unbounded: the store file grows (sparse) right after hydrate checked its size.
+
+    The concurrent CRC-32 reads the recorded size and one byte more, never
+    to the file's current end: the extra byte is a size mismatch
+    (SnapshotCorruptError), the workspace is as before, no staging is left.
+    """
+    import sandbox_fs.snapshot as snap
+
+    (layout.ws / "f").write_bytes(os.urandom(200_000))
+    with open_root(layout.ws) as ws:
+        info = persist(ws, store, "s").info
+    arch = tmp_path / "store" / info.archive
+    totals = _grown_archive_reads(monkeypatch)
+
+    class GrowingCheck(snap._CrcCheck):
+        def __init__(self, fd, limit):
+            os.truncate(arch, info.archive_bytes + grow_bytes)  # the racing writer, after the size check
+            super().__init__(fd, limit)
+
+    monkeypatch.setattr(snap, "_CrcCheck", GrowingCheck)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    _previous_workspace(dst)
+    before = _live(dst)
+    with open_root(dst) as d:
+        fds = _open_fds()
+        with pytest.raises(SnapshotCorruptError):
+            hydrate(d, store, "s")
+        assert _open_fds() == fds
+    assert totals == [info.archive_bytes + 1]
+    assert _live(dst) == before and _staging_dirs(dst) == []
+
+
+def test_open_archive_verification_is_bounded_by_the_recorded_size(store, layout, tmp_path, monkeypatch):
+    """open_archive's own CRC-32 pass: same bound, same refusal, for a file grown after its size check."""
+    (layout.ws / "f").write_bytes(b"x" * 5000)
+    with open_root(layout.ws) as ws:
+        info = persist(ws, store, "s").info
+    arch = tmp_path / "store" / info.archive
+    totals = _grown_archive_reads(monkeypatch)
+    real = store.open_archive_unverified
+
+    def growing(name, limits):
+        res = real(name, limits)
+        os.truncate(arch, info.archive_bytes + (256 << 20))
+        return res
+
+    monkeypatch.setattr(store, "open_archive_unverified", growing)
+    fds = _open_fds()
+    with pytest.raises(SnapshotCorruptError):
+        store.open_archive("s", SnapshotLimits())
+    assert _open_fds() == fds and totals == [info.archive_bytes + 1]
