@@ -16,18 +16,25 @@ no longer matches its header and is refused
 joined before persist returns or raises, and a write error (ENOSPC) is
 raised by persist: the archive is then discarded, never committed.
 
-The walk never follows a symlink: each directory is opened ``O_NOFOLLOW``
-relative to its parent's fd and checked to be the inode its listing saw,
-and each regular file is opened by its name relative to that held
-directory fd with ``O_NOFOLLOW`` and ``O_NONBLOCK``, ``fstat``-checked to
-be the very inode the listing's ``lstat`` saw, and read from that fd, so a
-file swapped for a symlink (or a FIFO, or another file), or a parent
-swapped for a symlink, between the listing and the open is never read
-through.  Every ``lstat`` is taken relative to the open parent directory's
-fd, so a path longer than PATH_MAX is an unrestorable entry (refused or
-skipped) like any other, and errors of an entry changing under the walk
-(no longer a symlink, a directory replaced) are the retryable
-:class:`SnapshotSourceChangedError`.
+The walk never follows a symlink and never trusts a held directory fd.
+Directories are *listed* through fds the walk holds (one per level, so the
+fd count is bounded by the depth), with every ``lstat`` taken relative to
+the listed directory; but a held fd can be moved out of the workspace at
+any moment, so every entry the snapshot reads or records -- a regular
+file's content and metadata, a subdirectory to list (and its mode), a
+symlink's target -- is opened by its *path* beneath the workspace Root's
+own fd at the moment of use (``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``,
+``O_NOFOLLOW`` on the leaf, ``O_NONBLOCK`` for files; a symlink as an
+``O_PATH`` fd read with ``readlinkat(fd, "")``) and ``fstat``-checked to be
+the very inode (device, inode number, type) the listing's ``lstat`` saw.
+So a file swapped for a symlink (or a FIFO, or another file), a parent
+swapped for a symlink, or a directory moved out of the workspace while
+the walk held it (and written into afterwards) is never read through: the
+retryable :class:`SnapshotSourceChangedError`.  An entry gone both from
+its path and from its listed directory was deleted and is skipped; one
+still listed but not at its path (a parent moved) is
+:class:`SnapshotSourceChangedError`.  A path longer than PATH_MAX is an
+unrestorable entry (refused or skipped) like any other.
 
 *Hard links*: ordinary files stream as they are listed (O(1) memory); a
 regular file with ``st_nlink > 1`` is deferred until the walk has counted
@@ -158,7 +165,7 @@ class SnapshotLimitError(SnapshotError):
 
 
 class SnapshotSourceChangedError(SnapshotError):
-    """A file changed size while it was being persisted; persisting again may succeed."""
+    """The workspace changed under the walk (a file resized or replaced, a directory moved); retry may succeed."""
 
     code = "snapshot_source_changed"
     retryable = True
@@ -721,8 +728,9 @@ def _norm_set(paths: Iterable[str]) -> frozenset[str]:
     return frozenset(out)
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MEMBER_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+# Opened by path through the source view (Root.open_fd adds O_CLOEXEC; follow_symlinks=False adds O_NOFOLLOW).
+_SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
+_MEMBER_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 
 
 def _list_dir(dfd: int) -> list[tuple[str, os.stat_result]]:
@@ -746,28 +754,160 @@ def _list_dir(dfd: int) -> list[tuple[str, os.stat_result]]:
     return out
 
 
-def _walk(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
+def _source_view(ws: Root) -> Root:
+    """The Root every entry the walk keeps is opened through: the workspace's own fd, read-only, no symlinks.
+
+    ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` from the workspace Root's fd
+    (a ``dup`` of it; the caller closes the view), so a path resolves only
+    through real directories beneath the workspace, at the moment of use.
+    """
+    return ws.with_options(read_only=True, no_symlinks=True)
+
+
+def _still_listed(dfd: int, name: str) -> bool:
+    """True when ``name`` still exists in the directory open on ``dfd`` (the walk's held listing fd)."""
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: treat as changed (retryable), never as vanished
+
+
+def _open_listed(src: Root, item: _Item, flags: int, dfd: int | None = None) -> int | None:
+    """Open a listed entry by its path beneath the workspace Root, now; None when it has vanished.
+
+    The path is resolved from the workspace Root's own fd (``src``, see
+    :func:`_source_view`: ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``, ``O_NOFOLLOW``
+    on the leaf) at the moment of use, never relative to a directory fd the
+    walk has held since the listing: that directory may have been moved out
+    of the workspace meanwhile (and anything written into it since).  The
+    caller ``fstat``-checks that the fd is the inode the listing's ``lstat``
+    saw (:func:`_check_identity`, :func:`_member_stat`).
+
+    ``ENOENT``: with ``dfd`` (the held directory the name was listed in),
+    an entry also gone from there has vanished (None: skipped, like a file
+    deleted mid-walk); one still there is no longer at its path (a parent
+    was moved or renamed): :class:`SnapshotSourceChangedError`.  Without
+    ``dfd``, ``ENOENT`` is a vanished entry.
+
+    Args:
+        src: the source view of the workspace Root.
+        item: the listed entry (its sandbox path and listing ``lstat``).
+        flags: ``os.O_*`` read flags (``O_PATH``, ``O_DIRECTORY``, ``O_NONBLOCK`` ...).
+        dfd: the walk's fd of the directory ``item`` was listed in, if still held.
+
+    Raises:
+        SnapshotSourceChangedError: a symlink, a special file (for a read
+            open), a non-directory or an escape on its path now, or ``ENOENT``
+            while still listed (retryable).
+        OSError: any other failure (with its sandbox path, never a host path).
+    """
+    try:
+        return src.open_fd(item.path, flags, follow_symlinks=False)
+    except FileNotFoundError:
+        if dfd is not None and _still_listed(dfd, item.name):
+            raise SnapshotSourceChangedError("entry is no longer at its path (a parent directory was moved "
+                                             "while the workspace was being persisted)",
+                                             sandbox_path=item.path) from None
+        return None
+    except (OSError, SandboxError) as exc:
+        # ELOOP: a symlink now; special_file: Root refuses FIFOs/devices; ENOTDIR/EXDEV: a parent swapped
+        if getattr(exc, "code", None) in _CHANGED_CODES or \
+                getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
+            raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
+                                             sandbox_path=item.path) from None
+        if isinstance(exc, SandboxError):
+            raise
+        _native.raise_errno(exc.errno or errno.EIO, "persist", item.path)
+        raise  # unreachable
+
+
+def _check_identity(fd: int, item: _Item) -> os.stat_result:
+    """``fstat`` of an entry just opened by path: the very inode (and type) the listing's ``lstat`` saw.
+
+    Raises:
+        SnapshotSourceChangedError: another inode or another type (replaced
+            or moved between the listing and the open; retryable).
+    """
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino) or \
+            _stat.S_IFMT(st.st_mode) != _stat.S_IFMT(item.st.st_mode):
+        raise SnapshotSourceChangedError("entry was replaced while it was being persisted", sandbox_path=item.path)
+    return st
+
+
+def _lstat_listed(src: Root, item: _Item, dfd: int | None = None) -> os.stat_result | None:
+    """The ``lstat`` of a listed entry taken by its path beneath the workspace Root now, identity-checked.
+
+    What the snapshot records of a directory (mode, mtime) or a symlink
+    comes from this, never from the listing alone.  None when it vanished
+    (see :func:`_open_listed`).
+
+    Raises:
+        SnapshotSourceChangedError: see :func:`_open_listed` and :func:`_check_identity`.
+    """
+    fd = _open_listed(src, item, os.O_PATH, dfd)
+    if fd is None:
+        return None
+    try:
+        return _check_identity(fd, item)
+    finally:
+        os.close(fd)
+
+
+def _readlink_listed(src: Root, item: _Item, dfd: int | None = None) -> tuple[str, os.stat_result] | None:
+    """``(target, lstat)`` of a listed symlink, read through an ``O_PATH|O_NOFOLLOW`` fd opened by its path.
+
+    The link is opened beneath the workspace Root (:func:`_open_listed`),
+    ``fstat``-checked to be the listed symlink, and read with
+    ``readlinkat(fd, "")``: the target read is the one of the checked inode.
+    None when it vanished.
+
+    Raises:
+        SnapshotSourceChangedError: see :func:`_open_listed` and :func:`_check_identity`.
+        OSError: reading the link failed.
+    """
+    fd = _open_listed(src, item, os.O_PATH, dfd)
+    if fd is None:
+        return None
+    try:
+        st = _check_identity(fd, item)
+        return os.fsdecode(os.readlink(b"", dir_fd=fd)), st
+    finally:
+        os.close(fd)
+
+
+def _walk(ws: Root, src: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
           mount_points: frozenset[str], skip_ids: frozenset[tuple[int, int]],
-          admit_dir: Callable[[_Item], bool]) -> Iterator[tuple[int, list[_Item]]]:
+          admit_dir: Callable[[_Item, int], bool]) -> Iterator[tuple[int, list[_Item]]]:
     """Deterministic top-down walk over directory fds, pruning excluded paths, mount points and grant roots.
 
     Yields ``(dfd, nondirs)`` once per directory: its open fd (valid until
-    the next iteration; the caller opens and reads its entries relative to
-    it) and its non-directory entries.  Subdirectories are offered to
-    ``admit_dir`` (the persist policy, which records them) in name order
-    while their parent is listed, and the admitted ones are entered after
-    the parent's non-directories, depth first: the order of :meth:`Root.walk`.
+    the next iteration; it is only the *listing*: the caller opens every
+    entry it reads by its path beneath the workspace Root, see
+    :func:`_open_listed`, and may use ``dfd`` only to tell a vanished entry
+    from a moved one) and its non-directory entries.  Subdirectories are
+    offered to ``admit_dir(item, dfd)`` (the persist policy, which records
+    them) in name order while their parent is listed, and the admitted ones
+    are entered after the parent's non-directories, depth first: the order
+    of :meth:`Root.walk`.
 
-    No symlink is ever followed: the top is the Root's own directory, every
-    other directory is opened ``O_NOFOLLOW | O_DIRECTORY`` relative to its
-    parent's fd and ``fstat``-checked to be the very inode its listing's
-    ``lstat`` saw, so a directory swapped for a symlink or for another
-    directory (a grant root, a mount point) after the listing is never
-    entered.  Every ``lstat`` is taken relative to the open parent, so a
-    path longer than PATH_MAX is listed like any other and a parent
-    swapped for a symlink cannot turn a stat into a path escape.  A
-    directory that vanished before it was entered is skipped (like a
-    vanished file); a swapped one is :class:`SnapshotSourceChangedError`.
+    A listing comes from a held directory fd, and a held fd can be moved
+    out of the workspace at any time (with anything written into it
+    afterwards), so nothing read through it is trusted: every directory
+    after the top is opened by its path beneath the workspace Root's own
+    fd (``src``: ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``, ``O_NOFOLLOW``)
+    when it is entered, and ``fstat``-checked to be the very inode its
+    listing's ``lstat`` saw, so a directory moved out, swapped for a
+    symlink or for another directory (a grant root, a mount point) after
+    the listing is never entered.  Every ``lstat`` of a listing is taken
+    relative to the open directory, so a path longer than PATH_MAX is
+    listed like any other (and refused by the policy before it is opened
+    by path).  A directory that vanished before it was entered is skipped
+    (like a vanished file); a swapped or moved one is
+    :class:`SnapshotSourceChangedError`.
 
     Open fds: one per ancestor that still has a subdirectory to enter (a
     directory's fd is closed as soon as its last subdirectory is opened),
@@ -812,7 +952,7 @@ def _walk(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
                         skipped.append((p, "extra path grant"))
                         continue
                     item = _Item(p, "dir", st, name)
-                    if admit_dir(item):
+                    if admit_dir(item, dfd):
                         dirs.append(item)
                 frames[-1][1] = dirs
                 yield dfd, nondirs
@@ -826,23 +966,14 @@ def _walk(ws: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
                 continue
             frame[2] = i + 1
             item = dirs[i]
-            try:
-                cfd = os.open(item.name, _DIR_FLAGS, dir_fd=dfd)
-            except FileNotFoundError:
+            cfd = _open_listed(src, item, _SUBDIR_FLAGS, dfd)  # by path beneath the Root, now
+            if cfd is None:
                 continue  # removed since the listing: skipped, like a vanished file
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise SnapshotSourceChangedError("directory was replaced while the workspace was being "
-                                                     "persisted", sandbox_path=item.path) from None
-                _native.raise_errno(exc.errno or errno.EIO, "persist", item.path)
             cur = (cfd, item.path)
             if i + 1 >= len(dirs):  # its last subdirectory: the parent's fd is no longer needed
                 frames.pop()
                 os.close(dfd)
-            cst = os.fstat(cfd)
-            if (cst.st_dev, cst.st_ino) != (item.st.st_dev, item.st.st_ino):
-                raise SnapshotSourceChangedError("directory was replaced while the workspace was being persisted",
-                                                 sandbox_path=item.path)
+            _check_identity(cfd, item)
     finally:
         if cur is not None:
             os.close(cur[0])
@@ -1129,36 +1260,22 @@ def fingerprint(manifest_digest: str, tree_digest_hex: str) -> str:
     return hashlib.sha256(f"sfs-fp-v1\0{manifest_digest}\0{tree_digest_hex}".encode()).hexdigest()
 
 
-def _open_member(ws: Root, item: _Item, dfd: int | None = None) -> int | None:
-    """Open a regular file for reading without following a symlink on its leaf; None when it vanished.
+def _open_member(src: Root, item: _Item, dfd: int | None = None) -> int | None:
+    """Open a listed regular file for reading by its path beneath the workspace Root; None when it vanished.
 
-    With ``dfd`` (the walk's fd of its parent directory) the file is opened
-    by its name relative to it (``O_NOFOLLOW | O_NONBLOCK``: a symlink is
-    refused, a FIFO never blocks), so no path is resolved again; without,
-    by its path beneath the Root (deferred hard-linked files).  The caller
+    Opened through the source view (:func:`_open_listed`: from the Root's
+    own fd, no symlink anywhere on the path, ``O_NOFOLLOW | O_NONBLOCK`` so
+    a FIFO never blocks), never by its name relative to a held directory
+    fd.  ``dfd`` (the walk's fd of the directory it was listed in, when
+    held) only tells a vanished file from a moved one.  The caller
     ``fstat``-checks the fd (:func:`_member_stat`).
 
     Raises:
         SnapshotSourceChangedError: it is now a symlink or a special file,
-            or a parent was swapped (retryable).
+            a parent was swapped or moved (retryable).
         OSError: any other failure (with its sandbox path).
     """
-    try:
-        if dfd is not None:
-            return os.open(item.name, _MEMBER_FLAGS, dir_fd=dfd)
-        return ws.open_fd(item.path, os.O_RDONLY | os.O_NONBLOCK, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    except (OSError, SandboxError) as exc:
-        # ELOOP: now a symlink; special_file: Root refuses FIFOs/devices: swapped since the listing
-        if getattr(exc, "code", None) in _CHANGED_CODES or \
-                getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
-            raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
-                                             sandbox_path=item.path) from None
-        if isinstance(exc, SandboxError):
-            raise
-        _native.raise_errno(exc.errno or errno.EIO, "persist", item.path)
-        raise  # unreachable
+    return _open_listed(src, item, _MEMBER_FLAGS, dfd)
 
 
 def _walk_target(link: bytes, target: str | bytes, alimits: Any) -> tuple[list[bytes], bytes]:
@@ -1219,9 +1336,9 @@ def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | N
     return "symlink chain is longer than 40 links"
 
 
-def _policy_check(ws: Root, item: _Item, on_unrestorable: str,
-                  skipped: list[tuple[str, str]], alimits: Any, dfd: int | None = None) -> tuple[bool, str | None]:
-    """``(True, symlink target or None)`` when the item may be persisted; refuses or records it otherwise.
+def _policy_check(ws: Root, src: Root, item: _Item, on_unrestorable: str, skipped: list[tuple[str, str]],
+                  alimits: Any, dfd: int | None = None) -> tuple[bool, str | None, os.stat_result | None]:
+    """``(True, symlink target or None, lstat)`` when the item may be persisted; refuses or records it otherwise.
 
     The rules are the archive extractor's own (:func:`sandbox_fs.archive._names.normalize_member`
     and ``symlink_walk``), applied here so a saved snapshot always hydrates:
@@ -1229,38 +1346,52 @@ def _policy_check(ws: Root, item: _Item, on_unrestorable: str,
     letters; over PATH_MAX), symlink targets (absolute, escaping, or passing
     through another symlink: CVE-2025-4517), and special files.  The name is
     checked first, so a path the Root could not even address is refused or
-    skipped like any other unrestorable entry.  A symlink's target is read
-    relative to ``dfd`` (its parent's fd held by the walk) when given.
+    skipped like any other unrestorable entry.
+
+    What the snapshot records of a symlink (its target, its mtime) or a
+    directory (mode, mtime), and what a refusal of a special file names,
+    comes from the entry opened by its path beneath the workspace Root now
+    (``src``, :func:`_readlink_listed`, :func:`_lstat_listed`) and checked to
+    be the listed inode, never from the held listing directory ``dfd``
+    alone (used only to tell a vanished entry from a moved one).  The
+    returned ``lstat`` is that checked one (for a regular file, the
+    listing's: the file is checked when it is opened).  An entry that
+    vanished is ``(False, None, None)``, like a deleted file.
 
     Raises:
         UnrestorableEntryError: with ``on_unrestorable="refuse"``.
-        SnapshotSourceChangedError: the entry changed type or vanished from
-            under a parent while it was examined (retryable).
+        SnapshotSourceChangedError: the entry changed type, or moved or
+            vanished from under a parent while it was examined (retryable).
     """
     reason = None
     target = None
+    st: os.stat_result | None = item.st
     raw = item.path.encode("utf-8", "surrogateescape")
     try:
         normalize_member(raw, alimits)
         if item.kind == "symlink":
             with _source_changed(item.path):
-                try:
-                    target = os.readlink(item.name, dir_fd=dfd) if dfd is not None else ws.readlink(item.path)
-                except FileNotFoundError:
-                    return False, None  # removed since the listing, like a vanished file
+                got = _readlink_listed(src, item, dfd)
+                if got is None:
+                    return False, None, None  # removed since the listing, like a vanished file
+                target, st = got
                 reason = _symlink_reason(ws, raw, target, alimits)
-        elif item.kind not in ("file", "dir"):
-            reason = f"{item.kind} entries are not restorable"
+        elif item.kind != "file":
+            st = _lstat_listed(src, item, dfd)
+            if st is None:
+                return False, None, None
+            if item.kind != "dir":
+                reason = f"{item.kind} entries are not restorable"
     except UnsafeArchiveMemberError as exc:
         reason = {"symlink_target": "symlink is absolute or resolves outside the workspace"}.get(
             exc.rule, f"name is refused by hydrate ({exc.rule})")
     except ArchiveLimitError as exc:
         reason = f"path exceeds {exc.limit}"
     if reason is None:
-        return True, target
+        return True, target, st
     if on_unrestorable == "skip":
         skipped.append((item.path, reason))
-        return False, None
+        return False, None, None
     raise UnrestorableEntryError(f"{reason}; hydrate would refuse it, so persist refuses it too",
                                  sandbox_path=item.path, context={"kind": item.kind})
 
@@ -1305,6 +1436,8 @@ def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterabl
     Raises:
         UnrestorableEntryError: ``on_unrestorable="refuse"`` and such an entry exists.
         SnapshotLimitError: the tree exceeds ``limits``.
+        SnapshotSourceChangedError: the tree changed under the walk (an
+            entry replaced, a directory moved out while held; retryable).
     """
     digest = _Digest()
     _walk_into(ws, _norm_set(excluded), _norm_set(mount_points), on_unrestorable,
@@ -1319,9 +1452,15 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                fixups: list[tuple[str, int]] | None = None) -> tuple[int, int]:
     """Walk the workspace once and stream every kept entry into ``digest`` (and ``tar``).
 
-    Ordinary entries stream as they are listed (O(1) memory); each regular
-    file is opened relative to its parent directory's fd held by the walk
-    (see :func:`_walk`).  A regular file with more than one link is
+    Ordinary entries stream as they are listed (O(1) memory).  Listings
+    come from directory fds the walk holds (see :func:`_walk`), but every
+    entry that is read (a file's content, a symlink's target, a
+    subdirectory to list) and everything recorded of it is taken from the
+    entry opened by its path beneath the workspace Root's own fd at that
+    moment (:func:`_source_view`, ``RESOLVE_NO_SYMLINKS``) and ``fstat``-checked
+    to be the listed inode, so a directory moved out of the workspace while
+    the walk holds it contributes nothing (retryable
+    :class:`SnapshotSourceChangedError`).  A regular file with more than one link is
     deferred until the walk has counted its names (only multi-linked
     inodes are remembered): it is archived only when every one of its
     links was seen inside the workspace walk (the first name as a file,
@@ -1332,31 +1471,45 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
     alimits = _archive_limits(limits)
     writes = tar is not None
     files = tar if tar is not None else _TarWriter(None)
-    state = _WalkState(limits, digest, files, writes, fixups)
+    with _source_view(ws) as src:
+        state = _WalkState(src, limits, digest, files, writes, fixups)
+        return _walk_entries(ws, src, state, excluded, mounts, on_unrestorable, skipped, alimits,
+                             progress, skip_ids)
+
+
+def _walk_entries(ws: Root, src: Root, state: "_WalkState", excluded: frozenset[str], mounts: frozenset[str],
+                  on_unrestorable: str, skipped: list[tuple[str, str]], alimits: Any,
+                  progress: Callable[[int, int], None] | None,
+                  skip_ids: frozenset[tuple[int, int]]) -> tuple[int, int]:
+    """The body of :func:`_walk_into`, with the source view ``src`` open."""
+    digest, files, writes, fixups = state.digest, state.files, state.write, state.fixups
     multi: dict[tuple[int, int], _Linked] = {}  # (dev, ino) -> names seen, for st_nlink > 1 only
     last_report = time.monotonic()
 
-    def admit_dir(item: _Item) -> bool:
-        if _policy_check(ws, item, on_unrestorable, skipped, alimits)[0]:
+    def admit_dir(item: _Item, dfd: int) -> bool:
+        ok, _target, st = _policy_check(ws, src, item, on_unrestorable, skipped, alimits, dfd)
+        if ok:
+            assert st is not None  # checked by its path beneath the Root: mode and mtime are the workspace's
             state.count(item)
-            mode = _stat.S_IMODE(item.st.st_mode) & 0o777
+            mode = _stat.S_IMODE(st.st_mode) & 0o777
             digest.add(item.path, "dir", 0, mode, "")
             if fixups is not None and mode != _x_dir_mode(mode):
                 fixups.append((item.path, mode))
             if writes:
-                files.add(_tarinfo(item.path, tarfile.DIRTYPE, mode, item.st.st_mtime))
+                files.add(_tarinfo(item.path, tarfile.DIRTYPE, mode, st.st_mtime))
             return True
         return False
 
-    with contextlib.closing(_walk(ws, excluded, skipped, mounts, skip_ids, admit_dir)) as walk:
+    with contextlib.closing(_walk(ws, src, excluded, skipped, mounts, skip_ids, admit_dir)) as walk:
         for dfd, nondirs in walk:
             for item in nondirs:
-                ok, target = _policy_check(ws, item, on_unrestorable, skipped, alimits, dfd)
+                ok, target, checked = _policy_check(ws, src, item, on_unrestorable, skipped, alimits, dfd)
                 if not ok:
                     continue
                 st = item.st
                 if item.kind == "symlink":
-                    assert target is not None
+                    assert target is not None and checked is not None
+                    st = checked  # the symlink opened by its path and identity-checked
                     state.count(item)
                     digest.add(item.path, "symlink", 0, 0o777, target)
                     if writes:
@@ -1375,7 +1528,7 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                             linked.changed = True
                 else:
                     state.count(item)
-                    fd = _open_member(ws, item, dfd)
+                    fd = _open_member(src, item, dfd)
                     if fd is None:
                         state.entries -= 1
                         continue
@@ -1389,7 +1542,7 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
                         last_report = now
                         progress(state.entries, state.content)
     for linked in multi.values():
-        _add_linked(ws, state, linked, on_unrestorable, skipped)
+        _add_linked(src, state, linked, on_unrestorable, skipped)
     if progress is not None:
         progress(state.entries, state.content)
     return state.entries, state.content
@@ -1407,8 +1560,9 @@ class _Linked:
 class _WalkState:
     """Counters and sinks shared by the streaming walk and the deferred hard-linked files."""
 
-    def __init__(self, limits: SnapshotLimits, digest: _Digest, files: _TarWriter, write: bool,
+    def __init__(self, src: Root, limits: SnapshotLimits, digest: _Digest, files: _TarWriter, write: bool,
                  fixups: list[tuple[str, int]] | None) -> None:
+        self.src = src  # the source view: every entry is opened by its path beneath the workspace Root
         self.limits = limits
         self.digest = digest
         self.files = files
@@ -1424,9 +1578,22 @@ class _WalkState:
                                      context={"max_entries": self.limits.max_entries})
 
     def add_file(self, item: _Item, fd: int, links: list[_Item]) -> os.stat_result:
-        """Archive the file open on ``fd`` as ``item``, then ``links`` as hard links to it."""
+        """Archive the file open on ``fd`` as ``item``, then ``links`` as hard links to it.
+
+        Each name in ``links`` is looked up by its path beneath the workspace
+        Root and checked to be this very inode before it is recorded.
+
+        Raises:
+            SnapshotSourceChangedError: the file or one of its links changed (retryable).
+            SnapshotLimitError: a size limit is exceeded.
+            OSError: reading the file or writing the sink failed.
+        """
         limits = self.limits
         st = _member_stat(fd, item)
+        for other in links:
+            if _lstat_listed(self.src, other) is None:
+                raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
+                                                 "persisted", sandbox_path=other.path)
         mode = _stat.S_IMODE(st.st_mode) & 0o777
         if st.st_size > limits.max_file_bytes:
             raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
@@ -1450,7 +1617,7 @@ class _WalkState:
         return st
 
 
-def _add_linked(ws: Root, state: _WalkState, linked: _Linked, on_unrestorable: str,
+def _add_linked(src: Root, state: _WalkState, linked: _Linked, on_unrestorable: str,
                 skipped: list[tuple[str, str]]) -> None:
     """Archive one multi-linked inode if all its links are inside the walk, else refuse or skip it."""
     items = linked.items
@@ -1466,7 +1633,7 @@ def _add_linked(ws: Root, state: _WalkState, linked: _Linked, on_unrestorable: s
             return
         raise UnrestorableEntryError(reason, sandbox_path=items[0].path, context={"kind": "file"})
     for i, first in enumerate(items):
-        fd = _open_member(ws, first)
+        fd = _open_member(src, first)
         if fd is None:
             state.entries -= 1  # removed since the listing: its other names still hold the inode
             continue
@@ -1543,7 +1710,9 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             device node, with ``on_unrestorable="refuse"``.
         SnapshotLimitError: the workspace exceeds ``limits``.
         SnapshotSourceChangedError: a file shrank, grew or was swapped
-            (symlink, FIFO, another inode) while read (retryable).
+            (symlink, FIFO, another inode) while read, or an entry is no
+            longer at its path beneath the workspace (a directory moved
+            while the walk held it) (retryable).
         InvalidPathError: ``name`` is not a plain token.
         OSError: the store cannot be written (ENOSPC ...).  In every error
             case the previous snapshot of ``name`` stays current and intact.

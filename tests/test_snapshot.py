@@ -1136,10 +1136,11 @@ def test_symlink_swapped_back_to_a_dir_is_retryable(layout, store, monkeypatch):
 def test_parent_swapped_for_outside_symlink_mid_walk_is_never_followed(layout, store, monkeypatch, tmp_path, when):
     """A parent swapped for a symlink to outside: never followed, nothing outside read.
 
-    Swapped after its listing but before the walk enters it: the O_NOFOLLOW
-    open relative to the parent's fd refuses it (retryable).  Swapped after
-    the walk entered it: the walk holds the directory's own fd, so it reads
-    the very files it listed (now under ``d.away``), never the outside.
+    Swapped after its listing but before the walk enters it, or after the
+    walk entered it: every entry is opened by its path beneath the
+    workspace Root with no symlink allowed on the path, so the swapped
+    parent is refused either way (retryable), never followed, and the
+    walk's held fd of the old directory (now ``d.away``) is not trusted.
     """
     (layout.ws / "d" / "subdir").mkdir(parents=True)
     (layout.ws / "d" / "subdir" / "inner.txt").write_text("mine")
@@ -1151,14 +1152,9 @@ def test_parent_swapped_for_outside_symlink_mid_walk_is_never_followed(layout, s
             os.symlink(layout.outside, layout.ws / "d")
     _race_after_listing(monkeypatch, swap)
     with open_root(layout.ws) as ws:
-        if when == "before_entering":
-            with pytest.raises(SnapshotSourceChangedError) as ei:
-                persist(ws, store, "s", on_unrestorable="skip")
-            assert ei.value.retryable and store.info("s") is None
-        else:
-            info = persist(ws, store, "s", on_unrestorable="skip").info
-            with tarfile.open(tmp_path / "store" / info.archive) as tar:
-                assert tar.extractfile("d/subdir/inner.txt").read() == b"mine"
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            persist(ws, store, "s", on_unrestorable="skip")
+        assert ei.value.retryable and store.info("s") is None
     assert layout.secret.encode() not in _archive_bytes(tmp_path / "store")
 
 
@@ -1210,6 +1206,188 @@ def test_property_interrupt_anywhere_in_restore_keeps_previous_workspace(cut, tm
         assert _live(ws) == before
     else:
         assert sorted(os.listdir(ws)) == ["d"]
+
+
+# ------------------------------------------- a held directory is never trusted (issue 5)
+
+
+def _store_bytes(store_dir: Path) -> bytes:
+    """Every byte of every file in the store (archives, metadata, partials)."""
+    return b"".join(p.read_bytes() for p in store_dir.iterdir() if p.is_file())
+
+
+def _move_out_and_plant(src: Path, dst: Path, secret: str) -> None:
+    """The racing process: move ``src`` out of the workspace, then write outside content into it."""
+    os.rename(src, dst)
+    (dst / "AAA-SECRET").write_text(secret)  # sorts first: the walk meets it before the listed files
+    (dst / "zzz-SECRET").write_text(secret)
+    (dst / "secret-dir").mkdir()
+    (dst / "secret-dir" / "f").write_text(secret)
+    (dst / "secret-link").symlink_to("zzz-SECRET")
+    os.link(dst / "zzz-SECRET", dst / "zzz-SECRET-2")
+
+
+@pytest.mark.parametrize("op", ["persist", "tree_digest"])
+@pytest.mark.parametrize("when", ["before_listing", "after_listing"])
+def test_directory_moved_out_while_the_walk_holds_it_contributes_nothing(layout, store, tmp_path, monkeypatch,
+                                                                        resolver, op, when):
+    """Review PoC poc_persist_moved_dir: a held directory renamed out of the workspace, a secret written in.
+
+    The walk holds ``d``'s fd; right before (or right after) it lists it, ``d``
+    is moved to the outside and outside content appears in it.  Every entry
+    is opened by its path beneath the workspace Root and identity-checked,
+    so nothing of it is read: the retryable SnapshotSourceChangedError, the
+    previous snapshot stays current, and the outside bytes never reach the
+    store.
+    """
+    import sandbox_fs.snapshot as snap
+
+    (layout.ws / "d" / "sub").mkdir(parents=True)
+    (layout.ws / "d" / "ok.txt").write_text("ws content\n")
+    (layout.ws / "d" / "sub" / "inner.txt").write_text("ws inner\n")
+    (layout.ws / "top.txt").write_text("top\n")
+    with open_root(layout.ws) as ws:
+        first = persist(ws, store, "s").info
+    d_id = (os.stat(layout.ws / "d").st_dev, os.stat(layout.ws / "d").st_ino)
+    real = snap._list_dir
+    moved = []
+
+    def racing(dfd):
+        st_ = os.fstat(dfd)
+        hit = (st_.st_dev, st_.st_ino) == d_id and not moved
+        if hit and when == "before_listing":
+            _move_out_and_plant(layout.ws / "d", layout.outside / "d", layout.secret)
+            moved.append(1)
+        out = real(dfd)
+        if hit and when == "after_listing":
+            _move_out_and_plant(layout.ws / "d", layout.outside / "d", layout.secret)
+            moved.append(1)
+        return out
+
+    monkeypatch.setattr(snap, "_list_dir", racing)
+    with open_root(layout.ws) as ws:
+        fds = _open_fds()
+        with pytest.raises(SnapshotSourceChangedError) as ei:
+            if op == "persist":
+                persist(ws, store, "s")
+            else:
+                tree_digest(ws)
+        assert _open_fds() == fds
+    assert moved == [1] and ei.value.retryable
+    assert ei.value.sandbox_path.startswith("d/")
+    assert store.info("s") == first
+    assert layout.secret.encode() not in _store_bytes(tmp_path / "store")
+
+
+def test_subdirectory_and_symlink_of_a_moved_directory_are_never_entered_or_read(layout, store, tmp_path,
+                                                                                monkeypatch):
+    """Only a subdirectory and a symlink left in the listing of a moved directory: neither is used."""
+    import sandbox_fs.snapshot as snap
+
+    (layout.ws / "d" / "sub").mkdir(parents=True)
+    (layout.ws / "d" / "sub" / "f").write_text("mine")
+    (layout.ws / "d" / "lnk").symlink_to("sub/f")
+    d_ino = os.stat(layout.ws / "d").st_ino
+    real = snap._list_dir
+
+    def racing(dfd):
+        out = real(dfd)
+        if os.fstat(dfd).st_ino == d_ino and (layout.ws / "d").exists():
+            os.rename(layout.ws / "d", layout.outside / "d")
+            (layout.outside / "d" / "sub" / "f").write_text(layout.secret)
+            os.unlink(layout.outside / "d" / "lnk")
+            os.symlink(layout.secret, layout.outside / "d" / "lnk")  # a target text is content too
+        return out
+
+    monkeypatch.setattr(snap, "_list_dir", racing)
+    with open_root(layout.ws) as ws:
+        with pytest.raises(SnapshotSourceChangedError):
+            persist(ws, store, "s", on_unrestorable="skip")
+    assert store.info("s") is None
+    assert layout.secret.encode() not in _store_bytes(tmp_path / "store")
+
+
+def _tree_strategy():
+    """Directory paths (nested up to depth 3) and a file count for each."""
+    name = st.sampled_from(["a", "b", "c"])
+    return st.lists(st.lists(name, min_size=1, max_size=3).map("/".join), min_size=1, max_size=6, unique=True)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dirs=_tree_strategy(), at=st.integers(0, 50), pick=st.integers(0, 50),
+       which=st.sampled_from(["listed", "ancestor", "any"]),
+       when=st.sampled_from(["before_listing", "after_listing"]), op=st.sampled_from(["persist", "tree_digest"]))
+def test_property_a_directory_moved_out_at_any_point_of_the_walk_leaks_nothing(dirs, at, pick, which, when, op,
+                                                                               tmp_path_factory):
+    """Whatever directory is moved out of the workspace, at whatever listing of the walk, before or
+    after it: persist and tree_digest raise the retryable error or finish without a single outside
+    entry (no name, no content, no link target of what was planted outside) in what they digest,
+    and the outside bytes never reach the store.  (A digest of a tree that changed mid-walk need not
+    match either state of it; only outside content is ruled out.)"""
+    import hashlib
+
+    import sandbox_fs.snapshot as snap
+
+    base = tmp_path_factory.mktemp("moved")
+    ws_p, out_p = base / "ws", base / "outside"
+    out_p.mkdir()
+    secret = "OUTSIDE-" + os.urandom(8).hex()
+    for d in dirs:
+        (ws_p / d).mkdir(parents=True, exist_ok=True)
+    for i, d in enumerate(sorted({str(p.relative_to(ws_p)) for p in ws_p.rglob("*")})):
+        (ws_p / d / f"f{i}").write_text(f"ws file {i}\n")
+    listings = 1 + sum(1 for p in ws_p.rglob("*") if p.is_dir())
+    at %= listings  # the walk lists every directory once: the move lands at one of them
+    real, real_add = snap._list_dir, snap._Digest.add
+    calls = []
+    records = []
+
+    def racing(dfd):
+        calls.append(1)
+        hit = len(calls) == at + 1
+        if hit and when == "before_listing":
+            _move_random(ws_p, out_p, pick, secret, which, os.fstat(dfd))
+        out = real(dfd)
+        if hit and when == "after_listing":
+            _move_random(ws_p, out_p, pick, secret, which, os.fstat(dfd))
+        return out
+
+    def recording(self, path, kind, size, mode, content):
+        records.append((path, content))
+        return real_add(self, path, kind, size, mode, content)
+
+    s = LocalSnapshotStore(base / "store")
+    snap._list_dir, snap._Digest.add = racing, recording
+    try:
+        with s, open_root(ws_p) as ws:
+            try:
+                if op == "persist":
+                    info = persist(ws, s, "s").info
+                    with tarfile.open(base / "store" / info.archive) as tar:
+                        assert not any("SECRET" in m.name for m in tar.getmembers())
+                else:
+                    tree_digest(ws)
+            except SnapshotSourceChangedError as exc:
+                assert exc.retryable
+    finally:
+        snap._list_dir, snap._Digest.add = real, real_add
+    assert len(calls) > at  # the move did happen
+    outside = {hashlib.sha256(secret.encode()).hexdigest(), "zzz-SECRET"}
+    assert not [r for r in records if "SECRET" in r[0] or r[1] in outside]
+    assert secret.encode() not in _store_bytes(base / "store")
+
+
+def _move_random(ws_p: Path, out_p: Path, pick: int, secret: str, which: str, listed: os.stat_result) -> None:
+    """Move a directory of the workspace out: the one being listed, one of its ancestors, or any."""
+    present = sorted(str(p.relative_to(ws_p)) for p in ws_p.rglob("*") if p.is_dir() and not p.is_symlink())
+    if not present:
+        return
+    victim = present[pick % len(present)]
+    here = [d for d in present if os.stat(ws_p / d).st_ino == listed.st_ino]
+    if here and which != "any":
+        parts = here[0].split("/")
+        victim = here[0] if which == "listed" else "/".join(parts[:1 + pick % len(parts)])
+    _move_out_and_plant(ws_p / victim, out_p / f"moved{len(list(out_p.iterdir()))}", secret)
 
 
 # ------------------------------------------- reads bounded by the validated size (issue 5)
