@@ -58,8 +58,8 @@ void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
 #define SFS_XF_STAGE_COPY ...
 #define SFS_XF_STAGE_SHORT ...
 #define SFS_XF_STAGE_META ...
-int sfs_extract_files(int src_fd, const int64_t *nums, const char *names, int64_t names_len, int n,
-                      int64_t *err_out);
+int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
+                      int64_t names_len, int n, int64_t *err_out);
 int sfs_landlock_abi(void);
 int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
 int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);

@@ -782,19 +782,56 @@ int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char
 /* ------------------------------------------------------------------ */
 /* Archive extraction: a batch of new files from an uncompressed tar   */
 /*                                                                    */
-/* Each entry names a NEW file (one component, created O_CREAT|O_EXCL| */
-/* O_NOFOLLOW relative to a directory fd the caller opened beneath its */
-/* staging directory with RESOLVE_NO_SYMLINKS) and the source bytes    */
+/* Each entry names a NEW file by its path relative to the caller's   */
+/* staging directory fd; the path is resolved beneath that fd at the  */
+/* moment the file is created (openat2 RESOLVE_BENEATH|                */
+/* RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS, or the fallback walker   */
+/* with the same flags), never through a directory fd kept from an    */
+/* earlier moment: a directory moved out of the staging tree since     */
+/* then is simply not found.  The data are the source bytes            */
 /* [src_off, src_off + size) of src_fd, copied with an explicit offset */
-/* (the source's file position is the caller's).  Nothing here         */
-/* resolves a path or decides what is allowed.                         */
+/* (the source's file position is the caller's).  Nothing here decides */
+/* what is allowed.                                                    */
 /* ------------------------------------------------------------------ */
 
-static int xf_fail(int dirfd, const char *name, int fd, int64_t *err_out, int stage, int err)
+#define SFS_XF_RESOLVE (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+
+static int xf_open(int stage_fd, int fallback, const char *path, uint64_t flags, uint64_t mode)
+{
+    int fd;
+    do {
+        fd = fallback ? sfs_open_fallback(stage_fd, path, flags, mode, SFS_XF_RESOLVE)
+                      : sfs_openat2(stage_fd, path, flags, mode, SFS_XF_RESOLVE);
+    } while (fd == -EINTR);
+    return fd;
+}
+
+/* Remove the file this call made at path (resolved beneath stage_fd again, never following a link). */
+static void xf_unlink(int stage_fd, int fallback, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char parent[PATH_MAX];
+    int pfd;
+    if (slash == NULL) {
+        unlinkat(stage_fd, path, 0);
+        return;
+    }
+    if ((size_t)(slash - path) >= sizeof parent || slash == path)
+        return;
+    memcpy(parent, path, (size_t)(slash - path));
+    parent[slash - path] = '\0';
+    pfd = xf_open(stage_fd, fallback, parent, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (pfd < 0)
+        return;
+    unlinkat(pfd, slash + 1, 0);
+    close(pfd);
+}
+
+static int xf_fail(int stage_fd, int fallback, const char *path, int fd, int64_t *err_out, int stage, int err)
 {
     if (fd >= 0) {
         close(fd);
-        unlinkat(dirfd, name, 0);
+        xf_unlink(stage_fd, fallback, path);
     }
     err_out[0] = err;
     err_out[1] = stage;
@@ -846,66 +883,67 @@ static int xf_copy(int src_fd, int fd, int64_t off, int64_t size, int *stage)
     return 0;
 }
 
-static int xf_one(int src_fd, const int64_t *e, const char *name, int64_t *err_out)
+static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, const char *path, int64_t *err_out)
 {
-    int dirfd = (int)e[0];
     int fd, err, stage;
-    if (!one_component(name))
-        return xf_fail(dirfd, name, -1, err_out, SFS_XF_STAGE_CREATE, EINVAL);
-    do {
-        fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)(e[4] & 0777));
-    } while (fd < 0 && errno == EINTR);
+    /* Offsets and sizes come from an archive header: never trust them to be sane here either. */
+    if (e[0] < 0 || e[1] < 0 || e[1] > INT64_MAX - e[0] || e[2] < -1 || path[0] == '\0' || path[0] == '/')
+        return xf_fail(stage_fd, fallback, path, -1, err_out, SFS_XF_STAGE_CREATE, EINVAL);
+    fd = xf_open(stage_fd, fallback, path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                 (uint64_t)(e[3] & 0777));
     if (fd < 0)
-        return xf_fail(dirfd, name, -1, err_out, SFS_XF_STAGE_CREATE, errno);
-    err = xf_copy(src_fd, fd, e[1], e[2], &stage);
+        return xf_fail(stage_fd, fallback, path, -1, err_out, SFS_XF_STAGE_CREATE, -fd);
+    err = xf_copy(src_fd, fd, e[0], e[1], &stage);
     if (err)
-        return xf_fail(dirfd, name, fd, err_out, stage, err);
-    if (e[3] >= 0) {  /* the last byte of the block padding must exist, as tar readers check */
+        return xf_fail(stage_fd, fallback, path, fd, err_out, stage, err);
+    if (e[2] >= 0) {  /* the last byte of the block padding must exist, as tar readers check */
         char c;
         ssize_t n;
         do {
-            n = pread(src_fd, &c, 1, (off_t)e[3]);
+            n = pread(src_fd, &c, 1, (off_t)e[2]);
         } while (n < 0 && errno == EINTR);
         if (n <= 0)
-            return xf_fail(dirfd, name, fd, err_out, n < 0 ? SFS_XF_STAGE_COPY : SFS_XF_STAGE_SHORT,
+            return xf_fail(stage_fd, fallback, path, fd, err_out, n < 0 ? SFS_XF_STAGE_COPY : SFS_XF_STAGE_SHORT,
                            n < 0 ? errno : ENODATA);
     }
-    if ((e[6] & SFS_XF_CHMOD) && fchmod(fd, (mode_t)(e[4] & 0777)) < 0)
-        return xf_fail(dirfd, name, fd, err_out, SFS_XF_STAGE_META, errno);
-    if (e[6] & SFS_XF_MTIME) {
+    if ((e[5] & SFS_XF_CHMOD) && fchmod(fd, (mode_t)(e[3] & 0777)) < 0)
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
+    if (e[5] & SFS_XF_MTIME) {
         struct timespec ts[2];
-        ts[0].tv_sec = (time_t)(e[5] / 1000000000);
-        ts[0].tv_nsec = (long)(e[5] % 1000000000);
+        ts[0].tv_sec = (time_t)(e[4] / 1000000000);
+        ts[0].tv_nsec = (long)(e[4] % 1000000000);
         if (ts[0].tv_nsec < 0) {
             ts[0].tv_sec -= 1;
             ts[0].tv_nsec += 1000000000;
         }
         ts[1] = ts[0];
         if (futimens(fd, ts) < 0)
-            return xf_fail(dirfd, name, fd, err_out, SFS_XF_STAGE_META, errno);
+            return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
     }
     if (close(fd) < 0 && errno != EINTR) {
-        int e = errno;
-        unlinkat(dirfd, name, 0);
-        return xf_fail(dirfd, name, -1, err_out, SFS_XF_STAGE_META, e);
+        int e2 = errno;
+        xf_unlink(stage_fd, fallback, path);
+        return xf_fail(stage_fd, fallback, path, -1, err_out, SFS_XF_STAGE_META, e2);
     }
     return 0;
 }
 
 /*
  * Create and fill the n new files described by nums (SFS_XF_FIELDS int64s
- * each) and names (n NUL-terminated single components, names_len bytes in
- * all), in order.  Returns n when all are done; else the index i of the
- * first failure, with err_out[0] = errno and err_out[1] = SFS_XF_STAGE_*:
- * entries before i are complete, entry i's name is removed, later entries
- * are untouched.  One call per batch, so the caller's thread drops the GIL
- * once for the whole batch.
+ * each) and paths (n NUL-terminated paths relative to stage_fd, names_len
+ * bytes in all), in order; fallback selects the resolver (0: openat2, 1:
+ * sfs_open_fallback).  Returns n when all are done; else the index i of
+ * the first failure, with err_out[0] = errno and err_out[1] =
+ * SFS_XF_STAGE_*: entries before i are complete, entry i's file is removed
+ * (EINVAL at SFS_XF_STAGE_CREATE: a negative offset or size, an offset +
+ * size past INT64_MAX, an empty or absolute path; nothing was created),
+ * later entries are untouched.  One call per batch, so the caller's thread
+ * drops the GIL once for the whole batch.
  */
-
-int sfs_extract_files(int src_fd, const int64_t *nums, const char *names, int64_t names_len, int n,
-                      int64_t *err_out)
+int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
+                      int64_t names_len, int n, int64_t *err_out)
 {
-    const char *p = names, *end = names + names_len;
+    const char *p = names, *end = names + (names_len > 0 ? names_len : 0);
     err_out[0] = err_out[1] = 0;
     for (int i = 0; i < n; i++) {
         const char *nul = memchr(p, '\0', (size_t)(end - p));
@@ -914,7 +952,7 @@ int sfs_extract_files(int src_fd, const int64_t *nums, const char *names, int64_
             err_out[1] = SFS_XF_STAGE_CREATE;
             return i;
         }
-        if (xf_one(src_fd, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out) < 0)
+        if (xf_one(src_fd, stage_fd, fallback, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out) < 0)
             return i;
         p = nul + 1;
     }

@@ -3,7 +3,7 @@
 #include <stdint.h>
 
 /* Bumped whenever a signature below changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 4
+#define SFS_ABI_VERSION 5
 #define SFS_MAX_SYMLINK_HOPS 40   /* MAXSYMLINKS in the kernel */
 #define SFS_EAGAIN_RETRIES 128
 #define SFS_COPY_BUF 65536
@@ -42,17 +42,18 @@ int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char
                   const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen);
 int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x);
 void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
-/* A batch of new files from an uncompressed tar source: see sfs.c.  Per entry SFS_XF_FIELDS
- * int64s: dirfd, src_off, size, probe_off (-1: none), mode, mtime_ns, SFS_XF_* flags. */
-#define SFS_XF_FIELDS 7
+/* A batch of new files from an uncompressed tar source, each created by its path beneath
+ * stage_fd at the moment it is made: see sfs.c.  Per entry SFS_XF_FIELDS int64s:
+ * src_off, size, probe_off (-1: none), mode, mtime_ns, SFS_XF_* flags. */
+#define SFS_XF_FIELDS 6
 #define SFS_XF_CHMOD 1           /* fchmod to mode after the copy (the umask took bits away) */
 #define SFS_XF_MTIME 2           /* set atime and mtime to mtime_ns */
-#define SFS_XF_STAGE_CREATE 1    /* err_out[1]: creating the name */
+#define SFS_XF_STAGE_CREATE 1    /* err_out[1]: creating the name (EINVAL: a bad entry) */
 #define SFS_XF_STAGE_COPY 2      /* reading or writing data */
 #define SFS_XF_STAGE_SHORT 3     /* the source ended before the member's data (or its padding) */
 #define SFS_XF_STAGE_META 4      /* fchmod, futimens, close */
-int sfs_extract_files(int src_fd, const int64_t *nums, const char *names, int64_t names_len, int n,
-                      int64_t *err_out);
+int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
+                      int64_t names_len, int n, int64_t *err_out);
 int sfs_landlock_abi(void);
 int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
 int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);

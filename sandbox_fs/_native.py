@@ -23,7 +23,7 @@ from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 4
+EXPECTED_ABI = 5
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -193,24 +193,39 @@ def buffer_of(buf: bytearray) -> object:
     return ffi.from_buffer("char[]", buf, require_writable=True)
 
 
-def extract_files(src_fd: int, nums: "array[int]", names: bytearray, n: int) -> tuple[int, int, int]:
-    """Create and fill ``n`` new files in one native call (the GIL is released for all of it).
+def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]", names: bytearray,
+                  n: int) -> tuple[int, int, int]:
+    """Create and fill ``n`` new files beneath ``stage_fd`` in one native call (the GIL is released for all of it).
+
+    Each file is created by its path, resolved beneath ``stage_fd`` at that moment
+    (``O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW`` with ``RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
+    RESOLVE_NO_MAGICLINKS``, or the fallback walker with the same flags), never
+    through a directory fd kept from earlier.
 
     Args:
         src_fd: the uncompressed tar source (a regular file), read at explicit offsets.
-        nums: ``array("q")`` of ``n * XF_FIELDS`` ints per entry: dirfd, source offset,
+        stage_fd: the staging directory's fd (an ``O_PATH`` directory fd).
+        resolver: ``"openat2"`` or ``"fallback"`` (the Root's resolver).
+        nums: ``array("q")`` of ``XF_FIELDS`` ints per entry: source offset (bytes),
             size (bytes), offset of a byte that must exist (-1: none), mode, mtime (ns),
             ``XF_CHMOD | XF_MTIME`` flags.
-        names: ``n`` NUL-terminated single path components, one per entry.
+        names: ``n`` NUL-terminated paths relative to ``stage_fd``, one per entry.
         n: entry count.
 
     Returns:
         ``(done, errno, stage)``: ``done == n`` when every file was made; else the
-        index of the failed entry (its name removed; earlier entries complete, later
-        ones untouched), its positive errno and ``XF_STAGE_*``.  Never raises for
-        an errno: the caller decides what it means.
+        index of the failed entry (its file removed; earlier entries complete, later
+        ones untouched), its positive errno and ``XF_STAGE_*`` (``EINVAL`` at
+        ``XF_STAGE_CREATE``: a negative offset or size, nothing created).  Never
+        raises for an errno: the caller decides what it means.
+
+    Raises:
+        ValueError: ``n`` is negative or ``nums`` holds fewer than ``n`` entries.
     """
+    if n < 0 or len(nums) < n * XF_FIELDS:
+        raise ValueError("extract_files: nums holds fewer than n entries")
     out = ffi.new("int64_t[2]")
-    done = lib.sfs_extract_files(src_fd, ffi.from_buffer("int64_t[]", nums), ffi.from_buffer("char[]", names),
+    done = lib.sfs_extract_files(src_fd, stage_fd, 1 if resolver == "fallback" else 0,
+                                 ffi.from_buffer("int64_t[]", nums), ffi.from_buffer("char[]", names),
                                  len(names), n, out)
     return done, int(out[0]), int(out[1])

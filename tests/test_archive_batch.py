@@ -75,7 +75,7 @@ def test_file_source_is_batched_and_matches_stream(layout, tmp_path, monkeypatch
     data = tar_bytes(members, fmt=tarfile.GNU_FORMAT)
     calls = []
     real = _writer._native.extract_files
-    monkeypatch.setattr(_writer._native, "extract_files", lambda *a: calls.append(a[3]) or real(*a))
+    monkeypatch.setattr(_writer._native, "extract_files", lambda *a: calls.append(a[5]) or real(*a))
     with open_root(layout.ws) as root:
         rep_file = extract(root, "from_file", _write(tmp_path, data))
         assert calls and sum(calls) == 301 and max(calls) <= _writer.BATCH_FILES
@@ -150,7 +150,7 @@ def test_limits_are_checked_before_queued_files_are_made(layout, tmp_path):
 
 
 def test_batch_error_is_raised_with_the_member_and_nothing_remains(layout, tmp_path, monkeypatch):
-    def full(src_fd, nums, names, n):
+    def full(src_fd, stage_fd, resolver, nums, names, n):
         return 3, errno.ENOSPC, _writer._native.XF_STAGE_COPY
 
     monkeypatch.setattr(_writer._native, "extract_files", full)
@@ -165,7 +165,7 @@ def test_batch_error_is_raised_with_the_member_and_nothing_remains(layout, tmp_p
 
 
 def test_earlier_batch_error_wins_over_a_later_member_error(layout, tmp_path, monkeypatch):
-    def full(src_fd, nums, names, n):
+    def full(src_fd, stage_fd, resolver, nums, names, n):
         return 0, errno.ENOSPC, _writer._native.XF_STAGE_COPY
 
     monkeypatch.setattr(_writer._native, "extract_files", full)
@@ -183,9 +183,8 @@ def test_name_appearing_in_staging_is_replaced_like_one_by_one(layout, tmp_path,
 
     def run(self, src_fd):
         assert self.n
-        name = bytes(self.names).split(b"\0")[0]
-        dirfd = self.nums[0]
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dirfd)
+        name = bytes(self.names).split(b"\0")[0]  # a path relative to the staging directory
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=self.stage_fd)
         os.write(fd, b"raced")
         os.close(fd)
         real_run(self, src_fd)
@@ -356,3 +355,88 @@ def test_caller_fileio_at_an_offset_is_batched_correctly(layout, tmp_path):
         rep_stream = extract(root, "from_stream", io.BytesIO(data))
     assert rep == rep_stream
     assert _tree(layout.ws / "from_fileio") == _tree(layout.ws / "from_stream")
+
+
+@pytest.mark.parametrize("resolver_name", ["openat2", "fallback"])
+@pytest.mark.parametrize("entry", [(-1, 10, -1), (0, -1, -1), (1, (1 << 63) - 1, -1), (0, 10, -2)])
+def test_native_extract_files_refuses_negative_offsets_and_sizes(tmp_path, resolver_name, entry):
+    from array import array
+
+    src = tmp_path / "src"
+    src.write_bytes(b"s" * 4096)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    sfd = os.open(src, os.O_RDONLY)
+    dfd = os.open(stage, os.O_PATH | os.O_DIRECTORY)
+    try:
+        off, size, probe = entry
+        nums = array("q", [0, 5, -1, 0o644, 0, 0, off, size, probe, 0o644, 0, 0])
+        done, err, stage_no = _writer._native.extract_files(sfd, dfd, resolver_name, nums,
+                                                            bytearray(b"ok\0bad\0"), 2)
+        assert (done, err, stage_no) == (1, errno.EINVAL, _writer._native.XF_STAGE_CREATE)
+        assert sorted(os.listdir(stage)) == ["ok"]  # entries before the bad one are complete
+        with pytest.raises(ValueError):
+            _writer._native.extract_files(sfd, dfd, resolver_name, nums, bytearray(b"a\0b\0c\0"), 3)
+    finally:
+        os.close(sfd)
+        os.close(dfd)
+
+
+# --- files are created by path beneath staging, never through a kept fd (finding 2) -------------
+
+def test_staging_subdirectory_moved_out_before_the_batch(layout, tmp_path, monkeypatch, resolver):
+    """The review's race, made deterministic: just before the batch runs, a racing process renames a
+    staging subdirectory out of the workspace.  No queued file may land there."""
+    data = tar_bytes([ti("a/x1", data=b"payload 1"), ti("a/x2", data=b"payload 2"), ti("a/x3", data=b"payload 3")])
+    moved = layout.outside / "moved"
+    real_run = _writer._Batch.run
+
+    def run(self, src_fd):
+        for name in os.listdir(layout.ws / "dest"):
+            if name.startswith(_writer.STAGING_PREFIX) and not moved.exists():
+                os.rename(layout.ws / "dest" / name / "a", moved)
+        real_run(self, src_fd)
+
+    monkeypatch.setattr(_writer._Batch, "run", run)
+    (layout.ws / "dest").mkdir()
+    before = layout.snapshot()
+    base = _nfds()
+    with open_root(layout.ws) as root, pytest.raises(OSError) as ei:
+        extract(root, "dest", _write(tmp_path, data))
+    assert ei.value.errno == errno.ENOENT
+    assert str(tmp_path) not in str(ei.value)  # sandbox paths only
+    assert moved.is_dir() and os.listdir(moved) == []  # nothing was written into the moved directory
+    after = layout.snapshot()
+    del after["moved"]
+    after["."], before["."] = None, None  # the rename itself changed outside's mtime
+    assert after == before
+    assert os.listdir(layout.ws / "dest") == []  # the staging tree is gone
+    assert _nfds() == base
+
+
+def test_staged_members_never_follow_a_moved_directory(layout, resolver):
+    """One by one (a stream source): a directory made earlier and then moved out of staging is looked up
+    again by path for each later member: files and subdirectories are refused, never made outside."""
+    from sandbox_fs.archive._streams import Meter
+
+    moved = layout.outside / "moved"
+    with open_root(layout.ws) as root:
+        ex = _writer.Extractor(root, "dest", ArchiveLimits(), ExtractPolicy(), Meter(ArchiveLimits()))
+        try:
+            ex.add_dir("a", 0o755, None)
+            ex.add_file("b/c/f", lambda n, it=iter([b"ok"]): next(it, b""), 0o644, None)
+            os.rename(layout.ws / ex._staging / "a", moved)
+            os.rename(layout.ws / ex._staging / "b" / "c", layout.outside / "c")
+            for call in (lambda: ex.add_file("a/f", lambda n: b"", 0o644, None),
+                         lambda: ex.add_dir("a/sub", 0o755, None),
+                         lambda: ex.add_file("a/sub2/f", lambda n: b"", 0o644, None),
+                         lambda: ex.add_file("b/c/g", lambda n: b"", 0o644, None)):
+                with pytest.raises(OSError):
+                    call()
+            assert os.listdir(moved) == [] and os.listdir(layout.outside / "c") == ["f"]
+        finally:
+            ex.abort()
+            ex.close()
+    assert os.listdir(layout.ws) == []
+
+

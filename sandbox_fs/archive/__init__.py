@@ -37,7 +37,9 @@ An uncompressed tar given as a regular file (a host path) in atomic mode has
 its new plain files made in batches (at most 64 files / 8 MiB queued and one
 batch in flight) by one helper thread per extraction, each batch in one native
 call, while the calling thread parses the next headers; every rule above is
-checked before a file is queued (see ``_writer``).
+checked before a file is queued, each queued file is created by its path
+resolved beneath the staging directory when it is made (no directory fd is
+kept across members (see ``_writer``).
 CPU is bounded too: each PAX header body is validated by a linear parser
 before tarfile's (quadratic on digit runs in CPython < 3.11.10,
 CVE-2024-6232) sees it; symlink checks are linear in the target; the zip

@@ -26,15 +26,18 @@ Layout (atomic mode, the default):
 Batched new files (atomic mode, uncompressed tar read from a regular file):
 a plain file member with a new name is *queued* (:meth:`Extractor.add_new_file_from`)
 after every check the one-by-one path makes (name rules, ``_parents``, limits
-counted from the declared size before any byte is copied); its parent is the
-kept ``O_PATH`` directory fd opened beneath the staging directory with
-``RESOLVE_NO_SYMLINKS``.  Batches of up to :data:`BATCH_FILES` files or
-:data:`BATCH_BYTES` bytes are created and filled by ONE native call
-(``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to that fd, data copied at explicit
-source offsets, mode, mtime, close; a failed file is unlinked) in one helper
-thread per extraction, while the calling thread parses the next headers.  At
-most one batch is in flight; the directory fds it uses are closed only after
-it completes.  Ordering: the queue is flushed (waited for) before any member
+counted from the declared size before any byte is copied).
+Batches of up to :data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes are
+created and filled by ONE native call in one helper thread per extraction,
+while the calling thread parses the next headers: each file is created by its
+path, resolved beneath the staging directory's fd *when it is made*
+(``openat2`` ``O_CREAT|O_EXCL|O_NOFOLLOW`` with ``RESOLVE_BENEATH|
+RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS``, or the fallback walker with the
+same flags), data copied at explicit source offsets, mode, mtime, close; a
+failed file is unlinked.  No directory fd is kept across members: a
+subdirectory that a racing process moves out of the staging tree is simply
+not found (the extraction fails), never written into.  At most one batch is
+in flight.  Ordering: the queue is flushed (waited for) before any member
 that could depend on a queued file (a hard link, a repeated name), before
 :meth:`~Extractor.finish`, and on any error, where the error of the earliest
 failing member wins, as in one-by-one order (a cancellation only waits for the
@@ -80,40 +83,37 @@ _REC = struct.Struct("<HHHq?")  # path len, target len, member len, mtime_ns, ha
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _STAGE_FLAGS = _CREATE_FLAGS | os.O_CLOEXEC
 _PDIR_FLAGS = _native.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_SYMLINKS = _native.RESOLVE_NO_SYMLINKS
 _FILE, _DIR, _LINK = "file", "dir", "symlink"
 #: a batch of queued new files is handed to the helper thread at this many files ...
 BATCH_FILES = 64
 #: ... or this many data bytes; a larger member is written one by one (cancellable once a MiB)
 BATCH_BYTES = 8 << 20
-#: parent directory fds kept open while extracting (see Extractor._create_staged)
-PDIR_CACHE = 16
 _XF = _native.XF_FIELDS
 
 
 class _Batch:
-    """New files queued for one native call: ``XF_FIELDS`` ints and a NUL-terminated leaf each."""
+    """New files queued for one native call: ``XF_FIELDS`` ints and a NUL-terminated path
+    (relative to the staging directory ``stage_fd``) each."""
 
-    __slots__ = ("nums", "names", "members", "n", "nbytes", "close_fds", "result")
+    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "result")
 
-    def __init__(self) -> None:
+    def __init__(self, stage_fd: int, resolver: str) -> None:
         self.nums = array("q")
         self.names = bytearray()
         self.members: list[str | bytes] = []  # member names
         self.n = 0
         self.nbytes = 0
-        self.close_fds: list[int] = []  # parent dir fds to close once this batch is done
+        self.stage_fd = stage_fd  # owned by the Extractor, open until the helper thread is idle
+        self.resolver = resolver
         self.result: tuple[int, int, int] | BaseException | None = None
 
     def run(self, src_fd: int) -> None:
         try:
-            self.result = _native.extract_files(src_fd, self.nums, self.names, self.n)
+            self.result = _native.extract_files(src_fd, self.stage_fd, self.resolver, self.nums, self.names,
+                                                self.n)
         except BaseException as exc:  # reported in the calling thread
             self.result = exc
-
-    def close(self) -> None:
-        fds, self.close_fds = self.close_fds, []
-        for fd in fds:
-            os.close(fd)
 
 
 class _CopyWorker:
@@ -233,8 +233,7 @@ class Extractor:
         self._staging: str | None = None
         self._opened: list[Root] = []
         self._stage_fd = -1
-        # parent directories kept open (O_PATH) by _create_staged / add_new_file_from, oldest first
-        self._pdirs: dict[bytes, int] = {}
+        self._stage_resolver = "openat2"
         self._setup(root, dest)
         if self._staging is not None:
             # Staging fast path: a new file in our own fresh staging tree is created with ONE
@@ -246,7 +245,7 @@ class Extractor:
             self._stage_fd = self.work.fileno_dup()
             self._stage_resolver = self.work.resolver
         # batched new files (see the module docstring)
-        self._batch = _Batch()
+        self._batch = _Batch(self._stage_fd, self._stage_resolver)
         self._inflight: _Batch | None = None
         self._worker: _CopyWorker | None = None
         self._src_fd = -1
@@ -532,42 +531,28 @@ class Extractor:
     def _create_staged(self, path: bytes, fmode: int) -> int:
         """Create the new file ``path`` in the fresh staging tree and return its fd.
 
-        The leaf is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to its
-        parent directory's fd; the parent is opened ``O_PATH|O_DIRECTORY``
-        beneath the staging directory with ``RESOLVE_NO_SYMLINKS`` (no
-        symlink on any component) and kept (the last :data:`PDIR_CACHE`
-        parents: archives list a directory's files together, interleaved with
-        its subdirectories), so the kernel resolves the path once a directory
-        instead of once a member.  Directories are never removed or replaced
-        during an extraction, so a kept fd is the directory that path named.
+        ONE ``openat2(O_CREAT|O_EXCL|O_NOFOLLOW)`` of the whole path beneath
+        the staging directory's fd with ``RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
+        RESOLVE_NO_MAGICLINKS`` (or the fallback walker with the same flags),
+        resolved now: never through a directory fd kept from an earlier
+        member, which a racing process may have moved out of the staging tree.
 
         Raises:
             FileExistsError: the name exists.
-            SymlinkRefusedError, PathEscapeError: a symlink on the parent's path.
+            SymlinkRefusedError, PathEscapeError: a symlink on the path.
             OSError: any other failure (with the destination's sandbox path).
         """
-        parent, _, leaf = path.rpartition(b"/")
-        if not parent:
-            dfd = self._stage_fd
-        else:
-            dfd = self._pdirs.get(parent, -1)
-            if dfd < 0:
-                dfd = self._open_pdir(parent)
-        try:
-            return os.open(leaf, _STAGE_FLAGS, fmode, dir_fd=dfd)
-        except FileExistsError:
-            raise
-        except OSError as exc:
-            _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
-            raise  # unreachable
+        return _native.open_beneath(self._stage_resolver, self._stage_fd, path, _STAGE_FLAGS, fmode, _NO_SYMLINKS,
+                                    "extract", self.shown_dest)
 
     def _mkdir_staged(self, path: bytes, mode: int) -> None:
         """Make directory ``path`` (exactly ``mode``) in the fresh staging tree; an existing directory is fine.
 
-        As :meth:`Root.mkdir` with ``exist_ok=True``, but relative to the kept
-        parent fd of :meth:`_create_staged` (opened beneath the staging
-        directory with ``RESOLVE_NO_SYMLINKS``): ``mkdirat`` of one component
-        never follows a link (a symlink there is an existing non-directory).
+        As :meth:`Root.mkdir` with ``exist_ok=True``: the parent is opened
+        ``O_PATH|O_DIRECTORY`` beneath the staging directory's fd with
+        ``RESOLVE_NO_SYMLINKS`` for this call only (never a kept fd), then one
+        ``mkdirat`` of the last component, which never follows a link (a
+        symlink there is an existing non-directory).
 
         Raises:
             FileExistsError: the name exists and is not a directory.
@@ -575,12 +560,11 @@ class Extractor:
             OSError: any other failure (with the destination's sandbox path).
         """
         parent, _, leaf = path.rpartition(b"/")
-        if not parent:
-            dfd = self._stage_fd
-        else:
-            dfd = self._pdirs.get(parent, -1)
-            if dfd < 0:
-                dfd = self._open_pdir(parent)
+        pfd = -1
+        if parent:
+            pfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0, _NO_SYMLINKS,
+                                       "extract", self.shown_dest)
+        dfd = pfd if pfd >= 0 else self._stage_fd
         try:
             try:
                 os.mkdir(leaf, mode, dir_fd=dfd)
@@ -598,27 +582,9 @@ class Extractor:
             raise
         except OSError as exc:
             _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
-
-    def _open_pdir(self, parent: bytes) -> int:
-        """Open (and keep) ``parent`` beneath the staging directory, ``O_PATH``, no symlink on the path."""
-        dfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0,
-                                   _native.RESOLVE_NO_SYMLINKS, "extract", self.shown_dest)
-        pdirs = self._pdirs
-        pdirs[parent] = dfd
-        if len(pdirs) > PDIR_CACHE:
-            self._release_fd(pdirs.pop(next(iter(pdirs))))
-        return dfd
-
-    def _release_fd(self, fd: int) -> None:
-        if self._batch.n or self._inflight is not None:
-            self._batch.close_fds.append(fd)  # a queued file may still use it
-        else:
-            os.close(fd)
-
-    def _close_pdir(self) -> None:
-        pdirs, self._pdirs = self._pdirs, {}
-        for fd in pdirs.values():
-            self._release_fd(fd)
+        finally:
+            if pfd >= 0:
+                os.close(pfd)
 
     # ------------------------------------------------------- batched new files
 
@@ -635,8 +601,8 @@ class Extractor:
         and the stream at ``offset_data``): the data and its block padding are
         stepped over in the stream at once (counted as reads would be), the
         written bytes are counted from ``size`` before any byte is copied, and
-        the file is created and filled later by the helper thread (see the
-        module docstring).
+        the file is created (by its path beneath the staging directory) and
+        filled later by the helper thread (see the module docstring).
 
         Args:
             name: the member name; mode: its mode bits; mtime: seconds;
@@ -668,18 +634,7 @@ class Extractor:
         key = _key(path)
         if key in self._kinds:
             return False
-        parent, _, leaf = path.rpartition(b"/")
-        if not parent:
-            dfd = self._stage_fd
-        else:
-            dfd = self._pdirs.get(parent, -1)  # a kept parent passed _parents already and is never replaced
-            if dfd < 0:
-                self._parents(path, name)
-                try:
-                    dfd = self._open_pdir(parent)
-                except (SymlinkRefusedError, PathEscapeError):
-                    raise UnsafeArchiveMemberError("through_symlink", name, "a symlink on the path was refused "
-                                                   "(writes never follow symlinks)") from None
+        self._parents(path, name)
         src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
         mbits = mode & 0o7777
         fm = self._fmode_cache.get(mbits)
@@ -688,16 +643,16 @@ class Extractor:
             fm = self._fmode_cache[mbits] = (fmode, _native.XF_CHMOD if fmode & ~self._umask != fmode else 0)
         b = self._batch
         if not self.policy.apply_mtime:
-            b.nums.extend((dfd, src_off, size, probe, fm[0], 0, fm[1]))
+            b.nums.extend((src_off, size, probe, fm[0], 0, fm[1]))
         else:
             # _mtime_ns, inlined for the common integer mtime (bounds keep ns within +-2**62)
             mt = mtime * 1_000_000_000 if type(mtime) is int and -4611686018 <= mtime <= 4611686018 \
                 else _mtime_ns(mtime)
             if mt is None:
-                b.nums.extend((dfd, src_off, size, probe, fm[0], 0, fm[1]))
+                b.nums.extend((src_off, size, probe, fm[0], 0, fm[1]))
             else:
-                b.nums.extend((dfd, src_off, size, probe, fm[0], mt, fm[1] | _native.XF_MTIME))
-        b.names += leaf
+                b.nums.extend((src_off, size, probe, fm[0], mt, fm[1] | _native.XF_MTIME))
+        b.names += path
         b.names.append(0)
         b.members.append(name)
         b.n += 1
@@ -717,7 +672,7 @@ class Extractor:
                 self._worker = _CopyWorker(self._src_fd)
             except RuntimeError:  # no thread to be had: make the files in this thread
                 self._threaded = False
-        b, self._batch = self._batch, _Batch()
+        b, self._batch = self._batch, _Batch(self._stage_fd, self._stage_resolver)
         if not self._threaded:
             self._inflight = b
             b.run(self._src_fd)
@@ -739,14 +694,12 @@ class Extractor:
         self._complete(b)
 
     def _complete(self, b: _Batch) -> None:
-        """Check a finished batch; then close the directory fds it used (never before: a retry uses them)."""
+        """Check a finished batch."""
         try:
             self._check_result(b)
         except BaseException:
             self._batch_failed = True
             raise
-        finally:
-            b.close()
 
     def _check_result(self, b: _Batch) -> None:
         res = b.result
@@ -765,7 +718,7 @@ class Extractor:
             self._replace_queued(b, done)
             if done + 1 >= b.n:
                 return
-            rest = _Batch()
+            rest = _Batch(b.stage_fd, b.resolver)
             rest.nums = b.nums[(done + 1) * _XF:]
             rest.names = bytearray(b"".join(n + b"\0" for n in b.names.split(b"\0")[done + 1:b.n]))
             rest.members = b.members[done + 1:]
@@ -792,7 +745,7 @@ class Extractor:
         """Write queued entry ``i`` of ``b`` through :meth:`Root.atomic_write` (replacing the name)."""
         name = b.members[i]
         path = normalize_member(name, self.limits)
-        _dfd, src_off, size, probe, fmode, mt, flags = b.nums[i * _XF:(i + 1) * _XF]
+        src_off, size, probe, fmode, mt, flags = b.nums[i * _XF:(i + 1) * _XF]
         src_fd = self._src_fd
 
         def chunks() -> Iterator[bytes]:
@@ -824,7 +777,6 @@ class Extractor:
         if self._batch.n:
             self._submit()
         self._wait()
-        self._batch.close()
 
     def pending_error(self, run_queued: bool = False) -> BaseException | None:
         """Stop batching after an error in the calling thread; never raises.
@@ -832,7 +784,7 @@ class Extractor:
         Waits for the batch in flight; with ``run_queued`` (an ordinary error,
         not a cancellation) also makes the queued files, so that the error of
         the earliest failing member wins, as in one-by-one order.  Then drops
-        whatever is still queued and closes the directory fds batches held.
+        whatever is still queued.
 
         Returns:
             The first batch error (a member before the one that failed in the
@@ -853,10 +805,8 @@ class Extractor:
             if self._inflight is not None:  # the wait itself was interrupted: the thread still owns it
                 assert self._worker is not None
                 self._worker.wait()
-                self._inflight.close()
                 self._inflight = None
-            self._batch.close()
-            self._batch = _Batch()
+            self._batch = _Batch(self._stage_fd, self._stage_resolver)
         return err
 
     def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
@@ -1101,7 +1051,6 @@ class Extractor:
                 pre-existing entry of the destination (found before anything moves).
         """
         self.flush()
-        self._close_pdir()
         self._create_symlinks()
         self._apply_dir_meta()
         if self._staging is None:
@@ -1167,7 +1116,6 @@ class Extractor:
             if self._spool is not None:
                 self._spool.close()
                 self._spool = None
-            self._close_pdir()
             if self._stage_fd >= 0:
                 os.close(self._stage_fd)
                 self._stage_fd = -1
