@@ -357,6 +357,122 @@ def test_caller_fileio_at_an_offset_is_batched_correctly(layout, tmp_path):
     assert _tree(layout.ws / "from_fileio") == _tree(layout.ws / "from_stream")
 
 
+# --- header numbers are never trusted to be non-negative (review 8, finding 1) -----------------
+
+def _set_size_field(block: bytearray, size: int) -> None:
+    """Write ``size`` into a header block's size field (octal, or GNU base-256 when it does not fit
+    or is negative: tarfile decodes a 0xff-prefixed field as a negative number) and fix the checksum."""
+    if 0 <= size < 8 ** 11:
+        block[124:136] = b"%011o\0" % size
+    else:
+        block[124:136] = (b"\xff" if size < 0 else b"\x80") + (size % (1 << 88)).to_bytes(11, "big")
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block[:512])
+
+
+def _gnu_member(name: str, data: bytes = b"", *, size_field: int | None = None, kind: bytes = tarfile.REGTYPE,
+                linkname: str = "", mode: int = 0o644) -> bytes:
+    """One GNU-format member (header blocks, data, padding); ``size_field`` overrides the declared size."""
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.linkname, info.mode, info.mtime = len(data), kind, linkname, mode, 1_600_000_000
+    if kind != tarfile.REGTYPE:
+        info.size = 0
+    buf = bytearray(info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"))
+    if size_field is not None:
+        head = bytearray(buf[-512:])
+        _set_size_field(head, size_field)
+        buf[-512:] = head
+    return bytes(buf) + data + b"\0" * (-len(data) % 512)
+
+
+def _old_gnu_sparse(name: str, data: bytes, offset: int, numbytes: int, realsize: int) -> bytes:
+    """An old-GNU sparse member (type ``S``) with one map entry, fields in base-256 when negative."""
+    head = bytearray(_gnu_member(name, data)[:512])
+    head[156:157] = tarfile.GNUTYPE_SPARSE
+
+    def num(v: int) -> bytes:
+        return b"%011o\0" % v if v >= 0 else b"\xff" + (v % (1 << 88)).to_bytes(11, "big")
+
+    head[386:398], head[398:410], head[482:483], head[483:495] = num(offset), num(numbytes), b"\0", num(realsize)
+    _set_size_field(head, len(data))
+    return bytes(head) + data + b"\0" * (-len(data) % 512)
+
+
+def _disk_bytes(top) -> int:
+    """Bytes of the regular files under ``top``, each inode once (hard links share their bytes)."""
+    seen, total = set(), 0
+    for dirpath, _dirs, files in os.walk(top):
+        for name in files:
+            st_ = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(st_.st_mode) and st_.st_ino not in seen:
+                seen.add(st_.st_ino)
+                total += st_.st_size
+    return total
+
+
+_NEG = [-1, -511, -512, -513, -1000, -(1 << 40), -(1 << 87)]
+
+
+@pytest.mark.parametrize("how", ["file", "stream", "in_place"])
+@pytest.mark.parametrize("neg", _NEG)
+def test_negative_size_is_refused_before_anything_is_counted(layout, tmp_path, how, neg):
+    """The review's PoC: members with a negative size lowered the written-bytes total (the batched
+    path counted them), so later members wrote past max_total_bytes.  Refused on every path."""
+    data = _gnu_member("first", b"x" * 10) + b"".join(_gnu_member(f"n{i}", size_field=neg) for i in range(50))
+    data += b"".join(_gnu_member(f"big{i}", bytes([i]) * 4096) for i in range(8)) + b"\0" * 1024
+    src = io.BytesIO(data) if how == "stream" else _write(tmp_path, data)
+    with open_root(layout.ws) as root, pytest.raises(ArchiveFormatError) as ei:
+        extract(root, "dest", src, limits=ArchiveLimits(max_total_bytes=8192),
+                policy=ExtractPolicy(in_place=how == "in_place"))
+    assert ei.value.member == "n0"
+    assert "negative" in str(ei.value)
+    if how == "in_place":
+        assert sorted(os.listdir(layout.ws / "dest")) == ["first"]
+    else:
+        assert os.listdir(layout.ws) == []
+
+
+@pytest.mark.parametrize("pax", [
+    {"size": "-512"},                                       # a PAX size record overrides the header
+    {"GNU.sparse.map": "-512,10", "GNU.sparse.realsize": "10"},  # sparse 0.1: negative map offset
+    {"GNU.sparse.map": "0,-10", "GNU.sparse.realsize": "10"},    # ... negative map size
+    {"GNU.sparse.map": "0,10", "GNU.sparse.realsize": "-10"},    # negative real size
+])
+@pytest.mark.parametrize("how", ["file", "stream"])
+def test_negative_pax_size_or_sparse_map_is_refused(layout, tmp_path, pax, how):
+    data = tar_bytes([ti("ok", data=b"1"), ti("neg", data=b"0123456789", pax=pax), ti("after", data=b"2" * 600)])
+    src = io.BytesIO(data) if how == "stream" else _write(tmp_path, data)
+    with open_root(layout.ws) as root, pytest.raises(ArchiveFormatError) as ei:
+        extract(root, "dest", src)
+    assert "negative" in str(ei.value)
+    assert os.listdir(layout.ws) == []
+
+
+@pytest.mark.parametrize("fields", [(-512, 10, 10), (0, -10, 10), (0, 10, -10), (-(1 << 80), 10, 10)])
+@pytest.mark.parametrize("how", ["file", "stream"])
+def test_negative_old_gnu_sparse_numbers_are_refused(layout, tmp_path, fields, how):
+    data = _gnu_member("ok", b"1") + _old_gnu_sparse("sp", b"0123456789", *fields) + b"\0" * 1024
+    src = io.BytesIO(data) if how == "stream" else _write(tmp_path, data)
+    with open_root(layout.ws) as root, pytest.raises(ArchiveFormatError) as ei:
+        extract(root, "dest", src)
+    assert "negative" in str(ei.value) and ei.value.member == "sp"
+    assert os.listdir(layout.ws) == []
+
+
+def test_meter_counts_never_go_down():
+    from sandbox_fs.archive._streams import Meter
+
+    meter = Meter(ArchiveLimits())
+    for call in (lambda: meter.add_input(-1), lambda: meter.add_stream(-1), lambda: meter.add_written(-1),
+                 lambda: meter.add_skipped(-512, 0), lambda: meter.add_skipped(512, -1),
+                 lambda: meter.add_skipped(0, 1)):
+        with pytest.raises(ValueError):
+            call()
+    assert (meter.input_bytes, meter.stream_bytes, meter.written_bytes) == (0, 0, 0)
+    meter.add_skipped(512, 511)
+    assert (meter.input_bytes, meter.stream_bytes, meter.written_bytes) == (512, 512, 511)
+
+
 @pytest.mark.parametrize("resolver_name", ["openat2", "fallback"])
 @pytest.mark.parametrize("entry", [(-1, 10, -1), (0, -1, -1), (1, (1 << 63) - 1, -1), (0, 10, -2)])
 def test_native_extract_files_refuses_negative_offsets_and_sizes(tmp_path, resolver_name, entry):

@@ -40,6 +40,9 @@ call, while the calling thread parses the next headers; every rule above is
 checked before a file is queued, each queued file is created by its path
 resolved beneath the staging directory when it is made (no directory fd is
 kept across members (see ``_writer``).
+Header numbers used as sizes or offsets are never trusted to be non-negative:
+a negative size (a GNU base-256 field, a PAX record) or sparse map entry is an
+:class:`ArchiveFormatError`, before the member is counted or anything is made.
 CPU is bounded too: each PAX header body is validated by a linear parser
 before tarfile's (quadratic on digit runs in CPython < 3.11.10,
 CVE-2024-6232) sees it; symlink checks are linear in the target; the zip

@@ -80,11 +80,27 @@ class Meter:
                 raise ArchiveLimitError("max_cpu_seconds", self._cpu_limit, round(used, 3), self.member)
 
     def add_input(self, n: int) -> None:
+        """Count ``n`` bytes read from the source.
+
+        Raises:
+            ValueError: ``n`` is negative (an internal invariant: a count never lowers a total).
+            ArchiveLimitError: ``max_input_bytes``.
+        """
+        if n < 0:
+            raise ValueError("Meter.add_input: negative byte count")
         self.input_bytes += n
         if self.input_bytes > self.limits.max_input_bytes:
             raise ArchiveLimitError("max_input_bytes", self.limits.max_input_bytes, self.input_bytes, self.member)
 
     def add_stream(self, n: int) -> None:
+        """Count ``n`` decompressed archive-stream bytes.
+
+        Raises:
+            ValueError: ``n`` is negative (an internal invariant).
+            ArchiveLimitError: ``max_expansion_ratio``, ``max_cpu_seconds``.
+        """
+        if n < 0:
+            raise ValueError("Meter.add_stream: negative byte count")
         self.stream_bytes += n
         if self._cpu_limit is not None:
             self.check_cpu()
@@ -92,6 +108,14 @@ class Meter:
             self._check_ratio()
 
     def add_written(self, n: int) -> None:
+        """Count ``n`` file bytes written to disk.
+
+        Raises:
+            ValueError: ``n`` is negative (an internal invariant).
+            ArchiveLimitError: ``max_total_bytes``, ``max_expansion_ratio``, ``max_cpu_seconds``.
+        """
+        if n < 0:
+            raise ValueError("Meter.add_written: negative byte count")
         self.written_bytes += n
         if self._cpu_limit is not None:
             self.check_cpu()
@@ -107,9 +131,13 @@ class Meter:
         ``add_stream(n)``, ``add_written(written)`` (one call: this runs once a member).
 
         Raises:
+            ValueError: ``n`` or ``written`` is negative, or ``written > n``
+                (an internal invariant: a count never lowers a total).
             ArchiveLimitError: ``max_input_bytes``, ``max_total_bytes``,
                 ``max_expansion_ratio``, ``max_cpu_seconds``.
         """
+        if not 0 <= written <= n:
+            raise ValueError("Meter.add_skipped: byte counts must satisfy 0 <= written <= n")
         self.input_bytes += n
         if self.input_bytes > self.limits.max_input_bytes:
             raise ArchiveLimitError("max_input_bytes", self.limits.max_input_bytes, self.input_bytes, self.member)
@@ -287,9 +315,12 @@ class StreamCounter:
             byte exists, as tarfile does before the next header.
 
         Raises:
+            ValueError: ``size`` is negative (the caller refuses it first).
             ArchiveLimitError: ``max_input_bytes``, ``max_total_bytes``,
                 ``max_expansion_ratio``, ``max_cpu_seconds``.
         """
+        if size < 0:
+            raise ValueError("StreamCounter.skip_data: negative size")
         blk = (size + 511) & ~511  # tarfile's TarInfo._block
         self._meter.add_skipped(blk, size)
         end = os.lseek(self._splice_fd, blk, os.SEEK_CUR)

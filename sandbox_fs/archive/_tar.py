@@ -33,6 +33,16 @@ records not tiling the body exactly, non-NUL padding, and digit runs whose
 squared lengths add up past :data:`PAX_DIGIT_COST_HEADER` per header or
 :data:`PAX_DIGIT_COST_ARCHIVE` per archive.  The regex then costs at most
 16 steps a byte plus those bounds, on any Python.
+
+Header numbers used as lengths or offsets are never trusted to be
+non-negative: tarfile decodes a GNU base-256 field whose first byte is
+``0xff`` as a negative number, and a PAX ``size`` or sparse record as any
+``int()``.  Every header block's size field is checked in ``frombuf`` (before
+tarfile uses it to read a body or to place the next header), and each
+member's final size and sparse map (offsets and sizes) in :func:`_apply`,
+before the member is counted or anything is created: a negative one is an
+:class:`ArchiveFormatError` on every path (batched, one by one, stream,
+in place).
 """
 
 from __future__ import annotations
@@ -118,6 +128,8 @@ def _guarded_tarinfo(limits: ArchiveLimits, counter: StreamCounter, meter: Meter
         @classmethod
         def frombuf(cls, buf, encoding, errors):  # type: ignore[override]
             obj = super().frombuf(buf, encoding, errors)
+            if obj.size < 0:
+                raise ArchiveFormatError("a header's size field is negative", member=obj.name or meter.member)
             if obj.type in _EXT_TYPES:
                 if obj.size > limits.max_header_bytes:
                     kind = "PAX header" if obj.type in (tarfile.XHDTYPE, tarfile.XGLTYPE,
@@ -219,9 +231,26 @@ def _add_plain_file(name: str, mode: int, uid: int, gid: int, size: int, mtime: 
     ex.add_file(name, read, mode & 0o7777, mtime, declared_size=size, owner=(uid, gid), splice=splice)
 
 
+def _check_numbers(ti: tarfile.TarInfo) -> None:
+    """Refuse a member whose size, or any offset or size of its sparse map, is negative.
+
+    Raises:
+        ArchiveFormatError: a negative size, sparse offset or sparse size.
+    """
+    if ti.size < 0:
+        raise ArchiveFormatError("negative member size", member=ti.name)
+    sparse = ti.sparse
+    if sparse is not None:
+        for entry in sparse:
+            if any(v < 0 for v in entry):
+                raise ArchiveFormatError("negative offset or size in a sparse map", member=ti.name)
+
+
 def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter, counter: StreamCounter,
            batch: bool) -> None:
     name = ti.name
+    if ti.size < 0 or ti.sparse is not None:
+        _check_numbers(ti)  # before the member is counted or anything is made
     ex.count_member(name)
     if ti.isreg():
         if ti.sparse is None and ti.type != tarfile.GNUTYPE_SPARSE:

@@ -423,7 +423,12 @@ class Extractor:
             ArchiveLimitError: ``max_member_bytes`` (the declared size is
                 refused early when it alone is over), ``max_total_bytes``,
                 ``max_expansion_ratio``.
+            ArchiveFormatError: ``declared_size`` is negative (the readers
+                refuse it first; a header number is never used as a length
+                unchecked).
         """
+        if declared_size is not None and declared_size < 0:
+            raise ArchiveFormatError("negative member size", member=name)
         path = self.name(name)
         if not path:
             raise UnsafeArchiveMemberError("names_destination", name, "a file may not name the destination itself")
@@ -465,7 +470,7 @@ class Extractor:
                     cancel = self.check_cancel
                     if splice is not None and declared_size is not None:
                         left = declared_size
-                        while left:
+                        while left > 0:
                             n = min(left, CHUNK_BYTES)
                             if total + n > lim:
                                 raise ArchiveLimitError("max_member_bytes", lim, total + n, name)
@@ -615,6 +620,8 @@ class Extractor:
             the caller uses :meth:`add_file`.  True when queued.
 
         Raises:
+            ArchiveFormatError: ``size`` is negative (a header number is never
+                trusted to be a length).
             UnsafeArchiveMemberError: name rules; ``through_symlink``/``conflict``
                 from the parents.
             ArchiveLimitError: ``max_member_bytes``, ``max_total_bytes``,
@@ -624,6 +631,8 @@ class Extractor:
         """
         if size > BATCH_BYTES:
             return False
+        if size < 0:
+            raise ArchiveFormatError("negative member size", member=name)
         path = normalize_member(name, self.limits)
         if not path:
             return False
