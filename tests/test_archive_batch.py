@@ -20,7 +20,7 @@ import threading
 
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_archive_builders import tar_bytes, ti
 
@@ -124,9 +124,11 @@ def test_truncated_last_member(layout, tmp_path, cut):
     with open_root(layout.ws) as root:
         with pytest.raises(ArchiveFormatError) as ei:
             extract(root, "dest", _write(tmp_path, data))
-        with pytest.raises(ArchiveFormatError):  # the stream path refuses it too
+        with pytest.raises(ArchiveFormatError) as ei_stream:  # the stream path refuses it the same way
             extract(root, "dest", io.BytesIO(data))
-    assert "unexpected end of data" in str(ei.value)
+    assert str(ei.value) == str(ei_stream.value)
+    if cut == "data":
+        assert "unexpected end of data" in str(ei.value)
     assert ei.value.member == "last"
     assert os.listdir(layout.ws) == []
     assert _nfds() == base
@@ -556,3 +558,87 @@ def test_staged_members_never_follow_a_moved_directory(layout, resolver):
     assert os.listdir(layout.ws) == []
 
 
+# --- a truncated archive over a limit: the same error on both paths (finding 3) -----------------
+
+@pytest.mark.parametrize("kept, error", [(10_000, ArchiveFormatError), (30_000, ArchiveLimitError)])
+def test_truncated_member_over_a_limit_gives_the_same_error(layout, tmp_path, kept, error):
+    """Declared sizes are counted only for data the source holds: a member cut short is read one by one,
+    which writes what exists (a limit then applies to those bytes) and reports the short data."""
+    data = tar_bytes([ti("a", data=b"a" * 100), ti("f1", data=b"f" * 70_000)], fmt=tarfile.GNU_FORMAT)
+    data = data[:data.index(b"f" * 70_000) + kept]
+    lim = ArchiveLimits(max_total_bytes=20_000)
+    with open_root(layout.ws) as root:
+        with pytest.raises(error) as ei_file:
+            extract(root, "dest", _write(tmp_path, data), limits=lim)
+        with pytest.raises(error) as ei_stream:
+            extract(root, "dest", io.BytesIO(data), limits=lim)
+    assert str(ei_file.value) == str(ei_stream.value) and ei_file.value.member == "f1"
+    assert os.listdir(layout.ws) == []
+
+
+# --- property: hostile sizes, truncation and limits; both sources agree, limits hold -----------
+
+_SIZE_FIELDS = st.one_of(st.none(), st.none(), st.none(), st.sampled_from(
+    _NEG + [0, 600, 5000, 70_000, 1 << 33, 1 << 40, (1 << 87) - 1]))
+_HOSTILE = st.tuples(st.sampled_from(["file", "file", "file", "dir", "hardlink"]),
+                     st.sampled_from(["a", "b", "a/b", "a/c", "c/d/e"]), st.sampled_from([0, 1, 511, 512, 513, 5000]),
+                     _SIZE_FIELDS)
+_LIMITS = st.one_of(st.just({}), st.builds(lambda n: {"max_total_bytes": n}, st.integers(0, 8_000)),
+                    st.builds(lambda n: {"max_members": n}, st.integers(1, 12)),
+                    st.builds(lambda n: {"max_member_bytes": n}, st.integers(0, 6000)),
+                    st.builds(lambda n: {"max_input_bytes": n}, st.integers(1, 40_000)))
+
+
+def _hostile_outcome(layout, source, limits: ArchiveLimits, in_place: bool):
+    for name in os.listdir(layout.ws):
+        shutil.rmtree(layout.ws / name)
+    try:
+        with open_root(layout.ws) as root:
+            rep = extract(root, "dest", source, format="tar", limits=limits,
+                          policy=ExtractPolicy(in_place=in_place, hardlinks="create"))
+        res = ("ok", rep, _tree(layout.ws / "dest"))
+    except SandboxError as exc:
+        res = ("error", type(exc).__name__, getattr(exc, "rule", None), getattr(exc, "limit", None),
+               str(getattr(exc, "member", None)), os.listdir(layout.ws))
+    return res, _disk_bytes(layout.ws)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(members=st.lists(_HOSTILE, min_size=1, max_size=12), cut=st.one_of(st.none(), st.floats(0, 1)),
+       lim=_LIMITS)
+# the review's shapes: cut inside a member's data that declares more than the limit left
+# (the batched path counted the declared size: a limit error instead of the format error) ...
+@example(members=[("file", "a", 5000, None)], cut=0.5, lim={"max_total_bytes": 4000})
+@example(members=[("file", "a", 1, None), ("file", "b", 0, 70_000)], cut=None, lim={"max_total_bytes": 8000})
+# ... and negative sizes lowering the written total
+@example(members=[("file", "a", 0, -511)] * 3 + [("file", "b", 5000, None)], cut=None,
+         lim={"max_total_bytes": 4000})
+def test_hostile_sizes_file_and_stream_agree_and_limits_hold(layout, tmp_path, members, cut, lim):
+    """Members may declare negative, huge or wrong sizes (GNU base-256), the archive may be cut anywhere,
+    one limit may be low: a file source (batched) and a stream source (one by one) give the same result,
+    in place gives the same error class, and the bytes on disk never exceed max_total_bytes."""
+    out = []
+    names: list[str] = []
+    for i, (kind, name, size, size_field) in enumerate(members):
+        if kind == "dir":
+            out.append(_gnu_member(name, kind=tarfile.DIRTYPE, size_field=size_field))
+        elif kind == "hardlink":
+            out.append(_gnu_member(name, kind=tarfile.LNKTYPE, linkname=names[-1] if names else "zz",
+                                   size_field=size_field))
+        else:
+            out.append(_gnu_member(name, bytes([65 + i]) * size, size_field=size_field))
+        names.append(name)
+    data = b"".join(out) + b"\0" * 1024
+    if cut is not None:
+        data = data[:int(len(data) * cut)]
+    if not data:
+        return
+    limits = ArchiveLimits(**lim)
+    path = _write(tmp_path, data, "h.tar")
+    stream, stream_bytes = _hostile_outcome(layout, io.BytesIO(data), limits, False)
+    batched, batched_bytes = _hostile_outcome(layout, path, limits, False)
+    in_place, in_place_bytes = _hostile_outcome(layout, path, limits, True)
+    assert batched == stream
+    assert in_place[:2] == stream[:2] if stream[0] == "error" else in_place[0] == "ok"
+    for n in (stream_bytes, batched_bytes, in_place_bytes):
+        assert n <= limits.max_total_bytes

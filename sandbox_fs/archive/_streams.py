@@ -293,6 +293,8 @@ class StreamCounter:
         self.header_depth = 0
         self.header_start = 0
         self._splice_fd = splice_fd  # a regular, unbuffered, uncompressed source: member data may be sendfile'd
+        self._file_base: int | None = None  # source file offset of stream position 0 (see has_data)
+        self._source_size = -1  # the source file's size when last asked (fstat)
         self._pushback = b""  # bytes already read (and counted) by peek(), returned again by the next read
 
     @property
@@ -300,14 +302,42 @@ class StreamCounter:
         """The source's fd when member data may be copied kernel-side from it, else -1."""
         return self._splice_fd
 
+    def has_data(self, offset_data: int, size: int) -> bool:
+        """True when the source file holds a member's ``size`` data bytes at ``offset_data`` and their padding.
+
+        Only when :meth:`can_splice` and the stream is at ``offset_data``.
+        Asks the kernel for the file's size (``fstat``) only when a member
+        ends past the size last seen, so a whole archive usually costs one
+        ``fstat``.  A member whose data is not all there must be read one by
+        one (the caller's fallback), which writes what exists and then raises
+        the same ``unexpected end of data`` (or a limit reached by the bytes
+        that do exist) as a stream source: declared sizes are never counted
+        for bytes that are not in the archive.
+
+        Raises:
+            ValueError: ``size`` is negative (the caller refuses it first).
+            OSError: ``lseek``/``fstat`` of the source failed.
+        """
+        if size < 0:
+            raise ValueError("StreamCounter.has_data: negative size")
+        base = self._file_base
+        if base is None:  # at offset_data with no pushback: the file offset is position + base, for good
+            base = self._file_base = os.lseek(self._splice_fd, 0, os.SEEK_CUR) - self.position
+        end = base + offset_data + ((size + 511) & ~511)
+        if end <= self._source_size:
+            return True
+        self._source_size = os.fstat(self._splice_fd).st_size
+        return end <= self._source_size
+
     def skip_data(self, offset_data: int, size: int) -> tuple[int, int]:
         """Step over a member's ``size`` data bytes and their block padding without reading them.
 
-        Only when :meth:`can_splice` and the stream is at ``offset_data``.  The
-        bytes are counted (input and stream bytes, limits checked) as reads of
-        them would be, and ``size`` as written bytes (:meth:`Meter.add_skipped`),
-        then the source's file offset moves past them with one ``lseek``: the
-        caller copies them later at an explicit offset.
+        Only when :meth:`can_splice`, the stream is at ``offset_data`` and
+        :meth:`has_data` said the bytes exist.  The bytes are counted (input
+        and stream bytes, limits checked) as reads of them would be, and
+        ``size`` as written bytes (:meth:`Meter.add_skipped`), then the
+        source's file offset moves past them with one ``lseek``: the caller
+        copies them later at an explicit offset.
 
         Returns:
             ``(source offset of the data, source offset of the padding's last

@@ -26,7 +26,9 @@ Layout (atomic mode, the default):
 Batched new files (atomic mode, uncompressed tar read from a regular file):
 a plain file member with a new name is *queued* (:meth:`Extractor.add_new_file_from`)
 after every check the one-by-one path makes (name rules, ``_parents``, limits
-counted from the declared size before any byte is copied).
+counted from the declared size before any byte is copied, and only once the
+source file is known to hold the member's data and padding: a short source
+goes one by one, so both paths give the same error for the same archive).
 Batches of up to :data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes are
 created and filled by ONE native call in one helper thread per extraction,
 while the calling thread parses the next headers: each file is created by its
@@ -603,11 +605,12 @@ class Extractor:
 
         Only for a *new* name in the fresh staging tree (:meth:`can_batch`),
         read from an uncompressed tar in a regular file (``counter.can_splice()``
-        and the stream at ``offset_data``): the data and its block padding are
-        stepped over in the stream at once (counted as reads would be), the
-        written bytes are counted from ``size`` before any byte is copied, and
-        the file is created (by its path beneath the staging directory) and
-        filled later by the helper thread (see the module docstring).
+        and the stream at ``offset_data``) that holds the member's data and
+        block padding (:meth:`StreamCounter.has_data`): they are stepped over
+        in the stream at once (counted as reads would be), the written bytes
+        are counted from ``size`` before any byte is copied, and the file is
+        created (by its path beneath the staging directory) and filled later
+        by the helper thread (see the module docstring).
 
         Args:
             name: the member name; mode: its mode bits; mtime: seconds;
@@ -616,8 +619,9 @@ class Extractor:
 
         Returns:
             False when the member is not for this path (a name already seen, the
-            destination's own name, over :data:`BATCH_BYTES`): nothing was done,
-            the caller uses :meth:`add_file`.  True when queued.
+            destination's own name, over :data:`BATCH_BYTES`, a source file too
+            short for its data): nothing was done, the caller uses
+            :meth:`add_file`.  True when queued.
 
         Raises:
             ArchiveFormatError: ``size`` is negative (a header number is never
@@ -643,6 +647,8 @@ class Extractor:
         key = _key(path)
         if key in self._kinds:
             return False
+        if not counter.has_data(offset_data, size):
+            return False  # a short source: one by one finds where the data ends, and says so as it does
         self._parents(path, name)
         src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
         mbits = mode & 0o7777
