@@ -365,6 +365,32 @@ def test_preserve_owner_as_root(layout):
     assert (os.lstat(layout.ws / "b" / "f").st_uid, os.lstat(layout.ws / "b" / "d").st_gid) == (1234, 5678)
 
 
+def _pax_owner_tar(kind: str, field: str, value: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo("m")
+        info.type = tarfile.REGTYPE if kind == "file" else tarfile.DIRTYPE
+        info.pax_headers = {field: str(value)}
+        tf.addfile(info, io.BytesIO(b"") if kind == "file" else None)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+@pytest.mark.parametrize("field,value", [("uid", -5), ("gid", -1), ("uid", 2**32 - 1), ("gid", 2**40)])
+def test_owner_ids_out_of_range_refused_when_applied(layout, kind, field, value):
+    """A header's uid/gid is a number like any other: out of 0 .. 2**32-2 it is refused before fchown
+    (which would raise OverflowError, or read -1 as 'leave unchanged'), and nothing is created."""
+    if os.geteuid() != 0:
+        pytest.skip("ownership is applied only when running as root")
+    data = _pax_owner_tar(kind, field, value)
+    assert getattr(tarfile.open(fileobj=io.BytesIO(data)).next(), field) == value  # the archive carries it
+    with pytest.raises(ArchiveFormatError, match="owner id out of range"):
+        extract_ws(layout, data, dest="a", policy=ExtractPolicy(preserve_owner=True))
+    assert not (layout.ws / "a").exists()
+    extract_ws(layout, data, dest="b")  # not applied: the ids are ignored
+    assert (layout.ws / "b" / "m").exists()
+
+
 def test_error_text_is_one_line_and_escaped(layout):
     with pytest.raises(UnsafeArchiveMemberError) as ei:
         extract_ws(layout, tar_bytes([ti("../\x1b[31mred\nline", data=b"1")]))

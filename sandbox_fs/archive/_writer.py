@@ -186,6 +186,26 @@ def _umask() -> int:
     return 0o022
 
 
+#: the largest uid/gid fchown accepts as an id: 2**32 - 1 is (uid_t)-1, "leave unchanged"
+MAX_OWNER_ID = (1 << 32) - 2
+
+
+def _check_owner(owner: tuple[int, int], member: str | bytes) -> None:
+    """Refuse archive owner ids fchown cannot take as ids (a header number is never used unchecked).
+
+    tar uid/gid fields are octal or GNU base-256 numbers, so they can be
+    negative or wider than ``uid_t``; -1 and 2**32 - 1 would mean "leave
+    unchanged" to fchown(2), and anything outside 32 bits raises
+    ``OverflowError`` in ``os.fchown``.
+
+    Raises:
+        ArchiveFormatError: an id outside 0 .. :data:`MAX_OWNER_ID`.
+    """
+    uid, gid = owner
+    if not (0 <= uid <= MAX_OWNER_ID and 0 <= gid <= MAX_OWNER_ID):
+        raise ArchiveFormatError("owner id out of range (uid and gid must be 0 .. 4294967294)", member=member)
+
+
 def _mtime_ns(mtime: float | int | None) -> int | None:
     if mtime is None:
         return None
@@ -376,7 +396,11 @@ class Extractor:
         Raises:
             UnsafeArchiveMemberError: name rules; ``conflict`` when a file or
                 a symlink member already holds the name.
+            ArchiveFormatError: ``owner`` is to be applied (``preserve_owner``
+                as root) and an id is outside 0 .. 2**32 - 2.
         """
+        if self._owner and owner is not None:
+            _check_owner(owner, name)
         path = self.name(name)
         if not path:
             self._skip(name, "names_destination", "a directory member naming the destination itself is ignored")
@@ -427,10 +451,13 @@ class Extractor:
                 ``max_expansion_ratio``.
             ArchiveFormatError: ``declared_size`` is negative (the readers
                 refuse it first; a header number is never used as a length
-                unchecked).
+                unchecked); ``owner`` is to be applied (``preserve_owner`` as
+                root) and an id is outside 0 .. 2**32 - 2.
         """
         if declared_size is not None and declared_size < 0:
             raise ArchiveFormatError("negative member size", member=name)
+        if self._owner and owner is not None:
+            _check_owner(owner, name)
         path = self.name(name)
         if not path:
             raise UnsafeArchiveMemberError("names_destination", name, "a file may not name the destination itself")
