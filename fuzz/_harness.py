@@ -1,6 +1,7 @@
 """Shared body of the archive fuzz harnesses (atheris when installed, else a replay+mutation loop).
 
-Each input is extracted into a fresh workspace next to a sentinel ``outside/``
+Each input is extracted (from memory or, by a bit of its first byte, from a host file: the
+batched path; another bit applies owners) into a fresh workspace next to a sentinel ``outside/``
 tree.  A finding is: any exception that is not a ``SandboxError`` (a crash or
 an unexpected error type), a change under ``outside/``, a symlink in the
 workspace resolving outside it, or a special / setuid node in it.
@@ -27,6 +28,7 @@ _BASE = tempfile.mkdtemp(prefix="sfs-fuzz-")
 atexit.register(shutil.rmtree, _BASE, True)
 WS = os.path.join(_BASE, "ws")
 OUTSIDE = os.path.join(_BASE, "outside")
+SRC = os.path.join(_BASE, "input.bin")  # the input as a host file, beside (not in) the workspace
 os.makedirs(os.path.join(OUTSIDE, "sub"))
 with open(os.path.join(OUTSIDE, "secret.txt"), "w") as _fh:
     _fh.write("SECRET\n")
@@ -65,11 +67,19 @@ def _check_ws() -> None:
 def one_input(data: bytes, fmt: str) -> None:
     shutil.rmtree(WS, ignore_errors=True)
     os.mkdir(WS)
-    in_place = bool(data[:1]) and data[0] & 1 == 1 and fmt == "tar"
+    flags = data[0] if data else 0
+    in_place = flags & 1 == 1 and fmt == "tar"
+    # bit 1: read from a regular file (the batched kernel-side copy path for plain tar);
+    # bit 2: apply owners (as root), so header uid/gid numbers reach fchown
+    source: object = io.BytesIO(data)
+    if flags & 2:
+        with open(SRC, "wb") as fh:
+            fh.write(data)
+        source = SRC
     try:
         with open_root(WS) as root:
-            extract(root, "dest" if len(data) % 2 else ".", io.BytesIO(data), format=fmt, limits=LIMITS,
-                    policy=ExtractPolicy(in_place=in_place))
+            extract(root, "dest" if len(data) % 2 else ".", source, format=fmt, limits=LIMITS,
+                    policy=ExtractPolicy(in_place=in_place, preserve_owner=bool(flags & 4)))
     except SandboxError:
         pass
     if _outside_state() != _BEFORE:
