@@ -614,6 +614,20 @@ int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes)
 /* On failure every fd is closed and the temporary name removed.       */
 /* ------------------------------------------------------------------ */
 
+/* Set atime and mtime of fd to ns nanoseconds since the epoch (negative: before it).  0 or -1 with errno. */
+static int set_times_ns(int fd, int64_t ns)
+{
+    struct timespec ts[2];
+    ts[0].tv_sec = (time_t)(ns / 1000000000);
+    ts[0].tv_nsec = (long)(ns % 1000000000);
+    if (ts[0].tv_nsec < 0) {
+        ts[0].tv_sec -= 1;
+        ts[0].tv_nsec += 1000000000;
+    }
+    ts[1] = ts[0];
+    return futimens(fd, ts);
+}
+
 static void xfer_close(struct sfs_xfer *x)
 {
     if (x->src_fd >= 0)
@@ -642,18 +656,8 @@ int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, s
 {
     if (fchmod(x->tmp_fd, (mode_t)(x->mode & 0777)) < 0)
         return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
-    if (x->flags & SFS_XFER_SET_MTIME) {
-        struct timespec ts[2];
-        ts[0].tv_sec = (time_t)(x->mtime_ns / 1000000000);
-        ts[0].tv_nsec = (long)(x->mtime_ns % 1000000000);
-        if (ts[0].tv_nsec < 0) {
-            ts[0].tv_sec -= 1;
-            ts[0].tv_nsec += 1000000000;
-        }
-        ts[1] = ts[0];
-        if (futimens(x->tmp_fd, ts) < 0)
-            return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
-    }
+    if ((x->flags & SFS_XFER_SET_MTIME) && set_times_ns(x->tmp_fd, x->mtime_ns) < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
     if ((x->flags & SFS_XFER_FSYNC) && fsync(x->tmp_fd) < 0)
         return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
     int tfd = x->tmp_fd;
@@ -908,18 +912,8 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
     }
     if ((e[5] & SFS_XF_CHMOD) && fchmod(fd, (mode_t)(e[3] & 0777)) < 0)
         return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
-    if (e[5] & SFS_XF_MTIME) {
-        struct timespec ts[2];
-        ts[0].tv_sec = (time_t)(e[4] / 1000000000);
-        ts[0].tv_nsec = (long)(e[4] % 1000000000);
-        if (ts[0].tv_nsec < 0) {
-            ts[0].tv_sec -= 1;
-            ts[0].tv_nsec += 1000000000;
-        }
-        ts[1] = ts[0];
-        if (futimens(fd, ts) < 0)
-            return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
-    }
+    if ((e[5] & SFS_XF_MTIME) && set_times_ns(fd, e[4]) < 0)
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
     if (close(fd) < 0 && errno != EINTR) {
         int e2 = errno;
         xf_unlink(stage_fd, fallback, path);
