@@ -1461,41 +1461,55 @@ class Root:
         """:meth:`walk` that yields the subdirectories' :class:`DirEntry` (their ``lstat``) instead of names.
 
         The caller may prune the directory list in place.  Same guarantees as :meth:`walk`.
+        Open fds: one per ancestor that still has a subdirectory to enter (a
+        subdirectory is opened only when it is entered, and a directory's fd
+        is closed once its last subdirectory is opened), so at most the depth
+        of the tree, never its width (a directory with more subdirectories
+        than the fd limit walks like any other).
         """
         rel = self._rel(path)
         top = self.open_dir_fd(rel)
         base = "" if rel in (b".", b"") else os.fsdecode(rel.rstrip(b"/"))
-        stack: list[tuple[int, str]] = [(top, base)]
+        frames: list[list[Any]] = []  # [dfd, dirpath, subdirectory entries, index of the next one]
+        cur: tuple[int, str] | None = (top, base)
         try:
-            while stack:
-                dfd, dpath = stack.pop()
-                try:
-                    entries = self._scan_fd(dfd, os.fsencode(dpath) or b".")
-                    dirs = [e for e in entries if e.kind == "dir"]
-                    nondirs = [e for e in entries if e.kind != "dir"]
-                    yield dpath, dirs, nondirs
-                    children: list[tuple[int, str]] = []
+            while True:
+                if cur is not None:
+                    dfd, dpath = cur
+                    cur = None
                     try:
-                        for ent in dirs:
-                            name = ent.name
-                            try:
-                                cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                              dir_fd=dfd)
-                            except OSError as exc:
-                                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                                    continue  # swapped or removed meanwhile: never followed
-                                raise
-                            children.append((cfd, f"{dpath}/{name}" if dpath else name))
+                        entries = self._scan_fd(dfd, os.fsencode(dpath) or b".")
                     except BaseException:
-                        for cfd, _ in children:
-                            os.close(cfd)
+                        os.close(dfd)
                         raise
-                    stack.extend(reversed(children))
-                finally:
+                    dirs = [e for e in entries if e.kind == "dir"]
+                    frames.append([dfd, dpath, dirs, 0])
+                    yield dpath, dirs, [e for e in entries if e.kind != "dir"]
+                if not frames:
+                    return
+                frame = frames[-1]
+                dfd, dpath, dirs, i = frame
+                if i >= len(dirs):  # the caller may have pruned the list meanwhile
+                    frames.pop()
                     os.close(dfd)
+                    continue
+                frame[3] = i + 1
+                name = dirs[i].name
+                try:
+                    cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                        continue  # swapped or removed meanwhile: never followed
+                    raise
+                if i + 1 >= len(dirs):  # its last subdirectory: the parent's fd is no longer needed
+                    frames.pop()
+                    os.close(dfd)
+                cur = (cfd, f"{dpath}/{name}" if dpath else name)
         finally:
-            for fd, _ in stack:
-                os.close(fd)
+            if cur is not None:
+                os.close(cur[0])
+            for frame in frames:
+                os.close(frame[0])
 
     # --------------------------------------------------------------- sub-roots
 

@@ -285,3 +285,73 @@ def test_chmod_of_symlink_swapped_in_is_a_sandbox_error(layout, resolver, monkey
         monkeypatch.setattr(root_mod.os, "chmod", chmod_raises)
         with pytest.raises(SymlinkRefusedError):
             r.chmod("f", 0o600)
+
+
+def test_walk_of_a_directory_wider_than_the_fd_limit(layout):
+    """Root.walk held one fd per subdirectory of the directory being walked, so a directory with more
+    subdirectories than RLIMIT_NOFILE failed with EMFILE; it now holds fds by depth only."""
+    wide = layout.ws / "wide"
+    wide.mkdir()
+    for i in range(300):
+        (wide / f"d{i:03d}").mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 64, hard))
+    try:
+        with open_root(layout.ws) as r:
+            seen = [d for d, _names, _files in r.walk("wide")]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert seen == ["wide"] + [f"wide/d{i:03d}" for i in range(300)]
+
+
+_TREE = st.recursive(st.just(None), lambda kids: st.dictionaries(st.sampled_from("abcde"), kids, max_size=4),
+                     max_leaves=40)
+
+
+def _build(fd: int, tree) -> None:
+    for name, sub in tree.items():
+        if sub is None:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd))
+        else:
+            os.mkdir(name, 0o755, dir_fd=fd)
+            cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            try:
+                _build(cfd, sub)
+            finally:
+                os.close(cfd)
+
+
+def _reference(tree, prefix: str, prune: str):
+    """(dirpath, sorted files) in Root.walk's order: preorder, names sorted, pruned names skipped."""
+    yield prefix, sorted(n for n, s in tree.items() if s is None)
+    for name in sorted(n for n, s in tree.items() if s is not None and n != prune):
+        yield from _reference(tree[name], f"{prefix}/{name}" if prefix else name, prune)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=st.dictionaries(st.sampled_from("abcde"), _TREE, max_size=5), prune=st.sampled_from("abcdez"),
+       stop=st.integers(0, 30))
+def test_property_walk_order_pruning_and_fds_bounded_by_depth(tmp_path_factory, tree, prune, stop):
+    base = tmp_path_factory.mktemp("walk")
+    bfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _build(bfd, tree)
+    finally:
+        os.close(bfd)
+    n0 = len(os.listdir("/proc/self/fd"))
+    with open_root(base) as r:
+        n_root = len(os.listdir("/proc/self/fd"))
+        got = []
+        for dpath, names, files in r.walk("."):
+            depth = dpath.count("/") + 1 if dpath else 0
+            assert len(os.listdir("/proc/self/fd")) <= n_root + depth + 2  # + the listdir's own fd
+            got.append((dpath, sorted(e.name for e in files)))
+            names[:] = [n for n in names if n != prune]
+        assert got == list(_reference(tree, "", prune))
+        it = r.walk(".")
+        for k, _ in enumerate(it):  # abandoned part-way: every fd it held is closed
+            if k >= stop:
+                break
+        it.close()
+    assert len(os.listdir("/proc/self/fd")) == n0
