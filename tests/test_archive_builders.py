@@ -170,3 +170,25 @@ def test_mismatch_builder():
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         with pytest.raises(zipfile.BadZipFile):
             zf.read("good")
+
+
+async def cancel_once_started(root: Any, source: Any, started: Any, *, timeout: float, settle: float,
+                              **kw: Any) -> None:
+    """Run ``extract_async(root, "dest", source, **kw)``, cancel it ``settle`` seconds after ``started``
+    (a ``threading.Event``) is set, and assert the cancel was honoured within ``timeout`` seconds."""
+    import trio
+
+    from sandbox_fs.archive import extract_async
+
+    with trio.move_on_after(timeout) as outer:
+        async with trio.open_nursery() as nursery:
+            async def run() -> None:
+                await extract_async(root, "dest", source, **kw)
+                raise AssertionError("extraction should have been cancelled")
+
+            nursery.start_soon(run)
+            while not started.is_set():
+                await trio.sleep(0.005)
+            await trio.sleep(settle)
+            nursery.cancel_scope.cancel()
+    assert not outer.cancelled_caught, "cancel was not honoured"
