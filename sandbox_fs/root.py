@@ -46,7 +46,8 @@ from .errors import (
     WorkspaceClosedError,
 )
 
-__all__ = ["Root", "open_root", "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry", "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
+__all__ = ["Root", "Subtree", "open_root", "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
+           "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
 
 MAX_PATH_BYTES = 4095  # PATH_MAX (4096) counts the terminating NUL
 MAX_NAME_BYTES = 255  # NAME_MAX
@@ -1551,6 +1552,113 @@ class Root:
         return Root(fd, read_only=self.read_only or bool(read_only),
                     no_symlinks=self.no_symlinks or bool(no_symlinks), resolver=self.resolver,
                     label=self._label, deny_write_ids=self._deny | (deny_write_ids or frozenset()))
+
+
+class Subtree:
+    """A directory named by its path beneath a :class:`Root`, holding no fd of its own.
+
+    Every call resolves ``path/<its argument>`` beneath the Root's own fd *at
+    the moment of the call*, with the Root's options.  Use it instead of
+    :meth:`Root.open_root` for a directory that the library later refers to by
+    its *name* too (a staging directory that is renamed into place): a held
+    fd and a name can come apart when another process renames the directory
+    (TOCTOU), a path resolved from the same fd every time cannot.  Whatever
+    is at ``path`` when a call runs is what it acts on, always beneath the
+    Root.
+
+    Args:
+        root: the Root every call goes through (kept open by the caller).
+        path: relative sandbox path of the directory (normalized: no ``..``,
+            not absolute, not ``""``).
+
+    Argument paths are relative POSIX paths (``str`` or ``bytes``); ``""`` and
+    ``"."`` name the directory itself.
+
+    Raises (besides :class:`Root`'s own, for every method):
+        PathEscapeError: a path that is absolute or has a ``..`` component
+            (refused lexically: beneath the Root is not enough, it must stay
+            beneath ``path``).
+        InvalidPathError: a name operation (mkdir, remove, link, symlink) on
+            the directory itself; a joined path over :data:`MAX_PATH_BYTES`.
+    """
+
+    __slots__ = ("root", "path", "_pre")
+
+    def __init__(self, root: Root, path: str | bytes) -> None:
+        b = os.fsencode(path) if isinstance(path, str) else bytes(path)
+        b = b.rstrip(b"/")
+        if not b or b[:1] == b"/" or b"/../" in b"/" + b + b"/" or b"/./" in b"/" + b + b"/":
+            raise InvalidPathError("a Subtree needs a normalized path below the root", sandbox_path=display_path(
+                os.fsdecode(b) or "."))
+        self.root = root
+        self.path = b
+        self._pre = b + b"/"
+
+    def __repr__(self) -> str:
+        return f"<Subtree {display_path(os.fsdecode(self.path))} of {self.root!r}>"
+
+    @property
+    def resolver(self) -> str:
+        return self.root.resolver
+
+    def join(self, path: str | bytes, *, name_op: bool = False) -> bytes:
+        """The Root-relative bytes path of ``path`` (see the class docstring for the refusals)."""
+        b = path.encode("utf-8", "surrogateescape") if isinstance(path, str) else bytes(path)
+        if b in (b"", b"."):
+            if name_op:
+                raise InvalidPathError("this operation needs a name, not the directory itself",
+                                       sandbox_path=display_path(os.fsdecode(self.path)))
+            return self.path
+        if b[:1] == b"/" or b"/../" in b"/" + b + b"/":
+            raise PathEscapeError("path leaves its directory (absolute or '..')",
+                                  sandbox_path=display_path(os.fsdecode(self._pre + b.lstrip(b"/"))),
+                                  context={"operation": "resolve"})
+        return self._pre + b
+
+    def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
+        """:meth:`Root.mkdir` of ``path`` beneath this directory."""
+        self.root.mkdir(self.join(path, name_op=True), mode, parents=parents, exist_ok=exist_ok)
+
+    def open_fd(self, path: str | bytes, flags: int = os.O_RDONLY, mode: int = 0o644, **kw: Any) -> int:
+        """:meth:`Root.open_fd` of ``path`` beneath this directory."""
+        return self.root.open_fd(self.join(path), flags, mode, **kw)
+
+    def remove(self, path: str | bytes) -> None:
+        """:meth:`Root.remove` of ``path`` beneath this directory."""
+        self.root.remove(self.join(path, name_op=True))
+
+    def atomic_write(self, path: str | bytes, data: Any, **kw: Any) -> int:
+        """:meth:`Root.atomic_write` of ``path`` beneath this directory."""
+        return self.root.atomic_write(self.join(path, name_op=True), data, **kw)
+
+    def link(self, src: str | bytes, dst: str | bytes) -> None:
+        """:meth:`Root.link`: both names beneath this directory."""
+        self.root.link(self.join(src, name_op=True), self.join(dst, name_op=True))
+
+    def symlink(self, target: str | bytes, path: str | bytes) -> None:
+        """:meth:`Root.symlink` at ``path`` beneath this directory.
+
+        The Root checks that ``target`` stays beneath the *Root*; a caller
+        that needs it to stay beneath this directory checks that lexically
+        first (as the extractor's ``target_parts`` does).
+        """
+        self.root.symlink(target, self.join(path, name_op=True))
+
+    def chmod(self, path: str | bytes, mode: int) -> None:
+        """:meth:`Root.chmod` of ``path`` beneath this directory."""
+        self.root.chmod(self.join(path), mode)
+
+    def utime(self, path: str | bytes, *, ns: tuple[int, int] | None = None) -> None:
+        """:meth:`Root.utime` of ``path`` beneath this directory."""
+        self.root.utime(self.join(path), ns=ns)
+
+    def lstat(self, path: str | bytes) -> os.stat_result:
+        """:meth:`Root.lstat` of ``path`` beneath this directory."""
+        return self.root.lstat(self.join(path))
+
+    def listdir(self, path: str | bytes = ".") -> list[str]:
+        """:meth:`Root.listdir` of ``path`` beneath this directory."""
+        return self.root.listdir(self.join(path))
 
 
 def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,

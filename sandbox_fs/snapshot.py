@@ -61,7 +61,9 @@ the previous good snapshot stays valid because a new one only becomes
 current when its metadata file is atomically replaced.  It stages before it
 swaps: extraction goes through the archive extractor
 (:mod:`sandbox_fs.archive`, limits on) into a private ``.sfs-hydrate-<hex>``
-directory inside the workspace while a thread computes the archive's CRC-32
+directory inside the workspace (reached by its name from the workspace fd in
+every step, never through an fd of its own, and checked to be the directory
+the extractor made before anything moves) while a thread computes the archive's CRC-32
 (``pread`` of the same fd, at most the recorded size and one byte more:
 never to the end of a file grown after its size check), exact modes are
 re-applied there, the CRC-32 is checked, and only then is the workspace
@@ -102,9 +104,10 @@ from .paths import normalize
 from .archive import ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError
 from .archive import extract as _archive_extract
 from .archive._names import normalize_member, symlink_walk
+from .archive._writer import STAGED_PATH_MAX
 from .archive._writer import dir_mode as _x_dir_mode
 from .archive._writer import file_mode as _x_file_mode
-from .root import MAX_PATH_BYTES, Root, kind_of, open_root
+from .root import MAX_PATH_BYTES, Root, Subtree, kind_of, open_root
 
 __all__ = [
     "SnapshotError",
@@ -1778,7 +1781,8 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     it is extracted by :func:`sandbox_fs.archive.extract` (limits on, as for
     any untrusted archive) into a private staging directory inside the
     workspace (``.sfs-hydrate-<hex>``, mode 0700, never persisted nor
-    fingerprinted), and the exact permission bits recorded at persist are
+    fingerprinted; reached by name from ``ws`` in every step, never through
+    an fd of its own), and the exact permission bits recorded at persist are
     re-applied there.  Meanwhile one thread of its own (``sfs-hydrate-crc``,
     with a :class:`LocalSnapshotStore`) reads the same fd with ``pread`` and
     computes the archive's CRC-32 (both release the GIL: the second core),
@@ -1813,8 +1817,13 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
         ArchiveLimitError, UnsafeArchiveMemberError: the extractor refuses a
             member (a forged store: persist never writes such members); the
             workspace is untouched.
-        SnapshotError: a staged entry cannot be moved over a kept mount
-            point (after the clear; rare).
+        SnapshotError: the staging directory was replaced by another
+            process before the swap (the workspace is untouched); a staged
+            entry cannot be moved over a kept mount point (after the clear;
+            rare).
+        OSError: the extraction failed on the filesystem (a full disk, a
+            staged directory moved away by another process: ENOENT); the
+            workspace is untouched.
     """
     limits = limits or SnapshotLimits()
     if isinstance(store, LocalSnapshotStore):
@@ -1834,13 +1843,20 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
 def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits,
                     mount_points: Iterable[str], check: _CrcCheck | None) -> None:
     """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
+    # The staging directory is reached by its name only (never through an fd of its own),
+    # from the workspace fd, in every step: the extractor stages beside it and renames its
+    # tree to this name, modes are restored through a Subtree, and the clear keeps and the
+    # moves read whatever is at that name, checked to be the directory the extractor made.
+    # So a process that swaps it can change only what is moved in, never where anything goes.
     staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
-    ws.mkdir(staging, 0o700)
+    sid: tuple[int, int] | None = None
     try:
         try:
-            with ws.open_root(staging) as sroot:
-                _extract_with_archive(sroot, f, limits, info.archive_bytes)
-                deferred = _restore_modes(sroot, info, defer_top_dirs=True)
+            _extract_with_archive(ws, staging, f, limits, info.archive_bytes)
+            st = ws.lstat(staging)
+            sid = (st.st_dev, st.st_ino)
+            ws.chmod(staging, 0o700)
+            deferred = _restore_modes(Subtree(ws, staging), info, defer_top_dirs=True)
         except Exception as exc:
             # A corrupted archive may fail extraction in any way: report it as what it is.
             # (An interrupt does not wait for the check.)
@@ -1852,9 +1868,12 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
             raise
         if check is not None:
             check.verify(info)  # before anything in the workspace changes
-        sid = ws.lstat(staging)
+        st = ws.lstat(staging)
+        if (st.st_dev, st.st_ino) != sid:
+            raise SnapshotError("the restore's staging directory was replaced during the restore; "
+                                "the workspace is unchanged", sandbox_path=staging)
         is_mount = is_mount_point_of(ws, mount_points)
-        keep = lambda st: (st.st_dev, st.st_ino) == (sid.st_dev, sid.st_ino) or is_mount(st)  # noqa: E731
+        keep = lambda st: (st.st_dev, st.st_ino) == sid or is_mount(st)  # noqa: E731
         ws.clear(skip=keep)
         for entry in ws.listdir(staging):
             _move_up(ws, f"{staging}/{entry}", entry, is_mount)
@@ -1904,8 +1923,10 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
 def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> Any:
     """The extractor's limits for a snapshot: the same bounds persist applied.
 
-    Depth and path length are as wide as the Root allows (PATH_MAX), so
-    whatever persist accepted, hydrate accepts.  An uncompressed tar never
+    Depth and path length are as wide as hydrate can stage: a path is at
+    most :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX` bytes (PATH_MAX
+    less the staging directory's name, through which every restored path is
+    reached), so whatever persist accepted, hydrate accepts.  An uncompressed tar never
     expands, so the expansion-ratio bound is left at its default.  With
     ``archive_bytes`` (the validated archive size, in bytes), the input is
     bounded by it too, not only by ``max_archive_bytes``.
@@ -1914,25 +1935,25 @@ def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) ->
                                                                                    archive_bytes))
     return ArchiveLimits(max_members=limits.max_entries, max_member_bytes=limits.max_file_bytes,
                          max_total_bytes=limits.max_total_bytes, max_input_bytes=max_input,
-                         max_depth=MAX_PATH_BYTES // 2, max_path_bytes=MAX_PATH_BYTES)
+                         max_depth=MAX_PATH_BYTES // 2, max_path_bytes=STAGED_PATH_MAX)
 
 
-def _extract_with_archive(ws: Root, f: IO[bytes], limits: SnapshotLimits, archive_bytes: int) -> None:
-    # Not in_place even though ``ws`` is hydrate's own (empty) staging directory: the
-    # extractor's staging tree is known to start empty, which keeps its fast create paths.
+def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits, archive_bytes: int) -> None:
+    # ``dest`` is hydrate's staging name, not yet existing: the extractor stages in a sibling
+    # directory (reached by name from ``ws``) and renames it to ``dest`` when complete.
     # Its input is bounded by the validated archive size, not by the file's current end
     # (a store file grown after the size check): reading more is a limit error, reported
     # by hydrate as a corrupt archive once the CRC-32 check (also bounded) disagrees.
     policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
                            preserve_owner=False, apply_mtime=True)
     try:
-        _archive_extract(ws, ".", f, format="tar", limits=_archive_limits(limits, archive_bytes), policy=policy)
+        _archive_extract(ws, dest, f, format="tar", limits=_archive_limits(limits, archive_bytes), policy=policy)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None
 
 
-def _restore_modes(ws: Root, info: SnapshotInfo, *, defer_top_dirs: bool = False) -> list[tuple[str, int]]:
+def _restore_modes(ws: Root | Subtree, info: SnapshotInfo, *, defer_top_dirs: bool = False) -> list[tuple[str, int]]:
     """Re-apply the exact permission bits the extractor's PEP 706 modes changed.
 
     Persist recorded every file and directory whose mode (within 0o777)

@@ -73,11 +73,15 @@ def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, form
     Raises:
         ArchiveLimitError: a limit was reached (``limit``, ``allowed``,
             ``observed``, ``member``).
-        UnsafeArchiveMemberError: a member breaks a rule (``rule``, ``member``).
+        UnsafeArchiveMemberError: a member breaks a rule (``rule``, ``member``);
+            ``conflict`` also when another process replaced the staging
+            directory during the extraction (nothing new remains).
         ArchiveFormatError: unreadable, corrupt, or of another format than asked.
         PathEscapeError, SymlinkRefusedError: ``dest`` escapes ``root`` or
             involves a symlink.
-        FileNotFoundError: ``dest``'s parent, or the host path ``source``, is missing.
+        FileNotFoundError: ``dest``'s parent, or the host path ``source``, is
+            missing; a directory made for earlier members was moved away by
+            another process during the extraction (nothing is made elsewhere).
         ValueError: ``format`` is not one of the accepted values.
     """
     return _extract(root, dest, source, format, limits, policy, None)

@@ -36,7 +36,9 @@ class ArchiveLimits(BaseModel):
             enforced.
         max_path_bytes: bytes of a member name (and of a link target, and of
             the path a symlink target names) after normalization (PATH_MAX
-            is 4096).
+            is 4096).  An atomic extraction lowers it to 4,065
+            (``STAGED_PATH_MAX``: every staged path is reached as
+            ``<staging name>/<member>``, and that must fit PATH_MAX).
         max_depth: path components of a member name and of a symlink target.
         max_header_bytes: bytes of one PAX extended header or GNU long
             name/link header (checked from the header block's size field

@@ -23,6 +23,19 @@ Layout (atomic mode, the default):
   non-directory, or a new non-directory over a pre-existing directory, is a
   ``conflict`` found before anything is moved: nothing new remains.
 
+The staging directory is reached by its *name* only, never through an fd of
+its own (a :class:`~sandbox_fs.root.Subtree`): every staged path is resolved as
+``<staging>/<member path>`` beneath the fd of the directory it was made in (the
+destination, or the destination's parent), the same fd and name that
+:meth:`Extractor.finish` later renames.  A held staging fd and the staging name
+could come apart: a process able to rename inside the destination could move
+the staging directory away and put its own under that name, so the members
+would land in the moved directory and finish would move the other one into
+place.  By name, whatever sits at the staging name receives the members and is
+what gets moved, always beneath the destination.  The price: a member path is
+at most :data:`STAGED_PATH_MAX` bytes (PATH_MAX less the staging name), and
+``max_path_bytes`` is lowered to that for atomic extractions.
+
 Batched new files (atomic mode, uncompressed tar read from a regular file):
 a plain file member with a new name is *queued* (:meth:`Extractor.add_new_file_from`)
 after every check the one-by-one path makes (name rules, ``_parents``, limits
@@ -32,7 +45,7 @@ goes one by one, so both paths give the same error for the same archive).
 Batches of up to :data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes are
 created and filled by ONE native call in one helper thread per extraction,
 while the calling thread parses the next headers: each file is created by its
-path, resolved beneath the staging directory's fd *when it is made*
+path (``<staging>/<member path>``), resolved *when it is made*
 (``openat2`` ``O_CREAT|O_EXCL|O_NOFOLLOW`` with ``RESOLVE_BENEATH|
 RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS``, or the fallback walker with the
 same flags), data copied at explicit source offsets, mode, mtime, close; a
@@ -66,7 +79,7 @@ from typing import IO, TYPE_CHECKING, Callable, Iterator
 
 from .. import _native
 from ..errors import PathEscapeError, SandboxError, SymlinkRefusedError
-from ..root import Root
+from ..root import MAX_PATH_BYTES, Root, Subtree
 from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError, show_name
 from ._models import ArchiveLimits, ExtractPolicy, SkippedMember
 from ._names import normalize_member, target_parts
@@ -75,9 +88,12 @@ from ._streams import Meter
 if TYPE_CHECKING:
     from ._streams import StreamCounter
 
-__all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX"]
+__all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX", "STAGED_PATH_MAX"]
 
 STAGING_PREFIX = ".sfs-extract-"
+#: the longest member path (bytes) an atomic extraction can stage: every staged path is
+#: resolved as ``<staging name>/<member path>`` (a 30-byte prefix) within PATH_MAX
+STAGED_PATH_MAX = MAX_PATH_BYTES - len(STAGING_PREFIX) - 16 - 1
 CHUNK_BYTES = 1 << 20
 #: skipped members listed in the report (the count is always exact)
 MAX_SKIPPED_LISTED = 1000
@@ -95,12 +111,13 @@ _XF = _native.XF_FIELDS
 
 
 class _Batch:
-    """New files queued for one native call: ``XF_FIELDS`` ints and a NUL-terminated path
-    (relative to the staging directory ``stage_fd``) each."""
+    """New files queued for one native call: ``XF_FIELDS`` ints and a NUL-terminated path each,
+    ``pre`` (the staging directory's name and a slash) then the member path, resolved beneath
+    ``stage_fd`` (the directory the staging directory was made in)."""
 
-    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "result")
+    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "result")
 
-    def __init__(self, stage_fd: int, resolver: str) -> None:
+    def __init__(self, stage_fd: int, resolver: str, pre: bytes) -> None:
         self.nums = array("q")
         self.names = bytearray()
         self.members: list[str | bytes] = []  # member names
@@ -108,6 +125,7 @@ class _Batch:
         self.nbytes = 0
         self.stage_fd = stage_fd  # owned by the Extractor, open until the helper thread is idle
         self.resolver = resolver
+        self.pre = pre
         self.result: tuple[int, int, int] | BaseException | None = None
 
     def run(self, src_fd: int) -> None:
@@ -206,6 +224,10 @@ def _check_owner(owner: tuple[int, int], member: str | bytes) -> None:
         raise ArchiveFormatError("owner id out of range (uid and gid must be 0 .. 4294967294)", member=member)
 
 
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
 def _mtime_ns(mtime: float | int | None) -> int | None:
     if mtime is None:
         return None
@@ -255,19 +277,33 @@ class Extractor:
         self._staging: str | None = None
         self._opened: list[Root] = []
         self._stage_fd = -1
+        self._stage_pre = b""
         self._stage_resolver = "openat2"
+        self._staging_id: tuple[int, int] | None = None
+        self.work: Root | Subtree
         self._setup(root, dest)
+        if isinstance(self.work, Subtree):
+            # Every path of the work tree is resolved as "<its name>/<path>" beneath the
+            # fd it was made in, at the moment of use: the staging directory (or the new
+            # in-place destination) is never reached through an fd of its own, so the tree
+            # that finish() moves by name is the one every member was written into.
+            pmax = MAX_PATH_BYTES - len(self.work.path) - 1
+            if self.limits.max_path_bytes > pmax:
+                self.limits = limits.model_copy(update={"max_path_bytes": pmax})
         if self._staging is not None:
+            assert isinstance(self.work, Subtree)
             # Staging fast path: a new file in our own fresh staging tree is created with ONE
             # openat2(O_CREAT|O_EXCL|O_NOFOLLOW, RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
-            # RESOLVE_NO_MAGICLINKS) beneath the staging directory's fd, instead of Root's
-            # open-parent-then-open-leaf (two opens and a close).  Same confinement; Root's
-            # write guard (read-only grants) already approved creating the staging directory,
-            # and nothing inside it predates this extraction.
-            self._stage_fd = self.work.fileno_dup()
+            # RESOLVE_NO_MAGICLINKS) of "<staging>/<path>" beneath the fd the staging
+            # directory was made in, instead of Root's open-parent-then-open-leaf (two opens
+            # and a close).  Same confinement; Root's write guard (read-only grants) already
+            # approved creating the staging directory, and nothing inside it predates this
+            # extraction (a racer's entry is refused by O_EXCL).
+            self._stage_fd = self.work.root.fileno_dup()
+            self._stage_pre = self.work.path + b"/"
             self._stage_resolver = self.work.resolver
         # batched new files (see the module docstring)
-        self._batch = _Batch(self._stage_fd, self._stage_resolver)
+        self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre)
         self._inflight: _Batch | None = None
         self._worker: _CopyWorker | None = None
         self._src_fd = -1
@@ -296,14 +332,13 @@ class Extractor:
                 self._opened.append(prt)
             if self.policy.in_place:
                 prt.mkdir(leaf, 0o755)
-                self.work = prt.open_root(leaf)
-                self._opened.append(self.work)
+                self.work = Subtree(prt, leaf)
                 return
             self._parent_root, self._dest_leaf = prt, leaf
             self._staging = STAGING_PREFIX + secrets.token_hex(8)
             prt.mkdir(self._staging, 0o700)
-            self.work = prt.open_root(self._staging)
-            self._opened.append(self.work)
+            self.work = Subtree(prt, self._staging)
+            self._staging_id = _ident(prt.lstat(self._staging))
             return
         self._dest_root = dest_root
         if self.policy.in_place:
@@ -311,8 +346,8 @@ class Extractor:
             return
         self._staging = STAGING_PREFIX + secrets.token_hex(8)
         dest_root.mkdir(self._staging, 0o700)
-        self.work = dest_root.open_root(self._staging)
-        self._opened.append(self.work)
+        self.work = Subtree(dest_root, self._staging)
+        self._staging_id = _ident(dest_root.lstat(self._staging))
 
     @property
     def fresh(self) -> bool:
@@ -576,8 +611,8 @@ class Extractor:
             SymlinkRefusedError, PathEscapeError: a symlink on the path.
             OSError: any other failure (with the destination's sandbox path).
         """
-        return _native.open_beneath(self._stage_resolver, self._stage_fd, path, _STAGE_FLAGS, fmode, _NO_SYMLINKS,
-                                    "extract", self.shown_dest)
+        return _native.open_beneath(self._stage_resolver, self._stage_fd, self._stage_pre + path, _STAGE_FLAGS,
+                                    fmode, _NO_SYMLINKS, "extract", self.shown_dest)
 
     def _mkdir_staged(self, path: bytes, mode: int) -> None:
         """Make directory ``path`` (exactly ``mode``) in the fresh staging tree; an existing directory is fine.
@@ -593,12 +628,10 @@ class Extractor:
             SymlinkRefusedError, PathEscapeError: a symlink on the parent's path.
             OSError: any other failure (with the destination's sandbox path).
         """
-        parent, _, leaf = path.rpartition(b"/")
-        pfd = -1
-        if parent:
-            pfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0, _NO_SYMLINKS,
-                                       "extract", self.shown_dest)
-        dfd = pfd if pfd >= 0 else self._stage_fd
+        parent, _, leaf = (self._stage_pre + path).rpartition(b"/")
+        pfd = _native.open_beneath(self._stage_resolver, self._stage_fd, parent, _PDIR_FLAGS, 0, _NO_SYMLINKS,
+                                   "extract", self.shown_dest)
+        dfd = pfd
         try:
             try:
                 os.mkdir(leaf, mode, dir_fd=dfd)
@@ -617,8 +650,7 @@ class Extractor:
         except OSError as exc:
             _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
         finally:
-            if pfd >= 0:
-                os.close(pfd)
+            os.close(pfd)
 
     # ------------------------------------------------------- batched new files
 
@@ -694,6 +726,7 @@ class Extractor:
                 b.nums.extend((src_off, size, probe, fm[0], 0, fm[1]))
             else:
                 b.nums.extend((src_off, size, probe, fm[0], mt, fm[1] | _native.XF_MTIME))
+        b.names += self._stage_pre
         b.names += path
         b.names.append(0)
         b.members.append(name)
@@ -714,7 +747,7 @@ class Extractor:
                 self._worker = _CopyWorker(self._src_fd)
             except RuntimeError:  # no thread to be had: make the files in this thread
                 self._threaded = False
-        b, self._batch = self._batch, _Batch(self._stage_fd, self._stage_resolver)
+        b, self._batch = self._batch, _Batch(self._stage_fd, self._stage_resolver, self._stage_pre)
         if not self._threaded:
             self._inflight = b
             b.run(self._src_fd)
@@ -760,7 +793,7 @@ class Extractor:
             self._replace_queued(b, done)
             if done + 1 >= b.n:
                 return
-            rest = _Batch(b.stage_fd, b.resolver)
+            rest = _Batch(b.stage_fd, b.resolver, b.pre)
             rest.nums = b.nums[(done + 1) * _XF:]
             rest.names = bytearray(b"".join(n + b"\0" for n in b.names.split(b"\0")[done + 1:b.n]))
             rest.members = b.members[done + 1:]
@@ -848,7 +881,7 @@ class Extractor:
                 assert self._worker is not None
                 self._worker.wait()
                 self._inflight = None
-            self._batch = _Batch(self._stage_fd, self._stage_resolver)
+            self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre)
         return err
 
     def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
@@ -941,7 +974,7 @@ class Extractor:
 
     # ----------------------------------------------------------------- finish
 
-    def _is_link_on_disk(self, root: Root, path: bytes) -> bool:
+    def _is_link_on_disk(self, root: Root | Subtree, path: bytes) -> bool:
         try:
             return _stat.S_ISLNK(root.lstat(path).st_mode)
         except (SymlinkRefusedError, PathEscapeError):
@@ -967,7 +1000,7 @@ class Extractor:
             if self._pending_live.get(_key(path)) == seq:
                 yield path, target, (mt if has_mt else None), member
 
-    def _check_through(self, path: bytes, target: bytes, member: bytes, check_roots: list[Root],
+    def _check_through(self, path: bytes, target: bytes, member: bytes, check_roots: list[Root | Subtree],
                        finals: dict[bytes, bytes]) -> None:
         """Refuse a pending link whose target passes through another symlink; record where it points.
 
@@ -1007,7 +1040,7 @@ class Extractor:
     def _create_symlinks(self) -> None:
         if not self._pending_live:
             return
-        check_roots = [] if self.fresh else [self.work]
+        check_roots: list[Root | Subtree] = [] if self.fresh else [self.work]
         if self._dest_root is not None and self._dest_root is not self.work:
             check_roots.append(self._dest_root)
         finals: dict[bytes, bytes] = {}
@@ -1090,13 +1123,21 @@ class Extractor:
 
         Raises:
             UnsafeArchiveMemberError: a symlink rule or a ``conflict`` with a
-                pre-existing entry of the destination (found before anything moves).
+                pre-existing entry of the destination (found before anything moves);
+                ``conflict`` when the staging directory at its name is no longer the
+                one this extraction made (replaced by another process).
         """
         self.flush()
         self._create_symlinks()
         self._apply_dir_meta()
         if self._staging is None:
             return
+        owner = self._parent_root if self._parent_root is not None else self._dest_root
+        assert owner is not None
+        if _ident(owner.lstat(self._staging)) != self._staging_id:
+            # Another process replaced the staging directory (by name, the members went into
+            # whatever sat there, never elsewhere): say so rather than report a success.
+            raise UnsafeArchiveMemberError("conflict", None, "the staging directory was replaced during extraction")
         if self._parent_root is not None:
             assert self._dest_leaf is not None
             self._parent_root.chmod(self._staging, 0o755)
