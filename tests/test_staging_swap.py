@@ -332,3 +332,32 @@ def test_property_a_work_directory_swapped_at_any_member_receives_nothing_after(
     if mode != "in_place":
         assert not ok
     assert _staging_names(parent) == []
+
+
+_COMP = st.sampled_from(["a", "b", "..", ".", "", "c d", "\udcff", "x" * 10])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(comps=st.lists(_COMP, max_size=6), lead=st.sampled_from(["", "/", "//"]), as_bytes=st.booleans())
+def test_property_subtree_paths_stay_beneath_their_directory(layout, comps, lead, as_bytes):
+    """Any argument path: Subtree.join refuses it or returns a path that names something beneath the
+    directory (lexically, since the Root refuses symlinks only if asked: no '..' survives), and a
+    mkdir through it never creates anything outside the directory."""
+    text = lead + "/".join(comps)
+    arg = os.fsencode(text) if as_bytes else text
+    (layout.ws / "sub").mkdir(exist_ok=True)
+    with open_root(layout.ws) as root:
+        sub = Subtree(root, "sub")
+        try:
+            joined = sub.join(arg)
+        except (PathEscapeError, InvalidPathError):
+            joined = None
+        if joined is not None:
+            parts = joined.split(b"/")
+            assert parts[0] == b"sub" and b".." not in parts
+        before = sorted(os.listdir(layout.ws))
+        try:
+            sub.mkdir(arg, exist_ok=True)
+        except (SandboxError, OSError):
+            pass
+        assert sorted(os.listdir(layout.ws)) == before  # only beneath sub/ can anything appear
