@@ -165,3 +165,16 @@ class NativeUnavailableError(SandboxError, ImportError):
     """The compiled native module is missing or does not match this package."""
 
     code = "native_unavailable"
+
+
+class DirectoryReplacedError(SandboxOSError):
+    """A directory reached by its name is no longer the one it was (another process replaced it).
+
+    Raised by :class:`sandbox_fs.root.Subtree` when the directory at its path
+    has another ``(st_dev, st_ino)`` than recorded: nothing was done in it.
+    Retrying the whole operation may succeed.
+    """
+
+    code = "directory_replaced"
+    errno_value = _errno.ESTALE
+    retryable = True

@@ -44,6 +44,7 @@ from .errors import (
     SandboxOSError,
     SymlinkRefusedError,
     WorkspaceClosedError,
+    DirectoryReplacedError,
 )
 
 __all__ = ["Root", "Subtree", "open_root", "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
@@ -66,6 +67,12 @@ def _retry_eintr(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         except InterruptedError:
             continue
 _DIR_FLAGS = _O_PATH | os.O_DIRECTORY
+_CLEAR_RESOLVE = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_XDEV | _native.RESOLVE_NO_SYMLINKS |
+                  _native.RESOLVE_NO_MAGICLINKS)
+
+
+class _MountPoint(Exception):
+    """Internal: a recursive removal met a mount point (kept, never entered)."""
 _COPY_UNBOUNDED = (1 << 62)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _O_TMPFILE = _native.O_TMPFILE
@@ -277,6 +284,11 @@ class Root:
     def identity(self) -> tuple[int, int]:
         """``(st_dev, st_ino)`` of the root directory."""
         return self._root_id
+
+    @property
+    def denies_writes(self) -> bool:
+        """True when read-only directories (grants) nested in this Root are refused to writes."""
+        return bool(self._deny)
 
     def fileno_dup(self) -> int:
         """Return a new O_CLOEXEC duplicate of the root's O_PATH fd (caller closes it)."""
@@ -1078,7 +1090,8 @@ class Root:
         The top, if a symlink, is removed itself.  Each directory is entered
         through an fd opened ``O_NOFOLLOW`` relative to its parent's fd, so an
         entry swapped for a symlink during the walk is unlinked, never
-        followed.  Memory and open fds grow with depth, not with size.
+        followed.  A mount point is never entered (see :meth:`clear`): it and
+        its ancestors stay.  Memory and open fds grow with depth, not with size.
 
         Args:
             missing_ok: a missing ``path`` is not an error.
@@ -1119,6 +1132,10 @@ class Root:
 
         Args:
             skip: see :meth:`rmtree`; skipped directories (mount points) stay.
+                With the openat2 resolver, a mount point (a bind mount of the
+                same filesystem included) is never entered whatever ``skip``
+                says (``RESOLVE_NO_XDEV``); the fallback resolver relies on
+                ``skip`` (``st_dev``) for that.
         """
         self._check_writable(b".", "clear")
         with self._use() as rootfd:
@@ -1136,7 +1153,10 @@ class Root:
         stack: list[list[Any]] = []
         emptied = True
         try:
-            top = os.open(name, flags, dir_fd=parent_fd)
+            try:
+                top = self._open_dir_here(parent_fd, name, flags)
+            except _MountPoint:
+                return False
             stack.append([top, iter(()), None, False])
             self._check_entered(top, rel)
             stack[-1][1] = iter(os.listdir(top))
@@ -1176,7 +1196,10 @@ class Root:
                     if skip is not None and skip(os.stat(cname, dir_fd=dfd, follow_symlinks=False)):
                         frame[3] = True
                         continue
-                    cfd = os.open(cname, flags, dir_fd=dfd)
+                    cfd = self._open_dir_here(dfd, cname, flags)
+                except _MountPoint:
+                    frame[3] = True  # never removed through a mount point (bind mounts included)
+                    continue
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
@@ -1196,6 +1219,27 @@ class Root:
                 os.close(frame[0])
             raise
         return emptied
+
+    def _open_dir_here(self, dfd: int, name: bytes, flags: int) -> int:
+        """Open directory entry ``name`` of ``dfd`` (one component, ``O_NOFOLLOW``) for a recursive removal.
+
+        With openat2, ``RESOLVE_NO_XDEV`` too: a mount point, a same-filesystem
+        bind mount included (which ``st_dev`` does not reveal), raises
+        :class:`_MountPoint` and is kept.  The fallback resolver sees only
+        mounts of another device (the callers' ``skip``).
+
+        Raises:
+            _MountPoint: ``name`` is a mount point.
+            OSError: as ``os.open`` (ELOOP for a symlink, ENOTDIR ...).
+        """
+        if self.resolver != "openat2" or name == b".":
+            return os.open(name, flags, dir_fd=dfd)
+        ret = _native.lib.sfs_openat2(dfd, name, flags, 0, _CLEAR_RESOLVE)
+        if ret >= 0:
+            return ret
+        if -ret == errno.EXDEV:
+            raise _MountPoint()
+        raise OSError(-ret, os.strerror(-ret))
 
     def _check_entered(self, dfd: int, rel: bytes) -> None:
         """A recursive removal never enters a denied (read-only grant) directory."""
@@ -1555,44 +1599,51 @@ class Root:
 
 
 class Subtree:
-    """A directory named by its path beneath a :class:`Root`, holding no fd of its own.
+    """A directory this library made, reached by its *name* beneath a :class:`Root`, never by a kept fd.
 
-    Every call resolves ``path/<its argument>`` beneath the Root's own fd *at
-    the moment of the call*, with the Root's options.  Use it instead of
-    :meth:`Root.open_root` for a directory that the library later refers to by
-    its *name* too (a staging directory that is renamed into place): a held
-    fd and a name can come apart when another process renames the directory
-    (TOCTOU), a path resolved from the same fd every time cannot.  Whatever
-    is at ``path`` when a call runs is what it acts on, always beneath the
-    Root.
+    For a directory that is later referred to by its name too (a staging
+    directory that is renamed into place): a kept fd and the name can come
+    apart when another process renames the directory (TOCTOU).  So nothing
+    here keeps an fd across calls.  Each method opens the directory at
+    ``path`` beneath the Root's own fd *at the moment of the call*
+    (``O_PATH|O_DIRECTORY``, with the Root's resolve flags; never through a
+    symlink when the Root refuses them), checks that it is still the
+    directory recorded at creation (``identity``), then acts beneath that fd
+    for that call only, as a :class:`Root` does (read-only grants nested in the
+    Root are honoured).  A directory moved away by another process is
+    therefore never written into by a later call (the name now holds another
+    directory, or nothing), and a directory put under the name is never
+    acted on.
 
     Args:
-        root: the Root every call goes through (kept open by the caller).
-        path: relative sandbox path of the directory (normalized: no ``..``,
-            not absolute, not ``""``).
+        root: the Root every call resolves from (kept open by the caller).
+        path: relative sandbox path of the directory (no ``..``, ``.`` or
+            empty component, not absolute).
+        identity: ``(st_dev, st_ino)`` the directory had when it was made.
 
-    Argument paths are relative POSIX paths (``str`` or ``bytes``); ``""`` and
-    ``"."`` name the directory itself.
+    Argument paths of the methods are relative to the directory, as for a
+    :class:`Root`; ``""``/``"."`` name the directory itself (only
+    :meth:`chmod` acts on it).
 
-    Raises (besides :class:`Root`'s own, for every method):
-        PathEscapeError: a path that is absolute or has a ``..`` component
-            (refused lexically: beneath the Root is not enough, it must stay
-            beneath ``path``).
-        InvalidPathError: a name operation (mkdir, remove, link, symlink) on
-            the directory itself; a joined path over :data:`MAX_PATH_BYTES`.
+    Raises (every method, besides the :class:`Root` method's own errors):
+        DirectoryReplacedError: the directory at ``path`` is not ``identity``.
+        FileNotFoundError, NotADirectoryError, SymlinkRefusedError: nothing,
+            a non-directory, or a symlink is at ``path`` now.
+        InvalidPathError: (constructor) ``path`` is not such a path.
     """
 
-    __slots__ = ("root", "path", "_pre")
+    __slots__ = ("root", "path", "identity")
 
-    def __init__(self, root: Root, path: str | bytes) -> None:
+    def __init__(self, root: Root, path: str | bytes, identity: tuple[int, int]) -> None:
         b = os.fsencode(path) if isinstance(path, str) else bytes(path)
         b = b.rstrip(b"/")
-        if not b or b[:1] == b"/" or b"/../" in b"/" + b + b"/" or b"/./" in b"/" + b + b"/":
-            raise InvalidPathError("a Subtree needs a normalized path below the root", sandbox_path=display_path(
-                os.fsdecode(b) or "."))
+        wrapped = b"/" + b + b"/"
+        if not b or b[:1] == b"/" or b"/../" in wrapped or b"/./" in wrapped or b"//" in wrapped:
+            raise InvalidPathError("a Subtree needs a normalized path below the root",
+                                   sandbox_path=display_path(os.fsdecode(b) or "."))
         self.root = root
         self.path = b
-        self._pre = b + b"/"
+        self.identity = identity
 
     def __repr__(self) -> str:
         return f"<Subtree {display_path(os.fsdecode(self.path))} of {self.root!r}>"
@@ -1601,64 +1652,121 @@ class Subtree:
     def resolver(self) -> str:
         return self.root.resolver
 
-    def join(self, path: str | bytes, *, name_op: bool = False) -> bytes:
-        """The Root-relative bytes path of ``path`` (see the class docstring for the refusals)."""
-        b = path.encode("utf-8", "surrogateescape") if isinstance(path, str) else bytes(path)
-        if b in (b"", b"."):
-            if name_op:
-                raise InvalidPathError("this operation needs a name, not the directory itself",
-                                       sandbox_path=display_path(os.fsdecode(self.path)))
-            return self.path
-        if b[:1] == b"/" or b"/../" in b"/" + b + b"/":
-            raise PathEscapeError("path leaves its directory (absolute or '..')",
-                                  sandbox_path=display_path(os.fsdecode(self._pre + b.lstrip(b"/"))),
-                                  context={"operation": "resolve"})
-        return self._pre + b
+    def _shown(self) -> str:
+        return self.root._show(self.path)
+
+    def enter(self) -> Root:
+        """A Root on the directory at ``path`` now, checked to be ``identity`` (the caller closes it).
+
+        Hold it for one short step only: it follows the directory if that is
+        moved meanwhile.
+
+        Raises:
+            DirectoryReplacedError: another directory is at ``path``.
+        """
+        r = self.root.open_root(self.path)
+        if r.identity != self.identity:
+            r.close()
+            raise DirectoryReplacedError("the directory was replaced by another process", sandbox_path=self._shown())
+        return r
 
     def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
-        """:meth:`Root.mkdir` of ``path`` beneath this directory."""
-        self.root.mkdir(self.join(path, name_op=True), mode, parents=parents, exist_ok=exist_ok)
+        """:meth:`Root.mkdir` of ``path`` beneath the directory."""
+        with self.enter() as r:
+            r.mkdir(path, mode, parents=parents, exist_ok=exist_ok)
 
     def open_fd(self, path: str | bytes, flags: int = os.O_RDONLY, mode: int = 0o644, **kw: Any) -> int:
-        """:meth:`Root.open_fd` of ``path`` beneath this directory."""
-        return self.root.open_fd(self.join(path), flags, mode, **kw)
+        """:meth:`Root.open_fd` of ``path`` beneath the directory."""
+        with self.enter() as r:
+            return r.open_fd(path, flags, mode, **kw)
 
     def remove(self, path: str | bytes) -> None:
-        """:meth:`Root.remove` of ``path`` beneath this directory."""
-        self.root.remove(self.join(path, name_op=True))
+        """:meth:`Root.remove` of ``path`` beneath the directory."""
+        with self.enter() as r:
+            r.remove(path)
 
     def atomic_write(self, path: str | bytes, data: Any, **kw: Any) -> int:
-        """:meth:`Root.atomic_write` of ``path`` beneath this directory."""
-        return self.root.atomic_write(self.join(path, name_op=True), data, **kw)
+        """:meth:`Root.atomic_write` of ``path`` beneath the directory."""
+        with self.enter() as r:
+            return r.atomic_write(path, data, **kw)
 
     def link(self, src: str | bytes, dst: str | bytes) -> None:
-        """:meth:`Root.link`: both names beneath this directory."""
-        self.root.link(self.join(src, name_op=True), self.join(dst, name_op=True))
+        """:meth:`Root.link`: both names beneath the directory."""
+        with self.enter() as r:
+            r.link(src, dst)
 
     def symlink(self, target: str | bytes, path: str | bytes) -> None:
-        """:meth:`Root.symlink` at ``path`` beneath this directory.
-
-        The Root checks that ``target`` stays beneath the *Root*; a caller
-        that needs it to stay beneath this directory checks that lexically
-        first (as the extractor's ``target_parts`` does).
-        """
-        self.root.symlink(target, self.join(path, name_op=True))
+        """:meth:`Root.symlink` at ``path``: ``target`` may not climb above the directory."""
+        with self.enter() as r:
+            r.symlink(target, path)
 
     def chmod(self, path: str | bytes, mode: int) -> None:
-        """:meth:`Root.chmod` of ``path`` beneath this directory."""
-        self.root.chmod(self.join(path), mode)
+        """:meth:`Root.chmod` of ``path``; ``""``/``"."``: the directory itself (``fchmod`` of a checked fd).
+
+        Raises:
+            UnsafeModeError: ``mode`` has bits outside 0o777.
+        """
+        if path in ("", ".", b"", b"."):
+            _check_mode(mode, self._shown())
+            self.root._check_writable(self.path, "chmod")
+            with self.enter() as r:  # read-only grants: Root.open_root made r read-only
+                r._check_writable(b".", "chmod")
+                fd = r.open_fd(".", os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+            return
+        with self.enter() as r:
+            r.chmod(path, mode)
 
     def utime(self, path: str | bytes, *, ns: tuple[int, int] | None = None) -> None:
-        """:meth:`Root.utime` of ``path`` beneath this directory."""
-        self.root.utime(self.join(path), ns=ns)
+        """:meth:`Root.utime` of ``path`` beneath the directory."""
+        with self.enter() as r:
+            r.utime(path, ns=ns)
 
     def lstat(self, path: str | bytes) -> os.stat_result:
-        """:meth:`Root.lstat` of ``path`` beneath this directory."""
-        return self.root.lstat(self.join(path))
+        """:meth:`Root.lstat` of ``path`` beneath the directory."""
+        with self.enter() as r:
+            return r.lstat(path)
 
     def listdir(self, path: str | bytes = ".") -> list[str]:
-        """:meth:`Root.listdir` of ``path`` beneath this directory."""
-        return self.root.listdir(self.join(path))
+        """:meth:`Root.listdir` of ``path`` beneath the directory."""
+        with self.enter() as r:
+            return r.listdir(path)
+
+    def remove_tree(self) -> bool:
+        """Remove the directory and everything in it, only if it is still the one recorded.
+
+        Its contents are removed through a checked fd (:meth:`Root.clear`:
+        never through a symlink, never into a mount point), then the empty
+        directory by name.  Directories without write permission are made
+        writable first (a non-root caller could not empty them otherwise).
+
+        Returns:
+            True when it was removed; False when the name holds nothing, or
+            something this Subtree did not make (left alone: never removed
+            by name alone), or something was kept (a mount point).
+        """
+        try:
+            r = self.enter()
+        except (FileNotFoundError, NotADirectoryError, DirectoryReplacedError, SymlinkRefusedError,
+                PathEscapeError):
+            return False
+        with r:
+            try:
+                r.clear()
+            except PermissionError:
+                self.chmod(".", 0o700)
+                for dirpath, _dirs, _nondirs in r.walk("."):
+                    if dirpath not in ("", "."):
+                        r.chmod(dirpath, 0o700)
+                r.clear()
+        try:
+            self.root.rmdir(self.path)
+        except OSError:
+            return False  # not empty: something was kept, or the name changed meanwhile
+        return True
 
 
 def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,

@@ -102,7 +102,7 @@ from . import _native
 from .errors import InvalidPathError, SandboxError
 from .paths import normalize
 from .archive import ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError
-from .archive import extract as _archive_extract
+from .archive._extract import _extract as _archive_extract
 from .archive._names import normalize_member, symlink_walk
 from .archive._writer import STAGED_PATH_MAX
 from .archive._writer import dir_mode as _x_dir_mode
@@ -1849,14 +1849,14 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
     # moves read whatever is at that name, checked to be the directory the extractor made.
     # So a process that swaps it can change only what is moved in, never where anything goes.
     staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
-    sid: tuple[int, int] | None = None
+    made: list[tuple[int, int]] = []  # the identity of the directory the extractor made at ``staging``
     try:
         try:
-            _extract_with_archive(ws, staging, f, limits, info.archive_bytes)
-            st = ws.lstat(staging)
-            sid = (st.st_dev, st.st_ino)
-            ws.chmod(staging, 0o700)
-            deferred = _restore_modes(Subtree(ws, staging), info, defer_top_dirs=True)
+            _extract_with_archive(ws, staging, f, limits, info.archive_bytes, made)
+            sid = made[0]
+            sub = Subtree(ws, staging, sid)
+            sub.chmod(".", 0o700)  # the extractor made it 0755, as for any new destination
+            deferred = _restore_modes(sub, info, defer_top_dirs=True)
         except Exception as exc:
             # A corrupted archive may fail extraction in any way: report it as what it is.
             # (An interrupt does not wait for the check.)
@@ -1881,22 +1881,15 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
             ws.chmod(path, mode)
     finally:
         # On a failure before the swap this is all that changes; after the swap it is empty.
-        # Best effort: a leftover is never persisted and goes with the next hydrate's clear.
-        with contextlib.suppress(OSError, SandboxError):
-            _remove_staging(ws, staging)
+        # Only the directory the extractor made (checked by identity) is removed, never
+        # whatever another process put at its name.  Best effort: a leftover is never
+        # persisted and goes with the next hydrate's clear.
+        if made:
+            with contextlib.suppress(OSError, SandboxError):
+                Subtree(ws, staging, made[0]).remove_tree()
 
 
 _HYDRATE_PREFIX = ".sfs-hydrate-"
-
-
-def _remove_staging(ws: Root, staging: str) -> None:
-    """Remove a hydrate staging tree (making its directories writable first, for non-root callers)."""
-    try:
-        ws.rmtree(staging, missing_ok=True)
-    except PermissionError:
-        for dirpath, _dirs, _nondirs in ws.walk(staging):
-            ws.chmod(dirpath, 0o700)
-        ws.rmtree(staging, missing_ok=True)
 
 
 def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], bool]) -> None:
@@ -1938,7 +1931,8 @@ def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) ->
                          max_depth=MAX_PATH_BYTES // 2, max_path_bytes=STAGED_PATH_MAX)
 
 
-def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits, archive_bytes: int) -> None:
+def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits,
+                          archive_bytes: int, made: list[tuple[int, int]]) -> None:
     # ``dest`` is hydrate's staging name, not yet existing: the extractor stages in a sibling
     # directory (reached by name from ``ws``) and renames it to ``dest`` when complete.
     # Its input is bounded by the validated archive size, not by the file's current end
@@ -1947,10 +1941,11 @@ def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLim
     policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
                            preserve_owner=False, apply_mtime=True)
     try:
-        _archive_extract(ws, dest, f, format="tar", limits=_archive_limits(limits, archive_bytes), policy=policy)
+        _archive_extract(ws, dest, f, "tar", _archive_limits(limits, archive_bytes), policy, None, made)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None
+    # ``made`` now holds the identity of the directory the extractor made and moved to ``dest``
 
 
 def _restore_modes(ws: Root | Subtree, info: SnapshotInfo, *, defer_top_dirs: bool = False) -> list[tuple[str, int]]:

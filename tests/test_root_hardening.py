@@ -223,6 +223,14 @@ def test_fds_owned_when_a_walk_or_rmtree_fails(layout, resolver, monkeypatch):
             raise PermissionError(errno.EACCES, "denied")
         return real_open(path, flags, *a, **kw)
 
+    real_here = root_mod.Root._open_dir_here
+
+    def failing_here(self, dfd, name, flags):  # the openat2 path of a recursive removal
+        if name in ("b", b"b"):
+            raise PermissionError(errno.EACCES, "denied")
+        return real_here(self, dfd, name, flags)
+
+    monkeypatch.setattr(root_mod.Root, "_open_dir_here", failing_here)
     n0 = len(os.listdir("/proc/self/fd"))
     with open_root(layout.ws) as r:
         monkeypatch.setattr(root_mod.os, "open", failing_open)

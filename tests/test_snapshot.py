@@ -1193,7 +1193,7 @@ def test_property_interrupt_anywhere_in_restore_keeps_previous_workspace(cut, tm
     s = LocalSnapshotStore(base / "store")
     with s, open_root(src) as r, open_root(ws) as w:
         persist(r, s, "s")
-        snap._archive_extract = lambda root, dest, f, **kw: real(root, dest, _InterruptAfter(f, cut), **kw)
+        snap._archive_extract = lambda root, dest, f, *a: real(root, dest, _InterruptAfter(f, cut), *a)
         try:
             hydrate(w, s, "s")
             interrupted = False

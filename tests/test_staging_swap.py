@@ -31,7 +31,7 @@ from test_archive_builders import tar_bytes, ti
 from sandbox_fs import SandboxError, open_root
 from sandbox_fs.archive import ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError, extract
 from sandbox_fs.archive import _writer
-from sandbox_fs.errors import InvalidPathError, PathEscapeError
+from sandbox_fs.errors import DirectoryReplacedError, InvalidPathError, PathEscapeError
 from sandbox_fs.root import Subtree
 from sandbox_fs.snapshot import LocalSnapshotStore, SnapshotError, hydrate, persist
 
@@ -70,6 +70,13 @@ class _Swapper:
     def assert_nothing_followed(self) -> None:
         assert self.at_swap is not None, "the swap never happened"
         assert _files(self.stolen) == self.at_swap, "a member was written into the moved directory"
+
+    def assert_racer_dir_left_alone(self) -> None:
+        """The directory put at the staging name is not ours: never removed (it may hold members
+        written by name after the swap, under the reserved in-flight name), the racer's file kept."""
+        names = _staging_names(self.parent)
+        assert len(names) == 1
+        assert _files(self.parent / names[0]).get("racer.txt") == b"racer\n"
 
 
 def _members(n: int = 12, flat: bool = True) -> list:
@@ -119,12 +126,14 @@ def test_staging_swapped_mid_extraction_is_refused_and_nothing_follows_it(layout
     after = layout.snapshot()
     assert {k: v for k, v in after.items() if k != "stolen" and not k.startswith("stolen/") and k != "."} == \
         {k: v for k, v in before.items() if k != "."}
-    # nothing new remains: the destination is as it was, the staging name is gone
+    # the destination is as it was; the racer's directory at the staging name is left alone
+    swapper.assert_racer_dir_left_alone()
     if dest_exists:
-        assert _files(layout.ws / "dest") == {"keep.txt": b"kept\n"}
-        assert _staging_names(layout.ws / "dest") == []
+        got = _files(layout.ws / "dest")
+        assert got.pop("keep.txt") == b"kept\n"
+        assert all(k.startswith(".sfs-extract-") for k in got)
     else:
-        assert os.listdir(layout.ws) == []
+        assert os.listdir(layout.ws) == _staging_names(layout.ws)
 
 
 def test_staging_swapped_before_a_batch_runs_the_batch_writes_by_name(layout, tmp_path, monkeypatch, resolver):
@@ -144,20 +153,21 @@ def test_staging_swapped_before_a_batch_runs_the_batch_writes_by_name(layout, tm
         extract(root, "dest", tmp_path / "a.tar")
     assert "staging directory was replaced" in str(ei.value)
     swapper.assert_nothing_followed()
-    assert os.listdir(layout.ws) == []
+    swapper.assert_racer_dir_left_alone()
+    assert os.listdir(layout.ws) == _staging_names(layout.ws)
 
 
-def test_in_place_new_destination_swapped_is_written_by_name(layout, monkeypatch, resolver):
-    """In place into a new destination: the directory made for it is reached by name too, so members
-    after the swap land in whatever sits at ``dest`` now (inside the workspace), never the moved one."""
+def test_in_place_new_destination_swapped_is_refused(layout, monkeypatch, resolver):
+    """In place into a new destination: the directory made for it is reached by name and checked by
+    identity at every call, so once another directory is put at ``dest`` nothing more is written,
+    neither there nor into the moved directory."""
     swapper = _Swapper(layout, layout.ws, "dest")
     _swap_at_member(monkeypatch, swapper, 5)
-    with open_root(layout.ws) as root:
+    with open_root(layout.ws) as root, pytest.raises(DirectoryReplacedError) as ei:
         extract(root, "dest", io.BytesIO(tar_bytes(_members())), policy=ExtractPolicy(in_place=True))
+    assert ei.value.retryable and str(layout.base) not in str(ei.value)
     swapper.assert_nothing_followed()
-    got = _files(layout.ws / "dest")
-    assert got.pop("racer.txt") == b"racer\n"
-    assert sorted(got) == [f"f{i:02d}" for i in range(5, 12)]
+    assert _files(layout.ws / "dest") == {"racer.txt": b"racer\n"}
 
 
 def test_staged_path_bound_is_an_archive_limit(layout):
@@ -226,10 +236,11 @@ def test_hydrate_staging_swapped_is_refused_workspace_unchanged(layout, store, m
     else:
         assert "replaced" in str(ei.value)
     swapper.assert_nothing_followed()
-    assert _files(layout.ws) == live  # the workspace is exactly as it was
-    assert _staging_names(layout.ws) == []
+    swapper.assert_racer_dir_left_alone()
+    left = {k: v for k, v in _files(layout.ws).items() if not k.startswith(".sfs-")}
+    assert left == live  # the workspace is exactly as it was
     if which == "hydrate_staging":
-        assert isinstance(ei.value, SnapshotError)
+        assert isinstance(ei.value, (SnapshotError, DirectoryReplacedError))
 
 
 def test_hydrate_restores_a_path_at_the_staged_bound(layout, store):
@@ -262,25 +273,90 @@ def test_hydrate_restores_a_path_at_the_staged_bound(layout, store):
 # ------------------------------------------------------------------------- Subtree itself
 
 
-def test_subtree_refuses_to_leave_its_directory(layout):
+def _subtree(root, layout, name: str = "a") -> Subtree:
+    st_ = os.lstat(layout.ws / name)
+    return Subtree(root, name, (st_.st_dev, st_.st_ino))
+
+
+def test_subtree_acts_only_on_the_directory_it_made(layout):
     (layout.ws / "a" / "b").mkdir(parents=True)
     with open_root(layout.ws) as root:
-        sub = Subtree(root, "a")
-        for bad in ("../x", "b/../../x", "/etc/passwd", "b/.."):
+        sub = _subtree(root, layout)
+        for bad in ("../x", "b/../../x", "/etc/passwd"):
             with pytest.raises(PathEscapeError):
-                sub.join(bad)
+                sub.mkdir(bad)
         for bad in ("", "."):
             with pytest.raises(InvalidPathError):
                 sub.remove(bad)
-        for bad in ("", ".", "..", "a/../b", "/a"):
+        for bad in ("", ".", "..", "a/../b", "/a", "a//b"):
             with pytest.raises(InvalidPathError):
-                Subtree(root, bad)
+                Subtree(root, bad, (0, 0))
         sub.mkdir("b/c")
         assert (layout.ws / "a" / "b" / "c").is_dir()
         os.rename(layout.ws / "a", layout.outside / "moved")
         os.mkdir(layout.ws / "a")
-        sub.mkdir("new")  # by name: the new "a", never the moved one
-    assert (layout.ws / "a" / "new").is_dir() and not (layout.outside / "moved" / "new").exists()
+        (layout.ws / "a" / "theirs").write_text("theirs")
+        # another directory at the name: refused, never acted on, never removed
+        for call in (lambda: sub.mkdir("new"), lambda: sub.chmod(".", 0o700), lambda: sub.remove("theirs"),
+                     lambda: sub.atomic_write("f", b"x")):
+            with pytest.raises(DirectoryReplacedError):
+                call()
+        assert sub.remove_tree() is False
+    assert sorted(os.listdir(layout.ws / "a")) == ["theirs"]
+    assert sorted(os.listdir(layout.outside / "moved")) == ["b"]
+
+
+def test_subtree_remove_tree_removes_its_own_directory_even_read_only(layout):
+    (layout.ws / "a" / "b" / "c").mkdir(parents=True)
+    (layout.ws / "a" / "b" / "c" / "f").write_text("x")
+    os.chmod(layout.ws / "a" / "b", 0o500)
+    with open_root(layout.ws) as root:
+        assert _subtree(root, layout).remove_tree() is True
+    assert os.listdir(layout.ws) == []
+
+
+def _can_bind_mount() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (a bind mount in a private mount namespace)"
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return "needs unshare(1) and mount(1)"
+    import sandbox_fs
+    if not sandbox_fs.features()["openat2"]:
+        return "the kernel has no openat2 (RESOLVE_NO_XDEV finds same-filesystem bind mounts)"
+    return None
+
+
+@pytest.mark.skipif(_can_bind_mount() is not None, reason=str(_can_bind_mount()))
+def test_removal_never_enters_a_bind_mount_of_the_same_filesystem(layout, tmp_path):
+    """Root.clear / rmtree / Subtree.remove_tree keep a mount point, a same-filesystem bind mount
+    included (st_dev is the same; openat2 RESOLVE_NO_XDEV sees it): the mounted files survive."""
+    import subprocess
+    import sys
+    import textwrap
+
+    host = tmp_path / "hostdir"
+    host.mkdir()
+    (host / "precious.txt").write_text("precious")
+    (layout.ws / "t" / "mnt").mkdir(parents=True)
+    (layout.ws / "t" / "other.txt").write_text("x")
+    script = textwrap.dedent(f"""
+        import os, subprocess
+        subprocess.run(["mount", "--bind", {str(host)!r}, {str(layout.ws / "t" / "mnt")!r}], check=True)
+        from sandbox_fs import open_root
+        from sandbox_fs.root import Subtree
+        with open_root({str(layout.ws)!r}) as root:
+            st = os.lstat({str(layout.ws / "t")!r})
+            print(Subtree(root, "t", (st.st_dev, st.st_ino)).remove_tree())
+            root.rmtree("t")
+            root.clear()
+        print(sorted(os.listdir({str(host)!r})))
+    """)
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["False", "['precious.txt']"]
+    assert (host / "precious.txt").read_text() == "precious"
+    assert not (layout.ws / "t" / "other.txt").exists()  # the rest was removed
 
 
 # ---------------------------------------------------------------------- property: any swap point
@@ -331,7 +407,9 @@ def test_property_a_work_directory_swapped_at_any_member_receives_nothing_after(
     swapper.assert_nothing_followed()
     if mode != "in_place":
         assert not ok
-    assert _staging_names(parent) == []
+        swapper.assert_racer_dir_left_alone()  # never removed: not ours
+    else:
+        assert _staging_names(parent) == []
 
 
 _COMP = st.sampled_from(["a", "b", "..", ".", "", "c d", "\udcff", "x" * 10])
@@ -340,24 +418,83 @@ _COMP = st.sampled_from(["a", "b", "..", ".", "", "c d", "\udcff", "x" * 10])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(comps=st.lists(_COMP, max_size=6), lead=st.sampled_from(["", "/", "//"]), as_bytes=st.booleans())
 def test_property_subtree_paths_stay_beneath_their_directory(layout, comps, lead, as_bytes):
-    """Any argument path: Subtree.join refuses it or returns a path that names something beneath the
-    directory (lexically, since the Root refuses symlinks only if asked: no '..' survives), and a
-    mkdir through it never creates anything outside the directory."""
+    """Any argument path: a Subtree call is refused or acts beneath its directory; a mkdir through
+    it never creates anything beside the directory or outside the workspace."""
     text = lead + "/".join(comps)
     arg = os.fsencode(text) if as_bytes else text
     (layout.ws / "sub").mkdir(exist_ok=True)
+    before_out = layout.snapshot()
     with open_root(layout.ws) as root:
-        sub = Subtree(root, "sub")
-        try:
-            joined = sub.join(arg)
-        except (PathEscapeError, InvalidPathError):
-            joined = None
-        if joined is not None:
-            parts = joined.split(b"/")
-            assert parts[0] == b"sub" and b".." not in parts
+        sub = _subtree(root, layout, "sub")
         before = sorted(os.listdir(layout.ws))
         try:
             sub.mkdir(arg, exist_ok=True)
         except (SandboxError, OSError):
             pass
         assert sorted(os.listdir(layout.ws)) == before  # only beneath sub/ can anything appear
+    layout.assert_outside_unchanged(before_out)
+
+
+# ---------------------------------------------------- the review of the fix: guards stay on every path
+
+
+@pytest.mark.parametrize("source", ["stream", "file"])
+def test_read_only_grant_put_at_the_staging_name_is_never_written(layout, tmp_path, monkeypatch, resolver, source):
+    """A racer renames the staging directory away and a read-only grant nested in the workspace to the
+    staging name: no member may be created in the grant (the fast paths that skip Root's write
+    guard are off when the Root has read-only grants; every other call checks the identity)."""
+    from sandbox_fs.paths import Grant, PathPolicy
+
+    ro = layout.ws / "ro_grant"
+    ro.mkdir()
+    (ro / "config").write_text("host config\n")
+    data = tar_bytes(_members())
+    (tmp_path / "a.tar").write_bytes(data)
+
+    class _ToGrant(_Swapper):
+        def swap(self) -> None:
+            if self.at_swap is None:
+                name = _staging_names(self.parent)[0]
+                os.rename(self.parent / name, self.stolen)
+                os.rename(ro, self.parent / name)
+                self.at_swap = _files(self.stolen)
+
+    swapper = _ToGrant(layout, layout.ws)
+    _swap_at_member(monkeypatch, swapper, 3)
+    with open_root(layout.ws) as wsroot:
+        pol = PathPolicy(wsroot, "/workspace", [Grant(str(ro), read_only=True)])
+        try:
+            assert pol.workspace.denies_writes
+            with pytest.raises((DirectoryReplacedError, UnsafeArchiveMemberError)):
+                extract(pol.workspace, ".", io.BytesIO(data) if source == "stream" else tmp_path / "a.tar")
+        finally:
+            pol.close()
+    swapper.assert_nothing_followed()
+    grant_now = layout.ws / _staging_names(layout.ws)[0]
+    assert _files(grant_now) == {"config": b"host config\n"}  # nothing written into the grant
+
+
+def test_hydrate_never_changes_what_another_process_put_at_its_staging_name(layout, store, monkeypatch, tmp_path):
+    """Between the extractor's move and hydrate's next step, the staging name is made a hard link to
+    an outside file: hydrate's chmod of its staging directory (and everything after) is refused by
+    identity, the outside file's mode and content are unchanged, the workspace is untouched."""
+    from sandbox_fs import snapshot as snap
+
+    live = _saved(layout, store)
+    target = layout.outside / "sentinel.txt"
+    before = layout.snapshot()
+    real = snap._extract_with_archive
+
+    def extract_then_swap(ws, dest, *a, **kw):
+        real(ws, dest, *a, **kw)
+        os.rename(layout.ws / dest, tmp_path / "ours-moved")
+        os.link(target, layout.ws / dest)
+
+    monkeypatch.setattr(snap, "_extract_with_archive", extract_then_swap)
+    with open_root(layout.ws) as ws, pytest.raises((DirectoryReplacedError, NotADirectoryError)):
+        hydrate(ws, store, "s")
+    after = layout.snapshot()
+    # mode, size, mtime and content unchanged (the link count is the hard link left at the name)
+    assert {k: v[:4] + v[5:] for k, v in after.items()} == {k: v[:4] + v[5:] for k, v in before.items()}
+    left = {k: v for k, v in _files(layout.ws).items() if not k.startswith(".sfs-")}
+    assert left == live

@@ -88,14 +88,16 @@ def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, form
 
 
 def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLimits, policy: ExtractPolicy,
-             check_cancel: Callable[[], None] | None) -> ExtractReport:
+             check_cancel: Callable[[], None] | None, made: list[tuple[int, int]] | None = None) -> ExtractReport:
+    """:func:`extract`; with ``made``, the ``(st_dev, st_ino)`` of the directory made for a new
+    destination (atomic mode), as checked when it was moved into place, is appended to it."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
     if isinstance(source, (str, os.PathLike)):
         # a trusted host path given by the host application; unbuffered, so the fd offset is
         # the stream position and plain tar member data can be sendfile'd
         with open(source, "rb", buffering=0) as fh:
-            return _extract(root, dest, fh, format, limits, policy, check_cancel)
+            return _extract(root, dest, fh, format, limits, policy, check_cancel, made)
     meter = Meter(limits)
     forced = FORMATS[format]
     if forced == "zip":
@@ -146,6 +148,8 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
             raise
         raise exc from None
     finally:
+        if made is not None and ex.made_identity is not None:
+            made.append(ex.made_identity)  # even when interrupted after the move: the caller owns it now
         ex.close()
     return ExtractReport(format=_NAMES.get(kind, kind), members=ex.members, files=ex.files, dirs=ex.dirs,
                          symlinks=ex.symlinks, hardlinks=ex.hardlinks, bytes_written=meter.written_bytes,

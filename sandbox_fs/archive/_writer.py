@@ -23,18 +23,36 @@ Layout (atomic mode, the default):
   non-directory, or a new non-directory over a pre-existing directory, is a
   ``conflict`` found before anything is moved: nothing new remains.
 
-The staging directory is reached by its *name* only, never through an fd of
-its own (a :class:`~sandbox_fs.root.Subtree`): every staged path is resolved as
-``<staging>/<member path>`` beneath the fd of the directory it was made in (the
-destination, or the destination's parent), the same fd and name that
-:meth:`Extractor.finish` later renames.  A held staging fd and the staging name
+The staging directory (and a new in-place destination) is reached by its
+*name* only, never through an fd kept across members: it is a
+:class:`~sandbox_fs.root.Subtree` of the directory it was made in (the
+destination, or the destination's parent), whose fd and name
+:meth:`Extractor.finish` later renames.  A kept staging fd and the staging name
 could come apart: a process able to rename inside the destination could move
 the staging directory away and put its own under that name, so the members
 would land in the moved directory and finish would move the other one into
-place.  By name, whatever sits at the staging name receives the members and is
-what gets moved, always beneath the destination.  The price: a member path is
-at most :data:`STAGED_PATH_MAX` bytes (PATH_MAX less the staging name), and
-``max_path_bytes`` is lowered to that for atomic extractions.
+place.  Now:
+
+* the hot paths (new files and directories in the fresh staging tree, the
+  batches) resolve ``<staging>/<member path>`` beneath that fd at each call,
+  so nothing follows a moved directory; they skip Root's write guard, so they
+  are used only when the Root has no read-only grant nested in it;
+* every other call (replacing a file, hard links, symlinks, the directory
+  metadata pass) opens the staging directory by name, checks its
+  ``(st_dev, st_ino)`` against the one recorded when it was made, and acts
+  beneath that fd for that call only (``DirectoryReplacedError`` otherwise);
+* :meth:`Extractor.finish` checks the identity again just before the rename
+  (``conflict`` otherwise), and :meth:`Extractor.abort` removes only a
+  staging directory that passes the check (through the checked fd, never
+  into a mount point): whatever another process put at the name is left.
+
+Limits of a name: a directory swapped in between ``mkdir`` and the first
+``lstat`` of the staging directory, or between finish's check and its
+rename, is taken for ours; either way it is a directory inside the
+destination, so a racer changes only what the destination ends up holding.
+A member path is at most :data:`STAGED_PATH_MAX` bytes (PATH_MAX less the
+staging name), and ``max_path_bytes`` is lowered to that for atomic
+extractions.
 
 Batched new files (atomic mode, uncompressed tar read from a regular file):
 a plain file member with a new name is *queued* (:meth:`Extractor.add_new_file_from`)
@@ -279,9 +297,15 @@ class Extractor:
         self._stage_fd = -1
         self._stage_pre = b""
         self._stage_resolver = "openat2"
-        self._staging_id: tuple[int, int] | None = None
+        #: (st_dev, st_ino) of the directory made for the destination, once finish() moved it in
+        self.made_identity: tuple[int, int] | None = None
         self.work: Root | Subtree
-        self._setup(root, dest)
+        try:
+            self._setup(root, dest)
+        except BaseException:
+            for r in reversed(self._opened):
+                r.close()
+            raise
         if isinstance(self.work, Subtree):
             # Every path of the work tree is resolved as "<its name>/<path>" beneath the
             # fd it was made in, at the moment of use: the staging directory (or the new
@@ -290,8 +314,10 @@ class Extractor:
             pmax = MAX_PATH_BYTES - len(self.work.path) - 1
             if self.limits.max_path_bytes > pmax:
                 self.limits = limits.model_copy(update={"max_path_bytes": pmax})
-        if self._staging is not None:
+        if self._staging is not None and not self.work.root.denies_writes:
             assert isinstance(self.work, Subtree)
+            # (Only when no read-only grant is nested in the Root: these paths skip Root's
+            # write guard, so with one they are off and every write goes through the guard.)
             # Staging fast path: a new file in our own fresh staging tree is created with ONE
             # openat2(O_CREAT|O_EXCL|O_NOFOLLOW, RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
             # RESOLVE_NO_MAGICLINKS) of "<staging>/<path>" beneath the fd the staging
@@ -332,13 +358,14 @@ class Extractor:
                 self._opened.append(prt)
             if self.policy.in_place:
                 prt.mkdir(leaf, 0o755)
-                self.work = Subtree(prt, leaf)
+                self.work = Subtree(prt, leaf, _ident(prt.lstat(leaf)))
                 return
             self._parent_root, self._dest_leaf = prt, leaf
             self._staging = STAGING_PREFIX + secrets.token_hex(8)
             prt.mkdir(self._staging, 0o700)
-            self.work = Subtree(prt, self._staging)
-            self._staging_id = _ident(prt.lstat(self._staging))
+            # (the identity is taken right after mkdir: a directory swapped in between those
+            # two calls would be taken for ours; it is inside the destination either way)
+            self.work = Subtree(prt, self._staging, _ident(prt.lstat(self._staging)))
             return
         self._dest_root = dest_root
         if self.policy.in_place:
@@ -346,8 +373,7 @@ class Extractor:
             return
         self._staging = STAGING_PREFIX + secrets.token_hex(8)
         dest_root.mkdir(self._staging, 0o700)
-        self.work = Subtree(dest_root, self._staging)
-        self._staging_id = _ident(dest_root.lstat(self._staging))
+        self.work = Subtree(dest_root, self._staging, _ident(dest_root.lstat(self._staging)))
 
     @property
     def fresh(self) -> bool:
@@ -1087,7 +1113,16 @@ class Extractor:
         """
         if not self._dir_meta:
             return
-        work, kinds, meta = self.work, self._kinds, self._dir_meta
+        if isinstance(self.work, Subtree):
+            # One checked fd for this metadata-only step (modes and times of our own
+            # directories; nothing is created), instead of one lookup per call.
+            with self.work.enter() as work:
+                self._apply_dir_meta_in(work)
+        else:
+            self._apply_dir_meta_in(self.work)
+
+    def _apply_dir_meta_in(self, work: Root) -> None:
+        kinds, meta = self._kinds, self._dir_meta
         dflags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
         stack: list[bytes] = [b""]
         while stack:
@@ -1098,7 +1133,11 @@ class Extractor:
                     mode, mt, owner = m
                     work.chmod(rel, mode)
                     if self._owner and owner is not None:
-                        self._chown(rel, owner)
+                        fd = work.open_fd(rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                        try:
+                            os.fchown(fd, owner[0], owner[1])
+                        finally:
+                            os.close(fd)
                     if mt is not None:
                         work.utime(rel, ns=(mt, mt))
             try:
@@ -1133,8 +1172,8 @@ class Extractor:
         if self._staging is None:
             return
         owner = self._parent_root if self._parent_root is not None else self._dest_root
-        assert owner is not None
-        if _ident(owner.lstat(self._staging)) != self._staging_id:
+        assert owner is not None and isinstance(self.work, Subtree)
+        if _ident(owner.lstat(self._staging)) != self.work.identity:
             # Another process replaced the staging directory (by name, the members went into
             # whatever sat there, never elsewhere): say so rather than report a success.
             raise UnsafeArchiveMemberError("conflict", None, "the staging directory was replaced during extraction")
@@ -1147,6 +1186,7 @@ class Extractor:
                 raise UnsafeArchiveMemberError("conflict", None,
                                                "the destination appeared during extraction") from None
             self._staging = None
+            self.made_identity = self.work.identity
             return
         assert self._dest_root is not None
         moves: list[tuple[str, str, bool]] = []
@@ -1181,10 +1221,11 @@ class Extractor:
         """Remove the staging tree (atomic mode).  In-place mode leaves what was extracted."""
         self.pending_error()  # the helper thread is idle before anything is removed
         try:
-            if self._staging is not None:
-                owner = self._parent_root if self._parent_root is not None else self._dest_root
-                if owner is not None:
-                    owner.rmtree(self._staging, missing_ok=True)
+            if self._staging is not None and isinstance(self.work, Subtree):
+                # Only our own staging directory, checked by identity, is removed (through
+                # a checked fd, never into a mount point); whatever else sits at its name
+                # now was put there by another process and is left alone.
+                self.work.remove_tree()
         finally:
             self._staging = None
 
