@@ -614,10 +614,9 @@ int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes)
 /* On failure every fd is closed and the temporary name removed.       */
 /* ------------------------------------------------------------------ */
 
-/* Set atime and mtime of fd to ns nanoseconds since the epoch (negative: before it).  0 or -1 with errno. */
-static int set_times_ns(int fd, int64_t ns)
+/* atime = mtime = ns nanoseconds since the epoch (negative: before it). */
+static void ns_to_times(int64_t ns, struct timespec ts[2])
 {
-    struct timespec ts[2];
     ts[0].tv_sec = (time_t)(ns / 1000000000);
     ts[0].tv_nsec = (long)(ns % 1000000000);
     if (ts[0].tv_nsec < 0) {
@@ -625,7 +624,25 @@ static int set_times_ns(int fd, int64_t ns)
         ts[0].tv_nsec += 1000000000;
     }
     ts[1] = ts[0];
+}
+
+/* Set atime and mtime of fd to ns nanoseconds since the epoch.  0 or -1 with errno. */
+static int set_times_ns(int fd, int64_t ns)
+{
+    struct timespec ts[2];
+    ns_to_times(ns, ts);
     return futimens(fd, ts);
+}
+
+/* The same for the inode an O_PATH fd refers to (a symlink's own times through an fd that
+   was checked to be it, never by name): utimensat(fd, "", AT_EMPTY_PATH).  0 or -errno. */
+int sfs_set_times_fd(int fd, int64_t ns)
+{
+    struct timespec ts[2];
+    ns_to_times(ns, ts);
+    if (utimensat(fd, "", ts, AT_EMPTY_PATH) < 0)
+        return -errno;
+    return 0;
 }
 
 static void xfer_close(struct sfs_xfer *x)

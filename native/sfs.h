@@ -3,7 +3,7 @@
 #include <stdint.h>
 
 /* Bumped whenever a signature below changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 5
+#define SFS_ABI_VERSION 6
 #define SFS_MAX_SYMLINK_HOPS 40   /* MAXSYMLINKS in the kernel */
 #define SFS_EAGAIN_RETRIES 128
 #define SFS_COPY_BUF 65536
@@ -14,6 +14,7 @@ int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, ui
                   int fallback, int allow_special);
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
+int sfs_set_times_fd(int fd, int64_t ns);
 /* One file copied into a temporary name and renamed into place: see sfs.c. */
 #define SFS_XFER_CHECK_IDENT 1   /* the source's (dev, ino) must equal x->dev, x->ino */
 #define SFS_XFER_FSYNC 2         /* fsync the temporary file before the rename */

@@ -23,7 +23,7 @@ from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 5
+EXPECTED_ABI = 6
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -155,6 +155,19 @@ def open_beneath(resolver: str, dirfd: int, rel: bytes, flags: int, mode: int, r
         if ret in (-errno.ENOSYS, -errno.EPERM) and not have_openat2():  # pragma: no cover
             ret = lib.sfs_open_fallback(dirfd, rel, flags, mode, resolve)
     return check(ret, op, sandbox_path)
+
+
+def set_times_fd(fd: int, ns: int, op: str, sandbox_path: str | None) -> None:
+    """Set atime and mtime (``ns`` nanoseconds since the epoch) of the inode ``fd`` refers to.
+
+    ``fd`` may be an ``O_PATH`` fd (a symlink opened ``O_PATH|O_NOFOLLOW``):
+    ``utimensat(fd, "", AT_EMPTY_PATH)``, so the times go to the inode that
+    was opened and checked, never to whatever a name points to later.
+
+    Raises:
+        OSError: EINVAL on kernels without ``AT_EMPTY_PATH`` for utimensat, or any other failure.
+    """
+    check(lib.sfs_set_times_fd(fd, ns), op, sandbox_path)
 
 
 def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int,

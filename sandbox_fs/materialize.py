@@ -935,8 +935,8 @@ def _finish_local_dir(run: _Run, work: _DirWork) -> None:
     run.add("symlinks", links)
     for rp, st in sorted(work.dirs, key=lambda d: d[0].count("/") + (1 if d[0] else 0), reverse=True):
         dest = _join(work.dest, rp)
-        run.ws.chmod(dest, _stat.S_IMODE(st.st_mode) & 0o777)
-        run.ws.utime(dest, ns=(st.st_mtime_ns, st.st_mtime_ns))
+        # through the directory's fd, never by name (a name swapped for a hard link is refused)
+        run.ws.set_dir_meta(dest, mode=_stat.S_IMODE(st.st_mode) & 0o777, mtime_ns=st.st_mtime_ns)
     run.add("dirs", [_join(work.dest, rp) for rp, _ in work.dirs])
 
 
@@ -1084,7 +1084,7 @@ def _finish_dirs(run: _Run, flat: list[FlatEntry]) -> None:
     for fe in sorted(dirs, key=lambda f: f.path.count("/"), reverse=True):
         mode = 0o755 if fe.entry.mode is None else fe.entry.mode
         try:
-            run.ws.chmod(fe.path, mode)
+            run.ws.set_dir_meta(fe.path, mode=mode)  # through the directory's fd, never by name
         except BaseException as exc:
             raise _wrap(exc, fe.path) from None
     run.add("dirs", [fe.path for fe in dirs])

@@ -285,6 +285,61 @@ class Root:
         """``(st_dev, st_ino)`` of the root directory."""
         return self._root_id
 
+    def set_dir_meta(self, path: str | bytes, *, mode: int | None = None, mtime_ns: int | None = None,
+                     owner: tuple[int, int] | None = None) -> None:
+        """Set a *directory*'s owner, mode and mtime through an fd of it, never by name.
+
+        The directory is opened ``O_RDONLY|O_DIRECTORY|O_NOFOLLOW`` beneath
+        the root and changed with ``fchown``/``fchmod``/``futimens`` on that
+        fd (write guard checked on it).  A directory cannot be a hard link, so
+        a name another process swaps for a hard link to a file outside (or for
+        a symlink) is refused, never changed, which :meth:`chmod` by name
+        cannot promise.
+
+        Args:
+            mode: permission bits within 0o777; mtime_ns: atime and mtime, in
+                nanoseconds; owner: ``(uid, gid)`` (needs the privilege).
+
+        Raises:
+            NotADirectoryError: ``path`` is not a directory.
+            SymlinkRefusedError: ``path`` is a symlink.
+            UnsafeModeError: ``mode`` outside 0o777.
+            ReadOnlyError: a read-only Root, or a read-only grant.
+        """
+        rel = self._rel(path)
+        if mode is not None:
+            _check_mode(mode, self._show(rel))
+        fd = self.open_fd(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            self.check_write_fd(fd, rel)
+            try:
+                if owner is not None:
+                    os.fchown(fd, owner[0], owner[1])
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                if mtime_ns is not None:
+                    os.utime(fd, ns=(mtime_ns, mtime_ns))
+            except OSError as exc:
+                self._oserror(exc, "chmod", rel)
+        finally:
+            os.close(fd)
+
+    def check_write_fd(self, fd: int, path: str | bytes) -> None:
+        """Refuse a change made through ``fd``, a directory opened beneath this Root at ``path``, where writes are denied.
+
+        For callers that change a directory's metadata through its own fd
+        (``fchmod``/``fchown``/``futimens``), never by name: the same rules as
+        the Root's own writes, checked on the fd.
+
+        Raises:
+            ReadOnlyError: this Root is read-only, or ``fd`` is (or is beneath)
+                a read-only grant nested in it.
+        """
+        rel = self._rel(path)
+        self._check_writable(rel, "write")
+        if self._deny:
+            self._check_write_target(fd, None, rel, False)
+
     @property
     def denies_writes(self) -> bool:
         """True when read-only directories (grants) nested in this Root are refused to writes."""
@@ -654,7 +709,7 @@ class Root:
     def atomic_write(self, path: str | bytes,
                      data: bytes | bytearray | memoryview | Iterable[bytes] | IO[bytes] | int, *,
                      mode: int = 0o644, fsync: bool = True, max_bytes: int | None = None,
-                     mtime_ns: int | None = None) -> int:
+                     mtime_ns: int | None = None, owner: tuple[int, int] | None = None) -> int:
         """Write a new file under a temporary name in the parent, then rename it over ``path``.
 
         A leaf symlink at ``path`` is *replaced*, never followed.  Readers see
@@ -671,6 +726,8 @@ class Root:
             max_bytes: for file objects and fds, refuse sources larger than
                 this (OSError EFBIG); None for no bound.
             mtime_ns: set the file's mtime (and atime) in nanoseconds.
+            owner: ``(uid, gid)`` given to the new file (``fchown`` of its fd,
+                before the rename: never by name); needs the privilege to.
 
         Returns:
             The number of bytes written.
@@ -694,6 +751,8 @@ class Root:
                 try:
                     try:
                         written = self._fill(fd, data, max_bytes, rel)
+                        if owner is not None:
+                            os.fchown(fd, owner[0], owner[1])  # before fchmod: chown clears setuid bits
                         os.fchmod(fd, mode)
                         if mtime_ns is not None:
                             os.utime(fd, ns=(mtime_ns, mtime_ns))
@@ -1043,11 +1102,18 @@ class Root:
                     raise
                 # mkdir applies the umask; set the asked mode on what we made,
                 # through a fd opened without following links.
-                dfd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
                 try:
-                    os.fchmod(dfd, mode)
-                finally:
-                    os.close(dfd)
+                    dfd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+                    try:
+                        os.fchmod(dfd, mode)
+                    finally:
+                        os.close(dfd)
+                except BaseException:
+                    try:
+                        os.rmdir(leaf, dir_fd=pfd)  # a failed mkdir leaves nothing (an empty directory only)
+                    except OSError:
+                        pass
+                    raise
             except OSError as exc:
                 self._oserror(exc, "mkdir", rel)
             finally:
@@ -1127,26 +1193,31 @@ class Root:
             finally:
                 os.close(pfd)
 
-    def clear(self, *, skip: Callable[[os.stat_result], bool] | None = None) -> None:
+    def clear(self, *, skip: Callable[[os.stat_result], bool] | None = None, make_writable: bool = False) -> None:
         """Remove everything *inside* the root, never the root directory itself.
 
         Args:
+            make_writable: give each directory entered (the root included)
+                owner read, write and search permission first, with ``fchmod``
+                of the fd it was entered through (never by name), so a tree
+                with read-only directories can be removed by a non-root
+                caller.  For trees this library made.
             skip: see :meth:`rmtree`; skipped directories (mount points) stay.
-                With the openat2 resolver, a mount point (a bind mount of the
-                same filesystem included) is never entered whatever ``skip``
-                says (``RESOLVE_NO_XDEV``); the fallback resolver relies on
-                ``skip`` (``st_dev``) for that.
+                A mount point is never entered whatever ``skip`` says: with
+                openat2 (``RESOLVE_NO_XDEV``) a bind mount of the same
+                filesystem included; without it, a directory on another
+                device than its parent.
         """
         self._check_writable(b".", "clear")
         with self._use() as rootfd:
             try:
-                self._clear_dir(rootfd, b".", b".", skip)
+                self._clear_dir(rootfd, b".", b".", skip, make_writable)
             except OSError as exc:
                 self._oserror(exc, "clear", b".")
 
     def _clear_dir(self, parent_fd: int, name: bytes, rel: bytes,
-                   skip: Callable[[os.stat_result], bool] | None) -> bool:
-        """Empty directory ``name`` under ``parent_fd``; True when it is empty now."""
+                   skip: Callable[[os.stat_result], bool] | None, writable: bool = False) -> bool:
+        """Empty directory ``name`` under ``parent_fd``; True when it is empty now (``writable``: see :meth:`clear`)."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         # stack of [fd, iterator-of-names, name-in-parent, kept-something];
         # every fd is on the stack (owned) from the moment it is opened.
@@ -1158,7 +1229,7 @@ class Root:
             except _MountPoint:
                 return False
             stack.append([top, iter(()), None, False])
-            self._check_entered(top, rel)
+            self._check_entered(top, rel, writable)
             stack[-1][1] = iter(os.listdir(top))
             while stack:
                 frame = stack[-1]
@@ -1212,7 +1283,7 @@ class Root:
                         continue
                     raise
                 stack.append([cfd, iter(()), cname, False])
-                self._check_entered(cfd, rel)
+                self._check_entered(cfd, rel, writable)
                 stack[-1][1] = iter(os.listdir(cfd))
         except BaseException:
             for frame in stack:
@@ -1223,17 +1294,25 @@ class Root:
     def _open_dir_here(self, dfd: int, name: bytes, flags: int) -> int:
         """Open directory entry ``name`` of ``dfd`` (one component, ``O_NOFOLLOW``) for a recursive removal.
 
-        With openat2, ``RESOLVE_NO_XDEV`` too: a mount point, a same-filesystem
-        bind mount included (which ``st_dev`` does not reveal), raises
-        :class:`_MountPoint` and is kept.  The fallback resolver sees only
-        mounts of another device (the callers' ``skip``).
+        Whenever the kernel has openat2 (whichever resolver this Root uses for
+        paths), with ``RESOLVE_NO_XDEV``: a mount point, a same-filesystem bind
+        mount included (which ``st_dev`` does not reveal), raises
+        :class:`_MountPoint` and is kept.  Without openat2, a directory on
+        another device than its parent is kept (a same-filesystem bind mount
+        is not seen there).
 
         Raises:
             _MountPoint: ``name`` is a mount point.
             OSError: as ``os.open`` (ELOOP for a symlink, ENOTDIR ...).
         """
-        if self.resolver != "openat2" or name == b".":
+        if name == b".":
             return os.open(name, flags, dir_fd=dfd)
+        if not _native.have_openat2():
+            fd = os.open(name, flags, dir_fd=dfd)
+            if os.fstat(fd).st_dev != os.fstat(dfd).st_dev:
+                os.close(fd)
+                raise _MountPoint()
+            return fd
         ret = _native.lib.sfs_openat2(dfd, name, flags, 0, _CLEAR_RESOLVE)
         if ret >= 0:
             return ret
@@ -1241,12 +1320,14 @@ class Root:
             raise _MountPoint()
         raise OSError(-ret, os.strerror(-ret))
 
-    def _check_entered(self, dfd: int, rel: bytes) -> None:
-        """A recursive removal never enters a denied (read-only grant) directory."""
-        if self._deny:
+    def _check_entered(self, dfd: int, rel: bytes, writable: bool = False) -> None:
+        """A recursive removal never enters a denied (read-only grant) directory; ``writable``: make it u+rwx."""
+        if self._deny or writable:
             st = os.fstat(dfd)
             if (st.st_dev, st.st_ino) in self._deny:
                 raise ReadOnlyError("removal would enter a read-only grant", sandbox_path=self._show(rel))
+            if writable and st.st_mode & 0o700 != 0o700:
+                os.fchmod(dfd, _stat.S_IMODE(st.st_mode) | 0o700)
 
     def rename(self, src: str | bytes, dst: str | bytes, *, no_replace: bool = False) -> None:
         """Rename ``src`` to ``dst``, both beneath the root; links are moved, never followed.
@@ -1738,15 +1819,21 @@ class Subtree:
     def remove_tree(self) -> bool:
         """Remove the directory and everything in it, only if it is still the one recorded.
 
-        Its contents are removed through a checked fd (:meth:`Root.clear`:
-        never through a symlink, never into a mount point), then the empty
-        directory by name.  Directories without write permission are made
-        writable first (a non-root caller could not empty them otherwise).
+        Its contents are removed through the checked fd (:meth:`Root.clear`
+        with ``make_writable``: never through a symlink, never into a mount
+        point, read-only directories made writable through their own fds),
+        then the empty directory by name, after one more identity check (a
+        directory put at the name between that check and the ``rmdir`` is
+        removed only if it is empty).
 
         Returns:
             True when it was removed; False when the name holds nothing, or
-            something this Subtree did not make (left alone: never removed
-            by name alone), or something was kept (a mount point).
+            something this Subtree did not make (left alone), or something
+            was kept (a mount point).
+
+        Raises:
+            ReadOnlyError: a read-only grant was moved into the tree (kept).
+            OSError: a removal failed (EBUSY ...).
         """
         try:
             r = self.enter()
@@ -1754,15 +1841,11 @@ class Subtree:
                 PathEscapeError):
             return False
         with r:
-            try:
-                r.clear()
-            except PermissionError:
-                self.chmod(".", 0o700)
-                for dirpath, _dirs, _nondirs in r.walk("."):
-                    if dirpath not in ("", "."):
-                        r.chmod(dirpath, 0o700)
-                r.clear()
+            r.clear(make_writable=True)
         try:
+            st = self.root.lstat(self.path)
+            if (st.st_dev, st.st_ino) != self.identity:
+                return False
             self.root.rmdir(self.path)
         except OSError:
             return False  # not empty: something was kept, or the name changed meanwhile

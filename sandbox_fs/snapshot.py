@@ -65,8 +65,9 @@ directory inside the workspace (reached by its name from the workspace fd in
 every step, never through an fd of its own, and checked to be the directory
 the extractor made before anything moves) while a thread computes the archive's CRC-32
 (``pread`` of the same fd, at most the recorded size and one byte more:
-never to the end of a file grown after its size check), exact modes are
-re-applied there, the CRC-32 is checked, and only then is the workspace
+never to the end of a file grown after its size check; the exact recorded
+modes are applied by the extractor through the fds it makes the entries
+with, never by name), the CRC-32 is checked, and only then is the workspace
 cleared and the staged entries moved up.  Any failure before the swap leaves the previous contents untouched.
 
 The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
@@ -1782,8 +1783,10 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     any untrusted archive) into a private staging directory inside the
     workspace (``.sfs-hydrate-<hex>``, mode 0700, never persisted nor
     fingerprinted; reached by name from ``ws`` in every step, never through
-    an fd of its own), and the exact permission bits recorded at persist are
-    re-applied there.  Meanwhile one thread of its own (``sfs-hydrate-crc``,
+    an fd of its own), with the exact permission bits recorded at persist
+    (applied by the extractor through the fd each entry is made or opened
+    with, never by name: a name another process swaps for a hard link to a
+    file outside is never changed).  Meanwhile one thread of its own (``sfs-hydrate-crc``,
     with a :class:`LocalSnapshotStore`) reads the same fd with ``pread`` and
     computes the archive's CRC-32 (both release the GIL: the second core),
     so the archive is not read twice in a row; the CRC-32 is compared with
@@ -1845,18 +1848,19 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
     """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
     # The staging directory is reached by its name only (never through an fd of its own),
     # from the workspace fd, in every step: the extractor stages beside it and renames its
-    # tree to this name, modes are restored through a Subtree, and the clear keeps and the
-    # moves read whatever is at that name, checked to be the directory the extractor made.
-    # So a process that swaps it can change only what is moved in, never where anything goes.
+    # tree to this name (applying the exact recorded modes through the fds it makes the
+    # entries with), and the clear keeps and the moves read whatever is at that name,
+    # checked to be the directory the extractor made.  So a process that swaps it can
+    # change only what is moved in, never where anything goes.
     staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
     made: list[tuple[int, int]] = []  # the identity of the directory the extractor made at ``staging``
+    exact = {p.encode("utf-8", "surrogateescape"): m & 0o777 for p, m in info.mode_fixups}
     try:
         try:
-            _extract_with_archive(ws, staging, f, limits, info.archive_bytes, made)
+            _extract_with_archive(ws, staging, f, limits, info.archive_bytes, made, exact)
             sid = made[0]
             sub = Subtree(ws, staging, sid)
             sub.chmod(".", 0o700)  # the extractor made it 0755, as for any new destination
-            deferred = _restore_modes(sub, info, defer_top_dirs=True)
         except Exception as exc:
             # A corrupted archive may fail extraction in any way: report it as what it is.
             # (An interrupt does not wait for the check.)
@@ -1875,10 +1879,8 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
         is_mount = is_mount_point_of(ws, mount_points)
         keep = lambda st: (st.st_dev, st.st_ino) == sid or is_mount(st)  # noqa: E731
         ws.clear(skip=keep)
-        for entry in ws.listdir(staging):
+        for entry in sub.listdir("."):
             _move_up(ws, f"{staging}/{entry}", entry, is_mount)
-        for path, mode in deferred:
-            ws.chmod(path, mode)
     finally:
         # On a failure before the swap this is all that changes; after the swap it is empty.
         # Only the directory the extractor made (checked by identity) is removed, never
@@ -1893,10 +1895,13 @@ _HYDRATE_PREFIX = ".sfs-hydrate-"
 
 
 def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], bool]) -> None:
-    """Move staged ``src`` to ``dst`` without replacing anything; merge into a kept directory."""
+    """Move staged ``src`` to ``dst`` without replacing anything; merge into a kept directory.
+
+    Directory modes are changed through the directory's own fd (:meth:`Root.set_dir_meta`), never by name.
+    """
     sst = ws.lstat(src)
     if _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
-        ws.chmod(src, (_stat.S_IMODE(sst.st_mode) | 0o700) & 0o777)  # renaming a dir rewrites its ".."
+        ws.set_dir_meta(src, mode=(_stat.S_IMODE(sst.st_mode) | 0o700) & 0o777)  # renaming a dir rewrites its ".."
     try:
         ws.rename(src, dst, no_replace=True)
     except FileExistsError:
@@ -1907,10 +1912,10 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
         for entry in ws.listdir(src):
             _move_up(ws, f"{src}/{entry}", f"{dst}/{entry}", is_mount)
         if not is_mount(dst_st):
-            ws.chmod(dst, _stat.S_IMODE(sst.st_mode) & 0o777)
+            ws.set_dir_meta(dst, mode=_stat.S_IMODE(sst.st_mode) & 0o777)
         return
     if _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
-        ws.chmod(dst, _stat.S_IMODE(sst.st_mode) & 0o777)
+        ws.set_dir_meta(dst, mode=_stat.S_IMODE(sst.st_mode) & 0o777)
 
 
 def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> Any:
@@ -1932,7 +1937,7 @@ def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) ->
 
 
 def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits,
-                          archive_bytes: int, made: list[tuple[int, int]]) -> None:
+                          archive_bytes: int, made: list[tuple[int, int]], exact: dict[bytes, int]) -> None:
     # ``dest`` is hydrate's staging name, not yet existing: the extractor stages in a sibling
     # directory (reached by name from ``ws``) and renames it to ``dest`` when complete.
     # Its input is bounded by the validated archive size, not by the file's current end
@@ -1941,35 +1946,10 @@ def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLim
     policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
                            preserve_owner=False, apply_mtime=True)
     try:
-        _archive_extract(ws, dest, f, "tar", _archive_limits(limits, archive_bytes), policy, None, made)
+        _archive_extract(ws, dest, f, "tar", _archive_limits(limits, archive_bytes), policy, None, made, exact)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None
     # ``made`` now holds the identity of the directory the extractor made and moved to ``dest``
 
 
-def _restore_modes(ws: Root | Subtree, info: SnapshotInfo, *, defer_top_dirs: bool = False) -> list[tuple[str, int]]:
-    """Re-apply the exact permission bits the extractor's PEP 706 modes changed.
-
-    Persist recorded every file and directory whose mode (within 0o777)
-    differs from what the extractor applies (``info.mode_fixups``); files
-    first, then directories deepest first, so a 0o500 directory becomes
-    read-only last.  Root.chmod refuses bits outside 0o777 and symlinks.
-
-    With ``defer_top_dirs``, top-level directories are not changed but
-    returned as ``(path, mode)``: hydrate moves them out of its staging
-    directory first (renaming a directory needs write permission on it).
-    """
-    dirs: list[tuple[str, int]] = []
-    deferred: list[tuple[str, int]] = []
-    for path, mode in info.mode_fixups:
-        if _stat.S_ISDIR(ws.lstat(path).st_mode):
-            if defer_top_dirs and "/" not in path.strip("/"):
-                deferred.append((path, mode & 0o777))
-            else:
-                dirs.append((path, mode))
-        else:
-            ws.chmod(path, mode & 0o777)
-    for path, mode in sorted(dirs, key=lambda pm: pm[0].count("/"), reverse=True):
-        ws.chmod(path, mode & 0o777)
-    return deferred

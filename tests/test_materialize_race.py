@@ -174,3 +174,43 @@ async def test_repeated_apply_is_idempotent(layout, n):
             ws.close()
         digests.append([(f.sandbox_path, f.sha256, f.mode) for f in res.files] + [s.sandbox_path for s in res.symlinks])
     assert all(d == digests[0] for d in digests)
+
+
+@pytest.mark.parametrize("kind", ["local_dir", "dir"])
+def test_directory_modes_never_reach_a_hard_link_swapped_in(tmp_path, kind, monkeypatch):
+    """Directory modes (and a local_dir's mtimes) are set through the directory's own fd: a
+    directory swapped for a hard link to an outside file just before is refused, never changed."""
+    import sandbox_fs.materialize as mat
+
+    base, ws_dir, outside = tmp_path / "base", tmp_path / "ws", tmp_path / "outside"
+    for d in (base / "t" / "sub", ws_dir, outside):
+        d.mkdir(parents=True)
+    (base / "t" / "sub" / "f").write_text("x")
+    os.chmod(base / "t" / "sub", 0o777)
+    secret = outside / "secret"
+    secret.write_text("s")
+    os.chmod(secret, 0o600)
+    before = os.stat(secret)
+    os.link(secret, ws_dir / "planted")
+    target = "t/sub" if kind == "local_dir" else "d/sub"
+    fn = "_finish_local_dir" if kind == "local_dir" else "_finish_dirs"
+    real = getattr(mat, fn)
+
+    def swap_then_finish(run, arg):
+        os.rename(ws_dir / target, tmp_path / "moved")
+        os.rename(ws_dir / "planted", ws_dir / target)
+        return real(run, arg)
+
+    monkeypatch.setattr(mat, fn, swap_then_finish)
+    entries = ({"t": {"type": "local_dir", "src": "t"}} if kind == "local_dir" else
+               {"d": {"type": "dir", "children": {"sub": {"type": "dir", "mode": 0o777}}}})
+
+    async def main():
+        with open_root(ws_dir) as ws:
+            await materialize(ws, load_manifest({"entries": entries}), MaterializeOptions(base_dir=str(base)))
+
+    with pytest.raises((SandboxError, OSError)):
+        trio.run(main)
+    after = os.stat(secret)
+    assert (stat.S_IMODE(after.st_mode), after.st_mtime_ns, after.st_uid) == \
+        (stat.S_IMODE(before.st_mode), before.st_mtime_ns, before.st_uid)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import stat
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -222,13 +223,13 @@ def test_hydrate_staging_swapped_is_refused_workspace_unchanged(layout, store, m
     if which == "extract_staging":
         _swap_at_member(monkeypatch, swapper, 10)
     else:
-        real = snap._restore_modes
+        real = snap._extract_with_archive
 
-        def restore_modes(ws, info, **kw):
+        def extract_then_swap(*a, **kw):
+            real(*a, **kw)
             swapper.swap()  # after the extractor renamed its tree to .sfs-hydrate-*
-            return real(ws, info, **kw)
 
-        monkeypatch.setattr(snap, "_restore_modes", restore_modes)
+        monkeypatch.setattr(snap, "_extract_with_archive", extract_then_swap)
     with open_root(layout.ws) as ws, pytest.raises((SandboxError, FileNotFoundError)) as ei:
         hydrate(ws, store, "s")
     if which == "extract_staging":  # the next member's parent left with the moved directory
@@ -327,7 +328,7 @@ def _can_bind_mount() -> str | None:
 
 
 @pytest.mark.skipif(_can_bind_mount() is not None, reason=str(_can_bind_mount()))
-def test_removal_never_enters_a_bind_mount_of_the_same_filesystem(layout, tmp_path):
+def test_removal_never_enters_a_bind_mount_of_the_same_filesystem(layout, tmp_path, resolver):
     """Root.clear / rmtree / Subtree.remove_tree keep a mount point, a same-filesystem bind mount
     included (st_dev is the same; openat2 RESOLVE_NO_XDEV sees it): the mounted files survive."""
     import subprocess
@@ -351,12 +352,18 @@ def test_removal_never_enters_a_bind_mount_of_the_same_filesystem(layout, tmp_pa
             root.clear()
         print(sorted(os.listdir({str(host)!r})))
     """)
+    os.chmod(host, 0o555)
+    (layout.ws / "t" / "ro").mkdir()
+    (layout.ws / "t" / "ro" / "f").write_text("x")
+    os.chmod(layout.ws / "t" / "ro", 0o555)  # made writable through its own fd, never by name
+    env = dict(os.environ, SANDBOX_FS_RESOLVER=resolver)
     out = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["False", "['precious.txt']"]
     assert (host / "precious.txt").read_text() == "precious"
-    assert not (layout.ws / "t" / "other.txt").exists()  # the rest was removed
+    assert stat.S_IMODE(os.stat(host).st_mode) == 0o555  # never chmod'ed through the mount
+    assert not (layout.ws / "t" / "other.txt").exists() and not (layout.ws / "t" / "ro").exists()
 
 
 # ---------------------------------------------------------------------- property: any swap point
@@ -498,3 +505,139 @@ def test_hydrate_never_changes_what_another_process_put_at_its_staging_name(layo
     assert {k: v[:4] + v[5:] for k, v in after.items()} == {k: v[:4] + v[5:] for k, v in before.items()}
     left = {k: v for k, v in _files(layout.ws).items() if not k.startswith(".sfs-")}
     assert left == live
+
+
+def _outside_file(layout) -> tuple:
+    p = layout.outside / "secret.txt"
+    os.chmod(p, 0o600)
+    st_ = os.stat(p)
+    return p, (stat.S_IMODE(st_.st_mode), st_.st_uid, st_.st_gid, st_.st_mtime_ns)
+
+
+def _meta(p) -> tuple:
+    st_ = os.stat(p)
+    return stat.S_IMODE(st_.st_mode), st_.st_uid, st_.st_gid, st_.st_mtime_ns
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="preserve_owner applies owners only as root")
+def test_directory_metadata_never_reaches_a_hard_link_swapped_in(layout, monkeypatch, resolver):
+    """A staged directory swapped for a hard link to an outside file just before the directory
+    metadata pass: mode, owner (preserve_owner, as root) and mtime are set through a directory fd,
+    so the outside file keeps its mode, owner and mtime."""
+    target, before = _outside_file(layout)
+    os.link(target, layout.ws / "planted")
+    data = tar_bytes([ti("d", "dir", mode=0o777), ti("d/f", data=b"x")])
+    real_scandir = os.scandir
+    done = []
+
+    class _Listing:
+        """os.scandir of the staging root; once the pass has seen ``d`` as a directory, swap it."""
+
+        def __init__(self, fd):
+            self._it = real_scandir(fd)
+            self._names = []
+
+        def __enter__(self):
+            return self
+
+        def __iter__(self):
+            for ent in self._it:
+                self._names.append(ent.name)
+                yield ent
+
+        def __exit__(self, *exc):
+            self._it.close()
+            stg = _staging_names(layout.ws)
+            if "d" in self._names and stg and not done:
+                done.append(1)
+                os.rename(layout.ws / stg[0] / "d", layout.base / "moved-d")
+                os.rename(layout.ws / "planted", layout.ws / stg[0] / "d")
+
+    monkeypatch.setattr(_writer.os, "scandir", lambda fd: _Listing(fd))
+    with open_root(layout.ws) as root:
+        try:
+            extract(root, "out", io.BytesIO(data), policy=ExtractPolicy(preserve_owner=True))
+        except (SandboxError, OSError):
+            pass
+    assert done, "the swap never happened"
+    assert _meta(target) == before
+
+
+def test_symlink_time_never_reaches_a_hard_link_swapped_in(layout, monkeypatch, resolver):
+    """The symlink member's mtime is set through an O_PATH fd checked to be a symlink with one
+    link: a name swapped for a hard link to an outside file is refused, the file's mtime kept."""
+    target, before = _outside_file(layout)
+    os.link(target, layout.ws / "planted")
+    data = tar_bytes([ti("f", data=b"x"), ti("l", "symlink", linkname="f")])
+    real = Subtree.symlink
+
+    def symlink_then_swap(self, tgt, path):
+        real(self, tgt, path)
+        stg = _staging_names(layout.ws)[0]
+        os.unlink(layout.ws / stg / "l")
+        os.rename(layout.ws / "planted", layout.ws / stg / "l")
+
+    monkeypatch.setattr(Subtree, "symlink", symlink_then_swap)
+    with open_root(layout.ws) as root, pytest.raises(UnsafeArchiveMemberError) as ei:
+        extract(root, "out", io.BytesIO(data))
+    assert ei.value.rule == "conflict"
+    assert _meta(target) == before
+
+
+def test_hydrate_modes_never_reach_a_hard_link_swapped_in(layout, store, monkeypatch, resolver):
+    """Snapshot modes are applied by the extractor through the fds it makes the entries with: a
+    staged file or directory swapped for a hard link to an outside file afterwards is never
+    chmod'ed (hydrate restores 0o777 modes here, persist recorded them)."""
+    target, before = _outside_file(layout)
+    (layout.ws / "d").mkdir()
+    (layout.ws / "d" / "f").write_text("x")
+    os.chmod(layout.ws / "d" / "f", 0o777)
+    os.chmod(layout.ws / "d", 0o777)
+    with open_root(layout.ws) as ws:
+        persist(ws, store, "s")
+    os.link(target, layout.ws / "planted")
+    real = _writer.Extractor.finish
+
+    def swap_then_finish(self):
+        self.flush()
+        stg = _staging_names(layout.ws)[0]
+        os.rename(layout.ws / stg / "d" / "f", layout.base / "moved-f")
+        os.link(layout.ws / "planted", layout.ws / stg / "d" / "f")
+        return real(self)
+
+    monkeypatch.setattr(_writer.Extractor, "finish", swap_then_finish)
+    with open_root(layout.ws) as ws:
+        try:
+            hydrate(ws, store, "s")
+        except (SandboxError, OSError):
+            pass
+    assert _meta(target) == before
+
+
+def test_remove_tree_rechecks_the_name_before_the_last_rmdir(layout, monkeypatch):
+    (layout.ws / "a" / "x").mkdir(parents=True)
+    from sandbox_fs.root import Root
+
+    real_clear = Root.clear
+
+    def clear_then_swap(self, **kw):
+        real_clear(self, **kw)
+        os.rename(layout.ws / "a", layout.base / "ours-moved")
+        os.mkdir(layout.ws / "a")  # an empty directory someone else put at the name
+
+    with open_root(layout.ws) as root:
+        sub = _subtree(root, layout)
+        monkeypatch.setattr(Root, "clear", clear_then_swap)
+        assert sub.remove_tree() is False
+    assert (layout.ws / "a").is_dir()  # theirs: left alone
+
+
+def test_a_cleanup_error_never_hides_the_error_that_failed_the_run(layout, monkeypatch):
+    def busy(self):
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(Subtree, "remove_tree", busy)
+    data = tar_bytes([ti("ok", data=b"x"), ti("../evil", data=b"x")])
+    with open_root(layout.ws) as root, pytest.raises(UnsafeArchiveMemberError) as ei:
+        extract(root, "out", io.BytesIO(data))
+    assert ei.value.rule == "dotdot"

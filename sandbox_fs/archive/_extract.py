@@ -88,16 +88,18 @@ def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, form
 
 
 def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLimits, policy: ExtractPolicy,
-             check_cancel: Callable[[], None] | None, made: list[tuple[int, int]] | None = None) -> ExtractReport:
+             check_cancel: Callable[[], None] | None, made: list[tuple[int, int]] | None = None,
+             exact_modes: dict[bytes, int] | None = None) -> ExtractReport:
     """:func:`extract`; with ``made``, the ``(st_dev, st_ino)`` of the directory made for a new
-    destination (atomic mode), as checked when it was moved into place, is appended to it."""
+    destination (atomic mode), as checked when it was moved into place, is appended to it;
+    ``exact_modes``: see :class:`~sandbox_fs.archive._writer.Extractor` (snapshot hydrate)."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
     if isinstance(source, (str, os.PathLike)):
         # a trusted host path given by the host application; unbuffered, so the fd offset is
         # the stream position and plain tar member data can be sendfile'd
         with open(source, "rb", buffering=0) as fh:
-            return _extract(root, dest, fh, format, limits, policy, check_cancel, made)
+            return _extract(root, dest, fh, format, limits, policy, check_cancel, made, exact_modes)
     meter = Meter(limits)
     forced = FORMATS[format]
     if forced == "zip":
@@ -125,7 +127,7 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
         assert raw is not None
         stream = decompressor(kind, InputCounter(source, meter, prefix=head))
         meter.input_bytes = len(head)
-    ex = Extractor(root, dest, limits, policy, meter)
+    ex = Extractor(root, dest, limits, policy, meter, exact_modes)
     ex.check_cancel = check_cancel
     try:
         if kind == "zip":

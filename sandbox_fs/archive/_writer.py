@@ -267,9 +267,14 @@ class Extractor:
             (``""``/``"."``: the root itself).
         limits, policy: see :class:`ArchiveLimits`, :class:`ExtractPolicy`.
         meter: the byte totals of this extraction.
+        exact_modes: normalized member path -> permission bits (within
+            0o777) applied exactly instead of :func:`file_mode`/:func:`dir_mode`
+            (snapshot hydrate: the modes persist recorded), through the fd the
+            entry was made or opened with, never by name.
     """
 
-    def __init__(self, root: Root, dest: str, limits: ArchiveLimits, policy: ExtractPolicy, meter: Meter) -> None:
+    def __init__(self, root: Root, dest: str, limits: ArchiveLimits, policy: ExtractPolicy, meter: Meter,
+                 exact_modes: dict[bytes, int] | None = None) -> None:
         self.limits = limits
         self.policy = policy
         self.meter = meter
@@ -336,6 +341,7 @@ class Extractor:
         self._threaded = limits.max_cpu_seconds is None
         self._batch_failed = False  # a batch error was raised: later queued files are never made
         self._fmode_cache: dict[int, tuple[int, int]] = {}
+        self._exact = exact_modes or None
 
     # ----------------------------------------------------------------- setup
 
@@ -486,7 +492,8 @@ class Extractor:
                 raise UnsafeArchiveMemberError("conflict", name, "the name exists and is not a directory") from None
             self._kinds[key] = _DIR
             self.dirs += 1
-        self._dir_meta[key] = (dir_mode(mode), _mtime_ns(mtime) if self.policy.apply_mtime else None, owner)
+        dmode = dir_mode(mode) if self._exact is None else self._exact.get(path, dir_mode(mode)) & 0o777
+        self._dir_meta[key] = (dmode, _mtime_ns(mtime) if self.policy.apply_mtime else None, owner)
 
     def add_file(self, name: str | bytes, read: Callable[[int], bytes], mode: int | None,
                  mtime: float | int | None, declared_size: int | None = None,
@@ -536,6 +543,8 @@ class Extractor:
             del self._pending_live[key]  # a later file replaces the earlier (pending) symlink
         self._parents(path, name)
         fmode = file_mode(mode)
+        if self._exact is not None:
+            fmode = self._exact.get(path, fmode) & 0o777
         mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
         meter = self.meter
         fd = -1
@@ -614,12 +623,12 @@ class Extractor:
                     meter.add_written(len(data))
                     yield data
 
+            own = owner if self._owner and owner is not None else None  # fchown of the new file's fd
             try:
-                self._guard(name, lambda: self.work.atomic_write(path, chunks(), mode=fmode, fsync=False, mtime_ns=mt))
+                self._guard(name, lambda: self.work.atomic_write(path, chunks(), mode=fmode, fsync=False, mtime_ns=mt,
+                                                                 owner=own))
             except IsADirectoryError:
                 raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
-            if self._owner and owner is not None:
-                self._chown(path, owner)
         self._kinds[key] = _FILE
         self.files += 1
 
@@ -741,6 +750,8 @@ class Extractor:
         if fm is None:
             fmode = file_mode(mbits)
             fm = self._fmode_cache[mbits] = (fmode, _native.XF_CHMOD if fmode & ~self._umask != fmode else 0)
+        if self._exact is not None and path in self._exact:
+            fm = (self._exact[path] & 0o777, _native.XF_CHMOD)
         b = self._batch
         if not self.policy.apply_mtime:
             b.nums.extend((src_off, size, probe, fm[0], 0, fm[1]))
@@ -991,13 +1002,6 @@ class Extractor:
         rule = "unknown_type" if what == "unknown" else "special_file"
         self._skip_or_refuse(self.policy.special_files, rule, name, f"{what} members are not extracted")
 
-    def _chown(self, path: bytes, owner: tuple[int, int]) -> None:
-        fd = self.work.open_fd(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        try:
-            os.fchown(fd, owner[0], owner[1])
-        finally:
-            os.close(fd)
-
     # ----------------------------------------------------------------- finish
 
     def _is_link_on_disk(self, root: Root | Subtree, path: bytes) -> bool:
@@ -1093,8 +1097,37 @@ class Extractor:
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", member, "the symlink's name already exists") from None
             if mt is not None:
-                self.work.utime(path, ns=(mt, mt))
+                self._set_link_time(path, mt, member)
             self.symlinks += 1
+
+    def _set_link_time(self, path: bytes, mt: int, member: bytes) -> None:
+        """Set the mtime of the symlink just made at ``path``, through an fd proven to be it.
+
+        Never by name: the link is opened ``O_PATH|O_NOFOLLOW`` (by path,
+        beneath the checked staging directory), ``fstat``-checked to be a
+        symlink with one link (a name swapped meanwhile for another inode, such
+        as a hard link to a file outside, is refused), then
+        ``utimensat(fd, "", AT_EMPTY_PATH)``.  A kernel without that leaves the
+        link's time as made.
+
+        Raises:
+            UnsafeArchiveMemberError: ``conflict``, the name no longer holds the link made.
+        """
+        try:
+            fd = self.work.open_fd(path, _native.O_PATH | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
+            fd = -1
+        try:
+            if fd < 0 or not (_stat.S_ISLNK((st := os.fstat(fd)).st_mode) and st.st_nlink == 1):
+                raise UnsafeArchiveMemberError("conflict", member, "the symlink was replaced by another process")
+            try:
+                _native.set_times_fd(fd, mt, "extract", self.shown_dest)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def _apply_dir_meta(self) -> None:
         """Set modes, owners and mtimes of the directory members, walking only our directories.
@@ -1106,10 +1139,11 @@ class Extractor:
         Each directory of ours is opened ``O_DIRECTORY|O_NOFOLLOW`` through
         the work Root (``RESOLVE_NO_SYMLINKS``: a symlink or non-directory
         there is skipped, never followed) and its entries are listed from
-        that fd by type (``getdents``, no ``lstat`` each); modes and mtimes
-        go through ``Root.chmod``/``Root.utime`` (never following a leaf
-        symlink; read-only grants checked).  Memory: the paths of our
-        directories still to visit; fds: one at a time.
+        that fd by type (``getdents``, no ``lstat`` each); owners, modes and
+        mtimes are set through that same fd (``fchown``, ``fchmod``,
+        ``futimens``; read-only grants checked on it), never by name: a
+        directory cannot be a hard link, so nothing outside is ever changed.
+        Memory: the paths of our directories still to visit; fds: one at a time.
         """
         if not self._dir_meta:
             return
@@ -1124,22 +1158,11 @@ class Extractor:
     def _apply_dir_meta_in(self, work: Root) -> None:
         kinds, meta = self._kinds, self._dir_meta
         dflags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        owner_ok = self._owner
+        todo: list[bytes] = []  # our directories with metadata, parents before children
         stack: list[bytes] = [b""]
         while stack:
             rel = stack.pop()
-            if rel:
-                m = meta.get(_key(rel))
-                if m is not None:
-                    mode, mt, owner = m
-                    work.chmod(rel, mode)
-                    if self._owner and owner is not None:
-                        fd = work.open_fd(rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-                        try:
-                            os.fchown(fd, owner[0], owner[1])
-                        finally:
-                            os.close(fd)
-                    if mt is not None:
-                        work.utime(rel, ns=(mt, mt))
             try:
                 fd = work.open_fd(rel or b".", dflags)
             except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
@@ -1147,6 +1170,8 @@ class Extractor:
                     raise
                 continue  # swapped or removed meanwhile: never followed
             try:
+                if rel and _key(rel) in meta:
+                    todo.append(rel)
                 with os.scandir(fd) as it:
                     for ent in it:
                         if ent.is_dir(follow_symlinks=False):
@@ -1154,6 +1179,24 @@ class Extractor:
                             child = rel + b"/" + name if rel else name
                             if kinds.get(_key(child)) == _DIR:
                                 stack.append(child)
+            finally:
+                os.close(fd)
+        # Children before parents, so a mode without search permission never blocks the rest;
+        # each through the directory's own fd, never by name: a name swapped for another
+        # inode (a hard link to a file outside) is never changed.
+        for rel in reversed(todo):
+            try:
+                fd = work.open_fd(rel, dflags)
+            except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
+                continue
+            try:
+                mode, mt, owner = meta[_key(rel)]
+                work.check_write_fd(fd, rel)
+                if owner_ok and owner is not None:
+                    os.fchown(fd, owner[0], owner[1])
+                os.fchmod(fd, mode)
+                if mt is not None:
+                    os.utime(fd, ns=(mt, mt))
             finally:
                 os.close(fd)
 
@@ -1179,7 +1222,7 @@ class Extractor:
             raise UnsafeArchiveMemberError("conflict", None, "the staging directory was replaced during extraction")
         if self._parent_root is not None:
             assert self._dest_leaf is not None
-            self._parent_root.chmod(self._staging, 0o755)
+            self.work.chmod(".", 0o755)  # through the checked fd, never by name
             try:
                 self._parent_root.rename(self._staging, self._dest_leaf, no_replace=True)
             except FileExistsError:
@@ -1224,8 +1267,13 @@ class Extractor:
             if self._staging is not None and isinstance(self.work, Subtree):
                 # Only our own staging directory, checked by identity, is removed (through
                 # a checked fd, never into a mount point); whatever else sits at its name
-                # now was put there by another process and is left alone.
-                self.work.remove_tree()
+                # now was put there by another process and is left alone.  Best effort:
+                # a removal error (a read-only grant or a mount moved in) never hides the
+                # error that made the run fail; a leftover keeps the in-flight name.
+                try:
+                    self.work.remove_tree()
+                except (OSError, SandboxError):
+                    pass
         finally:
             self._staging = None
 
