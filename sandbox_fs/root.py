@@ -301,10 +301,12 @@ class Root:
                 nanoseconds; owner: ``(uid, gid)`` (needs the privilege).
 
         Raises:
-            NotADirectoryError: ``path`` is not a directory.
-            SymlinkRefusedError: ``path`` is a symlink.
+            NotADirectoryError: ``path`` is not a directory (a symlink or a
+                hard link swapped in included).
             UnsafeModeError: ``mode`` outside 0o777.
             ReadOnlyError: a read-only Root, or a read-only grant.
+            OSError: ``fchown``/``fchmod``/``futimens`` failed (operation
+                ``set_dir_meta``, sandbox path only).
         """
         rel = self._rel(path)
         if mode is not None:
@@ -320,7 +322,7 @@ class Root:
                 if mtime_ns is not None:
                     os.utime(fd, ns=(mtime_ns, mtime_ns))
             except OSError as exc:
-                self._oserror(exc, "chmod", rel)
+                self._oserror(exc, "set_dir_meta", rel)
         finally:
             os.close(fd)
 
@@ -1100,17 +1102,30 @@ class Root:
                     if exist_ok and _stat.S_ISDIR(st.st_mode):
                         return
                     raise
-                # mkdir applies the umask; set the asked mode on what we made,
-                # through a fd opened without following links.
+                # mkdir applies the umask; set the asked mode on what we made, through a
+                # fd opened without following links and checked to be the directory made
+                # (its identity taken right after mkdirat) and not a read-only grant.
+                made = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+                ident = (made.st_dev, made.st_ino)
                 try:
                     dfd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
                     try:
+                        st = os.fstat(dfd)
+                        if (st.st_dev, st.st_ino) != ident:
+                            raise DirectoryReplacedError("mkdir: the new directory was replaced by another process",
+                                                         sandbox_path=self._show(rel))
+                        if self._deny:
+                            self._check_write_target(dfd, None, rel, False)
                         os.fchmod(dfd, mode)
                     finally:
                         os.close(dfd)
+                except SandboxError:
+                    raise  # what is at the name is not ours (replaced, or a read-only grant): left alone
                 except BaseException:
-                    try:
-                        os.rmdir(leaf, dir_fd=pfd)  # a failed mkdir leaves nothing (an empty directory only)
+                    try:  # a failed mkdir leaves nothing: the directory it made, if still there and empty
+                        now = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+                        if (now.st_dev, now.st_ino) == ident:
+                            os.rmdir(leaf, dir_fd=pfd)
                     except OSError:
                         pass
                     raise

@@ -641,3 +641,108 @@ def test_a_cleanup_error_never_hides_the_error_that_failed_the_run(layout, monke
     with open_root(layout.ws) as root, pytest.raises(UnsafeArchiveMemberError) as ei:
         extract(root, "out", io.BytesIO(data))
     assert ei.value.rule == "dotdot"
+
+
+# ------------------------------------- the third review: every fd-based write keeps the write guard
+
+
+def _grant_policy(wsroot, ro):
+    from sandbox_fs.paths import Grant, PathPolicy
+    return PathPolicy(wsroot, "/workspace", [Grant(str(ro), read_only=True)])
+
+
+def test_mkdir_never_chmods_a_grant_put_at_the_new_name(layout, monkeypatch, resolver):
+    """Root.mkdir sets the asked mode through a fd checked to be the directory it made and
+    writable: a read-only grant renamed to the new name right after mkdirat keeps its mode."""
+    from sandbox_fs import root as root_mod
+    from sandbox_fs.errors import ReadOnlyError
+
+    ro = layout.ws / "ro_grant"
+    ro.mkdir()
+    os.chmod(ro, 0o555)
+    real = os.mkdir
+    fired = []
+
+    def mkdir(path, mode=0o777, *, dir_fd=None):
+        real(path, mode, dir_fd=dir_fd)
+        if path == b"d" and not fired:
+            fired.append(1)
+            os.rename(layout.ws / "d", layout.base / "ours-moved")
+            os.rename(ro, layout.ws / "d")
+
+    with open_root(layout.ws) as wsroot:
+        pol = _grant_policy(wsroot, ro)
+        try:
+            monkeypatch.setattr(root_mod.os, "mkdir", mkdir)
+            with pytest.raises((ReadOnlyError, DirectoryReplacedError)):
+                pol.workspace.mkdir("d", 0o777)
+        finally:
+            monkeypatch.setattr(root_mod.os, "mkdir", real)
+            pol.close()
+    assert fired and stat.S_IMODE(os.stat(layout.ws / "d").st_mode) == 0o555
+
+
+def test_symlink_time_never_reaches_a_grant_swapped_in(layout, monkeypatch, resolver):
+    """The symlink's directory is checked to be the one made for it, and writable, before its
+    time is set: a read-only grant holding a same-named symlink, swapped in, is never changed."""
+    ro = layout.ws / "ro_grant"
+    ro.mkdir()
+    (ro / "config").write_text("cfg")
+    os.symlink("config", ro / "l")
+    os.utime(ro / "l", ns=(10**18, 10**18), follow_symlinks=False)
+    data = tar_bytes([ti("d", "dir"), ti("d/f", data=b"x"), ti("d/l", "symlink", linkname="f")])
+    real = Subtree.symlink
+    fired = []
+
+    def symlink_then_swap(self, tgt, path):
+        real(self, tgt, path)
+        if path == b"d/l" and not fired:
+            fired.append(1)
+            stg = _staging_names(layout.ws)[0]
+            os.rename(layout.ws / stg / "d", layout.base / "ours-moved")
+            os.rename(ro, layout.ws / stg / "d")
+
+    monkeypatch.setattr(Subtree, "symlink", symlink_then_swap)
+    with open_root(layout.ws) as wsroot:
+        pol = _grant_policy(wsroot, ro)
+        try:
+            with pytest.raises(SandboxError):
+                extract(pol.workspace, "out", io.BytesIO(data))
+        finally:
+            pol.close()
+    assert fired
+    (grant_now,) = [p for p in layout.ws.rglob("config")]
+    assert os.lstat(grant_now.parent / "l").st_mtime_ns == 10**18
+
+
+@pytest.mark.parametrize("preserve_owner", [False, True])
+def test_directory_metadata_only_on_the_directory_made(layout, monkeypatch, resolver, preserve_owner):
+    """Between listing the directories and setting their metadata, a staged directory is swapped
+    for another directory of the workspace: refused (identity recorded when it was made); the
+    other directory keeps its mode, owner and mtime."""
+    from sandbox_fs.root import Root
+
+    other = layout.ws / "home"
+    other.mkdir()
+    os.chmod(other, 0o700)
+    os.utime(other, (5, 5))
+    before = _meta(other)
+    data = tar_bytes([ti("d", "dir", mode=0o755), ti("d/f", data=b"x")])
+    real = Root.open_fd
+    seen = []
+
+    def open_fd(self, path, flags=os.O_RDONLY, mode=0o644, **kw):
+        if path == b"d" and flags & os.O_DIRECTORY:
+            seen.append(1)
+            if len(seen) == 2:  # the metadata pass
+                stg = _staging_names(layout.ws)[0]
+                os.rename(layout.ws / stg / "d", layout.base / "ours-moved")
+                os.rename(other, layout.ws / stg / "d")
+        return real(self, path, flags, mode, **kw)
+
+    monkeypatch.setattr(Root, "open_fd", open_fd)
+    with open_root(layout.ws) as root, pytest.raises(UnsafeArchiveMemberError) as ei:
+        extract(root, "out", io.BytesIO(data), policy=ExtractPolicy(preserve_owner=preserve_owner))
+    assert ei.value.rule == "conflict" and len(seen) >= 2
+    moved = [p for p in layout.ws.rglob("*") if p.is_dir() and _meta(p)[3] == before[3]]
+    assert not moved or all(_meta(p) == before for p in moved)

@@ -83,6 +83,7 @@ the CPU limit still counts every syscall.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -290,6 +291,7 @@ class Extractor:
         self._pending_seq = 0
         self._spool: IO[bytes] | None = None
         self._dir_meta: dict[bytes, tuple[int, int | None, tuple[int, int] | None]] = {}
+        self._dir_ids: dict[bytes, tuple[int, int]] = {}  # key -> (st_dev, st_ino) of each directory made
         #: called between chunks of a large member; set by extract_async (trio.from_thread.check_cancelled)
         self.check_cancel: Callable[[], None] | None = None
         self._umask = _umask()
@@ -441,10 +443,7 @@ class Extractor:
             if kind == _FILE:
                 raise UnsafeArchiveMemberError("conflict", member, "a parent of this member is a file")
             try:
-                if self._stage_fd >= 0:
-                    self._guard(member, lambda: self._mkdir_staged(pre, 0o755))
-                else:
-                    self._guard(member, lambda: self.work.mkdir(pre, 0o755, exist_ok=True))
+                self._dir_ids[kpre] = self._guard(member, lambda: self._make_dir(pre, 0o755))  # type: ignore[assignment]
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", member,
                                                "a parent of this member exists and is not a directory") from None
@@ -481,10 +480,7 @@ class Extractor:
         if kind is None:
             self._parents(path, name)
             try:
-                if self._stage_fd >= 0:
-                    self._mkdir_staged(path, 0o700)
-                else:
-                    self.work.mkdir(path, 0o700 if self.fresh else 0o755, exist_ok=True)
+                self._dir_ids[key] = self._make_dir(path, 0o700 if self.fresh else 0o755)
             except (SymlinkRefusedError, PathEscapeError):
                 raise UnsafeArchiveMemberError("through_symlink", name, "a symlink on the path was refused "
                                                "(writes never follow symlinks)") from None
@@ -649,7 +645,19 @@ class Extractor:
         return _native.open_beneath(self._stage_resolver, self._stage_fd, self._stage_pre + path, _STAGE_FLAGS,
                                     fmode, _NO_SYMLINKS, "extract", self.shown_dest)
 
-    def _mkdir_staged(self, path: bytes, mode: int) -> None:
+    def _make_dir(self, path: bytes, mode: int) -> tuple[int, int]:
+        """Make directory ``path`` (an existing directory is fine); return its ``(st_dev, st_ino)`` as made.
+
+        The identity is what the directory metadata pass later checks each
+        directory's fd against, so archive metadata only ever lands on a
+        directory this extraction made (or found) at that path.
+        """
+        if self._stage_fd >= 0:
+            return self._mkdir_staged(path, mode)
+        self.work.mkdir(path, mode, exist_ok=True)
+        return _ident(self.work.lstat(path))
+
+    def _mkdir_staged(self, path: bytes, mode: int) -> tuple[int, int]:
         """Make directory ``path`` (exactly ``mode``) in the fresh staging tree; an existing directory is fine.
 
         As :meth:`Root.mkdir` with ``exist_ok=True``: the parent is opened
@@ -671,15 +679,17 @@ class Extractor:
             try:
                 os.mkdir(leaf, mode, dir_fd=dfd)
             except FileExistsError:
-                if _stat.S_ISDIR(os.stat(leaf, dir_fd=dfd, follow_symlinks=False).st_mode):
-                    return
+                st = os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
+                if _stat.S_ISDIR(st.st_mode):
+                    return _ident(st)
                 raise
-            if mode & ~self._umask != mode:  # mkdir applied the umask: set the asked mode, never via a link
-                fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                try:
+            fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                if mode & ~self._umask != mode:  # mkdir applied the umask: set the asked mode, never via a link
                     os.fchmod(fd, mode)
-                finally:
-                    os.close(fd)
+                return _ident(os.fstat(fd))
+            finally:
+                os.close(fd)
         except FileExistsError:
             raise
         except OSError as exc:
@@ -1103,31 +1113,55 @@ class Extractor:
     def _set_link_time(self, path: bytes, mt: int, member: bytes) -> None:
         """Set the mtime of the symlink just made at ``path``, through an fd proven to be it.
 
-        Never by name: the link is opened ``O_PATH|O_NOFOLLOW`` (by path,
-        beneath the checked staging directory), ``fstat``-checked to be a
-        symlink with one link (a name swapped meanwhile for another inode, such
-        as a hard link to a file outside, is refused), then
-        ``utimensat(fd, "", AT_EMPTY_PATH)``.  A kernel without that leaves the
-        link's time as made.
+        Never by name: the link's directory is opened (``O_PATH``, beneath the
+        checked staging directory) and checked to be the directory this
+        extraction made for it and writable (read-only grants: the Root's
+        write guard, on the fd); the link is opened ``O_PATH|O_NOFOLLOW`` from
+        it and ``fstat``-checked to be a symlink with one link (a name swapped
+        meanwhile for another inode, such as a hard link to a file outside, is
+        refused); then ``utimensat(fd, "", AT_EMPTY_PATH)``.  A kernel without
+        that (EINVAL) leaves the link's time as made.
 
         Raises:
-            UnsafeArchiveMemberError: ``conflict``, the name no longer holds the link made.
+            UnsafeArchiveMemberError: ``conflict``, the name or its directory
+                no longer holds what this extraction made.
+            ReadOnlyError: the directory is (beneath) a read-only grant.
         """
-        try:
-            fd = self.work.open_fd(path, _native.O_PATH | os.O_NOFOLLOW)
-        except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
-            fd = -1
-        try:
-            if fd < 0 or not (_stat.S_ISLNK((st := os.fstat(fd)).st_mode) and st.st_nlink == 1):
-                raise UnsafeArchiveMemberError("conflict", member, "the symlink was replaced by another process")
+        parent, _, leaf = path.rpartition(b"/")
+        replaced = UnsafeArchiveMemberError("conflict", member, "the symlink or its directory was replaced by "
+                                            "another process")
+        with self._entered() as work:
             try:
-                _native.set_times_fd(fd, mt, "extract", self.shown_dest)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-        finally:
-            if fd >= 0:
-                os.close(fd)
+                pfd = work.open_fd(parent or b".", _native.O_PATH | os.O_DIRECTORY)
+            except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
+                raise replaced from None
+            try:
+                if parent and _ident(os.fstat(pfd)) != self._dir_ids.get(_key(parent)):
+                    raise replaced
+                work.check_write_fd(pfd, parent or b".")
+                try:
+                    fd = os.open(leaf, _native.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+                except FileNotFoundError:
+                    raise replaced from None
+                try:
+                    st = os.fstat(fd)
+                    if not (_stat.S_ISLNK(st.st_mode) and st.st_nlink == 1):
+                        raise replaced
+                    try:
+                        _native.set_times_fd(fd, mt, "extract", self.shown_dest)
+                    except OSError as exc:
+                        if exc.errno != errno.EINVAL:
+                            raise
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(pfd)
+
+    def _entered(self) -> "contextlib.AbstractContextManager[Root]":
+        """The work tree as a Root for one short step (a checked fd of the staging directory)."""
+        if isinstance(self.work, Subtree):
+            return self.work.enter()
+        return contextlib.nullcontext(self.work)
 
     def _apply_dir_meta(self) -> None:
         """Set modes, owners and mtimes of the directory members, walking only our directories.
@@ -1182,15 +1216,19 @@ class Extractor:
             finally:
                 os.close(fd)
         # Children before parents, so a mode without search permission never blocks the rest;
-        # each through the directory's own fd, never by name: a name swapped for another
-        # inode (a hard link to a file outside) is never changed.
+        # each through the directory's own fd, never by name (a name swapped for a hard link to
+        # a file outside is never changed), checked to be the directory made for the member.
         for rel in reversed(todo):
             try:
                 fd = work.open_fd(rel, dflags)
             except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
                 continue
             try:
-                mode, mt, owner = meta[_key(rel)]
+                k = _key(rel)
+                mode, mt, owner = meta[k]
+                if _ident(os.fstat(fd)) != self._dir_ids.get(k):
+                    raise UnsafeArchiveMemberError("conflict", rel, "a directory of this archive was replaced by "
+                                                   "another process during the extraction")
                 work.check_write_fd(fd, rel)
                 if owner_ok and owner is not None:
                     os.fchown(fd, owner[0], owner[1])
