@@ -11,6 +11,7 @@ import os
 
 from . import _native
 from .errors import (
+    DirectoryReplacedError,
     InvalidPathError,
     NativeUnavailableError,
     PathEscapeError,
@@ -38,6 +39,7 @@ __all__ = [
     "InvalidPathError",
     "WorkspaceClosedError",
     "NativeUnavailableError",
+    "DirectoryReplacedError",
     "UnsafeModeError",
 ]
 

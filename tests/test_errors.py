@@ -29,6 +29,15 @@ def test_codes_are_stable_and_distinct():
     assert all(c.retryable is False for c in classes)
 
 
+def test_directory_replaced_is_a_retryable_oserror_with_a_stable_code():
+    from sandbox_fs import DirectoryReplacedError
+
+    e = DirectoryReplacedError("the directory was replaced by another process", sandbox_path=".sfs-extract-x")
+    assert e.code == "directory_replaced" and e.retryable is True
+    assert isinstance(e, OSError) and e.errno == errno.ESTALE
+    assert str(e) == "directory_replaced [.sfs-extract-x]: the directory was replaced by another process"
+
+
 def test_oserror_compat():
     e = PathEscapeError("no", sandbox_path="a/b")
     assert isinstance(e, PermissionError) and e.errno == errno.EXDEV and e.filename == "a/b"
