@@ -73,6 +73,52 @@ _CLEAR_RESOLVE = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_XDEV | _native.RE
 
 class _MountPoint(Exception):
     """Internal: a recursive removal met a mount point (kept, never entered)."""
+
+
+def _proc_fd(fd: int) -> str:
+    return f"/proc/self/fd/{fd}"
+
+
+def fd_chmod(fd: int, mode: int) -> None:
+    """``fchmod`` of the inode ``fd`` refers to, an ``O_PATH`` fd included (never a lookup by name).
+
+    An ``O_PATH`` fd refuses ``fchmod`` (EBADF); its ``/proc/self/fd`` magic
+    link then names exactly that inode (what glibc's ``fchmodat(AT_EMPTY_PATH)``
+    does).
+
+    Raises:
+        OSError: the change failed (EPERM ...); FileNotFoundError without /proc.
+    """
+    try:
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        if exc.errno != errno.EBADF:
+            raise
+        os.chmod(_proc_fd(fd), mode)
+
+
+def fd_chown(fd: int, owner: tuple[int, int]) -> None:
+    """``fchown`` of the inode ``fd`` refers to, an ``O_PATH`` fd included (see :func:`fd_chmod`)."""
+    try:
+        os.fchown(fd, owner[0], owner[1])
+    except OSError as exc:
+        if exc.errno != errno.EBADF:
+            raise
+        os.chown(_proc_fd(fd), owner[0], owner[1])
+
+
+def fd_set_times(fd: int, ns: int) -> None:
+    """Set atime and mtime (nanoseconds) of the inode ``fd`` refers to, an ``O_PATH`` fd included.
+
+    ``utimensat(fd, "", AT_EMPTY_PATH)``; on a kernel without that for
+    utimensat (EINVAL), the ``/proc/self/fd`` magic link of a non-symlink.
+    """
+    try:
+        _native.set_times_fd(fd, ns, "utime", None)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL or _stat.S_ISLNK(os.fstat(fd).st_mode):
+            raise
+        os.utime(_proc_fd(fd), ns=(ns, ns))
 _COPY_UNBOUNDED = (1 << 62)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _O_TMPFILE = _native.O_TMPFILE
@@ -311,16 +357,18 @@ class Root:
         rel = self._rel(path)
         if mode is not None:
             _check_mode(mode, self._show(rel))
-        fd = self.open_fd(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        # O_PATH: needs no permission on the directory itself (its owner may have
+        # taken away its own read permission, 0o100), yet names exactly this inode.
+        fd = self.open_fd(rel, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             self.check_write_fd(fd, rel)
             try:
                 if owner is not None:
-                    os.fchown(fd, owner[0], owner[1])
+                    fd_chown(fd, owner)
                 if mode is not None:
-                    os.fchmod(fd, mode)
+                    fd_chmod(fd, mode)
                 if mtime_ns is not None:
-                    os.utime(fd, ns=(mtime_ns, mtime_ns))
+                    fd_set_times(fd, mtime_ns)
             except OSError as exc:
                 self._oserror(exc, "set_dir_meta", rel)
         finally:
@@ -1212,11 +1260,11 @@ class Root:
         """Remove everything *inside* the root, never the root directory itself.
 
         Args:
-            make_writable: give each directory entered (the root included)
-                owner read, write and search permission first, with ``fchmod``
-                of the fd it was entered through (never by name), so a tree
-                with read-only directories can be removed by a non-root
-                caller.  For trees this library made.
+            make_writable: give each directory entered below the root owner
+                read, write and search permission first, through the fd it was
+                entered with (an ``O_PATH`` fd for one its owner cannot read;
+                never by name), so a tree with read-only directories can be
+                removed by a non-root caller.  The root's own mode is kept.
             skip: see :meth:`rmtree`; skipped directories (mount points) stay.
                 A mount point is never entered whatever ``skip`` says: with
                 openat2 (``RESOLVE_NO_XDEV``) a bind mount of the same
@@ -1240,11 +1288,11 @@ class Root:
         emptied = True
         try:
             try:
-                top = self._open_dir_here(parent_fd, name, flags)
+                top = self._open_dir_entered(parent_fd, name, flags, False)
             except _MountPoint:
                 return False
             stack.append([top, iter(()), None, False])
-            self._check_entered(top, rel, writable)
+            self._check_entered(top, rel)  # the top's own mode is never changed
             stack[-1][1] = iter(os.listdir(top))
             while stack:
                 frame = stack[-1]
@@ -1282,7 +1330,7 @@ class Root:
                     if skip is not None and skip(os.stat(cname, dir_fd=dfd, follow_symlinks=False)):
                         frame[3] = True
                         continue
-                    cfd = self._open_dir_here(dfd, cname, flags)
+                    cfd = self._open_dir_entered(dfd, cname, flags, writable)
                 except _MountPoint:
                     frame[3] = True  # never removed through a mount point (bind mounts included)
                     continue
@@ -1305,6 +1353,23 @@ class Root:
                 os.close(frame[0])
             raise
         return emptied
+
+    def _open_dir_entered(self, dfd: int, name: bytes, flags: int, writable: bool) -> int:
+        """:meth:`_open_dir_here`; with ``writable``, a directory its owner cannot read (EACCES) is
+        first opened ``O_PATH`` (the same checks), given u+rwx through that fd, then opened from it."""
+        try:
+            return self._open_dir_here(dfd, name, flags)
+        except PermissionError:
+            if not writable:
+                raise
+        pfd = self._open_dir_here(dfd, name, (flags & ~os.O_RDONLY & ~os.O_WRONLY & ~os.O_RDWR) | _O_PATH)
+        try:
+            self._check_entered(pfd, b".", False)  # never a read-only grant
+            st = os.fstat(pfd)
+            fd_chmod(pfd, _stat.S_IMODE(st.st_mode) | 0o700)
+            return os.open(".", flags, dir_fd=pfd)
+        finally:
+            os.close(pfd)
 
     def _open_dir_here(self, dfd: int, name: bytes, flags: int) -> int:
         """Open directory entry ``name`` of ``dfd`` (one component, ``O_NOFOLLOW``) for a recursive removal.

@@ -1877,10 +1877,20 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
             raise SnapshotError("the restore's staging directory was replaced during the restore; "
                                 "the workspace is unchanged", sandbox_path=staging)
         is_mount = is_mount_point_of(ws, mount_points)
-        keep = lambda st: (st.st_dev, st.st_ino) == sid or is_mount(st)  # noqa: E731
-        ws.clear(skip=keep)
+        # Before anything in the workspace changes, make every staged top-level directory
+        # movable (renaming a directory rewrites its ".." entry: its owner needs write
+        # permission on it); its recorded mode is set again once it is in place.  So no
+        # step that can fail for lack of permission comes after the clear.
+        modes: dict[str, int] = {}
         for entry in sub.listdir("."):
-            _move_up(ws, f"{staging}/{entry}", entry, is_mount)
+            est = sub.lstat(entry)
+            if _stat.S_ISDIR(est.st_mode) and est.st_mode & 0o700 != 0o700:
+                modes[entry] = _stat.S_IMODE(est.st_mode) & 0o777
+                ws.set_dir_meta(f"{staging}/{entry}", mode=modes[entry] | 0o700)
+        keep = lambda st: (st.st_dev, st.st_ino) == sid or is_mount(st)  # noqa: E731
+        ws.clear(skip=keep, make_writable=True)  # a non-root owner can empty its read-only directories
+        for entry in sub.listdir("."):
+            _move_up(ws, f"{staging}/{entry}", entry, is_mount, modes.get(entry))
     finally:
         # On a failure before the swap this is all that changes; after the swap it is empty.
         # Only the directory the extractor made (checked by identity) is removed, never
@@ -1894,14 +1904,21 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
 _HYDRATE_PREFIX = ".sfs-hydrate-"
 
 
-def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], bool]) -> None:
+def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], bool],
+             final_mode: int | None = None) -> None:
     """Move staged ``src`` to ``dst`` without replacing anything; merge into a kept directory.
 
-    Directory modes are changed through the directory's own fd (:meth:`Root.set_dir_meta`), never by name.
+    ``final_mode``: the recorded mode of a top-level directory that hydrate
+    made movable before the clear, set once it is in place.  Directory modes
+    are changed through the directory's own fd (:meth:`Root.set_dir_meta`),
+    never by name.
     """
     sst = ws.lstat(src)
-    if _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
-        ws.set_dir_meta(src, mode=(_stat.S_IMODE(sst.st_mode) | 0o700) & 0o777)  # renaming a dir rewrites its ".."
+    if final_mode is not None:
+        pass  # already movable
+    elif _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
+        final_mode = _stat.S_IMODE(sst.st_mode) & 0o777
+        ws.set_dir_meta(src, mode=final_mode | 0o700)  # renaming a dir rewrites its ".."
     try:
         ws.rename(src, dst, no_replace=True)
     except FileExistsError:
@@ -1912,10 +1929,10 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
         for entry in ws.listdir(src):
             _move_up(ws, f"{src}/{entry}", f"{dst}/{entry}", is_mount)
         if not is_mount(dst_st):
-            ws.set_dir_meta(dst, mode=_stat.S_IMODE(sst.st_mode) & 0o777)
+            ws.set_dir_meta(dst, mode=final_mode if final_mode is not None else _stat.S_IMODE(sst.st_mode) & 0o777)
         return
-    if _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
-        ws.set_dir_meta(dst, mode=_stat.S_IMODE(sst.st_mode) & 0o777)
+    if final_mode is not None:
+        ws.set_dir_meta(dst, mode=final_mode)
 
 
 def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> Any:
