@@ -75,8 +75,17 @@ class _MountPoint(Exception):
     """Internal: a recursive removal met a mount point (kept, never entered)."""
 
 
-def _proc_fd(fd: int) -> str:
-    return f"/proc/self/fd/{fd}"
+def _via_proc(fn: Callable[..., Any], fd: int, *args: Any, **kw: Any) -> None:
+    """``fn("/proc/self/fd/<fd>", ...)``: the magic link names exactly the inode ``fd`` refers to.
+
+    Raises:
+        OSError(EOPNOTSUPP): no usable /proc (never a FileNotFoundError, which
+            callers would take for a vanished entry).
+    """
+    try:
+        fn(f"/proc/self/fd/{fd}", *args, **kw)
+    except FileNotFoundError:
+        raise OSError(errno.EOPNOTSUPP, "changing an O_PATH fd's inode needs /proc/self/fd") from None
 
 
 def fd_chmod(fd: int, mode: int) -> None:
@@ -94,7 +103,7 @@ def fd_chmod(fd: int, mode: int) -> None:
     except OSError as exc:
         if exc.errno != errno.EBADF:
             raise
-        os.chmod(_proc_fd(fd), mode)
+        _via_proc(os.chmod, fd, mode)
 
 
 def fd_chown(fd: int, owner: tuple[int, int]) -> None:
@@ -104,7 +113,7 @@ def fd_chown(fd: int, owner: tuple[int, int]) -> None:
     except OSError as exc:
         if exc.errno != errno.EBADF:
             raise
-        os.chown(_proc_fd(fd), owner[0], owner[1])
+        _via_proc(os.chown, fd, owner[0], owner[1])
 
 
 def fd_set_times(fd: int, ns: int) -> None:
@@ -118,7 +127,7 @@ def fd_set_times(fd: int, ns: int) -> None:
     except OSError as exc:
         if exc.errno != errno.EINVAL or _stat.S_ISLNK(os.fstat(fd).st_mode):
             raise
-        os.utime(_proc_fd(fd), ns=(ns, ns))
+        _via_proc(os.utime, fd, ns=(ns, ns))
 _COPY_UNBOUNDED = (1 << 62)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _O_TMPFILE = _native.O_TMPFILE
@@ -357,9 +366,12 @@ class Root:
         rel = self._rel(path)
         if mode is not None:
             _check_mode(mode, self._show(rel))
-        # O_PATH: needs no permission on the directory itself (its owner may have
-        # taken away its own read permission, 0o100), yet names exactly this inode.
-        fd = self.open_fd(rel, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        # O_PATH only when its owner took away its own read permission (0o100): it needs
+        # no permission on the directory itself, yet names exactly this inode.
+        try:
+            fd = self.open_fd(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except PermissionError:
+            fd = self.open_fd(rel, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             self.check_write_fd(fd, rel)
             try:
@@ -1282,16 +1294,17 @@ class Root:
                    skip: Callable[[os.stat_result], bool] | None, writable: bool = False) -> bool:
         """Empty directory ``name`` under ``parent_fd``; True when it is empty now (``writable``: see :meth:`clear`)."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        # stack of [fd, iterator-of-names, name-in-parent, kept-something];
-        # every fd is on the stack (owned) from the moment it is opened.
+        # stack of [fd, iterator-of-names, name-in-parent, kept-something, mode-to-restore];
+        # every fd is on the stack (owned) from the moment it is opened.  A directory made
+        # writable (``writable``) that is kept in the end gets its own mode back.
         stack: list[list[Any]] = []
         emptied = True
         try:
             try:
-                top = self._open_dir_entered(parent_fd, name, flags, False)
+                top, _ = self._open_dir_entered(parent_fd, name, flags, False)
             except _MountPoint:
                 return False
-            stack.append([top, iter(()), None, False])
+            stack.append([top, iter(()), None, False, None])
             self._check_entered(top, rel)  # the top's own mode is never changed
             stack[-1][1] = iter(os.listdir(top))
             while stack:
@@ -1300,8 +1313,12 @@ class Root:
                 child = next(names, None)
                 if child is None:
                     stack.pop()
-                    os.close(dfd)
                     kept = frame[3]
+                    try:
+                        if kept and frame[4] is not None:
+                            os.fchmod(dfd, frame[4])  # kept (a mount point inside): its mode as it was
+                    finally:
+                        os.close(dfd)
                     if stack:
                         if kept:
                             stack[-1][3] = True
@@ -1330,7 +1347,7 @@ class Root:
                     if skip is not None and skip(os.stat(cname, dir_fd=dfd, follow_symlinks=False)):
                         frame[3] = True
                         continue
-                    cfd = self._open_dir_entered(dfd, cname, flags, writable)
+                    cfd, orig = self._open_dir_entered(dfd, cname, flags, writable)
                 except _MountPoint:
                     frame[3] = True  # never removed through a mount point (bind mounts included)
                     continue
@@ -1345,8 +1362,10 @@ class Root:
                             pass
                         continue
                     raise
-                stack.append([cfd, iter(()), cname, False])
-                self._check_entered(cfd, rel, writable)
+                stack.append([cfd, iter(()), cname, False, orig])
+                changed = self._check_entered(cfd, rel, writable)
+                if orig is None:
+                    stack[-1][4] = changed
                 stack[-1][1] = iter(os.listdir(cfd))
         except BaseException:
             for frame in stack:
@@ -1354,20 +1373,24 @@ class Root:
             raise
         return emptied
 
-    def _open_dir_entered(self, dfd: int, name: bytes, flags: int, writable: bool) -> int:
-        """:meth:`_open_dir_here`; with ``writable``, a directory its owner cannot read (EACCES) is
-        first opened ``O_PATH`` (the same checks), given u+rwx through that fd, then opened from it."""
+    def _open_dir_entered(self, dfd: int, name: bytes, flags: int, writable: bool) -> tuple[int, int | None]:
+        """:meth:`_open_dir_here`, returning ``(fd, mode it had if this changed it, else None)``.
+
+        With ``writable``, a directory its owner cannot read (EACCES) is first
+        opened ``O_PATH`` (the same checks), given u+rwx through that fd, then
+        opened from it.
+        """
         try:
-            return self._open_dir_here(dfd, name, flags)
+            return self._open_dir_here(dfd, name, flags), None
         except PermissionError:
             if not writable:
                 raise
         pfd = self._open_dir_here(dfd, name, (flags & ~os.O_RDONLY & ~os.O_WRONLY & ~os.O_RDWR) | _O_PATH)
         try:
             self._check_entered(pfd, b".", False)  # never a read-only grant
-            st = os.fstat(pfd)
-            fd_chmod(pfd, _stat.S_IMODE(st.st_mode) | 0o700)
-            return os.open(".", flags, dir_fd=pfd)
+            orig = _stat.S_IMODE(os.fstat(pfd).st_mode)
+            fd_chmod(pfd, orig | 0o700)
+            return os.open(".", flags, dir_fd=pfd), orig
         finally:
             os.close(pfd)
 
@@ -1400,14 +1423,20 @@ class Root:
             raise _MountPoint()
         raise OSError(-ret, os.strerror(-ret))
 
-    def _check_entered(self, dfd: int, rel: bytes, writable: bool = False) -> None:
-        """A recursive removal never enters a denied (read-only grant) directory; ``writable``: make it u+rwx."""
+    def _check_entered(self, dfd: int, rel: bytes, writable: bool = False) -> int | None:
+        """A recursive removal never enters a denied (read-only grant) directory; ``writable``: make it u+rwx.
+
+        Returns:
+            The mode the directory had when this made it writable, else None.
+        """
         if self._deny or writable:
             st = os.fstat(dfd)
             if (st.st_dev, st.st_ino) in self._deny:
                 raise ReadOnlyError("removal would enter a read-only grant", sandbox_path=self._show(rel))
             if writable and st.st_mode & 0o700 != 0o700:
                 os.fchmod(dfd, _stat.S_IMODE(st.st_mode) | 0o700)
+                return _stat.S_IMODE(st.st_mode)
+        return None
 
     def rename(self, src: str | bytes, dst: str | bytes, *, no_replace: bool = False) -> None:
         """Rename ``src`` to ``dst``, both beneath the root; links are moved, never followed.

@@ -351,7 +351,8 @@ class Session:
             if _snap.fingerprint(info.manifest_digest, live) == info.fingerprint:
                 self.fingerprint = info.fingerprint
                 return "reattached"
-        _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits, mount_points=self._mounts)
+        _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits, mount_points=self._mounts,
+                      keep_identities=self._grant_ids())
         self.fingerprint = info.fingerprint
         return "restored"
 

@@ -1775,7 +1775,7 @@ def is_mount_point_of(ws: Root, mount_points: Iterable[str] = ()) -> Callable[[o
 
 
 def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
-            mount_points: Iterable[str] = ()) -> HydrateReport:
+            mount_points: Iterable[str] = (), keep_identities: Iterable[tuple[int, int]] = ()) -> HydrateReport:
     """Replace the workspace's contents with snapshot ``name``.  Blocking: call from one worker thread.
 
     Verify and stage first, then swap: the archive's size is checked, then
@@ -1811,6 +1811,11 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
         limits: :class:`SnapshotLimits` (entries, bytes, archive size).
         mount_points: sandbox paths of mounts kept by the clear (besides
             directories on another device, always kept).
+        keep_identities: ``(st_dev, st_ino)`` of directories nested in the
+            workspace that are not its own (read-only grants): kept by the
+            clear, never entered, and never merged into; a snapshot with an
+            entry where one is (or below it) is refused before anything in the
+            workspace changes.
 
     Raises:
         SnapshotNotFoundError: no such snapshot.
@@ -1821,7 +1826,9 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
             member (a forged store: persist never writes such members); the
             workspace is untouched.
         SnapshotError: the staging directory was replaced by another
-            process before the swap (the workspace is untouched); a staged
+            process before the swap, or the snapshot has an entry where a
+            kept directory of ``keep_identities`` is (the workspace is
+            untouched); a staged
             entry cannot be moved over a kept mount point (after the clear;
             rare).
         OSError: the extraction failed on the filesystem (a full disk, a
@@ -1836,7 +1843,7 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     with f:
         check = _CrcCheck(f.fileno(), info.archive_bytes) if isinstance(store, LocalSnapshotStore) else None
         try:
-            _hydrate_staged(ws, f, info, limits, mount_points, check)
+            _hydrate_staged(ws, f, info, limits, mount_points, check, frozenset(keep_identities))
         finally:
             if check is not None:
                 check.stop()  # joined before the archive's fd is closed
@@ -1844,7 +1851,8 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
 
 
 def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits,
-                    mount_points: Iterable[str], check: _CrcCheck | None) -> None:
+                    mount_points: Iterable[str], check: _CrcCheck | None,
+                    keep_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
     # The staging directory is reached by its name only (never through an fd of its own),
     # from the workspace fd, in every step: the extractor stages beside it and renames its
@@ -1877,6 +1885,8 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
             raise SnapshotError("the restore's staging directory was replaced during the restore; "
                                 "the workspace is unchanged", sandbox_path=staging)
         is_mount = is_mount_point_of(ws, mount_points)
+        if keep_ids:
+            _refuse_entries_over_kept(ws, sub, keep_ids, sid)
         # Before anything in the workspace changes, make every staged top-level directory
         # movable (renaming a directory rewrites its ".." entry: its owner needs write
         # permission on it); its recorded mode is set again once it is in place.  So no
@@ -1887,10 +1897,11 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
             if _stat.S_ISDIR(est.st_mode) and est.st_mode & 0o700 != 0o700:
                 modes[entry] = _stat.S_IMODE(est.st_mode) & 0o777
                 ws.set_dir_meta(f"{staging}/{entry}", mode=modes[entry] | 0o700)
-        keep = lambda st: (st.st_dev, st.st_ino) == sid or is_mount(st)  # noqa: E731
+        keep = lambda st: (st.st_dev, st.st_ino) in keep_ids or (st.st_dev, st.st_ino) == sid \
+            or is_mount(st)  # noqa: E731
         ws.clear(skip=keep, make_writable=True)  # a non-root owner can empty its read-only directories
         for entry in sub.listdir("."):
-            _move_up(ws, f"{staging}/{entry}", entry, is_mount, modes.get(entry))
+            _move_up(ws, f"{staging}/{entry}", entry, is_mount, modes.get(entry), keep_ids)
     finally:
         # On a failure before the swap this is all that changes; after the swap it is empty.
         # Only the directory the extractor made (checked by identity) is removed, never
@@ -1904,8 +1915,43 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
 _HYDRATE_PREFIX = ".sfs-hydrate-"
 
 
+def _refuse_entries_over_kept(ws: Root, sub: Subtree, keep_ids: frozenset[tuple[int, int]],
+                              sid: tuple[int, int]) -> None:
+    """Refuse (before the clear) a snapshot with an entry where a kept directory of ``keep_ids`` is.
+
+    Finds the kept directories by identity with one fd walk of the workspace
+    (not entering them, nor the staging directory), then looks each path and
+    its ancestors up in the staging tree: an entry at a kept path, or a
+    non-directory at one of its ancestors, would have to replace or merge into
+    it.
+
+    Raises:
+        SnapshotError: such an entry (nothing in the workspace changed).
+    """
+    kept: list[str] = []
+    for dirpath, dirs, _nondirs in ws.walk("."):
+        for name in list(dirs):
+            st = ws.lstat(f"{dirpath}/{name}" if dirpath else name)
+            ident = (st.st_dev, st.st_ino)
+            if ident in keep_ids or ident == sid:
+                dirs.remove(name)
+                if ident != sid:
+                    kept.append(f"{dirpath}/{name}" if dirpath else name)
+    for path in kept:
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            pre = "/".join(parts[:i])
+            try:
+                st = sub.lstat(pre)
+            except (FileNotFoundError, NotADirectoryError):
+                break
+            if i == len(parts) or not _stat.S_ISDIR(st.st_mode):
+                raise SnapshotError("the snapshot has an entry where a read-only grant nested in the workspace is; "
+                                    "nothing was changed", sandbox_path=pre)
+
+
 def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], bool],
-             final_mode: int | None = None) -> None:
+             final_mode: int | None = None, keep_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Move staged ``src`` to ``dst`` without replacing anything; merge into a kept directory.
 
     ``final_mode``: the recorded mode of a top-level directory that hydrate
@@ -1923,11 +1969,13 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
         ws.rename(src, dst, no_replace=True)
     except FileExistsError:
         dst_st = ws.lstat(dst)
+        if (dst_st.st_dev, dst_st.st_ino) in keep_ids:
+            raise SnapshotError("a snapshot entry would merge into a read-only grant", sandbox_path=dst)
         if not (_stat.S_ISDIR(sst.st_mode) and _stat.S_ISDIR(dst_st.st_mode)):
             raise SnapshotError("a snapshot entry collides with an entry the restore must keep (a mount point?)",
                                 sandbox_path=dst) from None
         for entry in ws.listdir(src):
-            _move_up(ws, f"{src}/{entry}", f"{dst}/{entry}", is_mount)
+            _move_up(ws, f"{src}/{entry}", f"{dst}/{entry}", is_mount, None, keep_ids)
         if not is_mount(dst_st):
             ws.set_dir_meta(dst, mode=final_mode if final_mode is not None else _stat.S_IMODE(sst.st_mode) & 0o777)
         return

@@ -282,6 +282,31 @@ async def test_grant_nested_in_workspace_is_never_persisted(tmp_path):
             assert tar.getnames() == ["own.txt"]
 
 
+@pytest.mark.parametrize("grant_mode", [0o755, 0o555])
+async def test_restore_keeps_a_read_only_grant_nested_in_the_workspace(tmp_path, grant_mode):
+    """A session restored from a snapshot over a workspace holding a read-only grant: the clear
+    keeps the grant (never entered, never made writable), the rest is restored."""
+    ws = tmp_path / "caller-ws"
+    (ws / "granted").mkdir(parents=True)
+    (ws / "granted" / "host.txt").write_text("host data")
+    (ws / "own.txt").write_text("own")
+    os.chmod(ws / "granted", grant_mode)
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "st"),
+                         extra_path_grants=(Grant(str(ws / "granted"), read_only=True),))
+    try:
+        with LocalSandboxClient(opts) as client:
+            async with client.create(root=ws) as s:
+                pass
+            (ws / "own.txt").write_text("changed")  # so the restore is not skipped
+            async with client.create(root=ws, snapshot=s.id):
+                pass
+        assert (ws / "own.txt").read_text() == "own"
+        assert (ws / "granted" / "host.txt").read_text() == "host data"
+        assert stat.S_IMODE(os.stat(ws / "granted").st_mode) == grant_mode
+    finally:
+        os.chmod(ws / "granted", 0o755)
+
+
 async def test_persist_skip_path_and_mount_overlap(client, opts):
     async with client.create() as s:
         await s.mkdir("cache/x", parents=True)

@@ -339,10 +339,13 @@ def test_removal_never_enters_a_bind_mount_of_the_same_filesystem(layout, tmp_pa
     host.mkdir()
     (host / "precious.txt").write_text("precious")
     (layout.ws / "t" / "mnt").mkdir(parents=True)
+    (layout.ws / "t" / "k" / "mnt2").mkdir(parents=True)
     (layout.ws / "t" / "other.txt").write_text("x")
     script = textwrap.dedent(f"""
         import os, subprocess
         subprocess.run(["mount", "--bind", {str(host)!r}, {str(layout.ws / "t" / "mnt")!r}], check=True)
+        subprocess.run(["mount", "--bind", {str(host)!r}, {str(layout.ws / "t" / "k" / "mnt2")!r}], check=True)
+        os.chmod({str(layout.ws / "t" / "k")!r}, 0o500)
         from sandbox_fs import open_root
         from sandbox_fs.root import Subtree
         with open_root({str(layout.ws)!r}) as root:
@@ -351,6 +354,7 @@ def test_removal_never_enters_a_bind_mount_of_the_same_filesystem(layout, tmp_pa
             root.rmtree("t")
             root.clear()
         print(sorted(os.listdir({str(host)!r})))
+        print(oct(os.stat({str(layout.ws / "t" / "k")!r}).st_mode & 0o777))
     """)
     os.chmod(host, 0o555)
     (layout.ws / "t" / "ro").mkdir()
@@ -360,7 +364,7 @@ def test_removal_never_enters_a_bind_mount_of_the_same_filesystem(layout, tmp_pa
     out = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", script],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[:2] == ["False", "['precious.txt']"]
+    assert out.stdout.split("\n")[:3] == ["False", "['precious.txt']", "0o500"]  # a kept parent keeps its mode
     assert (host / "precious.txt").read_text() == "precious"
     assert stat.S_IMODE(os.stat(host).st_mode) == 0o555  # never chmod'ed through the mount
     assert not (layout.ws / "t" / "other.txt").exists() and not (layout.ws / "t" / "ro").exists()
@@ -746,3 +750,49 @@ def test_directory_metadata_only_on_the_directory_made(layout, monkeypatch, reso
     assert ei.value.rule == "conflict" and len(seen) >= 2
     moved = [p for p in layout.ws.rglob("*") if p.is_dir() and _meta(p)[3] == before[3]]
     assert not moved or all(_meta(p) == before for p in moved)
+
+
+def test_fd_chmod_without_proc_is_an_error_not_a_vanished_entry(monkeypatch):
+    """Changing an O_PATH fd's inode goes through /proc/self/fd; without /proc that is EOPNOTSUPP,
+    never FileNotFoundError (a recursive removal would take it for a vanished entry and skip it)."""
+    import tempfile as _tf
+
+    from sandbox_fs import root as root_mod
+
+    real_chmod = os.chmod
+
+    def no_proc(path, *a, **kw):
+        if str(path).startswith("/proc/self/fd/"):
+            raise FileNotFoundError(2, "No such file or directory")
+        return real_chmod(path, *a, **kw)
+
+    d = _tf.mkdtemp()
+    try:
+        fd = os.open(d, os.O_PATH | os.O_DIRECTORY)
+        try:
+            monkeypatch.setattr(root_mod.os, "chmod", no_proc)
+            with pytest.raises(OSError) as ei:
+                root_mod.fd_chmod(fd, 0o700)
+            assert ei.value.errno == __import__("errno").EOPNOTSUPP
+        finally:
+            os.close(fd)
+    finally:
+        os.rmdir(d)
+
+
+def test_hydrate_refuses_an_entry_where_a_kept_grant_is_before_any_change(layout, store):
+    """A snapshot holding an entry at the path of a directory hydrate must keep (a read-only grant
+    nested in the workspace): refused before the clear, the workspace unchanged."""
+    (layout.ws / "granted").mkdir()
+    (layout.ws / "granted" / "x").write_text("snap")
+    (layout.ws / "own").write_text("own")
+    with open_root(layout.ws) as ws:
+        persist(ws, store, "s")
+    (layout.ws / "own").write_text("changed")
+    (layout.ws / "granted" / "x").write_text("host data")
+    st_ = os.stat(layout.ws / "granted")
+    with open_root(layout.ws) as ws, pytest.raises(SnapshotError) as ei:
+        hydrate(ws, store, "s", keep_identities=[(st_.st_dev, st_.st_ino)])
+    assert "read-only grant" in str(ei.value)
+    assert (layout.ws / "own").read_text() == "changed" and (layout.ws / "granted" / "x").read_text() == "host data"
+    assert _staging_names(layout.ws) == []
