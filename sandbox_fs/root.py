@@ -1268,7 +1268,8 @@ class Root:
             finally:
                 os.close(pfd)
 
-    def clear(self, *, skip: Callable[[os.stat_result], bool] | None = None, make_writable: bool = False) -> None:
+    def clear(self, *, skip: Callable[[os.stat_result], bool] | None = None, make_writable: bool = False,
+              keep_denied: bool = False) -> None:
         """Remove everything *inside* the root, never the root directory itself.
 
         Args:
@@ -1277,6 +1278,10 @@ class Root:
                 entered with (an ``O_PATH`` fd for one its owner cannot read;
                 never by name), so a tree with read-only directories can be
                 removed by a non-root caller.  The root's own mode is kept.
+            keep_denied: a read-only grant nested in this Root (its identity
+                checked on the fd the clear entered, so a name swapped for one
+                meanwhile is caught) is kept, like a mount point, instead of
+                raising ReadOnlyError.
             skip: see :meth:`rmtree`; skipped directories (mount points) stay.
                 A mount point is never entered whatever ``skip`` says: with
                 openat2 (``RESOLVE_NO_XDEV``) a bind mount of the same
@@ -1286,12 +1291,13 @@ class Root:
         self._check_writable(b".", "clear")
         with self._use() as rootfd:
             try:
-                self._clear_dir(rootfd, b".", b".", skip, make_writable)
+                self._clear_dir(rootfd, b".", b".", skip, make_writable, keep_denied)
             except OSError as exc:
                 self._oserror(exc, "clear", b".")
 
     def _clear_dir(self, parent_fd: int, name: bytes, rel: bytes,
-                   skip: Callable[[os.stat_result], bool] | None, writable: bool = False) -> bool:
+                   skip: Callable[[os.stat_result], bool] | None, writable: bool = False,
+                   keep_denied: bool = False) -> bool:
         """Empty directory ``name`` under ``parent_fd``; True when it is empty now (``writable``: see :meth:`clear`)."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         # stack of [fd, iterator-of-names, name-in-parent, kept-something, mode-to-restore];
@@ -1347,7 +1353,7 @@ class Root:
                     if skip is not None and skip(os.stat(cname, dir_fd=dfd, follow_symlinks=False)):
                         frame[3] = True
                         continue
-                    cfd, orig = self._open_dir_entered(dfd, cname, flags, writable)
+                    cfd, orig = self._open_dir_entered(dfd, cname, flags, writable, keep_denied)
                 except _MountPoint:
                     frame[3] = True  # never removed through a mount point (bind mounts included)
                     continue
@@ -1362,6 +1368,12 @@ class Root:
                             pass
                         continue
                     raise
+                if keep_denied and self._deny:
+                    cst = os.fstat(cfd)
+                    if (cst.st_dev, cst.st_ino) in self._deny:  # checked on the fd entered
+                        os.close(cfd)
+                        frame[3] = True
+                        continue
                 stack.append([cfd, iter(()), cname, False, orig])
                 changed = self._check_entered(cfd, rel, writable)
                 if orig is None:
@@ -1373,7 +1385,8 @@ class Root:
             raise
         return emptied
 
-    def _open_dir_entered(self, dfd: int, name: bytes, flags: int, writable: bool) -> tuple[int, int | None]:
+    def _open_dir_entered(self, dfd: int, name: bytes, flags: int, writable: bool,
+                          keep_denied: bool = False) -> tuple[int, int | None]:
         """:meth:`_open_dir_here`, returning ``(fd, mode it had if this changed it, else None)``.
 
         With ``writable``, a directory its owner cannot read (EACCES) is first
@@ -1387,6 +1400,10 @@ class Root:
                 raise
         pfd = self._open_dir_here(dfd, name, (flags & ~os.O_RDONLY & ~os.O_WRONLY & ~os.O_RDWR) | _O_PATH)
         try:
+            if keep_denied and self._deny:
+                pst = os.fstat(pfd)
+                if (pst.st_dev, pst.st_ino) in self._deny:
+                    raise _MountPoint()  # kept like a mount point: never made writable
             self._check_entered(pfd, b".", False)  # never a read-only grant
             orig = _stat.S_IMODE(os.fstat(pfd).st_mode)
             fd_chmod(pfd, orig | 0o700)

@@ -1842,8 +1842,16 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
         f, info = store.open_archive(name, limits)  # verified by the store
     with f:
         check = _CrcCheck(f.fileno(), info.archive_bytes) if isinstance(store, LocalSnapshotStore) else None
+        keep = frozenset(keep_identities)
         try:
-            _hydrate_staged(ws, f, info, limits, mount_points, check, frozenset(keep_identities))
+            if keep:
+                # Every write of the restore then checks its fds against the kept directories
+                # (read-only grants): a name swapped for one meanwhile is refused or kept,
+                # never entered, emptied, chmod'ed or merged into.
+                with ws.with_options(deny_write_ids=keep) as guarded:
+                    _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
+            else:
+                _hydrate_staged(ws, f, info, limits, mount_points, check, keep)
         finally:
             if check is not None:
                 check.stop()  # joined before the archive's fd is closed
@@ -1899,7 +1907,7 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
                 ws.set_dir_meta(f"{staging}/{entry}", mode=modes[entry] | 0o700)
         keep = lambda st: (st.st_dev, st.st_ino) in keep_ids or (st.st_dev, st.st_ino) == sid \
             or is_mount(st)  # noqa: E731
-        ws.clear(skip=keep, make_writable=True)  # a non-root owner can empty its read-only directories
+        ws.clear(skip=keep, make_writable=True, keep_denied=True)  # a non-root owner empties its read-only dirs
         for entry in sub.listdir("."):
             _move_up(ws, f"{staging}/{entry}", entry, is_mount, modes.get(entry), keep_ids)
     finally:
@@ -1929,22 +1937,26 @@ def _refuse_entries_over_kept(ws: Root, sub: Subtree, keep_ids: frozenset[tuple[
         SnapshotError: such an entry (nothing in the workspace changed).
     """
     kept: list[str] = []
-    for dirpath, dirs, _nondirs in ws.walk("."):
-        for name in list(dirs):
-            st = ws.lstat(f"{dirpath}/{name}" if dirpath else name)
-            ident = (st.st_dev, st.st_ino)
-            if ident in keep_ids or ident == sid:
-                dirs.remove(name)
-                if ident != sid:
-                    kept.append(f"{dirpath}/{name}" if dirpath else name)
+    dev = ws.stat(".").st_dev
+    try:
+        for dirpath, dents, _nondirs in ws._walk_dirs("."):
+            for ent in list(dents):  # lstat taken relative to the listed directory's fd
+                ident = (ent.stat.st_dev, ent.stat.st_ino)
+                if ident in keep_ids or ident == sid or ent.stat.st_dev != dev:
+                    dents.remove(ent)  # never entered: kept, the staging directory, a mount
+                    if ident in keep_ids:
+                        kept.append(ent.path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise SnapshotSourceChangedError("the workspace changed while the restore looked for its read-only grants; "
+                                         "nothing was changed", sandbox_path=None) from None
     for path in kept:
         parts = path.split("/")
         for i in range(1, len(parts) + 1):
             pre = "/".join(parts[:i])
             try:
                 st = sub.lstat(pre)
-            except (FileNotFoundError, NotADirectoryError):
-                break
+            except (FileNotFoundError, NotADirectoryError, InvalidPathError):
+                break  # (longer than any staged path can be: nothing there)
             if i == len(parts) or not _stat.S_ISDIR(st.st_mode):
                 raise SnapshotError("the snapshot has an entry where a read-only grant nested in the workspace is; "
                                     "nothing was changed", sandbox_path=pre)

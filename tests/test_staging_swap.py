@@ -796,3 +796,89 @@ def test_hydrate_refuses_an_entry_where_a_kept_grant_is_before_any_change(layout
     assert "read-only grant" in str(ei.value)
     assert (layout.ws / "own").read_text() == "changed" and (layout.ws / "granted" / "x").read_text() == "host data"
     assert _staging_names(layout.ws) == []
+
+
+# ---------------------------------- the sixth review: a racer swapping a grant in during the restore
+
+
+def _exchange(a, b) -> None:
+    from sandbox_fs import _native
+    _native.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), _native.lib.RENAME_EXCHANGE, "test", None)
+
+
+def _grant_with_snapshot(layout, store, grant_mode: int = 0o555):
+    """A snapshot with ``d/`` and ``decoy/`` directories, then a read-only grant ``granted`` (host data)."""
+    for d in ("d", "decoy"):
+        (layout.ws / d).mkdir()
+        (layout.ws / d / "SNAP").write_text("from snapshot")
+    with open_root(layout.ws) as ws:
+        persist(ws, store, "s")
+    g = layout.ws / "granted"
+    g.mkdir()
+    (g / "host.txt").write_text("host data")
+    os.chmod(g, grant_mode)
+    st_ = os.stat(g)
+    return g, (st_.st_dev, st_.st_ino), os.open(g, os.O_PATH)
+
+
+def _grant_intact(gfd: int, mode: int) -> bool:
+    st_ = os.fstat(gfd)
+    return st_.st_nlink > 0 and stat.S_IMODE(st_.st_mode) == mode and \
+        sorted(os.listdir(f"/proc/self/fd/{gfd}")) == ["host.txt"]
+
+
+def test_clear_keeps_a_grant_swapped_in_after_its_name_was_looked_at(layout, store, monkeypatch, resolver):
+    """The clear looks at ``decoy`` (not kept), then the racer exchanges it with the grant before the
+    clear opens it: the identity is checked on the fd entered, the grant kept, never emptied."""
+    from sandbox_fs.root import Root
+
+    g, gid, gfd = _grant_with_snapshot(layout, store)
+    real = Root._open_dir_entered
+    fired = []
+
+    def exchange_then_open(self, dfd, name, flags, writable, keep_denied=False):
+        if name == b"decoy" and not fired:
+            fired.append(1)
+            _exchange(layout.ws / "decoy", g)
+        return real(self, dfd, name, flags, writable, keep_denied)
+
+    monkeypatch.setattr(Root, "_open_dir_entered", exchange_then_open)
+    try:
+        with open_root(layout.ws) as ws:
+            try:
+                hydrate(ws, store, "s", keep_identities=[gid])
+            except (SandboxError, OSError):
+                pass
+        assert fired and _grant_intact(gfd, 0o555)
+    finally:
+        os.close(gfd)
+
+
+def test_restore_never_merges_into_a_grant_swapped_in_at_a_merge_target(layout, store, monkeypatch, resolver):
+    """After the clear the racer puts its own ``d`` there (so the staged ``d`` is merged into it),
+    then exchanges ``d`` with the grant just before a staged entry is moved into ``d``: the move
+    checks its parent's fd against the grants and is refused."""
+    from sandbox_fs.root import Root
+
+    g, gid, gfd = _grant_with_snapshot(layout, store)
+    real = Root.rename
+    fired = []
+
+    def exchange_then_rename(self, src, dst, **kw):
+        if dst == "d" and not (layout.ws / "d").exists():
+            (layout.ws / "d").mkdir()  # the racer's own "d": the staged one is merged into it
+        elif str(dst).startswith("d/") and not fired:
+            fired.append(1)
+            _exchange(layout.ws / "d", g)  # checked by name a moment ago; the grant now
+        return real(self, src, dst, **kw)
+
+    monkeypatch.setattr(Root, "rename", exchange_then_rename)
+    try:
+        with open_root(layout.ws) as ws:
+            try:
+                hydrate(ws, store, "s", keep_identities=[gid])
+            except (SandboxError, OSError):
+                pass
+        assert fired and _grant_intact(gfd, 0o555)
+    finally:
+        os.close(gfd)
