@@ -1212,17 +1212,83 @@ class Root:
 
     unlink = remove
 
-    def rmdir(self, path: str | bytes) -> None:
-        """Remove an empty directory (never through a leaf symlink)."""
+    def rmdir(self, path: str | bytes, *, expect: tuple[int, int] | None = None) -> None:
+        """Remove an empty directory (never through a leaf symlink).
+
+        Args:
+            expect: ``(st_dev, st_ino)`` the directory must have; another one
+                at the name is left in place (``DirectoryReplacedError``).
+                With read-only grants nested in this Root, or with ``expect``,
+                the name is first moved into a private directory and checked
+                there, so a directory swapped in at the name (an empty grant)
+                is never removed (see :meth:`_rmdir_checked`).
+        """
         rel = self._rel(path)
         with self._use() as rootfd:
             pfd, leaf = self._open_parent(rootfd, rel, "rmdir", write=True, dir_op=True)
             try:
-                os.rmdir(leaf, dir_fd=pfd)
+                if self._rmdir_checked(pfd, leaf, expect) is False:
+                    raise DirectoryReplacedError("rmdir: the directory at this name is not the one expected "
+                                                 "(left in place)", sandbox_path=self._show(rel))
             except OSError as exc:
+                if isinstance(exc, SandboxError):
+                    raise
                 self._oserror(exc, "rmdir", rel)
             finally:
                 os.close(pfd)
+
+    def _rmdir_checked(self, pfd: int, name: bytes, expect: tuple[int, int] | None) -> bool:
+        """``rmdir(name)`` in directory ``pfd``, never of a directory swapped in at that name.
+
+        Without read-only grants and ``expect``: a plain ``rmdir``.  Otherwise
+        ``rmdir`` goes by name, so a process that exchanges the name with an
+        empty grant meanwhile would have the grant removed: the directory is
+        first moved (``renameat2(RENAME_NOREPLACE)``) into a fresh private
+        directory beside it, checked there (``fstatat``: not a grant, and
+        ``expect`` if given), removed there only then, or moved back.
+
+        Moving a directory into another one rewrites its ``..``: that needs
+        write permission on it (its owner's, or root's), which
+        ``clear(make_writable=True)`` gives a non-root owner's read-only
+        directories first.
+
+        Returns:
+            True when removed; False when the directory found was not ours (moved
+            back to its name, or, if that name was taken meanwhile, left in the
+            private ``.sfs-rm-*`` directory, which is then kept).
+
+        Raises:
+            OSError: the ``rmdir`` failed (ENOTEMPTY ...), after moving it back.
+        """
+        if not self._deny and expect is None:
+            os.rmdir(name, dir_fd=pfd)
+            return True
+        trash = b".sfs-rm-" + _secrets.token_hex(8).encode()
+        os.mkdir(trash, 0o700, dir_fd=pfd)
+        try:
+            _native.renameat2(pfd, name, pfd, trash + b"/" + name, _native.RENAME_NOREPLACE, "rmdir", None)
+        except BaseException:
+            os.rmdir(trash, dir_fd=pfd)
+            raise
+        moved = trash + b"/" + name
+        st = os.stat(moved, dir_fd=pfd, follow_symlinks=False)
+        ident = (st.st_dev, st.st_ino)
+        ours = ident not in self._deny and (expect is None or ident == expect)
+        err: OSError | None = None
+        if ours:
+            try:
+                os.rmdir(moved, dir_fd=pfd)
+            except OSError as exc:
+                err = exc
+        if not ours or err is not None:
+            try:
+                _native.renameat2(pfd, moved, pfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
+            except OSError:
+                return False  # the name was taken meanwhile: it stays in the private directory, kept
+        os.rmdir(trash, dir_fd=pfd)
+        if err is not None:
+            raise err
+        return ours
 
     def rmtree(self, path: str | bytes, *, missing_ok: bool = False,
                skip: Callable[[os.stat_result], bool] | None = None) -> None:
@@ -1262,7 +1328,7 @@ class Root:
                 if skip is not None and skip(st):
                     return
                 if self._clear_dir(pfd, leaf, rel, skip):
-                    os.rmdir(leaf, dir_fd=pfd)
+                    self._rmdir_checked(pfd, leaf, None)
             except OSError as exc:
                 self._oserror(exc, "rmtree", rel)
             finally:
@@ -1300,7 +1366,8 @@ class Root:
                    keep_denied: bool = False) -> bool:
         """Empty directory ``name`` under ``parent_fd``; True when it is empty now (``writable``: see :meth:`clear`)."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        # stack of [fd, iterator-of-names, name-in-parent, kept-something, mode-to-restore];
+        # stack of [fd, iterator-of-names, name-in-parent, kept-something, mode-to-restore,
+        # identity (with read-only grants: the directory the rmdir must find at its name)];
         # every fd is on the stack (owned) from the moment it is opened.  A directory made
         # writable (``writable``) that is kept in the end gets its own mode back.
         stack: list[list[Any]] = []
@@ -1310,7 +1377,7 @@ class Root:
                 top, _ = self._open_dir_entered(parent_fd, name, flags, False)
             except _MountPoint:
                 return False
-            stack.append([top, iter(()), None, False, None])
+            stack.append([top, iter(()), None, False, None, None])
             self._check_entered(top, rel)  # the top's own mode is never changed
             stack[-1][1] = iter(os.listdir(top))
             while stack:
@@ -1330,7 +1397,8 @@ class Root:
                             stack[-1][3] = True
                         else:
                             try:
-                                os.rmdir(frame[2], dir_fd=stack[-1][0])
+                                if not self._rmdir_checked(stack[-1][0], frame[2], frame[5]):
+                                    stack[-1][3] = True  # another directory was at the name: kept
                             except OSError as exc:
                                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
                                     raise
@@ -1374,7 +1442,8 @@ class Root:
                         os.close(cfd)
                         frame[3] = True
                         continue
-                stack.append([cfd, iter(()), cname, False, orig])
+                cst = os.fstat(cfd) if self._deny else None
+                stack.append([cfd, iter(()), cname, False, orig, (cst.st_dev, cst.st_ino) if cst else None])
                 changed = self._check_entered(cfd, rel, writable)
                 if orig is None:
                     stack[-1][4] = changed
@@ -1969,12 +2038,9 @@ class Subtree:
         with r:
             r.clear(make_writable=True)
         try:
-            st = self.root.lstat(self.path)
-            if (st.st_dev, st.st_ino) != self.identity:
-                return False
-            self.root.rmdir(self.path)
+            self.root.rmdir(self.path, expect=self.identity)  # checked where it cannot be swapped
         except OSError:
-            return False  # not empty: something was kept, or the name changed meanwhile
+            return False  # not empty (something was kept), or another directory at the name (left)
         return True
 
 

@@ -1894,7 +1894,7 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
                                 "the workspace is unchanged", sandbox_path=staging)
         is_mount = is_mount_point_of(ws, mount_points)
         if keep_ids:
-            _refuse_entries_over_kept(ws, sub, keep_ids, sid)
+            _refuse_entries_over_kept(ws, sub, keep_ids, sid, is_mount)
         # Before anything in the workspace changes, make every staged top-level directory
         # movable (renaming a directory rewrites its ".." entry: its owner needs write
         # permission on it); its recorded mode is set again once it is in place.  So no
@@ -1924,7 +1924,7 @@ _HYDRATE_PREFIX = ".sfs-hydrate-"
 
 
 def _refuse_entries_over_kept(ws: Root, sub: Subtree, keep_ids: frozenset[tuple[int, int]],
-                              sid: tuple[int, int]) -> None:
+                              sid: tuple[int, int], is_mount: Callable[[os.stat_result], bool]) -> None:
     """Refuse (before the clear) a snapshot with an entry where a kept directory of ``keep_ids`` is.
 
     Finds the kept directories by identity with one fd walk of the workspace
@@ -1942,7 +1942,7 @@ def _refuse_entries_over_kept(ws: Root, sub: Subtree, keep_ids: frozenset[tuple[
         for dirpath, dents, _nondirs in ws._walk_dirs("."):
             for ent in list(dents):  # lstat taken relative to the listed directory's fd
                 ident = (ent.stat.st_dev, ent.stat.st_ino)
-                if ident in keep_ids or ident == sid or ent.stat.st_dev != dev:
+                if ident in keep_ids or ident == sid or ent.stat.st_dev != dev or is_mount(ent.stat):
                     dents.remove(ent)  # never entered: kept, the staging directory, a mount
                     if ident in keep_ids:
                         kept.append(ent.path)

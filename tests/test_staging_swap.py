@@ -882,3 +882,51 @@ def test_restore_never_merges_into_a_grant_swapped_in_at_a_merge_target(layout, 
         assert fired and _grant_intact(gfd, 0o555)
     finally:
         os.close(gfd)
+
+
+def test_an_empty_grant_exchanged_in_at_a_removed_name_is_never_removed(layout, store, monkeypatch, resolver):
+    """Seventh review: the clear's last ``rmdir`` of an emptied directory goes by name; the racer
+    exchanges that name with an EMPTY read-only grant just before it.  The directory is moved into
+    a private directory and checked there first: the grant is moved back, never removed."""
+    for d in ("d", "decoy"):
+        (layout.ws / d).mkdir()
+    (layout.ws / "d" / "SNAP").write_text("from snapshot")
+    with open_root(layout.ws) as ws:
+        persist(ws, store, "s")
+    g = layout.ws / "granted"
+    g.mkdir()
+    os.chmod(g, 0o555)
+    st_ = os.stat(g)
+    gfd = os.open(g, os.O_PATH)
+    real_rmdir = os.rmdir
+    from sandbox_fs import root as root_mod
+    fired = []
+
+    def exchange_then_rmdir(path, *a, dir_fd=None, **kw):
+        if not fired and path in (b"decoy", "decoy"):
+            fired.append(1)
+            _exchange(layout.ws / "decoy", g)
+        return real_rmdir(path, *a, dir_fd=dir_fd, **kw)
+
+    real_renameat2 = root_mod._native.renameat2
+
+    def exchange_then_move(olddirfd, old, newdirfd, new, flags, op, shown):
+        if not fired and old == b"decoy":
+            fired.append(1)
+            _exchange(layout.ws / "decoy", g)
+        return real_renameat2(olddirfd, old, newdirfd, new, flags, op, shown)
+
+    monkeypatch.setattr(root_mod.os, "rmdir", exchange_then_rmdir)
+    monkeypatch.setattr(root_mod._native, "renameat2", exchange_then_move)
+    try:
+        with open_root(layout.ws) as ws:
+            try:
+                hydrate(ws, store, "s", keep_identities=[(st_.st_dev, st_.st_ino)])
+            except (SandboxError, OSError):
+                pass
+        monkeypatch.undo()
+        assert fired and os.fstat(gfd).st_nlink > 0  # the grant still exists
+        assert stat.S_IMODE(os.fstat(gfd).st_mode) == 0o555
+    finally:
+        os.close(gfd)
+        monkeypatch.undo()
