@@ -137,8 +137,9 @@ _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _READ_CHUNK = 1 << 20
 _MAX_META_BYTES = 256 << 20
 _WRITEBACK_BYTES = 8 << 20  # start writeback of the archive every 8 MiB (see _HashingSink); 0: never
-# In-flight names (Root.atomic_write temp files, archive and hydrate staging dirs): never persisted.
-_IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-", ".sfs-hydrate-")
+# In-flight names (Root.atomic_write temp files, archive and hydrate staging dirs, the private directory of a
+# checked rmdir): never persisted.
+_IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-", ".sfs-hydrate-", ".sfs-rm-")
 
 
 # ---------------------------------------------------------------------- errors
