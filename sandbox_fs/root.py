@@ -1265,30 +1265,39 @@ class Root:
             return True
         trash = b".sfs-rm-" + _secrets.token_hex(8).encode()
         os.mkdir(trash, 0o700, dir_fd=pfd)
+        # Every later step goes through this fd, never the path ".sfs-rm-*/name": the private
+        # directory sits in a directory others may write, and its name could be exchanged
+        # with a symlink or another directory meanwhile.  Checked to be the empty directory
+        # just made, owned by us and closed to others.
+        tfd = os.open(trash, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
         try:
-            _native.renameat2(pfd, name, pfd, trash + b"/" + name, _native.RENAME_NOREPLACE, "rmdir", None)
-        except BaseException:
-            os.rmdir(trash, dir_fd=pfd)
-            raise
-        moved = trash + b"/" + name
-        st = os.stat(moved, dir_fd=pfd, follow_symlinks=False)
-        ident = (st.st_dev, st.st_ino)
-        ours = ident not in self._deny and (expect is None or ident == expect)
-        err: OSError | None = None
-        if ours:
-            try:
-                os.rmdir(moved, dir_fd=pfd)
-            except OSError as exc:
-                err = exc
-        if not ours or err is not None:
-            try:
-                _native.renameat2(pfd, moved, pfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
-            except OSError:
-                return False  # the name was taken meanwhile: it stays in the private directory, kept
-        os.rmdir(trash, dir_fd=pfd)
-        if err is not None:
-            raise err
-        return ours
+            tst = os.fstat(tfd)
+            if tst.st_uid != os.geteuid() or _stat.S_IMODE(tst.st_mode) & 0o077 or tst.st_nlink != 2:
+                raise DirectoryReplacedError("rmdir: its private directory was replaced by another process",
+                                             sandbox_path=None)
+            _native.renameat2(pfd, name, tfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
+            st = os.stat(name, dir_fd=tfd, follow_symlinks=False)
+            ident = (st.st_dev, st.st_ino)
+            ours = ident not in self._deny and (expect is None or ident == expect)
+            err: OSError | None = None
+            if ours:
+                try:
+                    os.rmdir(name, dir_fd=tfd)
+                except OSError as exc:
+                    err = exc
+            if not ours or err is not None:
+                try:
+                    _native.renameat2(tfd, name, pfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
+                except OSError:
+                    return False  # the name was taken meanwhile: it stays in the private directory, kept
+            left = os.stat(trash, dir_fd=pfd, follow_symlinks=False)
+            if (left.st_dev, left.st_ino) == (tst.st_dev, tst.st_ino):
+                os.rmdir(trash, dir_fd=pfd)  # (only ever an empty directory, in a directory we write)
+            if err is not None:
+                raise err
+            return ours
+        finally:
+            os.close(tfd)
 
     def rmtree(self, path: str | bytes, *, missing_ok: bool = False,
                skip: Callable[[os.stat_result], bool] | None = None) -> None:

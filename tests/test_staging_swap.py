@@ -930,3 +930,40 @@ def test_an_empty_grant_exchanged_in_at_a_removed_name_is_never_removed(layout, 
     finally:
         os.close(gfd)
         monkeypatch.undo()
+
+
+def test_checked_rmdir_works_through_its_private_directory_fd(layout, monkeypatch, resolver):
+    """Eighth review: after moving the directory into its private ``.sfs-rm-*`` directory, a racer
+    exchanges that name with a symlink to outside; every later step goes through the private
+    directory's fd, so nothing outside is removed (the old path ``.sfs-rm-*/d`` followed the link)."""
+    from sandbox_fs import root as root_mod
+    from sandbox_fs.paths import Grant, PathPolicy
+
+    (layout.outside / "d").mkdir()  # an empty directory outside: the target
+    ro = layout.ws / "ro_grant"
+    ro.mkdir()
+    (layout.ws / "d").mkdir()
+    os.symlink(layout.outside, layout.ws / "lnk")
+    real = root_mod._native.renameat2
+    fired = []
+
+    def move_then_exchange(olddirfd, old, newdirfd, new, flags, op, shown):
+        real(olddirfd, old, newdirfd, new, flags, op, shown)
+        if old == b"d" and not fired:
+            fired.append(1)
+            (trash,) = [n for n in os.listdir(layout.ws) if n.startswith(".sfs-rm-")]
+            _exchange(layout.ws / trash, layout.ws / "lnk")
+
+    with open_root(layout.ws) as wsroot:
+        pol = PathPolicy(wsroot, "/workspace", [Grant(str(ro), read_only=True)])
+        try:
+            monkeypatch.setattr(root_mod._native, "renameat2", move_then_exchange)
+            try:
+                pol.workspace.rmdir("d")
+            except (SandboxError, OSError):
+                pass
+            monkeypatch.undo()
+        finally:
+            pol.close()
+    assert fired and (layout.outside / "d").is_dir()
+    assert not (layout.ws / "d").exists()  # ours was removed, inside its private directory
