@@ -898,26 +898,22 @@ def test_an_empty_grant_exchanged_in_at_a_removed_name_is_never_removed(layout, 
     os.chmod(g, 0o555)
     st_ = os.stat(g)
     gfd = os.open(g, os.O_PATH)
-    real_rmdir = os.rmdir
     from sandbox_fs import root as root_mod
     fired = []
 
-    def exchange_then_rmdir(path, *a, dir_fd=None, **kw):
-        if not fired and path in (b"decoy", "decoy"):
-            fired.append(1)
-            _exchange(layout.ws / "decoy", g)
-        return real_rmdir(path, *a, dir_fd=dir_fd, **kw)
+    def exchange_first(real, names_decoy):
+        """``real``, after exchanging ``decoy`` with the grant the first time it acts on ``decoy``."""
+        def hooked(*a, **kw):
+            if not fired and names_decoy(a):
+                fired.append(1)
+                _exchange(layout.ws / "decoy", g)
+            return real(*a, **kw)
+        return hooked
 
-    real_renameat2 = root_mod._native.renameat2
-
-    def exchange_then_move(olddirfd, old, newdirfd, new, flags, op, shown):
-        if not fired and old == b"decoy":
-            fired.append(1)
-            _exchange(layout.ws / "decoy", g)
-        return real_renameat2(olddirfd, old, newdirfd, new, flags, op, shown)
-
-    monkeypatch.setattr(root_mod.os, "rmdir", exchange_then_rmdir)
-    monkeypatch.setattr(root_mod._native, "renameat2", exchange_then_move)
+    # the previous code removed by name (os.rmdir); this one moves the name first (renameat2)
+    monkeypatch.setattr(root_mod.os, "rmdir", exchange_first(os.rmdir, lambda a: a[0] in (b"decoy", "decoy")))
+    monkeypatch.setattr(root_mod._native, "renameat2",
+                        exchange_first(root_mod._native.renameat2, lambda a: a[1] == b"decoy"))
     try:
         with open_root(layout.ws) as ws:
             try:
