@@ -2005,11 +2005,6 @@ class Subtree:
         with self.enter() as r:
             r.chmod(path, mode)
 
-    def utime(self, path: str | bytes, *, ns: tuple[int, int] | None = None) -> None:
-        """:meth:`Root.utime` of ``path`` beneath the directory."""
-        with self.enter() as r:
-            r.utime(path, ns=ns)
-
     def lstat(self, path: str | bytes) -> os.stat_result:
         """:meth:`Root.lstat` of ``path`` beneath the directory."""
         with self.enter() as r:

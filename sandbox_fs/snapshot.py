@@ -1844,15 +1844,13 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     with f:
         check = _CrcCheck(f.fileno(), info.archive_bytes) if isinstance(store, LocalSnapshotStore) else None
         keep = frozenset(keep_identities)
+        # With kept directories (read-only grants), every write of the restore checks its fds
+        # against them: a name swapped for one meanwhile is refused or kept, never entered,
+        # emptied, chmod'ed or merged into.
+        target = ws.with_options(deny_write_ids=keep) if keep else contextlib.nullcontext(ws)
         try:
-            if keep:
-                # Every write of the restore then checks its fds against the kept directories
-                # (read-only grants): a name swapped for one meanwhile is refused or kept,
-                # never entered, emptied, chmod'ed or merged into.
-                with ws.with_options(deny_write_ids=keep) as guarded:
-                    _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
-            else:
-                _hydrate_staged(ws, f, info, limits, mount_points, check, keep)
+            with target as guarded:
+                _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
         finally:
             if check is not None:
                 check.stop()  # joined before the archive's fd is closed
@@ -1938,12 +1936,11 @@ def _refuse_entries_over_kept(ws: Root, sub: Subtree, keep_ids: frozenset[tuple[
         SnapshotError: such an entry (nothing in the workspace changed).
     """
     kept: list[str] = []
-    dev = ws.stat(".").st_dev
     try:
         for dirpath, dents, _nondirs in ws._walk_dirs("."):
             for ent in list(dents):  # lstat taken relative to the listed directory's fd
                 ident = (ent.stat.st_dev, ent.stat.st_ino)
-                if ident in keep_ids or ident == sid or ent.stat.st_dev != dev or is_mount(ent.stat):
+                if ident in keep_ids or ident == sid or is_mount(ent.stat):  # is_mount: another device too
                     dents.remove(ent)  # never entered: kept, the staging directory, a mount
                     if ident in keep_ids:
                         kept.append(ent.path)

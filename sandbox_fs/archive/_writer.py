@@ -1181,13 +1181,10 @@ class Extractor:
         """
         if not self._dir_meta:
             return
-        if isinstance(self.work, Subtree):
-            # One checked fd for this metadata-only step (modes and times of our own
-            # directories; nothing is created), instead of one lookup per call.
-            with self.work.enter() as work:
-                self._apply_dir_meta_in(work)
-        else:
-            self._apply_dir_meta_in(self.work)
+        # One checked fd of the staging directory for this metadata-only step (modes and
+        # times of our own directories; nothing is created), not one lookup per call.
+        with self._entered() as work:
+            self._apply_dir_meta_in(work)
 
     def _apply_dir_meta_in(self, work: Root) -> None:
         kinds, meta = self._kinds, self._dir_meta
