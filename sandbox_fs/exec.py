@@ -672,7 +672,7 @@ class _CgroupTree:
     @staticmethod
     def _sweep_stale(base: str) -> None:
         """Remove empty trees left by processes that died without closing their supervisor."""
-        try:
+        try:  # host-access: cgroupfs (kernel interface): our own stale supervisor dirs, never a workspace
             names = [n for n in os.listdir(base) if n.startswith("sandbox-fs-")]
         except OSError:
             return
@@ -686,7 +686,7 @@ class _CgroupTree:
             path = f"{base}/{name}"
             if _CgroupTree.populated(path):
                 continue  # something still runs there: leave it for its owner / an operator
-            try:
+            try:  # host-access: cgroupfs, as above
                 for leaf in os.listdir(path):
                     if leaf.startswith("p") and os.path.isdir(f"{path}/{leaf}"):
                         os.rmdir(f"{path}/{leaf}")
@@ -696,7 +696,7 @@ class _CgroupTree:
 
     def new_leaf(self, pids_max: int | None) -> str:
         leaf = f"{self.dir}/p{next(self._leaves)}"
-        os.mkdir(leaf, 0o755)
+        os.mkdir(leaf, 0o755)  # host-access: a leaf cgroup under our supervisor dir (cgroupfs)
         if self.pids and pids_max is not None:
             try:
                 with open(f"{leaf}/pids.max", "w") as f:
