@@ -18,13 +18,13 @@ the field or sandbox path, and exits 1; never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 import trio
 
+from ._cli_output import escape_text, json_text, one_line
 from .errors import SandboxError
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifest
 from .materialize import MaterializeOptions, MaterializeProgress, materialize
@@ -152,15 +152,16 @@ def handler(args: argparse.Namespace) -> int:
         if args.json:
             leaf = _first_sandbox_error(exc)
             if leaf is not None:
-                print(json.dumps({"ok": False, "error": leaf.to_dict()}, default=str))
+                print(json_text({"ok": False, "error": leaf.to_dict()}, default=str, sort_keys=False))
                 raise leaf from None
         raise
     if args.json:
-        print(json.dumps({"ok": True, "result": result.to_dict()}))
+        print(json_text({"ok": True, "result": result.to_dict()}, sort_keys=False))
     else:
-        print(result.summary())
+        print(escape_text(result.summary(), keep_backslash=True))
         for s in result.skipped[:20]:
-            print(f"skipped [{s.sandbox_path}]: {s.rule}: {s.reason}")
+            print(f"skipped [{escape_text(s.sandbox_path)}]: {escape_text(s.rule)}: "
+                  f"{escape_text(one_line(s.reason), keep_backslash=True)}")
     return 0
 
 

@@ -6,6 +6,7 @@ import argparse
 import os
 import tempfile
 
+from ._cli_output import escape_text
 from .errors import SandboxError
 from .root import open_root
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  {label}: ALLOWED (unexpected)")
                 except SandboxError as exc:
                     refused += 1
-                    print(f"  {label}: refused -> {exc}")
+                    print(f"  {label}: refused -> {escape_text(str(exc), keep_backslash=True)}")
         # host-access: the demo checks its own sentinel dir
         ok = refused == 5 and os.listdir(outside) == ["secret.txt"]
         print("demo:", "every escape refused, outside untouched" if ok else "FAILED")

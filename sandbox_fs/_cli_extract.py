@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
 import threading
 from typing import Any, Iterator
 
+from ._cli_args import INT64_MAX, MAX_SECONDS, NumericType
+from ._cli_output import escape_text, json_text
 from .archive import FORMATS, ArchiveLimits, ExtractPolicy, extract
 from .errors import InvalidArgumentError
 from .root import open_root
@@ -43,13 +44,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", choices=sorted(FORMATS))
     defaults = ArchiveLimits()
     for field, (flag, typ) in _LIMIT_FLAGS.items():
-        p.add_argument(flag, dest=field, type=typ, default=None,
+        p.add_argument(flag, dest=field, type=_limit_type(field, typ), default=None,
                        help=f"default {getattr(defaults, field)}")
     p.add_argument("--in-place", action="store_true", help="write directly into DIR (faster, not atomic)")
     p.add_argument("--skip-special", action="store_true",
                    help="skip (and report) devices, FIFOs, sockets and unknown types instead of refusing")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a summary line")
     p.set_defaults(func=handler)
+
+
+def _limit_type(field: str, kind: type) -> NumericType:
+    """The checked argparse type of one limit: the bounds of ``ArchiveLimits.<field>`` (``ge``, ``gt``,
+    ``le``), within 0 .. 2**63-1 (counts, bytes, the ratio) or 0 .. one year (seconds)."""
+    low: float = 0
+    low_open = False
+    high: float = MAX_SECONDS if field.endswith("_seconds") else INT64_MAX
+    for rule in ArchiveLimits.model_fields[field].metadata:
+        if getattr(rule, "ge", None) is not None:
+            low, low_open = rule.ge, False
+        elif getattr(rule, "gt", None) is not None:
+            low, low_open = rule.gt, True
+        elif getattr(rule, "le", None) is not None:
+            high = min(high, rule.le)
+    return NumericType(kind, low, high, low_open=low_open, unit="s" if field.endswith("_seconds") else "")
 
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -109,7 +126,7 @@ def handler(args: argparse.Namespace) -> int:
         else:
             report = extract(root, dest, args.archive, format=args.format, limits=limits, policy=policy)
     if args.json:
-        print(json.dumps(report.model_dump(), sort_keys=True))
+        print(json_text(report.model_dump()))
     else:
-        print(f"extracted {report.summary()} into {args.into}")
+        print(f"extracted {escape_text(report.summary(), keep_backslash=True)} into {escape_text(args.into)}")
     return 0

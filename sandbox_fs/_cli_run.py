@@ -6,6 +6,18 @@ confined to the workspace, print its output, persist a snapshot, write the
 session state, clean up.  The command's exit status is passed through;
 refusals are one line on stderr and exit 1 (see :mod:`sandbox_fs.cli`).
 
+When the command ran but closing the session failed (a persist refused, for
+example an entry a restore would refuse): the command's stdout and stderr
+are printed all the same (in ``--json``, the report carries them and an
+``error`` object), then the note naming the command's exit status, then the
+error line; the exit status is 1, since the run's work was not saved.  The
+state is still written when asked for: it names the last good snapshot, so a
+``--resume`` reaches the workspace and its unsaved work.
+
+The command's output goes to a terminal escaped (controls as ``\\xNN``,
+lines kept, see :func:`sandbox_fs._cli_output.write_command_output`) and to
+a pipe or file unchanged.
+
 Authority comes only from the command line (the operator): ``--base``,
 ``--grant``, ``--root``, ``--workspaces-dir`` and ``--snapshot-dir``.  The
 manifest is loaded as untrusted, and the state file carries no authority.
@@ -14,13 +26,14 @@ manifest is loaded as untrusted, and the state file carries no authority.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 import trio
 
+from ._cli_args import int_option, seconds_option
+from ._cli_output import escape_text, json_text, write_command_output
 from ._cli_session import CliInputError, _read_input, load_state, parse_grant, write_json_atomic
 
 
@@ -33,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="materialize a manifest (or resume), run a command confined, persist a snapshot",
         description="Create or resume a session, run CMD confined to its workspace, persist a snapshot, "
-                    "write the session state.  Exit status: CMD's, or 1 on a refusal.")
+                    "write the session state.  Exit status: CMD's, or 1 on a refusal "
+                    "(also when the persist after CMD fails: CMD's output is still printed first).")
     p.add_argument("--manifest", help="manifest JSON file (loaded as untrusted); required unless --resume")
     p.add_argument("--base", help="trusted base directory for the manifest's host sources")
     p.add_argument("--root", help="caller-owned workspace directory (created 0700 if missing; never deleted); "
@@ -45,12 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--snapshot-dir", help="snapshot store directory (created 0700); no snapshot without it")
     p.add_argument("--state", help="write the session state JSON here after the run")
     p.add_argument("--resume", metavar="FILE", help="resume the session recorded in this state file")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="command wall-clock limit, seconds")
+    p.add_argument("--timeout", type=seconds_option(), default=None, metavar="S", help="command wall-clock limit, seconds")
     p.add_argument("--confinement", choices=("required", "best_effort", "none"),
                    default="required" if sys.platform.startswith("linux") else "best_effort",
                    help="Landlock confinement (default: required on Linux)")
     p.add_argument("--cwd", default="", help="working directory, a sandbox path relative to the workspace")
-    p.add_argument("--max-output-bytes", type=int, default=None, help="bound on captured stdout/stderr each")
+    p.add_argument("--max-output-bytes", type=int_option(), default=None, help="bound on captured stdout/stderr each")
     p.add_argument("--json", action="store_true", help="print a JSON report instead of the command's output")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
@@ -106,11 +120,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             else:
                 session = client.create(manifest=manifest, root=root)
             result = None
-            async with session:
-                result = await session.exec(argv, **exec_kw)
-            state = client.serialize_state(session)
-            if args.state:
-                write_json_atomic(args.state, state)
+            failed: Exception | None = None
+            try:
+                async with session:
+                    result = await session.exec(argv, **exec_kw)
+            except Exception as exc:
+                if result is None:
+                    raise  # the command did not run to the end: nothing of it to print
+                failed = exc  # it ran: print its output first, then refuse
+            state: dict[str, Any] = {}
+            try:
+                state = client.serialize_state(session)
+                if args.state:
+                    write_json_atomic(args.state, state)
+            except Exception as exc:
+                failed = failed or exc
             report = {
                 "session_id": session.id,
                 "start_mode": session.start_mode,
@@ -122,23 +146,43 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "stdout_truncated": result.stdout_truncated,
                 "stderr_truncated": result.stderr_truncated,
             }
-            return result, report
+            return result, report, failed
 
-    result, report = trio.run(main)
+    result, report, failed = trio.run(main)
     if args.json:
         report["stdout"] = result.stdout.decode("utf-8", "replace")
         report["stderr"] = result.stderr.decode("utf-8", "replace")
-        print(json.dumps(report, sort_keys=True))
+        if failed is not None:
+            report["error"] = _error_dict(failed)
+        print(json_text(report))
     else:
-        sys.stdout.buffer.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.buffer.write(result.stderr)
-        print(f"sandbox-fs: session {report['session_id']} ({report['start_mode']}); command exited "
-              f"{result.exit_code} under {result.confinement}"
+        write_command_output(result.stdout, sys.stdout)
+        write_command_output(result.stderr, sys.stderr)
+        snap = report["snapshot"]
+        print(f"sandbox-fs: session {escape_text(str(report['session_id']))} "
+              f"({escape_text(str(report['start_mode']))}); command exited "
+              f"{result.exit_code} under {escape_text(str(result.confinement))}"
               f"{' (Landlock ABI %d)' % result.landlock_abi if result.landlock_abi else ''}"
-              f"{'; snapshot ' + report['snapshot'] if report['snapshot'] else ''}", file=sys.stderr)
+              f"{'; snapshot ' + escape_text(str(snap)) if snap else ''}"
+              f"{'; not persisted' if failed is not None else ''}", file=sys.stderr)
+    sys.stdout.flush()
+    if failed is not None:
+        raise failed  # sandbox_fs.cli prints the one error line, exit 1
     code = result.exit_code
     return code if 0 <= code <= 255 else 128 + (-code if code < 0 else 0)
+
+
+def _error_dict(exc: BaseException) -> dict[str, Any]:
+    """The JSON view of a close failure: a SandboxError's to_dict, else its code only."""
+    from .errors import SandboxError  # noqa: PLC0415
+
+    leaves = [exc]
+    while isinstance(leaves[0], BaseExceptionGroup) and leaves[0].exceptions:
+        leaves = list(leaves[0].exceptions)
+    first = next((e for e in leaves if isinstance(e, SandboxError)), None)
+    if first is not None:
+        return first.to_dict()
+    return {"code": "os_error" if isinstance(leaves[0], OSError) else "internal", "reason": type(leaves[0]).__name__}
 
 
 def _environment(manifest: Any) -> tuple[dict[str, str], set[str]]:

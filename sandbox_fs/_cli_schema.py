@@ -7,9 +7,10 @@ draft 2020-12); the positional argument leaves room for more.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from ._cli_args import int_option
+from ._cli_output import json_text
 from .manifest import Manifest
 
 _SCHEMAS = {"manifest": Manifest}
@@ -18,7 +19,7 @@ _SCHEMAS = {"manifest": Manifest}
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("schema", help="print the JSON Schema of the manifest format")
     p.add_argument("what", nargs="?", default="manifest", choices=sorted(_SCHEMAS))
-    p.add_argument("--indent", type=int, default=2, help="JSON indentation (0: compact)")
+    p.add_argument("--indent", type=int_option(0, 16), default=2, help="JSON indentation, 0 to 16 (0: compact)")
     p.set_defaults(func=handler)
 
 
@@ -28,5 +29,5 @@ def schema(what: str = "manifest") -> dict[str, Any]:
 
 
 def handler(args: argparse.Namespace) -> int:
-    print(json.dumps(schema(args.what), indent=args.indent or None, sort_keys=True))
+    print(json_text(schema(args.what), indent=args.indent or None))
     return 0

@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from ._cli_output import json_text, report_lines
 from .errors import SandboxError
 from .paths import Grant
 
@@ -117,9 +118,9 @@ def _load_manifest(path: str | None) -> Any:
 
 def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if args.json:
-        print(json.dumps(data, sort_keys=True))
+        print(json_text(data))
     else:
-        print(" ".join(f"{k}={v}" for k, v in data.items() if v is not None))
+        print("\n".join(report_lines(data)))
 
 
 def _progress_printer() -> Any:

@@ -9,24 +9,22 @@ is a terminal; ``--json`` prints a JSON report on stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Any
 
+from ._cli_output import json_text, report_lines
 from .root import open_root
 from .snapshot import LocalSnapshotStore, SnapshotLimits, hydrate, persist
 
 
 def _report(args: argparse.Namespace, data: Any) -> None:
     if args.json:
-        print(json.dumps(data, sort_keys=True))
-    elif isinstance(data, list):
-        for row in data:
-            print(" ".join(f"{k}={v}" for k, v in row.items()))
+        print(json_text(data))
     else:
-        print(" ".join(f"{k}={v}" for k, v in data.items() if v is not None))
+        for row in data if isinstance(data, list) else [data]:
+            print("\n".join(report_lines(row)))
 
 
 def _progress() -> Any:

@@ -6,6 +6,12 @@ int``.  ``main`` guarantees the contract for every input: a refusal prints
 one line on stderr (code, sandbox path, reason) and exits non-zero; no
 traceback ever reaches the terminal.
 
+Every text line goes through :func:`sandbox_fs._cli_output.escape_text`
+and every JSON document through ``json_text`` (``ensure_ascii``): no name
+chosen by a confined command, an archive or a snapshot can put a raw control
+byte on the operator's terminal.  Numeric options are checked types
+(:mod:`sandbox_fs._cli_args`): nan, inf, out-of-range values are usage errors.
+
 Exit codes: 0 success; 1 a refusal (SandboxError) or an OS error;
 2 usage error; 70 an internal error (a bug: please report it); 130 interrupted.
 """
@@ -19,6 +25,7 @@ import resource
 import sys
 from typing import NoReturn
 
+from ._cli_output import error_line, escape_text, one_line
 from .errors import SandboxError
 
 _SUBCOMMANDS = ("demo", "extract", "apply", "schema", "run", "session", "snapshot")
@@ -42,7 +49,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse with usage errors on one stderr line (exit 2), like every other refusal."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"sandbox-fs: error: usage: {_one_line(message)} (see {self.prog} --help)\n")
+        text = escape_text(one_line(message), keep_backslash=True)
+        self.exit(EXIT_USAGE, f"sandbox-fs: error: usage: {text} (see {escape_text(self.prog)} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,13 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+def _safe_streams() -> None:
+    """Text that cannot be encoded for stdout/stderr (a C locale, PYTHONIOENCODING=ascii) is
+    written backslash-escaped instead of failing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (also used as console_scripts entry)."""
     _raise_nofile()
+    _safe_streams()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -74,14 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         return int(args.func(args) or 0)
-    except SandboxError as exc:
-        print(f"sandbox-fs: error: {_one_line(str(exc))}", file=sys.stderr)
-        return EXIT_REFUSED
-    except OSError as exc:
-        what = os.strerror(exc.errno) if exc.errno else type(exc).__name__
-        where = f" [{exc.filename}]" if isinstance(exc.filename, str) else ""
-        op = getattr(exc, "operation", None)
-        print(f"sandbox-fs: error: os_error{where}: {what}{f' ({op})' if op else ''}", file=sys.stderr)
+    except (SandboxError, OSError) as exc:
+        print(f"sandbox-fs: error: {error_line(exc)}", file=sys.stderr)
         return EXIT_REFUSED
     except KeyboardInterrupt:
         print("sandbox-fs: interrupted", file=sys.stderr)
@@ -91,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # never a traceback at the command line
         if isinstance(exc, BaseExceptionGroup):
             leaves = _leaves(exc)
-            sandbox = [e for e in leaves if isinstance(e, SandboxError)]
+            sandbox = ([e for e in leaves if isinstance(e, SandboxError)]
+                       or [e for e in leaves if isinstance(e, OSError)])
             if sandbox:
-                print(f"sandbox-fs: error: {_one_line(str(sandbox[0]))}", file=sys.stderr)
+                print(f"sandbox-fs: error: {error_line(sandbox[0])}", file=sys.stderr)
                 return EXIT_REFUSED
         print(f"sandbox-fs: internal error: {type(exc).__name__} (set SANDBOX_FS_DEBUG=1 for details)",
               file=sys.stderr)

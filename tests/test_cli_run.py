@@ -100,9 +100,11 @@ def test_usage_errors_are_one_line(args):
     assert len(lines) == 1 and lines[0].startswith("sandbox-fs: error: usage:"), r.stderr
 
 
-def test_bad_limit_is_an_invalid_argument(tmp_path):
+def test_bad_limit_is_a_usage_error(tmp_path):
+    """A limit outside ArchiveLimits' bounds is refused by the parser (exit 2), before any work."""
     (tmp_path / "a.tar").write_bytes(b"")
     r = run("extract", str(tmp_path / "a.tar"), "--into", str(tmp_path / "d"), "--max-members", "-1")
-    assert r.returncode == 1
-    assert r.stderr.startswith("sandbox-fs: error: invalid_argument: invalid limit max_members")
+    assert r.returncode == 2
+    assert r.stderr.startswith("sandbox-fs: error: usage: argument --max-members: '-1' is out of range")
     assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()
