@@ -59,12 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--snapshot-dir", help="snapshot store directory (created 0700); no snapshot without it")
     p.add_argument("--state", help="write the session state JSON here after the run")
     p.add_argument("--resume", metavar="FILE", help="resume the session recorded in this state file")
-    p.add_argument("--timeout", type=seconds_option(), default=None, metavar="S", help="command wall-clock limit, seconds")
+    p.add_argument("--timeout", type=seconds_option(), default=None, metavar="S",
+                   help="command wall-clock limit, seconds (> 0, at most one year)")
     p.add_argument("--confinement", choices=("required", "best_effort", "none"),
                    default="required" if sys.platform.startswith("linux") else "best_effort",
                    help="Landlock confinement (default: required on Linux)")
     p.add_argument("--cwd", default="", help="working directory, a sandbox path relative to the workspace")
-    p.add_argument("--max-output-bytes", type=int_option(), default=None, help="bound on captured stdout/stderr each")
+    p.add_argument("--max-output-bytes", type=int_option(), default=None,
+                   help="bound on captured stdout/stderr each (0 to 2**63-1)")
     p.add_argument("--json", action="store_true", help="print a JSON report instead of the command's output")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
@@ -121,13 +123,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 session = client.create(manifest=manifest, root=root)
             result = None
             failed: Exception | None = None
+            persisted = True
             try:
                 async with session:
                     result = await session.exec(argv, **exec_kw)
             except Exception as exc:
                 if result is None:
                     raise  # the command did not run to the end: nothing of it to print
-                failed = exc  # it ran: print its output first, then refuse
+                failed, persisted = exc, False  # it ran: print its output first, then refuse
             state: dict[str, Any] = {}
             try:
                 state = client.serialize_state(session)
@@ -146,9 +149,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "stdout_truncated": result.stdout_truncated,
                 "stderr_truncated": result.stderr_truncated,
             }
-            return result, report, failed
+            return result, report, failed, persisted
 
-    result, report, failed = trio.run(main)
+    result, report, failed, persisted = trio.run(main)
     if args.json:
         report["stdout"] = result.stdout.decode("utf-8", "replace")
         report["stderr"] = result.stderr.decode("utf-8", "replace")
@@ -164,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{result.exit_code} under {escape_text(str(result.confinement))}"
               f"{' (Landlock ABI %d)' % result.landlock_abi if result.landlock_abi else ''}"
               f"{'; snapshot ' + escape_text(str(snap)) if snap else ''}"
-              f"{'; not persisted' if failed is not None else ''}", file=sys.stderr)
+              f"{'' if persisted else '; closing the session failed, nothing new persisted'}", file=sys.stderr)
     sys.stdout.flush()
     if failed is not None:
         raise failed  # sandbox_fs.cli prints the one error line, exit 1
@@ -176,9 +179,9 @@ def _error_dict(exc: BaseException) -> dict[str, Any]:
     """The JSON view of a close failure: a SandboxError's to_dict, else its code only."""
     from .errors import SandboxError  # noqa: PLC0415
 
-    leaves = [exc]
-    while isinstance(leaves[0], BaseExceptionGroup) and leaves[0].exceptions:
-        leaves = list(leaves[0].exceptions)
+    from .cli import _leaves  # noqa: PLC0415
+
+    leaves = _leaves(exc) or [exc]
     first = next((e for e in leaves if isinstance(e, SandboxError)), None)
     if first is not None:
         return first.to_dict()

@@ -48,7 +48,8 @@ def assert_terminal_safe(data: bytes, allow: str = "") -> None:
     """Valid UTF-8 with no C0 control but line ends (and ``allow``), no DEL, no C1 control, no surrogate."""
     text = data.decode("utf-8")  # strict: no invalid UTF-8 reaches the terminal either
     for line in text.split("\n"):
-        bad = [c for c in line if c not in allow and ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF]
+        bad = [c for c in line
+               if (ord(c) < 0x20 and c not in allow) or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF]
         assert not bad, f"raw control characters {bad!r} in {line!r}"
 
 
@@ -252,7 +253,7 @@ def test_run_persist_failure_prints_output_then_escaped_error(tmp_path, runjob):
     assert_terminal_safe(r.stderr)
     lines = r.stderr.decode().splitlines()
     assert lines[0] == "command-stderr"
-    assert "command exited 3" in lines[1] and "not persisted" in lines[1]
+    assert "command exited 3" in lines[1] and "nothing new persisted" in lines[1]
     assert lines[2].startswith("sandbox-fs: error: snapshot_unrestorable_entry [")
     assert unescape_path(lines[2]) == HOSTILE and len(lines) == 3
     assert json.loads(state.read_text())["snapshot"] is None, "the state names the last good snapshot (none)"
@@ -286,7 +287,7 @@ def test_run_persist_failure_store_full(tmp_path, runjob):
     assert r.returncode == 1, r.stderr
     assert r.stdout == b"still-here\n", "the command ran: its output is printed"
     lines = r.stderr.decode().splitlines()
-    assert lines[0] == "err-here" and "not persisted" in lines[1]
+    assert lines[0] == "err-here" and "nothing new persisted" in lines[1]
     assert lines[-1].startswith("sandbox-fs: error:") and len(lines) == 3, r.stderr
     assert b"Traceback" not in r.stderr
 
