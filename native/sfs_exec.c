@@ -9,6 +9,18 @@
  *
  *   --status FD        write "STAGE ERRNO\n" to FD on failure; FD is closed
  *                      by execve on success (O_CLOEXEC), so EOF means "exec'd"
+ *   --env-fd FD        the target's environment: FD (a memfd) holds NUL-
+ *                      terminated KEY=VALUE entries, read whole from offset 0
+ *                      (at most SFS_MAX_ENV bytes and SFS_MAX_ENV_ENTRIES
+ *                      entries, else "env E2BIG") and closed at once.  It is
+ *                      applied only at the target's execve; the helper itself
+ *                      runs with the fixed environment the parent gave it, and
+ *                      PROG is searched for on the *target's* PATH.  Passed as
+ *                      data, never in argv (/proc/PID/cmdline is world-readable)
+ *   --pids-procs FD    join a cgroup v1 pids leaf: FD is its cgroup.procs
+ *                      opened for writing; the target writes "0" to it as its
+ *                      first step (after --cgroup's fork), before any other,
+ *                      so it never runs outside that pids.max bound
  *   --cgroup FD        start the target in the cgroup v2 directory FD: the
  *                      helper first forks it with clone3(CLONE_INTO_CGROUP |
  *                      CLONE_PARENT), writes "pid N" on the status fd and
@@ -84,6 +96,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+extern char **environ;
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -127,6 +141,9 @@
 #define SFS_MOUNT_ATTR_RDONLY 0x1
 #define SFS_MAX_TREES 64
 #define SFS_MAX_MASKS 32
+#define SFS_MAX_ENV (1 << 20)
+#define SFS_MAX_ENV_ENTRIES 4096
+#define SFS_DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
 #ifndef SYS_clone3
 #define SYS_clone3 435
 #endif
@@ -222,6 +239,14 @@ static void join_cgroup(int dirfd)
     if (write(fd, "0\n", 2) != 2)
         fail("cgroup", errno);
     close(fd);
+}
+
+/* Join a cgroup v1 pids leaf through its cgroup.procs, opened by the parent. */
+static void join_pids_v1(int procs_fd)
+{
+    if (write(procs_fd, "0\n", 2) != 2)
+        fail("pids", errno);
+    close(procs_fd);
 }
 
 /*
@@ -407,6 +432,117 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int ipcns_f
 }
 
 
+/* ---- the target's environment ------------------------------------------ */
+
+/*
+ * Read the environment blob of --env-fd: NUL-terminated "KEY=VALUE"
+ * entries.  Returns a NULL-terminated envp (never freed: execve replaces us).
+ */
+static char **read_env(int fd)
+{
+    char *buf = malloc(SFS_MAX_ENV + 1);
+    char **envp = calloc(SFS_MAX_ENV_ENTRIES + 1, sizeof *envp);
+    size_t len = 0, n = 0;
+    if (!buf || !envp)
+        fail("env", ENOMEM);
+    for (;;) {
+        ssize_t r = pread(fd, buf + len, SFS_MAX_ENV + 1 - len, (off_t)len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            fail("env", errno);
+        if (r == 0)
+            break;
+        len += (size_t)r;
+        if (len > SFS_MAX_ENV)
+            fail("env", E2BIG);
+    }
+    close(fd);
+    if (len && buf[len - 1] != '\0')
+        fail("env", EINVAL);
+    for (size_t off = 0; off < len; off += strlen(buf + off) + 1) {
+        char *eq = strchr(buf + off, '=');
+        if (!eq || eq == buf + off)
+            fail("env", EINVAL);
+        if (n == SFS_MAX_ENV_ENTRIES)
+            fail("env", E2BIG);
+        envp[n++] = buf + off;
+    }
+    envp[n] = NULL;
+    return envp;
+}
+
+static const char *env_get(char **envp, const char *name)
+{
+    size_t len = strlen(name);
+    for (; *envp; envp++)
+        if (strncmp(*envp, name, len) == 0 && (*envp)[len] == '=')
+            return *envp + len + 1;
+    return NULL;
+}
+
+/* A file execve refused as ENOEXEC is run by /bin/sh, as execvp does. */
+static void exec_script(const char *path, char **argv, char **envp)
+{
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    char **sh = calloc((size_t)argc + 2, sizeof *sh);
+    if (!sh)
+        fail("exec", ENOMEM);
+    sh[0] = (char *)"/bin/sh";
+    sh[1] = (char *)path;
+    for (int k = 1; k < argc; k++)
+        sh[k + 1] = argv[k];
+    execve("/bin/sh", sh, envp);
+}
+
+/*
+ * execvp over the target's own PATH (not the helper's environment): the
+ * same search rules (a name with '/' is used as is; EACCES is remembered
+ * and the search goes on; ENOENT/ENOTDIR go on; other errors stop it).
+ */
+static void exec_target(char **argv, char **envp)
+{
+    const char *file = argv[0];
+    if (strchr(file, '/')) {
+        execve(file, argv, envp);
+        if (errno == ENOEXEC)
+            exec_script(file, argv, envp);
+        fail("exec", errno);
+    }
+    const char *path = env_get(envp, "PATH");
+    if (!path)
+        path = SFS_DEFAULT_PATH;
+    size_t flen = strlen(file);
+    int seen_eacces = 0;
+    char cand[4096];
+    for (const char *p = path;; p++) {
+        const char *end = strchrnul(p, ':');
+        size_t dlen = (size_t)(end - p);
+        if (dlen + flen + 2 <= sizeof cand) {
+            if (dlen)
+                memcpy(cand, p, dlen);
+            else
+                cand[dlen++] = '.';
+            cand[dlen] = '/';
+            memcpy(cand + dlen + 1, file, flen + 1);
+            execve(cand, argv, envp);
+            if (errno == ENOEXEC)
+                exec_script(cand, argv, envp);
+            if (errno == EACCES)
+                seen_eacces = 1;
+            else if (errno != ENOENT && errno != ENOTDIR && errno != ENAMETOOLONG)
+                fail("exec", errno);
+        }
+        if (*end == '\0')
+            break;
+        p = end;
+    }
+    fail("exec", seen_eacces ? EACCES : ENOENT);
+}
+
+
 /* ---- seccomp ------------------------------------------------------------ */
 
 #if defined(__x86_64__)
@@ -552,7 +688,8 @@ int main(int argc, char **argv)
 {
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
     int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1, netns_fd = -1;
-    int ipcns_fd = -1;
+    int ipcns_fd = -1, env_fd = -1, pids_procs_fd = -1;
+    char **envp = environ;
     char *masks[SFS_MAX_MASKS];
     int nmasks = 0;
     long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = 0;
@@ -618,6 +755,10 @@ int main(int argc, char **argv)
             cgroup_fd = parse_fd(v);
         else if (strcmp(a, "--rlimit") == 0)
             set_rlimit(v);
+        else if (strcmp(a, "--env-fd") == 0)
+            env_fd = parse_fd(v);
+        else if (strcmp(a, "--pids-procs") == 0)
+            pids_procs_fd = parse_fd(v);
         else if (strcmp(a, "--unshare") == 0) {
             if (parse_int(v, &unshare_flags))
                 fail("usage", EINVAL);
@@ -629,9 +770,13 @@ int main(int argc, char **argv)
     }
     if (i >= argc)
         fail("usage", EINVAL);
+    if (env_fd >= 0)
+        envp = read_env(env_fd);        /* data for the target's execve only */
 
     if (cgroup_fd >= 0)
         fork_into_cgroup(cgroup_fd);    /* from here on: the target's process */
+    if (pids_procs_fd >= 0)
+        join_pids_v1(pids_procs_fd);    /* first: nothing runs outside pids.max */
 
     if (setsid() < 0)
         fail("setsid", errno);
@@ -683,7 +828,6 @@ int main(int argc, char **argv)
         for (int fd = 3; fd < maxfd; fd++)
             fcntl(fd, F_SETFD, FD_CLOEXEC);
     }
-    execvp(argv[i], argv + i);
-    fail("exec", errno);
+    exec_target(argv + i, envp);
     return 127;
 }

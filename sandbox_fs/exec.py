@@ -209,15 +209,31 @@ __all__ = [
     "helper_path",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "ENV_ALLOWLIST",
+    "DEFAULT_PATH",
+    "MAX_ENV_BYTES",
+    "MAX_ENV_ENTRIES",
 ]
 
 #: Default bound on each of stdout and stderr kept in memory (1 MiB).
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 
 #: Host environment names copied to the child (exact names; ``LC_*`` by prefix).
-ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "COLORTERM", "NO_COLOR")
+#: ``PATH`` is not one of them: the child's default is :data:`DEFAULT_PATH`.
+ENV_ALLOWLIST = ("LANG", "LANGUAGE", "TERM", "TZ", "COLORTERM", "NO_COLOR")
 _ENV_PREFIXES = ("LC_",)
-_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+#: The child's ``PATH`` unless the caller's environment sets one: fixed system
+#: directories, never the host's ``PATH`` (which may name directories outside
+#: the system set, or writable ones).
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+#: The exec helper's own environment, whatever the caller's: empty.  The
+#: helper starts as root with every capability and (when dynamically linked)
+#: runs the loader before main() confines it, so nothing from a manifest or
+#: the caller (``LD_PRELOAD``, ``GLIBC_TUNABLES`` ...) may reach it; the
+#: command's environment is handed over as data (``--env-fd``).
+_HELPER_ENV: Mapping[str, str] = {}
+#: Bounds of the environment blob (native/sfs_exec.c: SFS_MAX_ENV, SFS_MAX_ENV_ENTRIES).
+MAX_ENV_BYTES = 1 << 20
+MAX_ENV_ENTRIES = 4096
 
 #: Workspace directories used as ``HOME`` and ``TMPDIR`` (created when missing).
 HOME_DIR = ".home"
@@ -475,24 +491,33 @@ def build_env(caller_env: Mapping[str, str] | None, *, workspace_host_path: str,
               host_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Build a child's environment: the allow-list from the host, then the caller's entries.
 
+    The result is the *command's* environment, applied only at its
+    ``execve`` after every confinement step; the exec helper itself always
+    runs with an empty environment.  The caller (the application) is trusted
+    with any name, ``LD_PRELOAD`` included: it affects only the confined
+    command.  An untrusted manifest's loader and interpreter hooks are
+    refused earlier, by :func:`sandbox_fs.manifest.load_manifest`.
+
     Args:
         caller_env: entries from the application or manifest; they override
-            the allow-list (``HOME``/``TMPDIR`` included).
+            the allow-list (``HOME``/``TMPDIR``/``PATH`` included).
         workspace_host_path: the workspace's host path (trusted, from the
             application); ``HOME`` is ``<it>/.home`` and ``TMPDIR``
             ``<it>/.tmp`` unless ``caller_env`` sets them.
         host_env: the host environment (``os.environ`` when None).  Only
-            :data:`ENV_ALLOWLIST` names and ``LC_*`` are copied.
+            :data:`ENV_ALLOWLIST` names and ``LC_*`` are copied; ``PATH`` is
+            :data:`DEFAULT_PATH` unless ``caller_env`` sets it.
 
     Returns:
         A new ``dict[str, str]``.
 
     Raises:
-        InvalidEnvError: a name is empty or holds ``=`` or NUL, or a value holds NUL.
+        InvalidEnvError: a name is empty or holds ``=`` or NUL, or a value
+            holds NUL (the error names the entry, never its value).
     """
     host = os.environ if host_env is None else host_env
     env = {k: v for k, v in host.items() if k in ENV_ALLOWLIST or k.startswith(_ENV_PREFIXES)}
-    env.setdefault("PATH", _DEFAULT_PATH)
+    env["PATH"] = DEFAULT_PATH
     base = workspace_host_path.rstrip("/") or "/"
     env["HOME"] = f"{base}/{HOME_DIR}"
     env["TMPDIR"] = f"{base}/{TMP_DIR}"
@@ -505,9 +530,38 @@ def build_env(caller_env: Mapping[str, str] | None, *, workspace_host_path: str,
 
 
 class InvalidEnvError(ExecError, ValueError):
-    """An environment entry is malformed."""
+    """An environment entry is malformed, or the environment is too large."""
 
     code = "invalid_env"
+
+
+def _env_blob_fd(env: Mapping[str, str], secrets: Iterable[str]) -> int:
+    """A memfd holding ``env`` as NUL-terminated ``KEY=VALUE`` entries, for ``--env-fd``.
+
+    Data for the helper, which applies it at the command's ``execve`` only:
+    never argv (``/proc/PID/cmdline`` is world-readable) nor the helper's own
+    environment (its loader runs before it confines itself).
+
+    Raises:
+        InvalidEnvError: over :data:`MAX_ENV_BYTES` bytes or
+            :data:`MAX_ENV_ENTRIES` entries, or not encodable.
+    """
+    try:
+        blob = b"".join(f"{k}={v}".encode("utf-8", "surrogateescape") + b"\0" for k, v in env.items())
+    except UnicodeEncodeError:
+        raise InvalidEnvError("an environment entry is not encodable", secrets=secrets) from None
+    if len(blob) > MAX_ENV_BYTES or len(env) > MAX_ENV_ENTRIES:
+        raise InvalidEnvError(f"the environment is over {MAX_ENV_BYTES} bytes or {MAX_ENV_ENTRIES} entries",
+                              context={"entries": len(env)}, secrets=secrets)
+    fd = os.memfd_create("sfs-env", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _grant_roots(grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> list[tuple[Root, bool]]:
@@ -921,7 +975,7 @@ class ProcessSupervisor:
             try:
                 proc = await trio.lowlevel.open_process(
                     args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    pass_fds=tuple(fds) + (status_w,), env={}, close_fds=True)
+                    pass_fds=tuple(fds) + (status_w,), env=_HELPER_ENV, close_fds=True)
             except OSError:
                 os.close(status_r)
                 return None
@@ -1058,7 +1112,7 @@ def _ro_mounts_available(helper: str) -> bool:
         try:
             _RO_MOUNTS = subprocess.run([helper, "--ro-mounts", "--", "true"], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        timeout=10).returncode == 0
+                                        env=_HELPER_ENV, timeout=10).returncode == 0
         except (OSError, subprocess.SubprocessError):
             _RO_MOUNTS = False
     return _RO_MOUNTS
@@ -1143,6 +1197,8 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
     command = _command(argv, shell)
     helper = _helper_or_raise(secrets)
     child_env = build_env(caller_env, workspace_host_path=workspace_host_path)
+    if tty:
+        child_env.setdefault("TERM", "xterm")
     _ensure_dirs(workspace)
 
     pass_fds: list[int] = []
@@ -1153,6 +1209,9 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
         prep.status_r = status_r
         pass_fds.append(status_w)
         args += ["--status", str(status_w)]
+        env_fd = _env_blob_fd(child_env, secrets)
+        pass_fds.append(env_fd)
+        args += ["--env-fd", str(env_fd)]
 
         if isinstance(grants, PathPolicy) and cwd.startswith("/"):
             resolved = grants.resolve(cwd)
@@ -1270,6 +1329,8 @@ _STAGE_TEXT = {
     "netns": "joining the supervisor's network or IPC namespace failed",
     "seccomp": "installing the seccomp filter failed",
     "keyring": "joining a fresh session keyring failed",
+    "env": "handing the environment to the exec helper failed",
+    "pids": "joining the cgroup v1 pids leaf failed",
     "usage": "the exec helper was called wrongly",
 }
 
@@ -1395,7 +1456,7 @@ async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, 
     """
     try:
         proc = await trio.lowlevel.open_process(
-            prep.helper_argv, stdin=stdin, stdout=stdout, stderr=stderr, env=prep.env,
+            prep.helper_argv, stdin=stdin, stdout=stdout, stderr=stderr, env=_HELPER_ENV,
             pass_fds=tuple(prep.pass_fds), close_fds=True)
     except BaseException:
         prep.close_all()
@@ -1724,7 +1785,6 @@ class PtyManager:
         prep = _prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
                         cwd=cwd, env=caller_env, secret_env=secret_env, shell=shell, confinement=confinement,
                         supervisor=self.supervisor, policy=policy, tty=True, mount_ns=mount_ns)
-        prep.env.setdefault("TERM", "xterm")
         argv0 = _command(argv, shell)[0]
         master, slave = os.openpty()
         try:

@@ -90,6 +90,9 @@ __all__ = [
     "FlatEntry",
     "check_destination",
     "check_link_target",
+    "check_untrusted_environment",
+    "REFUSED_ENV_NAMES",
+    "REFUSED_ENV_PREFIXES",
     "MAX_MANIFEST_BYTES",
     "MAX_ENTRIES",
     "MAX_INLINE_BYTES",
@@ -105,6 +108,50 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: Fields only a trusted manifest may carry: they would widen host access.
 TRUSTED_ONLY_FIELDS = ("extra_path_grants", "base_dir")
+
+#: Environment name prefixes an untrusted manifest may not set: the dynamic
+#: loader's variables (ld.so(8): ``LD_PRELOAD``, ``LD_LIBRARY_PATH``,
+#: ``LD_AUDIT`` ... load code into every dynamically linked program).
+REFUSED_ENV_PREFIXES = ("LD_",)
+
+#: Environment names an untrusted manifest may not set: each makes a program
+#: load code, or parse files, that the program itself did not name.
+#:
+#: * glibc's list of variables it strips for set-id programs (``unsecvars.h``)
+#:   except ``TMPDIR`` (the workspace's own, which a manifest may point
+#:   elsewhere in it): ``GCONV_PATH`` (iconv modules: the pkexec escape,
+#:   CVE-2021-4034), ``GLIBC_TUNABLES`` (CVE-2023-4911), ``GETCONF_DIR``,
+#:   ``HOSTALIASES``, ``LOCALDOMAIN``, ``LOCPATH``, ``MALLOC_TRACE``,
+#:   ``NIS_PATH``, ``NLSPATH``, ``RESOLV_HOST_CONF``, ``RES_OPTIONS``,
+#:   ``TZDIR``;
+#: * shells: ``BASH_ENV`` and ``ENV`` (a file sourced by every non-interactive
+#:   bash / interactive sh), ``SHELLOPTS``, ``BASHOPTS``, ``PS4`` (expanded,
+#:   command substitutions included, under ``set -x``), ``PROMPT_COMMAND``;
+#: * interpreters, each a file or module run before the program or options
+#:   injected into every run: Python ``PYTHONSTARTUP``, ``PYTHONPATH``,
+#:   ``PYTHONHOME``, ``PYTHONBREAKPOINT``, ``PYTHONUSERBASE``; Perl
+#:   ``PERL5OPT``, ``PERL5LIB``, ``PERLLIB``, ``PERL5DB``; Ruby ``RUBYOPT``,
+#:   ``RUBYLIB``; Node ``NODE_OPTIONS``, ``NODE_PATH``; the JVM
+#:   ``JAVA_TOOL_OPTIONS``, ``_JAVA_OPTIONS``, ``JDK_JAVA_OPTIONS``; Lua
+#:   ``LUA_INIT`` (and ``LUA_INIT_5_x``, by prefix), ``LUA_PATH``, ``LUA_CPATH``.
+#:
+#: Why refuse what only reaches a confined command: the command's
+#: environment is applied at its ``execve``, after every confinement step
+#: (the exec helper itself always runs with an empty environment), so none
+#: of these widens the sandbox; but the host application may run its *own*
+#: trusted tools in the workspace with the manifest's environment, and a
+#: manifest author must not be able to make them run the author's code.  A
+#: trusted manifest (``load_manifest(trust="trusted")``) and the
+#: application's own ``env`` passed to ``run_confined`` may set them.
+REFUSED_ENV_NAMES = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+    "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND",
+    "PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME", "PYTHONBREAKPOINT", "PYTHONUSERBASE",
+    "PERL5OPT", "PERL5LIB", "PERLLIB", "PERL5DB", "RUBYOPT", "RUBYLIB", "NODE_OPTIONS", "NODE_PATH",
+    "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "LUA_INIT", "LUA_PATH", "LUA_CPATH",
+})
+_REFUSED_ENV_NAME_PREFIXES = REFUSED_ENV_PREFIXES + ("LUA_INIT_", "LUA_PATH_", "LUA_CPATH_")
 
 
 class ManifestError(SandboxError, ValueError):
@@ -647,6 +694,27 @@ def _normalize_keys(v: Mapping[str, Any], where: str, depth: int) -> dict[str, A
 # ------------------------------------------------------------------------ loading
 
 
+def check_untrusted_environment(names: Any) -> None:
+    """Refuse loader and interpreter-injection variables in an untrusted manifest's environment.
+
+    Args:
+        names: the environment's names (an iterable of ``str``; other items
+            are left to the model's own checks).
+
+    Raises:
+        ManifestTrustError: a name starts with one of
+            :data:`REFUSED_ENV_PREFIXES` (``LD_*``: ld.so(8)) or is in
+            :data:`REFUSED_ENV_NAMES`; the error's field names the key
+            (``environment['LD_PRELOAD']``), never its value.
+    """
+    for name in names:
+        if isinstance(name, str) and (name in REFUSED_ENV_NAMES or name.startswith(_REFUSED_ENV_NAME_PREFIXES)):
+            raise ManifestTrustError(
+                f"an untrusted manifest may not set {name[:64]!r}: it makes programs load code "
+                "or files they did not name (loader or interpreter hook)",
+                field=f"environment[{name[:64]!r}]")
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
@@ -686,7 +754,10 @@ def load_manifest(data: str | bytes | Mapping[str, Any] | Manifest, *,
         The validated :class:`Manifest` with normalized destinations.
 
     Raises:
-        ManifestTrustError: an untrusted manifest carries a trusted-only field.
+        ManifestTrustError: an untrusted manifest carries a trusted-only field,
+            or its environment sets a loader or interpreter-injection
+            variable (:func:`check_untrusted_environment`; the error names
+            the key).
         ManifestError: not JSON; a repeated JSON key; nesting too deep;
             larger than 64 MiB; any model or destination rule broken (the
             error names the field, e.g. ``entries['a'].mode``).
@@ -698,6 +769,7 @@ def load_manifest(data: str | bytes | Mapping[str, Any] | Manifest, *,
             for name in TRUSTED_ONLY_FIELDS:
                 if getattr(data, name) is not None:
                     raise ManifestTrustError("an untrusted manifest may not widen host access", field=name)
+            check_untrusted_environment(data.environment)
         return data
     if isinstance(data, (str, bytes, bytearray)):
         if len(data) > MAX_MANIFEST_BYTES:
@@ -718,6 +790,9 @@ def load_manifest(data: str | bytes | Mapping[str, Any] | Manifest, *,
                 raise ManifestTrustError(
                     "an untrusted manifest may not widen host access; only the application grants host paths",
                     field=name)
+        env = data.get("environment")
+        if isinstance(env, Mapping):
+            check_untrusted_environment(env)
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

@@ -361,7 +361,7 @@ async def test_host_env_secrets_invisible(layout, ws, monkeypatch):
     assert f"HOME={layout.ws}/.home" in lines and f"TMPDIR={layout.ws}/.tmp" in lines
     assert ws.stat(".home") and ws.stat(".tmp")
     names = {ln.split("=", 1)[0] for ln in lines}
-    allowed = set(sfs_exec.ENV_ALLOWLIST) | {"HOME", "TMPDIR", "VISIBLE", "PWD", "SHLVL", "_"}
+    allowed = set(sfs_exec.ENV_ALLOWLIST) | {"PATH", "HOME", "TMPDIR", "VISIBLE", "PWD", "SHLVL", "_"}
     assert {n for n in names if not n.startswith("LC_")} <= allowed
 
 
