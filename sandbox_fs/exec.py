@@ -19,7 +19,12 @@ one so that on Linux it
   one can be made), with only fds 0/1/2 open;
 * sees an environment built from an allow-list plus the caller's entries,
   never the host's whole environment, with ``HOME`` and ``TMPDIR`` inside
-  the workspace;
+  the workspace and a fixed system ``PATH`` (:data:`DEFAULT_PATH`) unless
+  the caller sets one; the helper that confines it never sees that
+  environment (it runs with an empty one and gets the command's through a
+  memfd, applied at the command's ``execve``);
+* has a process-count bound (:attr:`ExecResult.process_bounds`), or
+  ``confinement="required"`` refuses to start it;
 * cannot make the host hold more than ``max_output_bytes`` per stream.
 
 How confinement is applied
@@ -35,8 +40,18 @@ through the Root, and spawns the tiny single-threaded C helper
 drops capabilities, sets ``PR_SET_NO_NEW_PRIVS``, adds its own
 ``/proc/self`` and calls ``landlock_restrict_self``, installs the seccomp
 filter (see below), marks every fd but
-0/1/2 close-on-exec (``close_range``) and ``execvp``\\ s the target.  A
-status pipe tells the parent which step failed, if one did.
+0/1/2 close-on-exec (``close_range``) and ``execve``\\ s the target, searched
+on the target's own ``PATH``.  A status pipe tells the parent which step
+failed, if one did.
+
+The helper is spawned with an empty environment, whatever the caller's: it
+starts as root with every capability, and a dynamically linked helper runs
+the loader (``LD_PRELOAD``, ``LD_AUDIT``, ``GLIBC_TUNABLES`` ...) before its
+``main()`` confines it.  The command's environment reaches it as data: a
+memfd of NUL-terminated ``KEY=VALUE`` entries (``--env-fd``, at most
+:data:`MAX_ENV_BYTES` bytes and :data:`MAX_ENV_ENTRIES` entries), never argv
+(``/proc/PID/cmdline`` is world-readable, and ``secret`` values must not
+show there), applied only at the command's ``execve``.
 
 The default read-only system set (:mod:`sandbox_fs._landlock`)
 --------------------------------------------------------------
@@ -96,11 +111,30 @@ Other rules and where they come from
 Default rlimits (:class:`ConfinementPolicy`)
 --------------------------------------------
 CPU 3600 s, address space 8 GiB, file size 4 GiB, 4096 open files, 4096
-processes (``RLIMIT_NPROC`` counts per user and Linux does not enforce it
-for uid 0: the cgroup ``pids.max`` is what bounds a root child, when the
-cgroup v2 ``pids`` controller is available), core dumps 0.  Soft and hard
-limits are equal and capabilities are dropped, so the child cannot raise
-them.
+processes, core dumps 0.  Soft and hard limits are equal and capabilities
+are dropped, so the child cannot raise them.
+
+Process-count bounds (:attr:`ExecResult.process_bounds`, read back from the
+kernel).  ``RLIMIT_NPROC`` counts per user and Linux does not enforce it for
+uid 0, so a root child is bounded by a cgroup ``pids.max``:
+
+* the cgroup v2 leaf's ``pids.max`` when the v2 ``pids`` controller is
+  there (``"cgroup2.pids.max=N"``);
+* ``RLIMIT_NPROC`` when the command runs under a non-root uid
+  (``"rlimit.nproc=N"``);
+* only when neither holds, a cgroup v1 ``pids`` leaf (a hybrid host whose
+  ``pids`` controller is on v1, ``"cgroup1.pids.max=N"``): the target writes
+  its own pid to the leaf's ``cgroup.procs`` (an fd opened by the parent)
+  before anything else runs in it, so it never runs outside the bound.
+  Joining it costs an RCU grace period (~6-14 ms measured on the 2-core VM),
+  hence last.  v1 has no ``cgroup.kill``: the supervisor kills what the leaf
+  lists, through pidfds opened before a second listing, so a recycled pid
+  is never signalled.
+
+Where none holds, ``confinement="required"`` refuses
+(:class:`ConfinementError`, ``confinement_unavailable``) unless the policy
+asks for no bound (``pids_max=None`` and ``processes=None``);
+``"best_effort"`` and ``"none"`` run with an empty ``process_bounds``.
 
 Supervision guarantees (:class:`ProcessSupervisor`)
 ---------------------------------------------------
@@ -111,7 +145,8 @@ Supervision guarantees (:class:`ProcessSupervisor`)
 * Where a cgroup v2 hierarchy is mounted and writable (root here), each
   process also starts in its own cgroup leaf, and ``cgroup.kill`` ends
   every descendant, ``setsid`` or not.  ``pids.max`` is set when the
-  ``pids`` controller is enabled for cgroup v2.  The target is forked
+  ``pids`` controller is enabled for cgroup v2 (else see *Process-count
+  bounds* above for the v1 leaf).  The target is forked
   straight into its leaf (``clone3(CLONE_INTO_CGROUP)``), so it never runs
   outside it.  A supervisor garbage-collected without ``aclose()`` still
   kills its leaves and removes its tree; empty trees left by dead owners
@@ -326,10 +361,13 @@ class ConfinementPolicy:
         address_space_bytes: ``RLIMIT_AS`` in bytes.
         file_size_bytes: ``RLIMIT_FSIZE`` in bytes (largest file the child may write).
         open_files: ``RLIMIT_NOFILE``.
-        processes: ``RLIMIT_NPROC`` (per user; not enforced by Linux for uid 0).
+        processes: ``RLIMIT_NPROC`` (per user; not enforced by Linux for uid 0,
+            so it is a bound only for a non-root command).
         core_dump_bytes: ``RLIMIT_CORE`` (0: no core dumps that could hold secrets).
-        pids_max: cgroup ``pids.max`` of each process's leaf (cgroup v2 ``pids``
-            controller only).
+        pids_max: cgroup ``pids.max`` of each process's leaf: the cgroup v2
+            leaf when v2 has the ``pids`` controller, else a cgroup v1
+            ``pids`` leaf when ``processes`` is no bound (see the module
+            docstring, *Process-count bounds*).
         allow_tcp_connect: TCP ports the child may connect to (Landlock ABI >= 4).
         allow_tcp_bind: TCP ports the child may bind (Landlock ABI >= 4).
         unrestricted_tcp: do not handle TCP at all (every port allowed).
@@ -1026,8 +1064,8 @@ class ProcessSupervisor:
     Args:
         use_cgroup: try a cgroup v2 leaf per process (needs a writable
             cgroup2 mount: root here).
-        pids_max: ``pids.max`` of each leaf (only with the cgroup v2 ``pids``
-            controller).
+        pids_max: ``pids.max`` of each leaf (the cgroup v2 ``pids``
+            controller, else a cgroup v1 ``pids`` leaf; None: neither is made).
         hold_mount_ns: make the read-only mount namespace once per set of
             writable trees and let every process join it, instead of one per
             process (a namespace's teardown waits for an RCU grace period in
@@ -1786,7 +1824,10 @@ async def run_confined(
         cwd: working directory as a sandbox path relative to the workspace
             (absolute under a grant or the workspace when ``grants`` is a
             PathPolicy); opened through the Root, handed over as an fd.
-        env: environment entries added over the allow-list (see :func:`build_env`).
+        env: environment entries added over the allow-list (see
+            :func:`build_env`); the application is trusted with any name.
+            Handed to the helper through a memfd, applied at the command's
+            ``execve`` only.
         secret_env: names in ``env`` whose values are secrets: they never
             appear in error messages or reprs.
         stdin: bytes, an async iterable of byte chunks, or None (``/dev/null``).
@@ -1812,12 +1853,14 @@ async def run_confined(
 
     Raises:
         ConfinementError: ``confinement="required"`` and Landlock is
-            unavailable, or a confinement step fails (fails closed).
+            unavailable, or no process-count bound can be enforced, or a
+            confinement step fails (fails closed).
         CommandNotFoundError: the program does not exist or may not be
             executed inside the sandbox.
         ExecTimeoutError: ``timeout_s`` passed; ``.result`` has the partial output.
         ExecFailedError: ``check`` and the exit status is non-zero.
-        InvalidEnvError: a malformed ``env`` entry.
+        InvalidEnvError: a malformed ``env`` entry, or an environment over
+            :data:`MAX_ENV_BYTES` bytes or :data:`MAX_ENV_ENTRIES` entries.
         ExecError: bad ``argv``/``shell``/``confinement`` values, or the cwd
             cannot be entered.
         PathEscapeError, FileNotFoundError, NotADirectoryError: ``cwd`` does

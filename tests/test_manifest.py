@@ -328,3 +328,43 @@ def test_fuzz_load_manifest_only_raises_manifest_error(data):
         for fe in m.iter_entries():
             assert check_destination(fe.path) == fe.path
         assert len(m.digest()) == 64
+
+
+# ------------------------------------------------------------------ environment hooks (issue 11, B)
+
+from sandbox_fs.manifest import REFUSED_ENV_NAMES, check_untrusted_environment  # noqa: E402
+
+HOOKS = sorted(REFUSED_ENV_NAMES) + ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG_OUTPUT", "LD_",
+                                     "LD_BIND_NOW", "LUA_INIT_5_4", "LUA_PATH_5_3"]
+
+
+@pytest.mark.parametrize("name", HOOKS)
+@pytest.mark.parametrize("secret", [False, True])
+def test_untrusted_manifest_cannot_set_loader_or_interpreter_hooks(name, secret):
+    value = "./evil.so-" + name.lower()
+    doc = {"environment": {"LANG": "C.UTF-8", name: {"value": value, "secret": secret}}}
+    for data in (doc, json.dumps(doc)):
+        with pytest.raises(ManifestTrustError) as info:
+            load_manifest(data)
+        assert info.value.field == f"environment[{name!r}]"
+        assert name in str(info.value)  # the error names the key ...
+        assert value not in str(info.value) and value not in repr(info.value.to_dict())  # ... never the value
+    # a Manifest object handed over as untrusted is checked too
+    m = load_manifest(doc, trust="trusted")  # a trusted manifest may set them
+    assert m.environment[name].value == value
+    with pytest.raises(ManifestTrustError):
+        load_manifest(m)
+
+
+@pytest.mark.parametrize("name", ["LANG", "LC_ALL", "TZ", "TERM", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+                                  "PYTHONHASHSEED", "NODE_ENV", "HOME", "TMPDIR", "PATH", "TOKEN", "ld_preload",
+                                  "LDFLAGS", "XLD_PRELOAD"])
+def test_ordinary_environment_names_are_accepted(name):
+    assert load_manifest({"environment": {name: "v"}}).environment[name].value == "v"
+
+
+@given(st.from_regex(r"LD_[A-Za-z0-9_]{0,30}", fullmatch=True))
+def test_property_every_ld_variable_is_refused(name):
+    with pytest.raises(ManifestTrustError, match=name):
+        load_manifest({"environment": {name: "x"}})
+    check_untrusted_environment(["LANG", 3, None])  # non-strings are left to the model's own checks
