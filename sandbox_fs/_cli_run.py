@@ -145,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "exit_code": result.exit_code,
                 "confinement": result.confinement,
                 "landlock_abi": result.landlock_abi,
+                "process_bounds": list(result.process_bounds),
                 "duration_s": round(result.duration_s, 3),
                 "stdout_truncated": result.stdout_truncated,
                 "stderr_truncated": result.stderr_truncated,
