@@ -25,10 +25,12 @@ from typing import Any
 import trio
 
 from ._cli_output import escape_text, json_text, one_line
+from . import _cli_hostpath
+from ._cli_hostpath import host_path
+from ._cli_session import parse_grant
 from .errors import SandboxError
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifest
 from .materialize import MaterializeOptions, MaterializeProgress, materialize
-from .paths import Grant
 from .root import open_root
 
 
@@ -46,17 +48,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the result (or error) as JSON on stdout")
     p.add_argument("--no-digest", action="store_true", help="skip sha256 of written files (fd-to-fd copy)")
     p.add_argument("--only-ephemeral", action="store_true", help="apply only the ephemeral entries")
+    _cli_hostpath.add_flag(p)
     p.set_defaults(func=handler)
 
 
-def _read_manifest(path: str) -> bytes:
+def _read_manifest(args: argparse.Namespace, path: str) -> bytes:
     if path == "-":
         data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
     else:
         try:
-            # host-access: the manifest file the operator named on the command line
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_MANIFEST_BYTES + 1)
+            # the manifest file the operator named, by the host-path rule (a regular file, no symlink)
+            data = _cli_hostpath.read_file(args, path, MAX_MANIFEST_BYTES, "MANIFEST")
+        except SandboxError:
+            raise
         except OSError as exc:
             raise ManifestError(f"cannot read the manifest file ({os.strerror(exc.errno or 5)})",
                                 field="MANIFEST") from None
@@ -67,7 +71,7 @@ def _read_manifest(path: str) -> bytes:
 
 def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
     if args.root is not None:
-        return os.path.abspath(args.root)
+        return host_path(args, args.root) or args.root
     if manifest_root is None:
         raise ManifestError("the manifest has no root and --root was not given", field="root")
     if not manifest_root.startswith("/"):
@@ -77,16 +81,15 @@ def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
     # from an untrusted author: without --root its root is used only when
     # it names an existing, empty, real directory (never created here, never
     # one holding files that the manifest could overwrite).
+    # By the host-path rule (no symlink on any component, --follow-host-symlinks
+    # never applies to an untrusted author's path).
     try:
-        # host-access: checks the manifest root is an existing empty real dir before any Root is opened on it
-        fd = os.open(manifest_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open_root(manifest_root, read_only=True, label="root") as probe:
+            empty = not probe.listdir()
     except OSError:
-        raise ManifestError("without --root, the manifest's root must be an existing directory "
-                            "(pass --root to choose or create the workspace)", field="root") from None
-    try:
-        empty = not os.listdir(fd)
-    finally:
-        os.close(fd)
+        raise ManifestError("without --root, the manifest's root must be an existing directory with no "
+                            "symlink on its path (pass --root to choose or create the workspace)",
+                            field="root") from None
     if not empty:
         raise ManifestError("without --root, the manifest's root must be an empty directory "
                             "(pass --root to materialize into an existing tree)", field="root")
@@ -94,12 +97,19 @@ def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
 
 
 def _make_root_dir(path: str) -> None:
+    """Make the workspace's last component (0700) beneath its parent, opened by the host-path rule."""
+    parent, leaf = os.path.split(path)
+    if not leaf:
+        return
     try:
-        os.mkdir(path, 0o700)  # host-access: the operator's --root, created before open_root
-    except FileExistsError:
-        pass
+        pr = open_root(parent or ".", label="")
     except FileNotFoundError:
         raise ManifestError("the workspace's parent directory does not exist", field="root") from None
+    with pr:
+        try:
+            pr.mkdir(leaf, 0o700)
+        except FileExistsError:
+            pass
 
 
 def _human(n: int) -> str:
@@ -140,10 +150,10 @@ async def _run(args: argparse.Namespace, ws_dir: str, manifest: Any, opts: Mater
 
 def handler(args: argparse.Namespace) -> int:
     try:
-        manifest = load_manifest(_read_manifest(args.manifest), trust="untrusted")
+        manifest = load_manifest(_read_manifest(args, args.manifest), trust="untrusted")
         ws_dir = _workspace_dir(args, manifest.root)
-        base = os.path.abspath(args.base) if args.base else None
-        grants = [Grant.parse(spec, relative_to=os.getcwd()) for spec in args.grant]
+        base = host_path(args, args.base)  # opened by the host-path rule in materialize
+        grants = [parse_grant(spec, args) for spec in args.grant]
         _make_root_dir(ws_dir)
         opts = MaterializeOptions(base_dir=base, extra_path_grants=grants, digest=not args.no_digest,
                                   progress=MaterializeProgress())

@@ -20,7 +20,9 @@ from ._cli_args import INT64_MAX, MAX_SECONDS, NumericType
 from ._cli_output import escape_text, json_text
 from .archive import FORMATS, ArchiveLimits, ExtractPolicy, extract
 from .errors import InvalidArgumentError
-from .root import open_root
+from . import _cli_hostpath
+from ._cli_hostpath import host_path
+from .root import open_host_file_fd, open_root
 
 _LIMIT_FLAGS = {
     "max_members": ("--max-members", int),
@@ -50,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-special", action="store_true",
                    help="skip (and report) devices, FIFOs, sockets and unknown types instead of refusing")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a summary line")
+    _cli_hostpath.add_flag(p)
     p.set_defaults(func=handler)
 
 
@@ -106,10 +109,11 @@ def handler(args: argparse.Namespace) -> int:
         what = f"{first['loc'][0]}: {first['msg']}" if first else " ".join(str(exc).split())[:200]
         raise InvalidArgumentError(f"invalid limit {what}", sandbox_path=None) from None
     policy = ExtractPolicy(in_place=args.in_place, special_files="skip" if args.skip_special else "refuse")
-    into = os.path.abspath(args.into)
+    # --into and ARCHIVE are opened by the host-path rule: no symlink on any component
+    into = host_path(args, args.into) or args.into
     parent, leaf = os.path.split(into)
     label = os.path.basename(into) or "."
-    if leaf and not os.path.lexists(into):
+    if leaf and not os.path.lexists(into):  # picks the branch only; both open by the rule
         root = open_root(parent or "/", label="")
         dest = leaf
     else:
@@ -124,7 +128,9 @@ def handler(args: argparse.Namespace) -> int:
             with open(sys.stdin.fileno(), "rb", buffering=0, closefd=False) as stdin:
                 report = extract(root, dest, stdin, format=args.format, limits=limits, policy=policy)
         else:
-            report = extract(root, dest, args.archive, format=args.format, limits=limits, policy=policy)
+            afd = open_host_file_fd(host_path(args, args.archive) or args.archive, label="ARCHIVE")
+            with open(afd, "rb", buffering=0) as fh:  # host-access: an fd opened by the host-path rule
+                report = extract(root, dest, fh, format=args.format, limits=limits, policy=policy)
     if args.json:
         print(json_text(report.model_dump()))
     else:

@@ -34,6 +34,9 @@ import trio
 
 from ._cli_args import int_option, seconds_option
 from ._cli_output import escape_text, json_text, write_command_output
+from . import _cli_hostpath
+from ._cli_hostpath import host_path
+from .root import open_root
 from ._cli_session import CliInputError, _read_input, load_state, parse_grant, write_json_atomic
 
 
@@ -70,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON report instead of the command's output")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
+    _cli_hostpath.add_flag(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -86,26 +90,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliInputError("give --manifest (a new session) or --resume FILE", sandbox_path=None)
 
     manifest = None
-    root = os.path.abspath(args.root) if args.root else None
+    root = host_path(args, args.root)
     if args.manifest:
-        raw = _read_input(args.manifest, "manifest")
+        raw = _read_input(args.manifest, "manifest", args=args)
         manifest = load_manifest(raw, trust="untrusted")
         # The manifest's own "root" is never used here: where the workspace
         # lives is authority, and only the operator's --root (or a private
         # workspace under --workspaces-dir) decides it.
     if root is not None:
-        # host-access: the operator's --root, created before open_root
-        os.makedirs(root, mode=0o700, exist_ok=True)
+        # the operator's --root, made (0700) when missing by the host-path rule: no symlink on any component
+        open_root(root, create=True).close()
 
+    # the client makes (0700) and opens the workspaces and snapshot directories by the same rule
     options = ClientOptions(
-        workspaces_dir=os.path.abspath(args.workspaces_dir or _default_workspaces_dir()),
-        snapshot_dir=os.path.abspath(args.snapshot_dir) if args.snapshot_dir else None,
-        extra_path_grants=tuple(parse_grant(g) for g in args.grant),
-        base_dir=os.path.abspath(args.base) if args.base else None,
+        workspaces_dir=host_path(args, args.workspaces_dir or _default_workspaces_dir()),
+        snapshot_dir=host_path(args, args.snapshot_dir),
+        extra_path_grants=tuple(parse_grant(g, args) for g in args.grant),
+        base_dir=host_path(args, args.base),
     )
-    if args.workspaces_dir is None:
-        # host-access: the default workspaces dir (operator config)
-        os.makedirs(options.workspaces_dir, mode=0o700, exist_ok=True)
     exec_kw: dict[str, Any] = {"timeout_s": args.timeout, "confinement": args.confinement, "cwd": args.cwd}
     if args.max_output_bytes is not None:
         exec_kw["max_output_bytes"] = args.max_output_bytes
@@ -118,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main() -> tuple[Any, dict[str, Any]]:
         with LocalSandboxClient(options) as client:
             if args.resume:
-                session = client.resume(load_state(args.resume), root=root, manifest=manifest)
+                session = client.resume(load_state(args.resume, args), root=root, manifest=manifest)
             else:
                 session = client.create(manifest=manifest, root=root)
             result = None
@@ -135,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             try:
                 state = client.serialize_state(session)
                 if args.state:
-                    write_json_atomic(args.state, state)
+                    write_json_atomic(args.state, state, args)
             except Exception as exc:
                 failed = failed or exc
             report = {

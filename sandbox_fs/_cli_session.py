@@ -14,12 +14,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from typing import Any
 
 import trio
 
 from ._cli_output import json_text, report_lines
+from . import _cli_hostpath
+from ._cli_hostpath import host_path
 from .errors import SandboxError
 from .paths import Grant
 
@@ -41,13 +42,15 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-unrestorable", action="store_true",
                    help="leave out entries a restore would refuse instead of failing the persist")
     p.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    _cli_hostpath.add_flag(p)
 
 
-def _read_input(path: str, what: str, max_bytes: int = 64 << 20) -> bytes:
+def _read_input(path: str, what: str, max_bytes: int = 64 << 20, args: argparse.Namespace | None = None) -> bytes:
+    """Read an operator input file by the host-path rule (no symlink on its path; a regular file)."""
     try:
-        # host-access: a state/manifest/key file the operator named on the command line
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+        data = _cli_hostpath.read_file(args or argparse.Namespace(), path, max_bytes, what)
+    except SandboxError:
+        raise
     except OSError as exc:
         raise CliInputError(f"cannot read the {what} file ({os.strerror(exc.errno or 5)})",
                             sandbox_path=None) from None
@@ -56,9 +59,15 @@ def _read_input(path: str, what: str, max_bytes: int = 64 << 20) -> bytes:
     return data
 
 
-def parse_grant(spec: str) -> Grant:
-    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is taken from the cwd."""
-    return Grant.parse(spec, relative_to=os.getcwd())
+def parse_grant(spec: str, args: argparse.Namespace | None = None) -> Grant:
+    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is taken from the cwd.
+
+    With ``--follow-host-symlinks`` the PATH is resolved with ``realpath`` first.
+    """
+    g = Grant.parse(spec, relative_to=os.getcwd())
+    if args is not None and getattr(args, "follow_host_symlinks", False):
+        g = Grant(os.path.realpath(g.path), read_only=g.read_only)
+    return g
 
 
 def client_options(args: argparse.Namespace) -> Any:
@@ -66,22 +75,22 @@ def client_options(args: argparse.Namespace) -> Any:
 
     key = None
     if args.state_key_file:
-        key = _read_input(args.state_key_file, "state key", 4096).strip()
+        key = _read_input(args.state_key_file, "state key", 4096, args).strip()
         if len(key) < 16:
             raise CliInputError("the state key must be at least 16 bytes", sandbox_path=None)
     return ClientOptions(
-        workspaces_dir=os.path.abspath(args.workspaces_dir),
-        snapshot_dir=os.path.abspath(args.store) if args.store else None,
-        extra_path_grants=tuple(parse_grant(g) for g in args.grant),
-        base_dir=os.path.abspath(args.base_dir) if args.base_dir else None,
+        workspaces_dir=host_path(args, args.workspaces_dir),
+        snapshot_dir=host_path(args, args.store),
+        extra_path_grants=tuple(parse_grant(g, args) for g in args.grant),
+        base_dir=host_path(args, args.base_dir),
         state_key=key,
         on_unrestorable="skip" if args.skip_unrestorable else "refuse",
     )
 
 
-def load_state(path: str) -> dict[str, Any]:
+def load_state(path: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
     try:
-        data = json.loads(_read_input(path, "state", 64 << 20))
+        data = json.loads(_read_input(path, "state", 64 << 20, args))
     except ValueError:
         raise CliInputError("the state file is not valid JSON", sandbox_path=None) from None
     if not isinstance(data, dict):
@@ -89,31 +98,26 @@ def load_state(path: str) -> dict[str, Any]:
     return data
 
 
-def write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` to the operator-named ``path`` (mode 0600) via a temp file and rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".sfs-state-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)  # host-access: the state file the operator named
-    except BaseException:
-        try:
-            os.unlink(tmp)  # host-access: our own temp file beside the operator-named state file
-        except OSError:
-            pass
-        raise
+def write_json_atomic(path: str, data: dict[str, Any], args: argparse.Namespace | None = None) -> None:
+    """Write ``data`` to the operator-named ``path`` (mode 0600): temp file, fsync, rename.
+
+    By :func:`sandbox_fs.root.write_host_file_atomic`: the directory is
+    opened by the host-path rule and anything but a regular file at the name
+    (a symlink, a device such as ``/dev/full``) is refused, never replaced.
+
+    Raises:
+        SpecialFileError: something other than a regular file is at ``path``.
+        SymlinkRefusedError: a directory on ``path`` is a symlink.
+    """
+    _cli_hostpath.write_json(args, path, data)
 
 
-def _load_manifest(path: str | None) -> Any:
+def _load_manifest(path: str | None, args: argparse.Namespace | None = None) -> Any:
     if not path:
         return None
     from .manifest import load_manifest  # noqa: PLC0415
 
-    return load_manifest(_read_input(path, "manifest"), trust="untrusted")
+    return load_manifest(_read_input(path, "manifest", args=args), trust="untrusted")
 
 
 def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -161,12 +165,12 @@ def cmd_create(args: argparse.Namespace) -> int:
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
-            session = client.create(manifest=_load_manifest(args.manifest), snapshot=args.snapshot,
-                                    root=os.path.abspath(args.root) if args.root else None,
+            session = client.create(manifest=_load_manifest(args.manifest, args), snapshot=args.snapshot,
+                                    root=host_path(args, args.root),
                                     session_id=args.session_id)
             await session.start()
             await _close_with_progress(session)
-            write_json_atomic(args.state, client.serialize_state(session))
+            write_json_atomic(args.state, client.serialize_state(session), args)
             return _summary(client, session, "create")
 
     _report(args, trio.run(main))
@@ -178,11 +182,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
-            session = client.resume(load_state(args.state), root=os.path.abspath(args.root) if args.root else None,
-                                    manifest=_load_manifest(args.manifest))
+            session = client.resume(load_state(args.state, args), root=host_path(args, args.root),
+                                    manifest=_load_manifest(args.manifest, args))
             await session.start()
             await _close_with_progress(session)
-            write_json_atomic(args.state_out or args.state, client.serialize_state(session))
+            write_json_atomic(args.state_out or args.state, client.serialize_state(session), args)
             return _summary(client, session, "resume")
 
     _report(args, trio.run(main))
@@ -194,7 +198,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
-            session = client.resume(load_state(args.state))
+            session = client.resume(load_state(args.state, args))
             removed = await client.delete(session, snapshot=args.snapshot)
             return {"action": "rm", "session_id": session.id, "workspace_removed": removed,
                     "snapshot_removed": bool(args.snapshot)}

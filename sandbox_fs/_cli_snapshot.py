@@ -9,12 +9,13 @@ is a terminal; ``--json`` prints a JSON report on stdout.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
 
 from ._cli_output import json_text, report_lines
+from . import _cli_hostpath
+from ._cli_hostpath import host_path
 from .root import open_root
 from .snapshot import LocalSnapshotStore, SnapshotLimits, hydrate, persist
 
@@ -40,7 +41,9 @@ def _progress() -> Any:
 def cmd_save(args: argparse.Namespace) -> int:
     show = _progress()
     t0 = time.monotonic()
-    with LocalSnapshotStore(os.path.abspath(args.store)) as store, open_root(args.workspace, read_only=True) as ws:
+    # both host paths by the host-path rule (no symlink on any component)
+    with LocalSnapshotStore(host_path(args, args.store)) as store, \
+            open_root(host_path(args, args.workspace), read_only=True) as ws:
         try:
             rep = persist(ws, store, args.name, excluded=args.exclude,
                           on_unrestorable="skip" if args.skip_unrestorable else "refuse",
@@ -63,7 +66,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if tty:
         print("restoring...", end="", file=sys.stderr, flush=True)
     try:
-        with LocalSnapshotStore(os.path.abspath(args.store), create=False) as store, open_root(args.workspace) as ws:
+        with LocalSnapshotStore(host_path(args, args.store), create=False) as store, \
+                open_root(host_path(args, args.workspace)) as ws:
             rep = hydrate(ws, store, args.name)
     finally:
         if tty:
@@ -75,7 +79,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with LocalSnapshotStore(os.path.abspath(args.store), create=False) as store:
+    with LocalSnapshotStore(host_path(args, args.store), create=False) as store:
         rows = [{"name": i.name, "entries": i.entries, "content_bytes": i.content_bytes,
                  "archive_bytes": i.archive_bytes, "created_ns": i.created_ns, "fingerprint": i.fingerprint}
                 for i in store.list()]
@@ -96,6 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--skip-unrestorable", action="store_true",
                    help="leave out entries a restore would refuse instead of failing")
     s.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    _cli_hostpath.add_flag(s)
     s.set_defaults(func=cmd_save)
 
     r = ss.add_parser("restore", help="replace a workspace's contents with a verified snapshot")
@@ -103,9 +108,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--store", required=True, help="snapshot store directory")
     r.add_argument("--name", required=True, help="snapshot name")
     r.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    _cli_hostpath.add_flag(r)
     r.set_defaults(func=cmd_restore)
 
     ls = ss.add_parser("ls", help="list the valid snapshots in a store")
     ls.add_argument("--store", required=True, help="snapshot store directory")
     ls.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    _cli_hostpath.add_flag(ls)
     ls.set_defaults(func=cmd_ls)

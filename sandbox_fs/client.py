@@ -212,7 +212,10 @@ class LocalSandboxClient:
         options: the trusted :class:`ClientOptions`.
 
     Raises:
-        SymlinkRefusedError: ``workspaces_dir`` or ``snapshot_dir`` is a symlink.
+        SymlinkRefusedError: ``workspaces_dir`` or ``snapshot_dir``, or a
+            directory on it, is a symlink (host paths are resolved without
+            following symlinks: see :func:`sandbox_fs.root.open_host_dir_fd`;
+            resolve a trusted symlinked path with ``os.path.realpath`` first).
         OSError: a directory cannot be created or opened.
 
     Use as ``with LocalSandboxClient(opts) as client:`` or call :meth:`close`.
@@ -220,11 +223,8 @@ class LocalSandboxClient:
 
     def __init__(self, options: ClientOptions) -> None:
         self.options = options
-        path = os.fspath(options.workspaces_dir)
-        if not os.path.isdir(path):
-            # host-access: workspaces_dir is trusted application config; opened as a Root right after
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        self._parent: Root = open_root(path, label="workspaces")
+        # made when missing (0700) and opened by the host-path rule: no symlink on any component
+        self._parent: Root = open_root(os.fspath(options.workspaces_dir), label="workspaces", create=True)
         self._own_store = False
         try:
             if options.snapshot_store is not None:

@@ -639,6 +639,34 @@ def _is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
         os.close(cur)
 
 
+def _refuse_nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]]) -> None:
+    """One nesting rule against every writable tree (the workspace and each read-write grant).
+
+    Landlock rules only add rights, so a read-only grant at or beneath a
+    tree the child may write would be writable through that tree's rule:
+    refused (issue 11, F).  Checked on the fds the rules are made from
+    (``..`` walked by fd), so a symlink or a path alias cannot hide it.
+
+    Raises:
+        ConfinementError: a read-only grant lies inside a writable tree.
+    """
+    writable = ([("the read-write workspace", workspace.identity)] if not workspace.read_only else []) + [
+        ("a read-write grant", r.identity) for r, ro in roots if not ro]
+    for root, read_only in roots:
+        if not read_only:
+            continue
+        gfd = root.fileno_dup()
+        try:
+            for what, ident in writable:
+                if _is_beneath(gfd, ident):
+                    raise ConfinementError(
+                        f"a read-only grant inside {what} cannot be enforced by Landlock (its rules only add "
+                        "rights); move the grant out, or make the outer tree read-only",
+                        sandbox_path=root._label or None)
+        finally:
+            os.close(gfd)
+
+
 def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None = None,
                   policy: "ConfinementPolicy | None" = None, *, tty: bool = False,
                   abi: int | None = None) -> _landlock.Ruleset:
@@ -662,8 +690,9 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
 
     Raises:
         ConfinementError: Landlock is unavailable, the kernel refuses a rule,
-            or a read-only grant lies inside the read-write workspace (Landlock
-            rules only add rights, so it could not be enforced).
+            or a read-only grant lies inside the read-write workspace or a
+            read-write grant (Landlock rules only add rights, so it could not
+            be enforced).
     """
     policy = policy or ConfinementPolicy()
     version = _landlock.abi() if abi is None else abi
@@ -684,12 +713,10 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
             rs.add_fd(ws_fd, _landlock.FS_READ_EXEC if workspace.read_only else rw)
         finally:
             os.close(ws_fd)
+        _refuse_nested_read_only(workspace, roots)
         for root, read_only in roots:
             gfd = root.fileno_dup()
             try:
-                if read_only and not workspace.read_only and _is_beneath(gfd, workspace.identity):
-                    raise ConfinementError(
-                        "a read-only grant inside the read-write workspace cannot be enforced by Landlock")
                 rs.add_fd(gfd, _landlock.FS_READ_EXEC if read_only else rw)
             finally:
                 os.close(gfd)

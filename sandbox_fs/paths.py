@@ -104,18 +104,44 @@ def normalize(path: str | bytes, *, allow_absolute: bool = False) -> SandboxPath
 class Grant:
     """An extra path grant: an absolute host directory the application opens up.
 
+    The path is validated as a whole when the Grant is made: it must be
+    absolute, must not be ``/`` (the whole host), empty, ``//``-prefixed
+    (POSIX leaves a leading ``//`` implementation-defined, and it broke the
+    sandbox-path mapping) or hold a ``..`` component (which a rename could
+    redirect); ``.`` components, repeated and trailing slashes are
+    normalized away.  The directory itself is opened later by the host-path
+    rule (:func:`sandbox_fs.root.open_host_dir_fd`: no symlink on any
+    component).
+
     Attributes:
-        path: absolute host directory (trusted: it comes from the application).
+        path: normalized absolute host directory (trusted: it comes from the application).
         read_only: True for read-only access.
+
+    Raises:
+        InvalidPathError: ``path`` is not a ``str``, is empty, relative, ``/``,
+            ``//``-prefixed, or holds a NUL byte or a ``..`` component.
     """
 
     path: str
     read_only: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path.startswith("/"):
-            raise InvalidPathError("a grant must be an absolute host directory", sandbox_path=None)
-        object.__setattr__(self, "path", posixpath.normpath(self.path))
+        path = self.path
+        if not isinstance(path, str):
+            raise InvalidPathError("a grant path must be a str", sandbox_path=None)
+        shown = path.replace("\0", "\\0")[:200]
+        if "\0" in path:
+            raise InvalidPathError("a grant path must not contain a NUL byte", sandbox_path=shown)
+        if not path.startswith("/"):
+            raise InvalidPathError("a grant must be an absolute host directory", sandbox_path=shown or None)
+        if path.startswith("//"):
+            raise InvalidPathError("a grant path must not start with '//'", sandbox_path=shown)
+        comps = [c for c in path.split("/") if c not in ("", ".")]
+        if ".." in comps:
+            raise InvalidPathError("a grant path must not contain '..'", sandbox_path=shown)
+        if not comps:
+            raise InvalidPathError("a grant of '/' would open the whole host", sandbox_path=shown)
+        object.__setattr__(self, "path", "/" + "/".join(comps))
 
     @classmethod
     def parse(cls, spec: str, *, relative_to: str | None = None) -> "Grant":
@@ -128,7 +154,8 @@ class Grant:
                 relative paths.
 
         Raises:
-            InvalidPathError: PATH is relative and ``relative_to`` is None.
+            InvalidPathError: PATH is relative and ``relative_to`` is None, or
+                the path is refused by the constructor (``/``, ``//``-prefixed, ``..``).
         """
         path, sep, mode = spec.rpartition(":")
         if not (sep and mode in ("ro", "rw")):

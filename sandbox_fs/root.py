@@ -47,7 +47,8 @@ from .errors import (
     DirectoryReplacedError,
 )
 
-__all__ = ["Root", "Subtree", "open_root", "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
+__all__ = ["Root", "Subtree", "open_root", "open_host_dir_fd", "open_host_file_fd", "write_host_file_atomic",
+           "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
            "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
 
 MAX_PATH_BYTES = 4095  # PATH_MAX (4096) counts the terminating NUL
@@ -2048,41 +2049,319 @@ class Subtree:
         return True
 
 
-def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,
-              label: str = "") -> Root:
-    """Open ``host_dir`` as a :class:`Root`.  The explicit host-access constructor.
+_HOST_SYMLINK_REASON = ("the host path, or a directory on it, is a symlink (a sandboxed party could have "
+                        "planted it); give the physical path, or opt in with follow_symlinks=True "
+                        "(CLI: --follow-host-symlinks) for a trusted symlinked path")
+_HOST_DIR_FLAGS = _DIR_FLAGS | os.O_CLOEXEC  # no O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a final symlink too
 
-    The directory is opened once with ``O_PATH|O_DIRECTORY|O_NOFOLLOW``;
-    from then on only its fd is used, so renaming or replacing the host
-    path later does not move the capability.
 
-    Args:
-        host_dir: absolute or relative host path of an existing directory
-            (trusted: it comes from the host application).
-        read_only: refuse every write through this Root.
-        no_symlinks: refuse every symlink on every path (RESOLVE_NO_SYMLINKS).
-        label: sandbox-path prefix shown in error messages (never the host path).
+def _host_components(host_dir: str | os.PathLike | bytes, shown: str) -> tuple[bool, int, list[bytes]]:
+    """Split a host path lexically into ``(absolute, leading '..' count, components)``.
 
-    Raises:
-        SymlinkRefusedError: ``host_dir`` itself is a symlink.
-        NotADirectoryError: ``host_dir`` is not a directory.
-        FileNotFoundError: ``host_dir`` does not exist.
+    ``.`` and empty components are dropped and ``..`` cancels the component
+    before it: once no component may be a symlink this is also the physical
+    answer, and no ``..`` is left for a concurrent rename to redirect.
+    ``..`` at ``/`` stays at ``/`` (POSIX).
     """
-    resolver = _native.choose_resolver()
-    shown = label or "."
+    raw = os.fsencode(host_dir)
+    if raw == b"":
+        raise InvalidPathError("the host path is empty", sandbox_path=shown)
+    if b"\0" in raw:
+        raise InvalidPathError("the host path contains a NUL byte", sandbox_path=shown)
+    absolute = raw.startswith(b"/")
+    up = 0
+    out: list[bytes] = []
+    for comp in raw.split(b"/"):
+        if comp in (b"", b"."):
+            continue
+        if comp == b"..":
+            if out:
+                out.pop()
+            elif not absolute:
+                up += 1
+            continue
+        out.append(comp)
+    return absolute, up, out
+
+
+def _host_start_fd(absolute: bool, up: int, shown: str) -> int:
+    """An ``O_PATH`` fd of ``/`` (absolute paths) or of the cwd climbed ``up`` times by ``..``."""
     try:
-        fd = os.open(host_dir, _DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except NotADirectoryError:
-        try:
-            st = os.lstat(host_dir)
-        except OSError:
-            st = None
-        if st is not None and _stat.S_ISLNK(st.st_mode):
-            raise SymlinkRefusedError("the root directory is a symlink", sandbox_path=shown,
-                                      context={"operation": "open_root"}) from None
-        _native.raise_errno(errno.ENOTDIR, "open_root", shown)
-        raise
+        fd = os.open("/" if absolute else ".", _HOST_DIR_FLAGS)
     except OSError as exc:
         _native.raise_errno(exc.errno or errno.EIO, "open_root", shown)
         raise
+    try:
+        for _ in range(up):  # ".." is the physical parent, never a symlink
+            parent = os.open("..", _HOST_DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+    except OSError as exc:
+        os.close(fd)
+        _native.raise_errno(exc.errno or errno.EIO, "open_root", shown)
+        raise
+    return fd
+
+
+def _open_host_step(resolver: str, dirfd: int, rel: bytes, shown: str) -> int:
+    try:
+        return _native.open_beneath(resolver, dirfd, rel, _HOST_DIR_FLAGS, 0, _native.RESOLVE_NO_SYMLINKS,
+                                    "open_root", shown)
+    except (SymlinkRefusedError, PathEscapeError):
+        # ELOOP from RESOLVE_NO_SYMLINKS (EXDEV: the fallback walker meeting a magic link)
+        raise SymlinkRefusedError(_HOST_SYMLINK_REASON, sandbox_path=shown,
+                                  context={"operation": "open_root"}) from None
+
+
+def open_host_dir_fd(host_dir: str | os.PathLike | bytes, *, create: bool = False, mode: int = 0o700,
+                     follow_symlinks: bool = False, label: str = "") -> int:
+    """Open a trusted host directory by the host-path rule; returns an ``O_PATH|O_DIRECTORY`` fd.
+
+    The rule (one for every host path the library or the CLI is given: grants,
+    workspace roots, trusted base directories, stores, extraction targets):
+    the path is normalized lexically (``.``, ``//`` and ``..`` removed), then
+    resolved by the kernel beneath an fd of ``/`` (absolute paths) or of the
+    current directory (relative ones; leading ``..`` climb from it by fd) with
+    ``openat2(RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)``, or the fallback
+    walker with the same flags: no component, the last included, may be a
+    symlink, so a link a confined command planted in a directory it can write
+    cannot redirect the path (issue 11, E).
+
+    Args:
+        host_dir: absolute or relative host path (``str``, ``bytes`` or path-like).
+        create: make missing directories, one component at a time (``mkdirat``
+            relative to the parent fd, ``mode`` before the umask, then
+            entered again by the same rule), never following a symlink.
+        mode: permission bits of directories made by ``create``.
+        follow_symlinks: the documented opt-in for a *trusted* symlinked path
+            (for example a ``/tmp -> /private/tmp`` host): symlinks on the
+            path are followed by the kernel as ``open(2)`` does.  Only for
+            paths whose every directory the sandbox cannot write.
+        label: the sandbox-path prefix shown in errors (never the host path).
+
+    Raises:
+        SymlinkRefusedError: a component is a symlink (code ``symlink_refused``).
+        InvalidPathError: ``host_dir`` is empty or holds a NUL byte.
+        NotADirectoryError: a component is not a directory.
+        FileNotFoundError: a component does not exist (and not ``create``).
+        PermissionError: a component cannot be searched or made.
+    """
+    shown = label or "."
+    if follow_symlinks:
+        try:
+            if create:
+                os.makedirs(host_dir, mode=mode, exist_ok=True)  # host-access: trusted, caller opted in
+            return os.open(host_dir, _HOST_DIR_FLAGS)  # host-access: trusted, caller opted in
+        except OSError as exc:
+            _native.raise_errno(exc.errno or errno.EIO, "open_root", shown)
+            raise
+    resolver = _native.choose_resolver()
+    absolute, up, comps = _host_components(host_dir, shown)
+    cur = _host_start_fd(absolute, up, shown)
+    try:
+        if not create:
+            return _open_host_step(resolver, cur, b"/".join(comps) or b".", shown)
+        for comp in comps:
+            try:
+                nxt = _open_host_step(resolver, cur, comp, shown)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(comp, mode, dir_fd=cur)
+                except FileExistsError:
+                    pass  # made meanwhile: entered by the same rule below
+                except OSError as exc:
+                    _native.raise_errno(exc.errno or errno.EIO, "open_root", shown)
+                nxt = _open_host_step(resolver, cur, comp, shown)
+            os.close(cur)
+            cur = nxt
+        out, cur = cur, -1
+        return out
+    finally:
+        if cur >= 0:
+            os.close(cur)
+
+
+def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,
+              label: str = "", follow_symlinks: bool = False, create: bool = False, mode: int = 0o700) -> Root:
+    """Open the trusted host directory ``host_dir`` as a :class:`Root`.  The explicit host-access constructor.
+
+    ``host_dir`` is resolved by the host-path rule of :func:`open_host_dir_fd`:
+    no symlink on any component (``RESOLVE_NO_SYMLINKS`` from an fd of ``/``
+    or of the cwd), unless ``follow_symlinks``.  It is opened once as an
+    ``O_PATH|O_DIRECTORY`` fd; from then on only that fd is used, so renaming
+    or replacing the host path later does not move the capability.
+
+    Args:
+        host_dir: absolute or relative host path of a directory (trusted: it
+            comes from the host application; the directories on it need not be).
+        read_only: refuse every write through this Root.
+        no_symlinks: refuse every symlink on every path beneath the Root
+            (RESOLVE_NO_SYMLINKS).
+        label: sandbox-path prefix shown in error messages (never the host path).
+        follow_symlinks: opt in to following symlinks on ``host_dir`` itself,
+            for a trusted symlinked path (see :func:`open_host_dir_fd`).
+        create: make ``host_dir`` and missing parents (mode ``mode``) first,
+            by the same rule.
+        mode: permission bits of the directories ``create`` makes.
+
+    Raises:
+        SymlinkRefusedError: ``host_dir`` or a directory on it is a symlink.
+        InvalidPathError: ``host_dir`` is empty or holds a NUL byte.
+        NotADirectoryError: ``host_dir`` (or a component) is not a directory.
+        FileNotFoundError: ``host_dir`` does not exist (and not ``create``).
+    """
+    resolver = _native.choose_resolver()
+    fd = open_host_dir_fd(host_dir, create=create, mode=mode, follow_symlinks=follow_symlinks, label=label)
     return Root(fd, read_only=read_only, no_symlinks=no_symlinks, resolver=resolver, label=label)
+
+
+def _host_parent(path: str | os.PathLike | bytes, follow_symlinks: bool, label: str) -> tuple[int, bytes]:
+    """``(O_PATH fd of the parent directory, leaf name)`` of a host *file* path, by the host-path rule."""
+    shown = label or "."
+    absolute, up, comps = _host_components(path, shown)
+    if not comps:
+        _native.raise_errno(errno.EISDIR, "open_host_file", shown)
+    parent = (b"/" if absolute else b"") + b"/".join([b".."] * up + comps[:-1])
+    return open_host_dir_fd(parent or b".", follow_symlinks=follow_symlinks, label=label), comps[-1]
+
+
+def open_host_file_fd(path: str | os.PathLike | bytes, *, follow_symlinks: bool = False, label: str = "") -> int:
+    """Open a trusted host *file* for reading by the host-path rule; returns an ``O_RDONLY`` fd.
+
+    The parent directory is opened as :func:`open_host_dir_fd` does (no
+    symlink on any component unless ``follow_symlinks``); the file itself with
+    ``O_NOFOLLOW|O_NONBLOCK`` relative to that fd, then checked to be a
+    regular file, so a symlink, FIFO or device put at the name is never read.
+
+    Args:
+        path: absolute or relative host path of a regular file.
+        follow_symlinks: the trusted-symlinked-path opt-in (see :func:`open_host_dir_fd`).
+        label: the name shown in errors (never the host path).
+
+    Raises:
+        SymlinkRefusedError: the file or a directory on its path is a symlink.
+        SpecialFileError: the file is a FIFO, socket, device or directory.
+        FileNotFoundError, PermissionError: as ``open(2)``.
+    """
+    shown = label or "."
+    pfd, leaf = _host_parent(path, follow_symlinks, label)
+    try:
+        nofollow = 0 if follow_symlinks else os.O_NOFOLLOW
+        try:
+            fd = os.open(leaf, os.O_RDONLY | os.O_NONBLOCK | nofollow | os.O_CLOEXEC, dir_fd=pfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SymlinkRefusedError(_HOST_SYMLINK_REASON, sandbox_path=shown,
+                                          context={"operation": "open_host_file"}) from None
+            _native.raise_errno(exc.errno or errno.EIO, "open_host_file", shown)
+            raise
+    finally:
+        os.close(pfd)
+    st = os.fstat(fd)
+    if not _stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise SpecialFileError(f"not a regular file ({kind_of(st.st_mode)})", sandbox_path=shown,
+                               context={"operation": "open_host_file"})
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_host_file_atomic(path: str | os.PathLike | bytes, data: bytes, *, mode: int = 0o600,
+                           follow_symlinks: bool = False, label: str = "") -> None:
+    """Write an operator-output file (a state file, a report) atomically, never replacing a special file.
+
+    The parent directory is opened by the host-path rule
+    (:func:`open_host_dir_fd`); the data goes to a new temporary file made
+    there (``O_CREAT|O_EXCL|O_NOFOLLOW``, ``fchmod`` to ``mode``, ``fsync``),
+    which then takes the name.  Anything but a regular file at the name (a
+    symlink, a device such as ``/dev/full``, a FIFO, a socket, a directory)
+    is refused without being touched; an empty name is taken with
+    ``renameat2(RENAME_NOREPLACE)``; a regular file is swapped out with
+    ``RENAME_EXCHANGE`` and what came out is checked: a regular file is
+    unlinked, anything else (put there meanwhile) is exchanged back and the
+    write refused, so a special file is never replaced or written through.  On a filesystem without ``RENAME_EXCHANGE`` the name is checked
+    with ``fstatat`` first and replaced by ``renameat`` (a window between the
+    two remains there).
+
+    Args:
+        path: the host file path the operator named.
+        data: the bytes to write.
+        mode: permission bits of the file (the umask is not applied).
+        follow_symlinks: the trusted-symlinked-path opt-in for the *directories*
+            on the path; the file name itself is never followed.
+        label: the name shown in errors (never the host path).
+
+    Raises:
+        SpecialFileError: the name holds something other than a regular file.
+        SymlinkRefusedError: a directory on the path is a symlink.
+        OSError: the directory cannot be written.
+    """
+    shown = label or "."
+    pfd, leaf = _host_parent(path, follow_symlinks, label)
+    tmp = b".sfs-out-" + _secrets.token_hex(8).encode()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+        placed = False
+        try:
+            try:
+                view = memoryview(data)
+                done = 0
+                while done < len(view):
+                    done += os.write(fd, view[done:])
+                os.fchmod(fd, mode)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            placed = _place_output(pfd, tmp, leaf, shown)
+        finally:
+            if not placed:
+                try:
+                    os.unlink(tmp, dir_fd=pfd)
+                except OSError:
+                    pass
+    finally:
+        os.close(pfd)
+
+
+def _refuse_output_target(st: os.stat_result, shown: str) -> None:
+    if not _stat.S_ISREG(st.st_mode):
+        raise SpecialFileError(f"refusing to replace a {kind_of(st.st_mode)} with an output file",
+                               sandbox_path=shown, context={"operation": "write_host_file"})
+
+
+def _place_output(pfd: int, tmp: bytes, leaf: bytes, shown: str) -> bool:
+    """Move ``tmp`` to ``leaf`` in ``pfd``; True once ``tmp`` no longer names our file."""
+    for _ in range(8):  # bounded: each round lost means another party changed the name meanwhile
+        try:
+            _refuse_output_target(os.stat(leaf, dir_fd=pfd, follow_symlinks=False), shown)
+        except FileNotFoundError:
+            ret = _native.lib.sfs_renameat2(pfd, tmp, pfd, leaf, _native.RENAME_NOREPLACE)
+            if ret == 0:
+                return True
+            if ret == -errno.EEXIST:
+                continue  # made meanwhile: look again
+            if ret != -errno.EINVAL:
+                _native.raise_errno(-ret, "write_host_file", shown)
+            break  # no renameat2 flags on this filesystem
+        # A regular file is there: exchange, then check what was exchanged out
+        # (another party may have put something else at the name meanwhile).
+        ret = _native.lib.sfs_renameat2(pfd, tmp, pfd, leaf, _native.lib.RENAME_EXCHANGE)
+        if ret == -errno.ENOENT:
+            continue  # the name went away meanwhile
+        if ret == -errno.EINVAL:
+            break
+        _native.check(ret, "write_host_file", shown)
+        old = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)  # what was at the name
+        if not _stat.S_ISREG(old.st_mode):
+            _native.renameat2(pfd, tmp, pfd, leaf, _native.lib.RENAME_EXCHANGE, "write_host_file", shown)
+            _refuse_output_target(old, shown)
+        os.unlink(tmp, dir_fd=pfd)  # the previous regular file, now under our temporary name
+        return True
+    else:
+        _native.raise_errno(errno.EAGAIN, "write_host_file", shown)
+    try:  # a filesystem without RENAME_NOREPLACE / RENAME_EXCHANGE: check, then rename
+        _refuse_output_target(os.stat(leaf, dir_fd=pfd, follow_symlinks=False), shown)
+    except FileNotFoundError:
+        pass
+    _native.renameat2(pfd, tmp, pfd, leaf, 0, "write_host_file", shown)
+    return True

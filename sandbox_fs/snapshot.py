@@ -496,17 +496,15 @@ class LocalSnapshotStore:
 
     Raises:
         FileNotFoundError: ``directory`` is missing and ``create`` is False.
-        SymlinkRefusedError: ``directory`` is a symlink.
+        SymlinkRefusedError: ``directory``, or a directory on it, is a symlink
+            (see :func:`sandbox_fs.root.open_host_dir_fd`).
     """
 
     enabled = True
 
     def __init__(self, directory: str | os.PathLike, *, create: bool = True) -> None:
-        path = os.fspath(directory)
-        if create and not os.path.isdir(path):
-            # host-access: the store dir is trusted application config; opened as a Root right after
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        self.root = open_root(path, label="snapshot-store")
+        # made when missing (0700) and opened by the host-path rule: no symlink on any component
+        self.root = open_root(os.fspath(directory), label="snapshot-store", create=create)
 
     # -- reading
 

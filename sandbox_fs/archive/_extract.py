@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 if TYPE_CHECKING:
     import trio
 
-from ..root import Root
+from ..root import Root, open_host_file_fd
 from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
 from ._models import ArchiveLimits, ExtractPolicy, ExtractReport
 from ._streams import InputCounter, Meter, decompressor, detect, sniff
@@ -59,7 +59,10 @@ def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, form
             not involve a symlink.
         source: a readable binary stream (tar: read once, forward only; zip:
             must be seekable) or a host path (``str``/``os.PathLike``, trusted,
-            from the host application) that is opened and closed here.
+            from the host application) that is opened and closed here by the
+            host-path rule (:func:`sandbox_fs.root.open_host_file_fd`: no symlink
+            on any component, a regular file; else ``SymlinkRefusedError`` or
+            ``SpecialFileError``).
         format: ``"auto"`` (from the magic bytes), ``"tar"`` (any
             compression, detected), ``"tar.gz"``/``"tgz"``, ``"tar.bz2"``,
             ``"tar.xz"``, or ``"zip"``.  zstd is not supported (no zstd library
@@ -96,9 +99,10 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
     if isinstance(source, (str, os.PathLike)):
-        # a trusted host path given by the host application; unbuffered, so the fd offset is
-        # the stream position and plain tar member data can be sendfile'd
-        with open(source, "rb", buffering=0) as fh:
+        # a trusted host path given by the host application, opened by the host-path rule (no
+        # symlink on any component, a regular file); unbuffered, so the fd offset is the stream
+        # position and plain tar member data can be sendfile'd
+        with open(open_host_file_fd(source, label="archive"), "rb", buffering=0) as fh:
             return _extract(root, dest, fh, format, limits, policy, check_cancel, made, exact_modes)
     meter = Meter(limits)
     forced = FORMATS[format]
