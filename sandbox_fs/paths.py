@@ -129,11 +129,13 @@ class Grant:
         path = self.path
         if not isinstance(path, str):
             raise InvalidPathError("a grant path must be a str", sandbox_path=None)
+        if path == "":
+            raise InvalidPathError("a grant path is empty", sandbox_path=None)
         shown = path.replace("\0", "\\0")[:200]
         if "\0" in path:
             raise InvalidPathError("a grant path must not contain a NUL byte", sandbox_path=shown)
         if not path.startswith("/"):
-            raise InvalidPathError("a grant must be an absolute host directory", sandbox_path=shown or None)
+            raise InvalidPathError("a grant must be an absolute host directory", sandbox_path=shown)
         if path.startswith("//"):
             raise InvalidPathError("a grant path must not start with '//'", sandbox_path=shown)
         comps = [c for c in path.split("/") if c not in ("", ".")]
