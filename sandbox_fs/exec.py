@@ -78,8 +78,9 @@ costs only the ``landlock_add_rule`` calls (~0.6 ms).
 Tools living outside that set (on the project machine Python lives under
 ``/root/.pyenv``) need an explicit read-only grant of their prefix, never a
 wider default.  Landlock rules only add rights: a read-only grant *inside* a
-read-write workspace cannot be enforced, so it is refused
-(:class:`ConfinementError`) unless ``confinement="none"``.
+tree the child may write (the read-write workspace or a read-write grant)
+cannot be enforced, so it is refused (:class:`ConfinementError`) unless
+``confinement="none"``.
 
 Metadata changes outside the workspace
 --------------------------------------

@@ -197,8 +197,11 @@ class PathPolicy:
 
     Raises:
         InvalidPathError: a grant path or ``workspace_path`` is not absolute.
-        FileNotFoundError, NotADirectoryError, SymlinkRefusedError: a grant
-            directory cannot be opened as a Root.
+        FileNotFoundError, NotADirectoryError: a grant directory cannot be
+            opened as a Root.
+        SymlinkRefusedError: a grant directory, or a directory on its host
+            path, is a symlink (the host-path rule of
+            :func:`sandbox_fs.root.open_host_dir_fd`).
     """
 
     def __init__(self, workspace: Root, workspace_path: str, grants: Iterable[Grant] = ()) -> None:
