@@ -85,6 +85,7 @@ import errno
 import fcntl
 import hashlib
 import io
+import json
 import os
 import queue
 import re
@@ -105,6 +106,7 @@ from .paths import normalize
 from .archive import ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError
 from .archive._extract import _extract as _archive_extract
 from .archive._names import normalize_member, symlink_walk
+from .archive._tar import _EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
 from .archive._writer import STAGED_PATH_MAX
 from .archive._writer import dir_mode as _x_dir_mode
 from .archive._writer import file_mode as _x_file_mode
@@ -117,7 +119,9 @@ __all__ = [
     "SnapshotLimitError",
     "SnapshotSourceChangedError",
     "UnrestorableEntryError",
+    "SnapshotVerifyError",
     "SnapshotLimits",
+    "SnapshotPolicy",
     "SnapshotInfo",
     "PersistReport",
     "HydrateReport",
@@ -140,6 +144,9 @@ _WRITEBACK_BYTES = 8 << 20  # start writeback of the archive every 8 MiB (see _H
 # In-flight names (Root.atomic_write temp files, archive and hydrate staging dirs, the private directory of a
 # checked rmdir): never persisted.
 _IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-", ".sfs-hydrate-", ".sfs-rm-")
+#: the workspace id file of a session (see :mod:`sandbox_fs.session`): at the workspace's top, never persisted
+WORKSPACE_ID_NAME = ".sfs-workspace-id"
+_GEN_ARCHIVE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.g([0-9]{1,18})\.[0-9a-f]{16}\.tar")
 
 
 # ---------------------------------------------------------------------- errors
@@ -180,6 +187,19 @@ class UnrestorableEntryError(SnapshotError):
     """A workspace entry that hydrate would refuse (absolute/escaping symlink, FIFO, device, socket)."""
 
     code = "snapshot_unrestorable_entry"
+
+
+class SnapshotVerifyError(SnapshotError):
+    """A committed archive failed its CRC-32 read-back: the store fell back to the previous generation.
+
+    ``context["generation"]`` is the generation that is current now (the
+    previous one, or 0 when there was none) and ``context["failed_generation"]``
+    the one that was withdrawn.  Nothing the previous generation held is lost;
+    the workspace is unchanged, so persisting again may succeed.
+    """
+
+    code = "snapshot_verify_failed"
+    retryable = True
 
 
 def validate_name(name: str, what: str = "snapshot name") -> str:
@@ -237,6 +257,148 @@ class SnapshotInfo(BaseModel):
     entries: int = Field(ge=0)
     content_bytes: int = Field(ge=0)
     created_ns: int = 0
+    generation: int = Field(0, ge=0)  # 1, 2, ... per name, assigned by the store at commit; 0: before generations
+
+
+def _ustar_fits(name: str, link: str, size: int, mtime: int) -> bool:
+    """True when a member needs no PAX header (the condition of :func:`_header`'s fast path)."""
+    return len(name) <= 100 and len(link) <= 100 and name.isascii() and link.isascii() \
+        and 0 <= size < _USTAR_MAX_NUMBER and 0 <= mtime < _USTAR_MAX_NUMBER
+
+
+class SnapshotPolicy:
+    """The restore rules of a snapshot: one object, applied by persist and by hydrate.
+
+    Hydrate treats a snapshot as an untrusted archive: it extracts it with
+    :meth:`archive_limits` and :meth:`extract_policy` through the archive
+    extractor, which parses every header with tarfile behind its guards.
+    Persist applies the *same* object to what it is about to write, before
+    anything is committed, so whatever persist commits, hydrate restores:
+
+    * member names: the extractor's :func:`~sandbox_fs.archive._names.normalize_member`
+      with :meth:`archive_limits` (zip slip CVE-2007-4559, backslash ``..``
+      CVE-2021-37713, drive letters, NUL, a component over 255 bytes, depth,
+      paths over :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX`);
+    * symlink targets: the extractor's ``symlink_walk`` (absolute, escaping,
+      through another symlink: CVE-2025-4517);
+    * the header chain of every member exactly as written
+      (:meth:`header_check`): each PAX extended header or GNU long name no
+      larger than ``max_header_bytes``, at most ``MAX_HEADER_CHAIN`` of them,
+      each PAX body well formed and within the extractor's CVE-2024-6232
+      digit-run budget (:class:`~sandbox_fs.archive._tar.PaxBudget`, the same
+      class the extractor charges, per header and per archive);
+    * counts and sizes: ``max_entries`` (members), ``max_file_bytes``,
+      ``max_total_bytes`` and the archive's own size against
+      ``max_archive_bytes`` (:meth:`check_archive_bytes`);
+    * modes (:meth:`mode`): only the permission bits 0o777.  Set-user-ID,
+      set-group-ID and sticky bits are never recorded at persist and always
+      cleared at hydrate (a forged archive or ``mode_fixups`` carrying them
+      restores the file without them): a snapshot never restores a set-id file.
+
+    Args:
+        limits: the :class:`SnapshotLimits` both sides apply (default: its defaults).
+    """
+
+    def __init__(self, limits: "SnapshotLimits | None" = None) -> None:
+        self.limits = limits or SnapshotLimits()
+        self.archive = self.archive_limits()
+
+    def archive_limits(self, archive_bytes: int | None = None) -> ArchiveLimits:
+        """The extractor's limits: the same bounds persist applied.
+
+        Depth and path length are as wide as hydrate can stage: a path is at
+        most :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX` bytes (PATH_MAX
+        less the staging directory's name, through which every restored path is
+        reached).  An uncompressed tar never expands, so the expansion-ratio
+        bound is left at its default.  With ``archive_bytes`` (the validated
+        archive size, in bytes), the input is bounded by it too, not only by
+        ``max_archive_bytes``.
+        """
+        limits = self.limits
+        max_input = limits.max_archive_bytes if archive_bytes is None else max(
+            1, min(limits.max_archive_bytes, archive_bytes))
+        return ArchiveLimits(max_members=limits.max_entries, max_member_bytes=limits.max_file_bytes,
+                             max_total_bytes=limits.max_total_bytes, max_input_bytes=max_input,
+                             max_depth=MAX_PATH_BYTES // 2, max_path_bytes=STAGED_PATH_MAX)
+
+    @staticmethod
+    def extract_policy() -> ExtractPolicy:
+        """How hydrate extracts: atomic staging, special files refused, links created, owners never applied."""
+        return ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
+                             preserve_owner=False, apply_mtime=True)
+
+    @staticmethod
+    def mode(st_mode: int) -> int:
+        """The mode a snapshot records and restores: the permission bits only (set-id and sticky cleared)."""
+        return _stat.S_IMODE(st_mode) & 0o777
+
+    def header_check(self) -> "_HeaderCheck":
+        """A fresh per-archive checker of written header chains (its PAX budget starts empty)."""
+        return _HeaderCheck(self.archive)
+
+    def check_archive_bytes(self, nbytes: int) -> None:
+        """Refuse an archive hydrate would not read (larger than ``max_archive_bytes``).
+
+        Raises:
+            SnapshotLimitError: ``nbytes`` > ``max_archive_bytes``.
+        """
+        if nbytes > self.limits.max_archive_bytes:
+            raise SnapshotLimitError("the snapshot archive would be larger than max_archive_bytes", sandbox_path=None,
+                                     context={"max_archive_bytes": self.limits.max_archive_bytes,
+                                              "archive_bytes": nbytes})
+
+
+class _HeaderCheck:
+    """The extractor's header rules applied to the header chain persist is about to write (one archive).
+
+    Args:
+        alimits: the policy's :class:`ArchiveLimits` (``max_header_bytes``).
+    """
+
+    def __init__(self, alimits: ArchiveLimits) -> None:
+        self._max_header = alimits.max_header_bytes
+        self.budget = PaxBudget()
+
+    def check(self, hdr: bytes, member: str) -> tuple[str | None, int]:
+        """``(why hydrate would refuse this header chain or None, its PAX digit cost)``; admits nothing."""
+        pos = 0
+        cost = 0
+        chain = 0
+        while pos + _BLOCK_BYTES <= len(hdr):
+            block = hdr[pos:pos + _BLOCK_BYTES]
+            kind = block[156:157]
+            if kind not in _EXT_TYPES:
+                break  # the member's own header: the chain is over
+            chain += 1
+            if chain >= MAX_HEADER_CHAIN:
+                return f"its tar header needs more than {MAX_HEADER_CHAIN} extension headers", 0
+            try:
+                size = int(block[124:136].rstrip(b"\0 ") or b"0", 8)
+            except ValueError:
+                return "its tar header has an unreadable size field", 0
+            if size > self._max_header:
+                return f"its tar extension header ({size} bytes) exceeds max_header_bytes", 0
+            body = hdr[pos + _BLOCK_BYTES:pos + _BLOCK_BYTES + size + (-size % _BLOCK_BYTES)]
+            if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE):
+                try:
+                    one = check_pax_body(body, size, member)
+                except ArchiveFormatError:
+                    return "its PAX header would not parse", 0
+                spent = self.budget.spent
+                self.budget.spent = spent + cost  # the chain's earlier PAX headers count too
+                try:
+                    why = self.budget.refusal(one)
+                finally:
+                    self.budget.spent = spent
+                if why is not None:
+                    return why, 0
+                cost += one
+            pos += _BLOCK_BYTES + size + (-size % _BLOCK_BYTES)
+        return None, cost
+
+    def admit(self, cost: int) -> None:
+        """Count an admitted header chain's digit cost against the archive budget."""
+        self.budget.spent += cost
 
 
 @dataclass
@@ -270,7 +432,9 @@ class SnapshotStore(Protocol):
 
     ``enabled`` is False for :class:`NoSnapshot`.  ``begin`` returns a binary
     writable sink; ``commit`` makes it the named snapshot atomically (the
-    previous one stays valid until then); ``abort`` discards it.
+    previous one stays valid until then) and returns the metadata it
+    committed, with a ``generation`` one more than the previous one (a store
+    without generations may return None: generation 0); ``abort`` discards it.
     """
 
     enabled: bool
@@ -279,7 +443,7 @@ class SnapshotStore(Protocol):
 
     def begin(self, name: str) -> "PendingArchive": ...
 
-    def commit(self, pending: "PendingArchive", info: SnapshotInfo) -> None: ...
+    def commit(self, pending: "PendingArchive", info: SnapshotInfo) -> "SnapshotInfo | None": ...
 
     def abort(self, pending: "PendingArchive") -> None: ...
 
@@ -481,6 +645,24 @@ class _CrcCheck:
         self._thread.join()
 
 
+def _info_to_json(info: SnapshotInfo) -> bytes:
+    """The metadata as ASCII JSON; a path that is not UTF-8 (``mode_fixups``) keeps its ``\\udcXX`` escapes.
+
+    A workspace name may be any bytes: its ``surrogateescape`` str survives
+    :mod:`json` (which escapes lone surrogates) where pydantic's encoder refuses it.
+    """
+    return json.dumps(info.model_dump(mode="python"), indent=1, ensure_ascii=True).encode()
+
+
+def _info_from_json(raw: bytes) -> SnapshotInfo:
+    """Parse :func:`_info_to_json` output (and older metadata).
+
+    Raises:
+        ValueError: not JSON, or not valid :class:`SnapshotInfo`.
+    """
+    return SnapshotInfo.model_validate(json.loads(raw))
+
+
 class LocalSnapshotStore:
     """Snapshots as files in one trusted host directory (the embedded default).
 
@@ -521,7 +703,7 @@ class LocalSnapshotStore:
         except FileNotFoundError:
             return None
         try:
-            info = SnapshotInfo.model_validate_json(raw)
+            info = _info_from_json(raw)
         except ValueError as exc:
             raise SnapshotCorruptError("snapshot metadata is not valid", sandbox_path=None,
                                        context={"snapshot": name}, diagnostic=str(exc)) from None
@@ -639,12 +821,28 @@ class LocalSnapshotStore:
                 self.root.remove(pending.partial)
             pending.partial = None
 
-    def commit(self, pending: PendingArchive, info: SnapshotInfo) -> None:
-        """fsync the archive, link it under ``info.archive``, then atomically replace the metadata.
+    def commit(self, pending: PendingArchive, info: SnapshotInfo) -> SnapshotInfo:
+        """Make ``pending`` the next generation of its snapshot; returns the metadata committed.
 
-        The metadata rename is the commit point: a crash before it leaves
-        the previous snapshot current and intact.  Archives of this name no
-        longer referenced are removed afterwards.
+        Under the name's ``flock``: the generation is one more than the
+        current one (and than any archive of the name still on disk), so it
+        grows monotonically per name; the archive is fsynced and linked as
+        ``<name>.g<generation>.<token>.tar``, then *read back by that name*
+        and its size and CRC-32 checked against ``info``; only then is the
+        metadata atomically replaced (the commit point) and read back.  The
+        previous generation's archive is removed last, once the new one is
+        known good.  A crash at any step leaves the previous generation
+        current and intact.
+
+        Returns:
+            ``info`` with ``generation`` and ``archive`` set by the store.
+
+        Raises:
+            SnapshotVerifyError: the read-back of the archive or of the
+                metadata did not match: the new generation is withdrawn and
+                the previous one (``context["generation"]``) stays or is made
+                current again.
+            OSError: the store cannot be written.
         """
         name = pending.name
         pending.stream.flush()
@@ -652,6 +850,10 @@ class LocalSnapshotStore:
         lock_fd = self.root.open_fd(f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            prev_raw, prev = self._current(name)
+            gen = 1 + max(prev.generation if prev is not None else 0, self._archived_generation(name))
+            info = info.model_copy(update={"generation": gen,
+                                           "archive": f"{name}.g{gen}.{secrets.token_hex(8)}.tar"})
             if pending.partial is None:
                 dfd = self.root.open_dir_fd(".")
                 try:
@@ -662,15 +864,78 @@ class LocalSnapshotStore:
                 self.root.rename(pending.partial, info.archive, no_replace=True)
                 pending.partial = None
             self._fsync_dir()
-            self.root.atomic_write(f"{name}.json", info.model_dump_json(indent=1).encode(), mode=0o600)
+            prev_gen = prev.generation if prev is not None else 0
+            if not self._verify_committed(info):
+                with contextlib.suppress(OSError):
+                    self.root.remove(info.archive)
+                raise SnapshotVerifyError("the new snapshot archive did not read back with its CRC-32; it was "
+                                          "withdrawn and the previous generation stays current", sandbox_path=None,
+                                          context={"snapshot": name, "generation": prev_gen,
+                                                   "failed_generation": gen})
+            self.root.atomic_write(f"{name}.json", _info_to_json(info), mode=0o600)
             self._fsync_dir()
+            try:
+                ok = self.info(name) == info
+            except SnapshotCorruptError:
+                ok = False
+            if not ok:
+                if prev_raw is not None:
+                    self.root.atomic_write(f"{name}.json", prev_raw, mode=0o600)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.root.remove(f"{name}.json")
+                self._fsync_dir()
+                with contextlib.suppress(OSError):
+                    self.root.remove(info.archive)
+                raise SnapshotVerifyError("the new snapshot metadata did not read back; the store fell back to the "
+                                          "previous generation", sandbox_path=None,
+                                          context={"snapshot": name, "generation": prev_gen,
+                                                   "failed_generation": gen})
             for fname in self.root.listdir("."):
                 if fname.startswith(f"{name}.") and fname.endswith(".tar") and fname != info.archive:
                     with contextlib.suppress(FileNotFoundError):
                         self.root.remove(fname)
+            return info
         finally:
             os.close(lock_fd)
             self.abort(pending)
+
+    def _current(self, name: str) -> tuple[bytes | None, SnapshotInfo | None]:
+        """The current metadata of ``name`` as stored and parsed (``(None, None)``: none, or unreadable)."""
+        try:
+            raw = self.root.read_bytes(f"{name}.json", max_bytes=_MAX_META_BYTES)
+        except FileNotFoundError:
+            return None, None
+        try:
+            return raw, self.info(name)
+        except SnapshotCorruptError:
+            return None, None
+
+    def _archived_generation(self, name: str) -> int:
+        """The highest generation among the archives of ``name`` on disk (0: none)."""
+        best = 0
+        for fname in self.root.listdir("."):
+            m = _GEN_ARCHIVE.fullmatch(fname)
+            if m is not None and m.group(1) == name:
+                best = max(best, int(m.group(2)))
+        return best
+
+    def _verify_committed(self, info: SnapshotInfo) -> bool:
+        """Read the archive just linked back by its name: a regular file of the recorded size and CRC-32."""
+        try:
+            fd = self.root.open_fd(info.archive, os.O_RDONLY | os.O_NONBLOCK, follow_symlinks=False)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode) or st.st_size != info.archive_bytes:
+                return False
+            _check_crc(_archive_crc(fd, info.archive_bytes), info)
+            return True
+        except (OSError, SnapshotCorruptError):
+            return False
+        finally:
+            os.close(fd)
 
     def remove(self, name: str) -> None:
         """Delete snapshot ``name`` (metadata first, then its archives).  Missing is fine."""
@@ -945,6 +1210,8 @@ def _walk(ws: Root, src: Root, excluded: frozenset[str], skipped: list[tuple[str
                     if name.startswith(_IN_FLIGHT_PREFIXES):
                         skipped.append((p, "in-flight staging" if isdir else "in-flight atomic write"))
                         continue
+                    if not dpath and name == WORKSPACE_ID_NAME:
+                        continue  # the session's binding to this workspace, not workspace content
                     if not isdir:
                         nondirs.append(_Item(p, kind_of(st.st_mode), st, name))
                         continue
@@ -1006,9 +1273,7 @@ def _header(ti: tarfile.TarInfo) -> bytes:
     field-by-field PAX checks (about a sixth of the header's cost).  The
     bytes are the same (tests compare both).
     """
-    name, link = ti.name, ti.linkname
-    if len(name) <= 100 and len(link) <= 100 and name.isascii() and link.isascii() \
-            and 0 <= ti.size < _USTAR_MAX_NUMBER and 0 <= ti.mtime < _USTAR_MAX_NUMBER:
+    if _ustar_fits(ti.name, ti.linkname, ti.size, ti.mtime):
         return ti.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
     return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
@@ -1168,12 +1433,12 @@ class _TarWriter:
         self.view[self.pos:self.pos + n] = data
         self.pos += n
 
-    def add(self, ti: tarfile.TarInfo) -> None:
-        """Append a member header without data (directory, symlink, hard link)."""
+    def add(self, ti: tarfile.TarInfo, hdr: bytes | None = None) -> None:
+        """Append a member header without data (directory, symlink, hard link); ``hdr``: its bytes, if built."""
         if self._writer is not None:
-            self._put(_header(ti))
+            self._put(hdr if hdr is not None else _header(ti))
 
-    def add_file(self, ti: tarfile.TarInfo, fd: int, path: str) -> str:
+    def add_file(self, ti: tarfile.TarInfo, fd: int, path: str, hdr: bytes | None = None) -> str:
         """Append a regular file's header and exactly ``ti.size`` bytes read from ``fd``, then padding.
 
         Args:
@@ -1191,7 +1456,7 @@ class _TarWriter:
             OSError: reading ``fd`` or writing the sink failed.
         """
         size = ti.size
-        self.add(ti)
+        self.add(ti, hdr)
         sha = hashlib.sha256()
         threaded = self._writer is not None
         left = size
@@ -1300,8 +1565,8 @@ def _is_link(ws: Root, path: bytes) -> bool | None:
     """True/False for a symlink / something else at ``path``; None when missing or unreachable."""
     try:
         return _stat.S_ISLNK(ws.lstat(path or b".").st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    except (FileNotFoundError, NotADirectoryError, InvalidPathError):
+        return None  # (InvalidPathError: a name no file can have, such as a component over 255 bytes)
     except SandboxError:
         return True  # reaching it needs a symlink the kernel refused: treat as a link
 
@@ -1471,12 +1736,12 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
     outside the workspace (or to an excluded path) and its content is
     never read: refused, or skipped and reported.
     """
-    alimits = _archive_limits(limits)
+    policy = SnapshotPolicy(limits)
     writes = tar is not None
     files = tar if tar is not None else _TarWriter(None)
     with _source_view(ws) as src:
-        state = _WalkState(src, limits, digest, files, writes, fixups)
-        return _walk_entries(ws, src, state, excluded, mounts, on_unrestorable, skipped, alimits,
+        state = _WalkState(src, policy, digest, files, writes, fixups, on_unrestorable, skipped)
+        return _walk_entries(ws, src, state, excluded, mounts, on_unrestorable, skipped, policy.archive,
                              progress, skip_ids)
 
 
@@ -1493,13 +1758,16 @@ def _walk_entries(ws: Root, src: Root, state: "_WalkState", excluded: frozenset[
         ok, _target, st = _policy_check(ws, src, item, on_unrestorable, skipped, alimits, dfd)
         if ok:
             assert st is not None  # checked by its path beneath the Root: mode and mtime are the workspace's
+            mode = SnapshotPolicy.mode(st.st_mode)
+            admitted, ti, hdr = state.header(item.path, tarfile.DIRTYPE, mode, st.st_mtime)
+            if not admitted:
+                return False
             state.count(item)
-            mode = _stat.S_IMODE(st.st_mode) & 0o777
             digest.add(item.path, "dir", 0, mode, "")
             if fixups is not None and mode != _x_dir_mode(mode):
                 fixups.append((item.path, mode))
             if writes:
-                files.add(_tarinfo(item.path, tarfile.DIRTYPE, mode, st.st_mtime))
+                files.add(ti, hdr)
             return True
         return False
 
@@ -1513,12 +1781,13 @@ def _walk_entries(ws: Root, src: Root, state: "_WalkState", excluded: frozenset[
                 if item.kind == "symlink":
                     assert target is not None and checked is not None
                     st = checked  # the symlink opened by its path and identity-checked
+                    admitted, ti, hdr = state.header(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime, link=target)
+                    if not admitted:
+                        continue
                     state.count(item)
                     digest.add(item.path, "symlink", 0, 0o777, target)
                     if writes:
-                        ti = _tarinfo(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime)
-                        ti.linkname = target
-                        files.add(ti)
+                        files.add(ti, hdr)
                 elif st.st_nlink > 1:
                     state.count(item)
                     key = (st.st_dev, st.st_ino)
@@ -1536,7 +1805,8 @@ def _walk_entries(ws: Root, src: Root, state: "_WalkState", excluded: frozenset[
                         state.entries -= 1
                         continue
                     try:
-                        state.add_file(item, fd, [])
+                        if state.add_file(item, fd, []) is None:
+                            state.entries -= 1  # its header is refused by the policy and skipped
                     finally:
                         os.close(fd)
                 if progress is not None:
@@ -1563,10 +1833,15 @@ class _Linked:
 class _WalkState:
     """Counters and sinks shared by the streaming walk and the deferred hard-linked files."""
 
-    def __init__(self, src: Root, limits: SnapshotLimits, digest: _Digest, files: _TarWriter, write: bool,
-                 fixups: list[tuple[str, int]] | None) -> None:
+    def __init__(self, src: Root, policy: SnapshotPolicy, digest: _Digest, files: _TarWriter, write: bool,
+                 fixups: list[tuple[str, int]] | None, on_unrestorable: str = "refuse",
+                 skipped: list[tuple[str, str]] | None = None) -> None:
         self.src = src  # the source view: every entry is opened by its path beneath the workspace Root
-        self.limits = limits
+        self.policy = policy
+        self.limits = policy.limits
+        self.headers = policy.header_check()
+        self.on_unrestorable = on_unrestorable
+        self.skipped = skipped if skipped is not None else []
         self.digest = digest
         self.files = files
         self.write = write
@@ -1574,19 +1849,59 @@ class _WalkState:
         self.entries = 0
         self.content = 0
 
+    def header(self, path: str, kind: bytes, mode: int, mtime: float, size: int = 0,
+               link: str = "") -> tuple[bool, tarfile.TarInfo | None, bytes | None]:
+        """``(admitted, TarInfo, header bytes)`` of one member, its header chain checked by the policy.
+
+        The policy's :meth:`SnapshotPolicy.header_check` judges the exact
+        bytes that will be written (and, for :func:`tree_digest`, the bytes
+        persist would write, so both make the same decisions).  A member
+        whose header fits ustar has no extension header and nothing to check;
+        without a sink it is not even built (``(True, None, None)``).  A
+        refused one is skipped and reported (``(False, None, None)``) with
+        ``on_unrestorable="skip"``.
+
+        Raises:
+            UnrestorableEntryError: the header is refused and ``on_unrestorable="refuse"``.
+        """
+        name = path + "/" if kind == tarfile.DIRTYPE else path
+        fits = _ustar_fits(name, link, size, int(mtime))
+        if fits and not self.write:
+            return True, None, None
+        ti = _tarinfo(path, kind, mode, mtime)
+        ti.size = size
+        ti.linkname = link
+        hdr = _header(ti)
+        if not fits:
+            why, cost = self.headers.check(hdr, path)
+            if why is not None:
+                if self.on_unrestorable == "skip":
+                    self.skipped.append((path, why))
+                    return False, None, None
+                raise UnrestorableEntryError(f"{why}; hydrate would refuse it, so persist refuses it too",
+                                             sandbox_path=path, context={"kind": _KIND_NAMES.get(kind, "file")})
+            self.headers.admit(cost)
+        return True, ti, hdr
+
     def count(self, item: _Item) -> None:
         self.entries += 1
         if self.entries > self.limits.max_entries:
             raise SnapshotLimitError("workspace has more entries than max_entries", sandbox_path=item.path,
                                      context={"max_entries": self.limits.max_entries})
 
-    def add_file(self, item: _Item, fd: int, links: list[_Item]) -> os.stat_result:
+    def add_file(self, item: _Item, fd: int, links: list[_Item]) -> os.stat_result | None:
         """Archive the file open on ``fd`` as ``item``, then ``links`` as hard links to it.
 
         Each name in ``links`` is looked up by its path beneath the workspace
         Root and checked to be this very inode before it is recorded.
 
+        Returns:
+            Its ``fstat``, or None when the policy refused its header and it
+            was skipped (``links`` then too; the caller uncounts them).
+
         Raises:
+            UnrestorableEntryError: the policy refuses its header (or a link's)
+                and ``on_unrestorable="refuse"``.
             SnapshotSourceChangedError: the file or one of its links changed (retryable).
             SnapshotLimitError: a size limit is exceeded.
             OSError: reading the file or writing the sink failed.
@@ -1597,7 +1912,11 @@ class _WalkState:
             if _lstat_listed(self.src, other) is None:
                 raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
                                                  "persisted", sandbox_path=other.path)
-        mode = _stat.S_IMODE(st.st_mode) & 0o777
+        mode = SnapshotPolicy.mode(st.st_mode)
+        admitted, ti, hdr = self.header(item.path, tarfile.REGTYPE, mode, st.st_mtime, size=st.st_size)
+        if not admitted:
+            self.skipped.extend((other.path, "a hard link of a skipped file") for other in links)
+            return None
         if st.st_size > limits.max_file_bytes:
             raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
                                      context={"max_file_bytes": limits.max_file_bytes})
@@ -1607,16 +1926,19 @@ class _WalkState:
                                      context={"max_total_bytes": limits.max_total_bytes})
         if self.fixups is not None and mode != _x_file_mode(mode):
             self.fixups.append((item.path, mode))
-        ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
-        ti.size = st.st_size
-        sha_hex = self.files.add_file(ti, fd, item.path)
+        if ti is None:  # no sink: the digest needs no header
+            ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
+            ti.size = st.st_size
+        sha_hex = self.files.add_file(ti, fd, item.path, hdr)
         self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
         for other in links:
+            admitted, lti, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
+            if not admitted:
+                self.entries -= 1
+                continue
             self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
             if self.write:
-                ti = _tarinfo(other.path, tarfile.LNKTYPE, mode, st.st_mtime)
-                ti.linkname = item.path
-                self.files.add(ti)
+                self.files.add(lti, lhdr)
         return st
 
 
@@ -1645,7 +1967,8 @@ def _add_linked(src: Root, state: _WalkState, linked: _Linked, on_unrestorable: 
             if st.st_nlink != linked.nlink:
                 raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
                                                  "persisted", sandbox_path=first.path)
-            state.add_file(first, fd, items[i + 1:])
+            if state.add_file(first, fd, items[i + 1:]) is None:
+                state.entries -= len(items) - i  # refused by the policy and skipped, with all its names
         finally:
             os.close(fd)
         return
@@ -1664,6 +1987,9 @@ def _member_stat(fd: int, item: _Item) -> os.stat_result:
         raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
                                          sandbox_path=item.path)
     return st
+
+
+_KIND_NAMES = {tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "file", tarfile.REGTYPE: "file"}
 
 
 def _tarinfo(path: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
@@ -1738,6 +2064,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             tar.close()
         finally:
             tar.stop()  # the writer thread is joined before the archive's fd can be closed
+        SnapshotPolicy(limits).check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
         tree = digest.hexdigest()
         info = SnapshotInfo(
             name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,
@@ -1745,8 +2072,8 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(excl), mode_fixups=fixups,
             entries=entries,
             content_bytes=content, created_ns=time.time_ns())
-        store.commit(pending, info)
-        return PersistReport(info, skipped)
+        committed = store.commit(pending, info)
+        return PersistReport(committed if isinstance(committed, SnapshotInfo) else info, skipped)
     except BaseException:
         store.abort(pending)
         raise
@@ -1867,7 +2194,7 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
     # change only what is moved in, never where anything goes.
     staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
     made: list[tuple[int, int]] = []  # the identity of the directory the extractor made at ``staging``
-    exact = {p.encode("utf-8", "surrogateescape"): m & 0o777 for p, m in info.mode_fixups}
+    exact = {p.encode("utf-8", "surrogateescape"): SnapshotPolicy.mode(m) for p, m in info.mode_fixups}
     try:
         try:
             _extract_with_archive(ws, staging, f, limits, info.archive_bytes, made, exact)
@@ -1991,22 +2318,9 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
         ws.set_dir_meta(dst, mode=final_mode)
 
 
-def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> Any:
-    """The extractor's limits for a snapshot: the same bounds persist applied.
-
-    Depth and path length are as wide as hydrate can stage: a path is at
-    most :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX` bytes (PATH_MAX
-    less the staging directory's name, through which every restored path is
-    reached), so whatever persist accepted, hydrate accepts.  An uncompressed tar never
-    expands, so the expansion-ratio bound is left at its default.  With
-    ``archive_bytes`` (the validated archive size, in bytes), the input is
-    bounded by it too, not only by ``max_archive_bytes``.
-    """
-    max_input = limits.max_archive_bytes if archive_bytes is None else max(1, min(limits.max_archive_bytes,
-                                                                                   archive_bytes))
-    return ArchiveLimits(max_members=limits.max_entries, max_member_bytes=limits.max_file_bytes,
-                         max_total_bytes=limits.max_total_bytes, max_input_bytes=max_input,
-                         max_depth=MAX_PATH_BYTES // 2, max_path_bytes=STAGED_PATH_MAX)
+def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> ArchiveLimits:
+    """The extractor's limits for a snapshot (:meth:`SnapshotPolicy.archive_limits`)."""
+    return SnapshotPolicy(limits).archive_limits(archive_bytes)
 
 
 def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits,
@@ -2016,10 +2330,10 @@ def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLim
     # Its input is bounded by the validated archive size, not by the file's current end
     # (a store file grown after the size check): reading more is a limit error, reported
     # by hydrate as a corrupt archive once the CRC-32 check (also bounded) disagrees.
-    policy = ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
-                           preserve_owner=False, apply_mtime=True)
+    rules = SnapshotPolicy(limits)
     try:
-        _archive_extract(ws, dest, f, "tar", _archive_limits(limits, archive_bytes), policy, None, made, exact)
+        _archive_extract(ws, dest, f, "tar", rules.archive_limits(archive_bytes), rules.extract_policy(), None,
+                         made, exact)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None

@@ -57,7 +57,7 @@ from ._models import ArchiveLimits
 from ._streams import PARSE_ERRORS, Meter, StreamCounter
 from ._writer import Extractor
 
-__all__ = ["extract_tar"]
+__all__ = ["extract_tar", "check_pax_body", "PaxBudget"]
 
 _EXT_TYPES = frozenset({tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
                         tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE})
@@ -119,8 +119,45 @@ def check_pax_body(buf: bytes, size: int, member: str | bytes | None) -> int:
     return cost
 
 
+class PaxBudget:
+    """The CVE-2024-6232 digit-run budget of one archive, per PAX header and in total.
+
+    One accounting shared by the extractor (every PAX body it reads) and by
+    snapshot persist (every PAX header it writes, so that what persist
+    commits, hydrate reads).  The bounds are read at each call from
+    :data:`PAX_DIGIT_COST_HEADER` and :data:`PAX_DIGIT_COST_ARCHIVE`.
+
+    Attributes:
+        spent: the digit cost admitted so far (sum of squared run lengths).
+    """
+
+    def __init__(self) -> None:
+        self.spent = 0
+
+    def refusal(self, cost: int) -> str | None:
+        """Why a header of digit cost ``cost`` would be refused now (None: it fits the budget)."""
+        if cost > PAX_DIGIT_COST_HEADER:
+            return "a PAX header's digit runs are too long to parse in bounded time (CVE-2024-6232)"
+        if self.spent + cost > PAX_DIGIT_COST_ARCHIVE:
+            return "the archive's PAX headers hold too many long digit runs in all (CVE-2024-6232)"
+        return None
+
+    def charge(self, buf: bytes, size: int, member: str | bytes | None) -> None:
+        """Validate one PAX body (:func:`check_pax_body`) and admit its cost.
+
+        Raises:
+            ArchiveFormatError: a malformed body, or its cost breaks the per-header or archive budget.
+        """
+        cost = check_pax_body(buf, size, member)
+        why = self.refusal(cost)
+        if why is not None:
+            raise ArchiveFormatError("PAX header refused: " + why, member=member)
+        self.spent += cost
+
+
 def _guarded_tarinfo(limits: ArchiveLimits, counter: StreamCounter, meter: Meter) -> type[tarfile.TarInfo]:
-    state = {"global_bytes": 0, "digit_cost": 0}
+    state = {"global_bytes": 0}
+    budget = PaxBudget()
 
     class GuardedTarInfo(tarfile.TarInfo):
         """TarInfo that bounds extension headers before tarfile reads them."""
@@ -148,12 +185,7 @@ def _guarded_tarinfo(limits: ArchiveLimits, counter: StreamCounter, meter: Meter
             # Validate the body before tarfile's parser (and its quadratic regex on
             # CPython < 3.11.10, CVE-2024-6232) sees it: peek() keeps the bytes for
             # the read tarfile makes next, so the stream is still read once.
-            buf = counter.peek(self._block(self.size))
-            cost = check_pax_body(buf, self.size, meter.member)
-            state["digit_cost"] += cost
-            if cost > PAX_DIGIT_COST_HEADER or state["digit_cost"] > PAX_DIGIT_COST_ARCHIVE:
-                raise ArchiveFormatError("PAX header refused: digit runs too long to parse in bounded time "
-                                         "(CVE-2024-6232)", member=meter.member)
+            budget.charge(counter.peek(self._block(self.size)), self.size, meter.member)
             return super()._proc_pax(tf)
 
         @classmethod
