@@ -17,6 +17,21 @@ The reference implementation stored the host root, the ownership flag and
 the grants in the state, so an edited payload could add a grant, point the
 root elsewhere, or make ``delete`` remove another directory.  None of those
 fields exist here.
+
+A valid MAC says the state was written by this installation, not that it
+belongs with the workspace it is resumed onto, so the state (version 2) is
+*bound* to what it may act on, in MAC'd fields: the session's
+``workspace_id``, also kept in the workspace (``.sfs-workspace-id``), and the
+``generation`` of the snapshot it last persisted or restored.  A resume onto a
+workspace holding another id is refused (:class:`~sandbox_fs.session.WorkspaceMismatchError`);
+a resume where no workspace exists rebuilds it from the snapshot, on this
+machine or another; a resume whose store holds another generation of the
+snapshot than the state recorded (a stale or replayed state, or a store rolled
+back) is refused (:class:`~sandbox_fs.session.SnapshotGenerationError`)
+unless the caller passes ``allow_rollback=True``.  Both refusals happen before
+anything in the workspace changes.  Version-1 states (before the binding)
+still load and resume, bound to nothing, onto a workspace that holds no id;
+the next serialization writes version 2.
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Literal
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SandboxError
 from .paths import Grant
@@ -51,8 +66,10 @@ __all__ = [
     "STATE_VERSION",
 ]
 
-STATE_VERSION = 1
-_MAC_DOMAIN = b"sandbox-fs/session-state/v1\0"
+STATE_VERSION = 2
+_MAC_DOMAIN = b"sandbox-fs/session-state/v1\0"  # version 1 states (read only)
+_MAC_DOMAIN_V2 = b"sandbox-fs/session-state/v2\0"
+_READ_VERSIONS = (1, 2)
 
 
 class SessionStateError(SessionError, ValueError):
@@ -77,22 +94,30 @@ class SessionState(BaseModel):
     """What is needed to reconnect to a session, and nothing that grants anything.
 
     Attributes:
-        version: format version (1).
+        version: format version: 2 (written), or 1 (read: before the binding).
         session_id: plain token; the workspace is ``<workspaces_dir>/<id>``.
         manifest: the manifest's JSON data (re-loaded untrusted on resume), or None.
         snapshot: name of the snapshot to restore from, or None.
         workspace_root_ready: the workspace was filled at least once.
         fingerprint: fingerprint of the last persisted snapshot, or None.
+        workspace_id: (version 2) 32 hex digits, also kept in the workspace;
+            a resume onto a workspace holding another id is refused.
+        generation: (version 2) generation of ``snapshot`` (or of the
+            session's own snapshot) last persisted, restored or matched; None
+            when there was none.  A resume whose store holds another
+            generation is refused unless ``allow_rollback``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: Literal[1] = STATE_VERSION
+    version: Literal[1, 2] = STATE_VERSION
     session_id: str
     manifest: dict[str, Any] | None = None
     snapshot: str | None = None
     workspace_root_ready: bool = False
     fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    workspace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    generation: int | None = Field(default=None, ge=0, le=1 << 62)
 
     @field_validator("session_id", "snapshot")
     @classmethod
@@ -100,6 +125,14 @@ class SessionState(BaseModel):
         if v is not None:
             validate_name(v, "session id / snapshot name")
         return v
+
+    @model_validator(mode="after")
+    def _binding(self) -> "SessionState":
+        if self.version == 1 and (self.workspace_id is not None or self.generation is not None):
+            raise ValueError("a version 1 state carries no workspace_id or generation")
+        if self.version >= 2 and self.workspace_id is None:
+            raise ValueError("a version 2 state must carry its workspace_id")
+        return self
 
 
 class RunState(BaseModel):
@@ -169,6 +202,12 @@ class ClientOptions:
 
 def _canonical(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _mac(key: bytes, payload: dict[str, Any]) -> str:
+    """HMAC-SHA256 (RFC 2104) of the canonical payload, under the domain of its version."""
+    domain = _MAC_DOMAIN if payload.get("version") == 1 else _MAC_DOMAIN_V2
+    return hmac.new(key, domain + _canonical(payload), hashlib.sha256).hexdigest()
 
 
 def _default_loader(data: Any, trust: str) -> Any:
@@ -322,12 +361,14 @@ class LocalSandboxClient:
                        require_snapshot=snapshot is not None)
 
     def resume(self, state: "SessionState | dict[str, Any]", *, root: str | os.PathLike | None = None,
-               manifest: Any = None) -> Session:
+               manifest: Any = None, allow_rollback: bool = False) -> Session:
         """A session that reconnects to serialized ``state`` (start it to reattach or rebuild).
 
-        Only the id, manifest data, snapshot reference and fingerprint are
-        taken from the state; location, ownership and grants come from the
-        options (and ``root`` for a caller-owned workspace).
+        Only the id, manifest data, snapshot reference, fingerprint, workspace
+        id and generation are taken from the state; location, ownership and
+        grants come from the options (and ``root`` for a caller-owned
+        workspace).  The binding is checked when the session starts, before
+        anything in the workspace changes (see the module docstring).
 
         Args:
             state: a :class:`SessionState` or its serialized dict.
@@ -335,17 +376,24 @@ class LocalSandboxClient:
                 private ``<workspaces_dir>/<id>``.
             manifest: a trusted manifest that replaces the state's copy;
                 otherwise the state's manifest data is loaded as untrusted.
+            allow_rollback: resume even when the store's snapshot is at
+                another generation than the state recorded (the store's
+                current generation is then used, and recorded).
 
         Raises:
             SessionStateError, SessionStateVersionError, SessionStateTamperedError:
                 see :meth:`deserialize_state`.
+            WorkspaceMismatchError, SnapshotGenerationError: raised by
+                :meth:`Session.start` (see there).
         """
         st = state if isinstance(state, SessionState) else self.deserialize_state(state)
         if manifest is None and st.manifest is not None:
             loader = self.options.manifest_loader or _default_loader
             manifest = loader(st.manifest, "untrusted")
         return Session(self._config(st.session_id, root), manifest=manifest,
-                       restore_from=st.snapshot or st.session_id, fingerprint=st.fingerprint, resumed=True)
+                       restore_from=st.snapshot or st.session_id, fingerprint=st.fingerprint, resumed=True,
+                       workspace_id=st.workspace_id, generation=st.generation, bound=st.version >= 2,
+                       allow_rollback=allow_rollback)
 
     async def delete(self, session: Session, *, snapshot: bool = False) -> bool:
         """Close the session (if open) and remove what the client owns.
@@ -390,18 +438,19 @@ class LocalSandboxClient:
         """A JSON-ready dict of the session's :class:`SessionState` (+ ``mac`` with a state key)."""
         st = SessionState(session_id=session.id, manifest=_manifest_data(session.manifest),
                           snapshot=session.snapshot_name if self.store.enabled and session.fingerprint else None,
-                          workspace_root_ready=session.workspace_root_ready, fingerprint=session.fingerprint)
+                          workspace_root_ready=session.workspace_root_ready, fingerprint=session.fingerprint,
+                          workspace_id=session.workspace_id,
+                          generation=session.generation if self.store.enabled else None)
         payload = st.model_dump(mode="json")
         if self._state_key is not None:
-            payload["mac"] = hmac.new(self._state_key, _MAC_DOMAIN + _canonical(payload),
-                                      hashlib.sha256).hexdigest()
+            payload["mac"] = _mac(self._state_key, payload)
         return payload
 
     def deserialize_state(self, data: dict[str, Any]) -> SessionState:
         """Validate serialized state.
 
         Raises:
-            SessionStateVersionError: ``version`` is missing or not 1.
+            SessionStateVersionError: ``version`` is missing or not 1 or 2.
             SessionStateTamperedError: the ``mac`` is missing or wrong (checked
                 before anything else is trusted).  State is always authenticated:
                 with ``ClientOptions.state_key``, else the installation key.
@@ -411,14 +460,14 @@ class LocalSandboxClient:
         if not isinstance(data, dict):
             raise SessionStateError("session state must be a JSON object", sandbox_path=None)
         version = data.get("version")
-        if version != STATE_VERSION or isinstance(version, bool):
+        if version not in _READ_VERSIONS or isinstance(version, bool):
             raise SessionStateVersionError(
-                f"session state version {version!r} is not supported (this sandbox-fs reads {STATE_VERSION})",
+                f"session state version {version!r} is not supported (this sandbox-fs reads 1 and {STATE_VERSION})",
                 sandbox_path=None)
         payload = dict(data)
         mac = payload.pop("mac", None)
         if self._state_key is not None:
-            want = hmac.new(self._state_key, _MAC_DOMAIN + _canonical(payload), hashlib.sha256).hexdigest()
+            want = _mac(self._state_key, payload)
             if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
                 raise SessionStateTamperedError("session state HMAC is missing or does not match", sandbox_path=None)
         try:
@@ -439,7 +488,8 @@ class LocalSandboxClient:
 async def open_session(client: LocalSandboxClient, *, session: Session | None = None,
                        run_state: RunState | None = None, session_state: "SessionState | dict[str, Any] | None" = None,
                        manifest: Any = None, snapshot: str | None = None, key: str | None = None,
-                       display_name: str | None = None, keep_workspace: bool = False) -> AsyncIterator[Session]:
+                       display_name: str | None = None, keep_workspace: bool = False,
+                       allow_rollback: bool = False) -> AsyncIterator[Session]:
     """Resolve the session for a run and manage it for the ``async with`` block.
 
     Order: (1) an injected live ``session`` (caller-owned: started if needed,
@@ -462,10 +512,13 @@ async def open_session(client: LocalSandboxClient, *, session: Session | None = 
             default the run state's current key, else a new unique key.
         display_name: shown name; several keys may share one.
         keep_workspace: keep a runner-owned workspace after close.
+        allow_rollback: passed to :meth:`LocalSandboxClient.resume` for (2) and (3).
 
     Raises:
         SessionBusyError: the session is already bound to another run.
         SessionStateError: the stored state is invalid.
+        WorkspaceMismatchError, SnapshotGenerationError: the stored state is not bound to this
+            workspace or snapshot generation (see :meth:`LocalSandboxClient.resume`).
         Exception: from start or close (see :meth:`Session.aclose`).
 
     Cancellation:
@@ -480,9 +533,9 @@ async def open_session(client: LocalSandboxClient, *, session: Session | None = 
     if session is None:
         stored = run_state.sessions.get(key) if run_state is not None else None
         if stored is not None:
-            session = client.resume(stored)
+            session = client.resume(stored, allow_rollback=allow_rollback)
         elif session_state is not None:
-            session = client.resume(session_state)
+            session = client.resume(session_state, allow_rollback=allow_rollback)
         else:
             session = client.create(manifest=manifest, snapshot=snapshot)
 

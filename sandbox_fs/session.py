@@ -21,7 +21,27 @@ Lifecycle:
 * :meth:`Session.aclose` (``__aexit__``): pre-stop hooks exactly once, stop,
   shutdown, close dependencies.  Shutdown always runs, even when persistence
   fails.  Idempotent.  **Error rule:** one failing step re-raises that error;
-  several raise an ``ExceptionGroup`` of them in step order.
+  several raise an ``ExceptionGroup`` of them in step order.  A pre-stop hook
+  that fails or is cancelled disables persistence for good: that ``aclose``
+  skips the persist (shutdown and closing still run, a cancel propagates) and
+  every later :meth:`Session.stop` raises :class:`PersistDisabledError`.
+
+Binding (see :mod:`sandbox_fs.client`): every session has a *workspace id*
+(128 random bits, hex), written at the workspace's top as
+``.sfs-workspace-id`` (never persisted, never fingerprinted) and recorded in
+its serialized state, and the *generation* of the snapshot it last
+persisted, restored or matched.  A resumed session refuses, before anything
+in the workspace changes, a workspace holding another id
+(:class:`WorkspaceMismatchError`) and a snapshot at another generation than
+its state recorded (:class:`SnapshotGenerationError`, unless
+``allow_rollback``).  A workspace holding no id (none yet, or a confined
+command removed it) is bound to nothing: it is reattached or rebuilt as
+before, then given the session's id.  The confined command can write the
+workspace, so it can remove or rewrite its own id file; it cannot make the
+workspace claim *another* session's id without knowing it, and ids are
+random and kept out of the workspace of every other session (state files
+must not be readable by confined commands).  Removing or corrupting the id
+only makes its own workspace be refused or rebuilt.
 
 Blocking filesystem work runs in worker threads, one hop per whole
 operation (a start, a persist, one file operation), never one per file.
@@ -32,6 +52,9 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
+import secrets
+import stat as _stat
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Literal
 
@@ -51,7 +74,14 @@ __all__ = [
     "MountOverlapError",
     "CrossRootError",
     "FeatureUnavailableError",
+    "WorkspaceMismatchError",
+    "SnapshotGenerationError",
+    "PersistDisabledError",
+    "WORKSPACE_ID_NAME",
 ]
+
+WORKSPACE_ID_NAME = _snap.WORKSPACE_ID_NAME
+_WORKSPACE_ID = re.compile(r"[0-9a-f]{32}")
 
 DEFAULT_MAX_READ_BYTES = 64 << 20
 
@@ -91,6 +121,28 @@ class FeatureUnavailableError(SessionError):
     """A session feature needs a module that is not installed (archive, manifest, exec)."""
 
     code = "feature_unavailable"
+
+
+class WorkspaceMismatchError(SessionError):
+    """The workspace a resume would act on holds another session's id (or an unreadable one); nothing changed."""
+
+    code = "workspace_mismatch"
+
+
+class SnapshotGenerationError(SessionError):
+    """The store's snapshot is at another generation than the resumed state recorded; nothing changed.
+
+    ``context``: ``snapshot``, ``state_generation`` and ``store_generation``.
+    Pass ``allow_rollback=True`` to resume anyway.
+    """
+
+    code = "snapshot_generation_mismatch"
+
+
+class PersistDisabledError(SessionError):
+    """Persistence is disabled because a pre-stop hook failed or was cancelled (see :meth:`Session.aclose`)."""
+
+    code = "persist_disabled"
 
 
 @dataclass
@@ -165,13 +217,17 @@ class Session:
         fingerprint: fingerprint of the last snapshot persisted or matched.
         snapshot_name: name of the snapshot to restore from / last persisted.
         workspace_root_ready: the workspace directory exists and was filled.
+        workspace_id: 32 hex digits binding the session's state to its workspace.
+        generation: generation of the snapshot last persisted, restored or
+            matched (None: none yet; 0: a snapshot from before generations).
 
     Thread-safety: use one Session from one trio run.
     """
 
     def __init__(self, config: SessionConfig, *, manifest: Any = None, restore_from: str | None = None,
                  require_snapshot: bool = False, fingerprint: str | None = None,
-                 resumed: bool = False) -> None:
+                 resumed: bool = False, workspace_id: str | None = None, generation: int | None = None,
+                 bound: bool = False, allow_rollback: bool = False) -> None:
         self.config = config
         self.id = config.session_id
         self.manifest = manifest
@@ -179,6 +235,12 @@ class Session:
         self._require_snapshot = require_snapshot
         self.fingerprint = fingerprint
         self._resumed = resumed
+        # A fresh session gets a new id; a resumed one its state's (version 1 states have none: a new one).
+        self.workspace_id = workspace_id or secrets.token_hex(16)
+        self.generation = generation
+        self._bound = bound  # the state recorded a workspace id and a generation (version 2)
+        self._allow_rollback = allow_rollback
+        self._persist_disabled: str | None = None
         self.workspace_root_ready = False
         self.start_mode: str | None = None
         self._root: Root | None = None
@@ -197,6 +259,7 @@ class Session:
         self._pty_manager: Any = None
         self._bound_run: str | None = None
         self.last_persist: _snap.PersistReport | None = None
+        self.close_errors: list[Exception] = []  # the errors of the last aclose's steps
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {'owned' if self.config.owned else 'caller-owned'} mode={self.start_mode}>"
@@ -286,6 +349,11 @@ class Session:
         Raises:
             SnapshotNotFoundError: a seed snapshot was named and does not exist.
             SnapshotCorruptError: the snapshot to restore fails verification.
+            WorkspaceMismatchError: resumed onto a workspace holding another
+                session's id, or an id file that is not one (nothing changed).
+            SnapshotGenerationError: resumed from a state that recorded
+                another snapshot generation than the store's current one, without
+                ``allow_rollback`` (nothing changed).
             SessionError: the session was already started or closed.
             SandboxError / OSError: from hydrate or materialize; everything
                 start created (the owned workspace directory, open Roots) is
@@ -334,9 +402,79 @@ class Session:
             self._root = cfg.parent.open_root(self.id)
         else:
             self._root = open_root(cfg.workspace_dir, label="")
+        if self._resumed and not created[0]:
+            self._check_workspace_id()  # before anything in the workspace changes
         self._policy = PathPolicy(self._root, cfg.workspace_path, cfg.grants)
+        mode = self._fill_sync(created)
+        self._root.atomic_write(WORKSPACE_ID_NAME, (self.workspace_id + "\n").encode(), mode=0o644)
+        return mode
+
+    def _check_workspace_id(self) -> None:
+        """Refuse a workspace bound to another session (see the module docstring); a missing id binds nothing.
+
+        The id file is opened beneath the workspace without following a
+        symlink, must be a regular file of at most 64 bytes holding 32 hex
+        digits, and must equal this session's id; a version-1 state (no id
+        recorded) may act only on a workspace that holds none.
+
+        Raises:
+            WorkspaceMismatchError: another id, or an id file that is not one.
+        """
+        assert self._root is not None
+        try:
+            fd = self._root.open_fd(WORKSPACE_ID_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY,
+                                    follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        except (OSError, SandboxError):
+            fd = -1
+        raw = b""
+        if fd >= 0:
+            try:
+                if _stat.S_ISREG(os.fstat(fd).st_mode):
+                    raw = os.read(fd, 65)
+            finally:
+                os.close(fd)
+        held = raw.strip().decode("ascii", "replace")
+        ctx = {"session": self.id}
+        if not _WORKSPACE_ID.fullmatch(held):
+            raise WorkspaceMismatchError("the workspace's id file is not a workspace id; nothing was changed "
+                                         "(remove the workspace to rebuild it from its snapshot)",
+                                         sandbox_path=WORKSPACE_ID_NAME, context=ctx)
+        if not self._bound:
+            raise WorkspaceMismatchError("this session state (version 1) records no workspace id but the workspace "
+                                         "is bound to a session; resume from its newer state. Nothing was changed",
+                                         sandbox_path=WORKSPACE_ID_NAME, context=ctx)
+        if held != self.workspace_id:
+            raise WorkspaceMismatchError("the workspace belongs to another session (its id differs from the "
+                                         "state's); nothing was changed", sandbox_path=WORKSPACE_ID_NAME,
+                                         context=ctx)
+
+    def _check_generation(self, info: _snap.SnapshotInfo) -> None:
+        """Refuse a snapshot at another generation than the resumed state recorded (unless ``allow_rollback``).
+
+        Raises:
+            SnapshotGenerationError: the generations differ.
+        """
+        if not (self._resumed and self._bound) or self._allow_rollback:
+            return
+        want = self.generation or 0
+        if info.generation != want:
+            newer = info.generation > want
+            raise SnapshotGenerationError(
+                ("the store holds a newer snapshot generation than this state recorded (a stale or replayed "
+                 "state)" if newer else "the store holds an older snapshot generation than this state recorded "
+                 "(the store was rolled back)") + "; nothing was changed (allow_rollback resumes anyway)",
+                sandbox_path=None, context={"snapshot": info.name, "state_generation": want,
+                                            "store_generation": info.generation})
+
+    def _fill_sync(self, created: list[bool]) -> str:
+        cfg = self.config
+        assert self._root is not None
         name = self.snapshot_name
         info = cfg.store.info(name) if (name and cfg.store.enabled) else None
+        if info is not None:
+            self._check_generation(info)
         if info is None:
             if self._require_snapshot:
                 raise _snap.SnapshotNotFoundError("the seed snapshot does not exist", sandbox_path=None,
@@ -350,10 +488,12 @@ class Session:
                                      skip_identities=self._grant_ids(), limits=cfg.limits)
             if _snap.fingerprint(info.manifest_digest, live) == info.fingerprint:
                 self.fingerprint = info.fingerprint
+                self.generation = info.generation
                 return "reattached"
-        _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits, mount_points=self._mounts,
-                      keep_identities=self._grant_ids())
-        self.fingerprint = info.fingerprint
+        rep = _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits, mount_points=self._mounts,
+                            keep_identities=self._grant_ids())
+        self.fingerprint = rep.info.fingerprint
+        self.generation = rep.info.generation  # the generation actually restored
         return "restored"
 
     def _undo_start(self, created: bool) -> None:
@@ -378,29 +518,45 @@ class Session:
             session never started.
 
         Raises:
+            PersistDisabledError: a pre-stop hook failed or was cancelled in
+                :meth:`aclose`: persistence is never attempted again for this
+                session (nothing is written; the error says which step failed).
             UnrestorableEntryError, SnapshotLimitError, SnapshotSourceChangedError,
             OSError: from persist; the previous snapshot stays current.
+            SnapshotVerifyError: the new archive did not read back; the store
+                kept (or went back to) the previous generation, which
+                :attr:`generation` then records.
 
         Cancellation:
             A cancel while persisting waits for the worker thread to finish
             the archive (it cannot be abandoned half-written); the previous
             snapshot stays current unless the commit already happened.
         """
+        if self._persist_disabled is not None:
+            await trio.lowlevel.checkpoint()
+            raise PersistDisabledError(f"persistence is disabled for this session: {self._persist_disabled}",
+                                       sandbox_path=None, context={"session": self.id})
         if not self._started or self._root is None:
             await trio.lowlevel.checkpoint()
             return None
         for fn in list(self._transient_cleanups):
             await fn(self)
         cfg = self.config
-        report = await trio.to_thread.run_sync(
-            lambda: _snap.persist(self._root, cfg.store, self.id, manifest_digest=self._manifest_digest(),
-                                  excluded=self._excluded(), mount_points=self._mounts,
-                                  skip_identities=self._grant_ids(), on_unrestorable=cfg.on_unrestorable,
-                                  limits=cfg.limits))
+        try:
+            report = await trio.to_thread.run_sync(
+                lambda: _snap.persist(self._root, cfg.store, self.id, manifest_digest=self._manifest_digest(),
+                                      excluded=self._excluded(), mount_points=self._mounts,
+                                      skip_identities=self._grant_ids(), on_unrestorable=cfg.on_unrestorable,
+                                      limits=cfg.limits))
+        except _snap.SnapshotVerifyError as exc:
+            if self.snapshot_name == self.id:  # the store's current generation of our snapshot, as it stands now
+                self.generation = exc.context.get("generation") or None
+            raise
         self.last_persist = report
         if report.info is not None:
             self.fingerprint = report.info.fingerprint
             self.snapshot_name = report.info.name
+            self.generation = report.info.generation
         return report
 
     async def shutdown(self) -> None:
@@ -447,32 +603,55 @@ class Session:
         Shutdown always runs, even when a hook or persistence fails, and the
         workspace Root and grant Roots are always closed.
 
+        A pre-stop hook that fails (raises, or outlives ``hook_timeout_s``)
+        or is cancelled means the workspace may not be in the state the hook
+        was to leave it in, so **persistence is never attempted** by this
+        ``aclose`` or afterwards: the stop-time persist is skipped (the
+        previous snapshot stays current) and any later :meth:`stop` raises
+        :class:`PersistDisabledError`.  The remaining hooks still run after a
+        failure (not after a cancel); shutdown and the closing of
+        dependencies always run.
+
         Raises:
             Exception: the one failing step's error, or an ``ExceptionGroup``
                 of every failing step's error (step order) when several fail.
+            trio.Cancelled: a pre-stop hook was cancelled; it propagates once
+                shutdown and closing are done (errors of those steps are then
+                kept in :attr:`close_errors`).
 
         Cancellation:
-            The whole close runs shielded (pre-stop hooks are bounded by
-            ``hook_timeout_s``), so a cancel never leaves processes, mounts or
-            fds behind; it is delivered at the next checkpoint after.
+            Pre-stop hooks run unshielded (bounded by ``hook_timeout_s``): a
+            cancel delivered while one runs cancels it, which disables
+            persistence as above.  Everything after them (persist, shutdown,
+            close) runs shielded, so a cancel never leaves processes, mounts or
+            fds behind, and never interrupts a persist; a cancel arriving then
+            is delivered at the next checkpoint after.
         """
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
         errors: list[Exception] = []
+        cancelled: BaseException | None = None
+        if not self._pre_stop_done:
+            self._pre_stop_done = True
+            for hook in list(self._pre_stop_hooks):
+                try:
+                    with trio.fail_after(self.config.hook_timeout_s):
+                        await hook(self)
+                except Exception as exc:
+                    errors.append(exc)
+                    if self._persist_disabled is None:
+                        self._persist_disabled = f"a pre-stop hook failed ({type(exc).__name__})"
+                except BaseException as exc:  # trio.Cancelled, KeyboardInterrupt: propagated after the close
+                    cancelled = exc
+                    self._persist_disabled = "a pre-stop hook was cancelled"
+                    break
         with trio.CancelScope(shield=True):
-            if not self._pre_stop_done:
-                self._pre_stop_done = True
-                for hook in list(self._pre_stop_hooks):
-                    try:
-                        with trio.fail_after(self.config.hook_timeout_s):
-                            await hook(self)
-                    except Exception as exc:
-                        errors.append(exc)
-            try:
-                await self.stop()
-            except Exception as exc:
-                errors.append(exc)
+            if self._persist_disabled is None:
+                try:
+                    await self.stop()
+                except Exception as exc:
+                    errors.append(exc)
             try:
                 await self.shutdown()
             except Exception as exc:
@@ -482,10 +661,18 @@ class Session:
                 await trio.to_thread.run_sync(self._undo_start, False)
             except Exception as exc:  # pragma: no cover
                 errors.append(exc)
+        self.close_errors = errors
+        if cancelled is not None:
+            raise cancelled
         if len(errors) == 1:
             raise errors[0]
         if errors:
             raise ExceptionGroup(f"closing session {self.id} failed in {len(errors)} steps", errors)
+
+    @property
+    def persist_disabled(self) -> str | None:
+        """Why persistence is disabled (a pre-stop hook failed or was cancelled), or None."""
+        return self._persist_disabled
 
     # ------------------------------------------------------------- bindings
 
@@ -513,7 +700,11 @@ class Session:
         return self._bound_run
 
     def register_pre_stop_hook(self, hook: Callable[["Session"], Awaitable[None]]) -> None:
-        """Run ``await hook(session)`` once, before the stop-time persist in :meth:`aclose`."""
+        """Run ``await hook(session)`` once, before the stop-time persist in :meth:`aclose`.
+
+        If the hook fails or is cancelled, persistence is disabled for the
+        session (see :meth:`aclose`).
+        """
         self._pre_stop_hooks.append(hook)
 
     def register_transient_cleanup(self, fn: Callable[["Session"], Awaitable[None]]) -> None:

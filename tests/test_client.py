@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +21,7 @@ from sandbox_fs.client import (
     open_session,
 )
 from sandbox_fs.manifest import load_manifest
-from sandbox_fs.session import SessionBusyError
+from sandbox_fs.session import SessionBusyError, SnapshotGenerationError, WorkspaceMismatchError
 
 MANIFEST = {"entries": {"a.txt": {"type": "file", "content": "from manifest"}}}
 
@@ -63,8 +64,7 @@ def _resign(client, state):
     from sandbox_fs import client as client_mod
 
     payload = {k: v for k, v in state.items() if k != "mac"}
-    payload["mac"] = hmac.new(client._state_key, client_mod._MAC_DOMAIN + client_mod._canonical(payload),
-                              hashlib.sha256).hexdigest()
+    payload["mac"] = client_mod._mac(client._state_key, payload)
     return payload
 
 
@@ -134,6 +134,7 @@ async def test_grants_come_only_from_options(tmp_path, layout):
             with pytest.raises(PermissionError):
                 await r.read(str(layout.outside / "secret.txt"))
         await client.delete(r)
+        state = client.serialize_state(r)  # (the first state is now stale: r persisted a newer generation)
     granted = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "st"),
                             extra_path_grants=(Grant(str(layout.outside), read_only=True),))
     with LocalSandboxClient(granted) as client:
@@ -143,7 +144,7 @@ async def test_grants_come_only_from_options(tmp_path, layout):
         await client.delete(r)
 
 
-@pytest.mark.parametrize("version", [None, 0, 2, "1", True, 1.5])
+@pytest.mark.parametrize("version", [None, 0, 3, "1", "2", True, 1.5])
 async def test_unknown_state_version_refused(client, version):
     _s, state = await _saved_state(client)
     bad = dict(state)
@@ -334,3 +335,192 @@ def test_property_state_ids_never_name_anything_outside_the_client_dirs(sid, sna
         assert os.path.basename(s.config.workspace_dir) == sid and "/" not in sid and sid not in ("", ".", "..")
         assert s.owned and s.config.grants == ()
         assert snap is None or ("/" not in snap and "." not in snap)
+
+
+# --------------------------------------------------- binding: workspace id and generation
+
+
+def _tree(top) -> dict:
+    from tests.conftest import tree_digest
+
+    return {k: v for k, v in tree_digest(Path(top)).items() if k != "."}
+
+
+async def test_swapped_state_is_refused_and_loses_nothing(client, tmp_path):
+    """B's state copied over A's, resumed onto A's workspace: refused, A's unsaved work intact.
+
+    On the code before, the MAC was valid and bound to nothing, so A's workspace was cleared (unsaved work
+    included) and B's snapshot restored into it.
+    """
+    ws_a, ws_b = tmp_path / "wsA", tmp_path / "wsB"
+    ws_a.mkdir()
+    ws_b.mkdir()
+    async with client.create(root=ws_a) as a:
+        await a.write("a.txt", b"A saved")
+    async with client.create(root=ws_b) as b:
+        await b.write("b-secret.txt", b"B's data")
+    state_b = client.serialize_state(b)
+    (ws_a / "unsaved.txt").write_bytes(b"A's unsaved work")
+    before = _tree(ws_a)
+    with pytest.raises(WorkspaceMismatchError) as ei:
+        async with client.resume(state_b, root=ws_a):
+            pass
+    assert ei.value.code == "workspace_mismatch" and str(ws_a) not in str(ei.value)
+    assert _tree(ws_a) == before and not (ws_a / "b-secret.txt").exists()
+    async with client.resume(client.serialize_state(a), root=ws_a) as again:  # A's own state still acts on it
+        assert await again.read("a.txt") == b"A saved"
+
+
+async def test_resume_without_a_workspace_rebuilds_it_on_another_machine(tmp_path):
+    key = b"k" * 32
+    store = str(tmp_path / "shared-store")
+    one = ClientOptions(workspaces_dir=str(tmp_path / "m1"), snapshot_dir=store, state_key=key)
+    two = ClientOptions(workspaces_dir=str(tmp_path / "m2"), snapshot_dir=store, state_key=key)
+    with LocalSandboxClient(one) as c1:
+        async with c1.create() as s:
+            await s.write("w.txt", b"work")
+        state = c1.serialize_state(s)
+    assert state["version"] == 2 and state["generation"] == 1 and len(state["workspace_id"]) == 32
+    with LocalSandboxClient(two) as c2:
+        async with c2.resume(state) as r:
+            assert r.start_mode == "restored" and await r.read("w.txt") == b"work"
+            assert (await r.read(".sfs-workspace-id")).strip().decode() == state["workspace_id"]
+        assert c2.serialize_state(r)["generation"] == 2
+
+
+async def test_workspace_id_is_kept_out_of_snapshots_and_fingerprints(client, opts):
+    async with client.create() as s:
+        await s.write("f", b"1")
+    info = client.store.info(s.id)
+    import tarfile
+
+    with tarfile.open(os.path.join(opts.snapshot_dir, info.archive)) as tar:
+        assert tar.getnames() == ["f"]
+    async with client.resume(client.serialize_state(s)) as r:
+        assert r.start_mode == "reattached"  # the id file does not change the fingerprint
+
+
+@pytest.mark.parametrize("forged", ["other", "garbage", "dir", "symlink", "removed"])
+async def test_id_file_rewritten_by_the_command_is_refused_or_binds_nothing(client, opts, forged):
+    async with client.create() as s:
+        await s.write("f", b"1")
+    state = client.serialize_state(s)
+    ws = os.path.join(opts.workspaces_dir, s.id)
+    idp = os.path.join(ws, ".sfs-workspace-id")
+    os.unlink(idp)
+    if forged == "other":
+        with open(idp, "w") as fh:
+            fh.write("0" * 32 + "\n")
+    elif forged == "garbage":
+        with open(idp, "w") as fh:
+            fh.write("x" * 1000)
+    elif forged == "dir":
+        os.mkdir(idp)
+    elif forged == "symlink":
+        os.symlink(os.path.join(opts.snapshot_dir, ".state-key"), idp)
+    if forged == "removed":
+        async with client.resume(state) as r:  # nothing to bind: reattached as before, and given its id again
+            assert r.start_mode == "reattached"
+        with open(idp) as fh:
+            assert fh.read().strip() == state["workspace_id"]
+        return
+    before = _tree(ws)
+    with pytest.raises(WorkspaceMismatchError):
+        await client.resume(state).start()
+    assert _tree(ws) == before
+
+
+async def test_stale_state_is_refused_unless_allow_rollback(client, opts):
+    async with client.create() as s:
+        await s.write("f", b"v1")
+    stale = client.serialize_state(s)  # generation 1
+    async with client.resume(stale) as r:
+        await r.write("f", b"v2")
+    assert client.store.info(s.id).generation == 2
+    ws = os.path.join(opts.workspaces_dir, s.id)
+    with open(os.path.join(ws, "f"), "wb") as fh:
+        fh.write(b"drifted, unsaved")
+    before = _tree(ws)
+    with pytest.raises(SnapshotGenerationError) as ei:
+        await client.resume(stale).start()
+    assert ei.value.context["state_generation"] == 1 and ei.value.context["store_generation"] == 2
+    assert "newer" in ei.value.reason and _tree(ws) == before
+    async with client.resume(stale, allow_rollback=True) as ok:
+        assert ok.generation == 2 and await ok.read("f") == b"v2"
+    assert client.serialize_state(ok)["generation"] == 3
+    # a store rolled back under a newer state is refused too
+    newer = client.serialize_state(ok)
+    info = client.store.info(s.id)
+    client.store.root.atomic_write(f"{s.id}.json", info.model_copy(update={"generation": 2}).model_dump_json().encode(),
+                                   mode=0o600)
+    with pytest.raises(SnapshotGenerationError, match="older"):
+        await client.resume(newer).start()
+
+
+async def test_generation_is_macd(client):
+    _s, state = await _saved_state(client)
+    with pytest.raises(SessionStateTamperedError):
+        client.resume(dict(state, generation=state["generation"] + 5))
+    with pytest.raises(SessionStateTamperedError):
+        client.resume(dict(state, workspace_id="0" * 32))
+
+
+def _v1_state(client, session_id: str, snapshot: str | None, fingerprint: str | None) -> dict:
+    """A state file exactly as the version-1 code wrote it (its fields and its MAC domain)."""
+    import hashlib
+    import hmac
+
+    from sandbox_fs import client as client_mod
+
+    payload = {"version": 1, "session_id": session_id, "manifest": None, "snapshot": snapshot,
+               "workspace_root_ready": True, "fingerprint": fingerprint}
+    payload["mac"] = hmac.new(client._state_key, b"sandbox-fs/session-state/v1\0" + client_mod._canonical(payload),
+                              hashlib.sha256).hexdigest()
+    return payload
+
+
+async def test_version_1_state_still_loads_resumes_and_is_rewritten_as_version_2(client, opts):
+    async with client.create() as s:
+        await s.write("f", b"old")
+    ws = os.path.join(opts.workspaces_dir, s.id)
+    os.unlink(os.path.join(ws, ".sfs-workspace-id"))  # a workspace made before the binding holds no id
+    old = _v1_state(client, s.id, s.id, s.fingerprint)
+    assert client.deserialize_state(old).version == 1
+    async with client.resume(old) as r:
+        assert r.start_mode == "reattached" and await r.read("f") == b"old"
+    new = client.serialize_state(r)
+    assert new["version"] == 2 and new["workspace_id"] == r.workspace_id
+    # the v1 file replayed onto the now bound workspace: refused, use the newer state
+    with pytest.raises(WorkspaceMismatchError, match="version 1"):
+        await client.resume(old).start()
+    await client.delete(r)
+    async with client.resume(old) as rebuilt:  # no workspace: rebuilt from the snapshot, as before
+        assert rebuilt.start_mode == "restored" and await rebuilt.read("f") == b"old"
+
+
+def test_version_1_state_with_binding_fields_is_refused(client):
+    bad = _v1_state(client, "abc", None, None)
+    bad.pop("mac")
+    bad["workspace_id"] = "0" * 32
+    with pytest.raises(SessionStateError):
+        client.deserialize_state(_resign(client, bad))
+
+
+async def test_a_fallback_generation_is_what_the_state_records(client, monkeypatch):
+    from sandbox_fs.snapshot import LocalSnapshotStore, SnapshotVerifyError
+
+    async with client.create() as s:
+        await s.write("f", b"good")
+    state = client.serialize_state(s)
+    monkeypatch.setattr(LocalSnapshotStore, "_verify_committed", lambda self, info: False)
+    r = client.resume(state)
+    await r.start()
+    await r.write("f", b"newer")
+    with pytest.raises(SnapshotVerifyError):
+        await r.aclose()
+    monkeypatch.undo()
+    after = client.serialize_state(r)
+    assert after["generation"] == 1 == client.store.info(s.id).generation
+    await client.delete(r)
+    async with client.resume(after) as again:  # not a rollback: the state says what the store holds
+        assert await again.read("f") == b"good"

@@ -15,7 +15,13 @@ from sandbox_fs import Grant
 from sandbox_fs.client import ClientOptions, LocalSandboxClient
 from sandbox_fs.errors import InvalidPathError, PathEscapeError, ReadOnlyError
 from sandbox_fs.manifest import load_manifest
-from sandbox_fs.session import CrossRootError, MountOverlapError, SessionBusyError, SessionNotStartedError
+from sandbox_fs.session import (
+    CrossRootError,
+    MountOverlapError,
+    PersistDisabledError,
+    SessionBusyError,
+    SessionNotStartedError,
+)
 from sandbox_fs.snapshot import SnapshotNotFoundError, UnrestorableEntryError
 
 MANIFEST = {
@@ -139,25 +145,74 @@ async def test_caller_owned_root_is_never_deleted(client, layout):
     assert (layout.ws / "mine.txt").read_text() == "caller data" and (layout.ws / "new.txt").exists()
 
 
-async def test_pre_stop_hook_runs_once_and_failure_still_persists_and_shuts_down(client):
+async def test_failed_pre_stop_hook_disables_persistence_for_good_and_shutdown_still_runs(client):
+    """A hook that fails means the workspace is not what the hook was to leave: never persisted.
+
+    On the code before, aclose still persisted the workspace the hook had not finished.
+    """
     sup = FakeSupervisor()
     calls = []
 
     async def hook(sess):
         calls.append(sess.id)
+        await sess.write("half-done", b"the hook did not finish")
         raise RuntimeError("hook failed")
 
     s = client.create()
     await s.start()
+    await s.write("f", b"saved")
+    first = await s.stop()  # an explicit persist before the close: generation 1
     s.attach_supervisor(sup)
     s.register_pre_stop_hook(hook)
-    await s.write("f", b"x")
+    before = _fd_count()
     with pytest.raises(RuntimeError, match="hook failed"):
         await s.aclose()
-    assert calls == [s.id] and sup.kills == 1
-    assert client.store.info(s.id) is not None  # stop still persisted
+    assert calls == [s.id] and sup.kills == 1 and s.closed
+    assert client.store.info(s.id) == first.info  # no persist was attempted
+    assert s.persist_disabled and s.generation == first.info.generation
+    assert _fd_count() < before  # the workspace Roots were closed
     await s.aclose()  # idempotent: no second hook, no second kill, no error
     assert calls == [s.id] and sup.kills == 1
+    with pytest.raises(PersistDisabledError) as ei:  # an explicit stop afterwards refuses, clearly
+        await s.stop()
+    assert ei.value.code == "persist_disabled" and "pre-stop hook failed" in str(ei.value)
+    await client.delete(s)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel_while_running", "cancelled_before_close"])
+async def test_cancelled_or_timed_out_pre_stop_hook_never_persists_and_cancel_propagates(client, how):
+    sup = FakeSupervisor()
+    s = client.create()
+    await s.start()
+    await s.write("f", b"x")
+    s.attach_supervisor(sup)
+    if how == "timeout":
+        s.config.hook_timeout_s = 0.05
+
+    async def hook(sess):
+        await sess.write("half-done", b"x")
+        await trio.sleep_forever()
+
+    s.register_pre_stop_hook(hook)
+    outcome = "returned"
+    with trio.move_on_after(0.2 if how == "cancel_while_running" else 5) as scope:
+        if how == "cancelled_before_close":
+            scope.cancel()  # e.g. ``async with session`` left by a cancellation
+        try:
+            await s.aclose()
+        except trio.TooSlowError:
+            outcome = "timeout"
+        except trio.Cancelled:
+            outcome = "cancelled"
+            raise
+    if how == "timeout":
+        assert outcome == "timeout" and not scope.cancelled_caught
+    else:
+        assert outcome == "cancelled" and scope.cancelled_caught
+    assert s.closed and sup.kills == 1
+    assert client.store.info(s.id) is None  # never persisted
+    with pytest.raises(PersistDisabledError):
+        await s.stop()
     await client.delete(s)
 
 
@@ -193,7 +248,7 @@ async def test_several_failures_raise_an_exception_group(client, opts):
     with pytest.raises(ExceptionGroup) as ei:
         await s.aclose()
     kinds = [type(e) for e in ei.value.exceptions]
-    assert kinds == [RuntimeError, UnrestorableEntryError, OSError]
+    assert kinds == [RuntimeError, OSError]  # the failed hook disabled the persist (it never ran)
     assert s.closed
 
 
@@ -261,7 +316,7 @@ async def test_file_operations_go_through_the_policy(tmp_path, layout):
             await s.rm("a", recursive=True)
             with pytest.raises(InvalidPathError):
                 await s.rm(".", recursive=True)
-            assert [e.name for e in await s.ls()] == ["big"]
+            assert [e.name for e in await s.ls()] == [".sfs-workspace-id", "big"]
         await client.delete(s)
     layout.assert_outside_unchanged(before)
     assert (grant_ro / "data.txt").read_text() == "granted" and os.listdir(grant_ro) == ["data.txt"]
