@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--snapshot-dir", help="snapshot store directory (created 0700); no snapshot without it")
     p.add_argument("--state", help="write the session state JSON here after the run")
     p.add_argument("--resume", metavar="FILE", help="resume the session recorded in this state file")
+    p.add_argument("--allow-rollback", action="store_true",
+                   help="with --resume: resume even when the store's snapshot is at another generation than the "
+                        "state recorded (a stale or replayed state file, or a store rolled back)")
     p.add_argument("--timeout", type=seconds_option(), default=None, metavar="S",
                    help="command wall-clock limit, seconds (> 0, at most one year)")
     p.add_argument("--confinement", choices=("required", "best_effort", "none"),
@@ -120,7 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main() -> tuple[Any, dict[str, Any]]:
         with LocalSandboxClient(options) as client:
             if args.resume:
-                session = client.resume(load_state(args.resume, args), root=root, manifest=manifest)
+                session = client.resume(load_state(args.resume, args), root=root, manifest=manifest,
+                                        allow_rollback=args.allow_rollback)
             else:
                 session = client.create(manifest=manifest, root=root)
             result = None

@@ -183,7 +183,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
             session = client.resume(load_state(args.state, args), root=host_path(args, args.root),
-                                    manifest=_load_manifest(args.manifest, args))
+                                    manifest=_load_manifest(args.manifest, args), allow_rollback=args.allow_rollback)
             await session.start()
             await _close_with_progress(session)
             write_json_atomic(args.state_out or args.state, client.serialize_state(session), args)
@@ -227,6 +227,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--state-out", help="write the updated state here (default: --state)")
     r.add_argument("--root", help="the caller-owned workspace directory, if it was one")
     r.add_argument("--manifest", help="manifest JSON file replacing the state's copy (untrusted)")
+    r.add_argument("--allow-rollback", action="store_true",
+                   help="resume even when the store's snapshot is at another generation than the state recorded "
+                        "(a stale or replayed state file, or a store rolled back)")
     r.set_defaults(func=cmd_resume)
 
     d = ss.add_parser("rm", help="remove the session's private workspace (never a caller-owned one)")

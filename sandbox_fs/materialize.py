@@ -105,6 +105,7 @@ __all__ = [
     "SourceRefusedError",
     "SourceChangedError",
     "MaterializeLimitError",
+    "LimiterTokensError",
 ]
 
 KiB = 1 << 10
@@ -147,6 +148,12 @@ class MaterializeLimitError(MaterializeError):
     code = "materialize_limit"
 
 
+class LimiterTokensError(MaterializeError, ValueError):
+    """A ``limiter_entries`` / ``limiter_files`` holds fewer than 1 token: every wait on it would hang."""
+
+    code = "materialize_limiter_tokens"
+
+
 # ------------------------------------------------------------------ options/result
 
 
@@ -185,7 +192,9 @@ class MaterializeOptions:
             ``CapacityLimiter(8)``); share one across calls to bound them together.
         limiter_files: bounds worker threads copying files (default: a new
             ``CapacityLimiter(max(2, os.cpu_count()))``).  Must not be the
-            same object as ``limiter_entries``.
+            same object as ``limiter_entries``.  Both limiters must hold at
+            least 1 token, when the options are made and whenever
+            materialize takes them (``total_tokens`` may be changed later).
         archive_limits: ``sandbox_fs.archive.ArchiveLimits`` for ``archive``
             entries (default: its defaults); a manifest may only narrow them.
         archive_policy: ``sandbox_fs.archive.ExtractPolicy`` (default: its defaults).
@@ -202,7 +211,8 @@ class MaterializeOptions:
         progress: optional :class:`MaterializeProgress` to update.
 
     Raises (on construction):
-        ValueError: ``base_dir`` is not absolute, or a bound is negative.
+        ValueError: ``base_dir`` is not absolute or a bound is negative.
+        LimiterTokensError: a limiter has fewer than 1 token.
     """
 
     base_dir: str | None = None
@@ -231,6 +241,29 @@ class MaterializeOptions:
         for name in ("max_file_bytes", "max_total_bytes", "max_files", "batch_files"):
             if getattr(self, name) < (1 if name == "batch_files" else 0):
                 raise ValueError(f"{name} must be positive")
+        for name in ("limiter_entries", "limiter_files"):
+            lim = getattr(self, name)
+            if lim is not None:
+                _require_tokens(lim, name)
+
+
+def _require_tokens(lim: Any, name: str) -> Any:
+    """Return ``lim`` if it can ever grant a token: a limiter with fewer than 1 would hang every wait on it.
+
+    ``total_tokens`` can be changed after the options are made, so this is
+    checked again each time materialize takes the limiter.
+
+    Raises:
+        LimiterTokensError: ``lim`` has no ``total_tokens`` or fewer than 1
+            (a ``ValueError`` too).
+    """
+    tokens = getattr(lim, "total_tokens", None)
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not tokens >= 1:
+        shown = tokens if isinstance(tokens, (int, float)) else type(tokens).__name__
+        raise LimiterTokensError(f"{name} must be a trio.CapacityLimiter with at least 1 token (it has {shown}); "
+                                 "with none, materialize would wait forever", sandbox_path=None,
+                                 context={"limiter": name, "total_tokens": shown})
+    return lim
 
 
 @dataclass(frozen=True, slots=True)
@@ -1056,6 +1089,13 @@ async def _guarded(run: _Run, fn: Callable[..., Any], *args: Any) -> None:
 
 
 async def _entry_task(run: _Run, fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        _require_tokens(run.lim_entries, "limiter_entries")
+        _require_tokens(run.lim_files, "limiter_files")
+    except ValueError as exc:
+        await trio.lowlevel.checkpoint()
+        run.fail(exc)
+        return
     async with run.lim_entries:
         await _guarded(run, fn, *args)
 
@@ -1121,6 +1161,9 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
         ManifestError: an archive entry names an unknown limit.
         sandbox_fs.archive errors: an archive entry is refused by the extractor.
         ReadOnlyError: ``workspace`` is read-only.
+        LimiterTokensError: ``limiter_entries`` or ``limiter_files`` holds
+            fewer than 1 token now (its ``total_tokens`` was lowered after
+            the options were made); checked before each entry takes them.
         Every error carries ``context["written"]`` / ``["written_count"]``.
 
     Cancellation:
@@ -1137,8 +1180,9 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
         raise TypeError("manifest must be a Manifest (use load_manifest)")
     started = time.monotonic()
     flat = [fe for fe in manifest.iter_entries() if fe.ephemeral or not only_ephemeral]
-    lim_e = options.limiter_entries or trio.CapacityLimiter(8)
-    lim_f = options.limiter_files or trio.CapacityLimiter(max(2, os.cpu_count() or 2))
+    lim_e = _require_tokens(options.limiter_entries or trio.CapacityLimiter(8), "limiter_entries")
+    lim_f = _require_tokens(options.limiter_files or trio.CapacityLimiter(max(2, os.cpu_count() or 2)),
+                            "limiter_files")
     if lim_e is lim_f:
         raise ValueError("limiter_entries and limiter_files must be different limiters")
     ws = workspace.with_options(no_symlinks=True)
@@ -1159,7 +1203,8 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
                         elif isinstance(fe.entry, Archive):
                             nursery.start_soon(_entry_task, run, _apply_archive, run, fe)
             if run.error is None:
-                await trio.to_thread.run_sync(_finish_dirs, run, flat, limiter=lim_f)
+                await trio.to_thread.run_sync(_finish_dirs, run, flat,
+                                              limiter=_require_tokens(lim_f, "limiter_files"))
         except (_Stopped, Exception) as exc:
             if not isinstance(exc, _Stopped):
                 run.fail(exc)

@@ -499,3 +499,36 @@ async def test_archive_entry_reapply_and_dir_sources(layout, base):
     with pytest.raises(SandboxError) as ei:
         await apply(layout.ws, {"entries": {"x": {"type": "local_dir", "src": "missing"}}}, base_dir=str(base))
     assert str(base) not in str(ei.value) and "missing" in str(ei.value)
+
+
+# ------------------------------------------------------------- limiter tokens
+
+
+@pytest.mark.parametrize("which", ["limiter_entries", "limiter_files"])
+@pytest.mark.parametrize("lim", ["zero", "not a limiter"])
+def test_limiter_without_a_token_is_refused_when_the_options_are_made(which, lim):
+    """CapacityLimiter(0) made materialize wait forever; now the options refuse it."""
+    import trio
+
+    from sandbox_fs.materialize import LimiterTokensError
+
+    with pytest.raises(LimiterTokensError) as ei:
+        MaterializeOptions(**{which: trio.CapacityLimiter(0) if lim == "zero" else object()})
+    assert ei.value.code == "materialize_limiter_tokens" and isinstance(ei.value, ValueError)
+    assert which in str(ei.value)
+
+
+@pytest.mark.parametrize("which", ["limiter_entries", "limiter_files"])
+async def test_limiter_lowered_to_zero_after_the_options_is_refused_when_used(layout, which):
+    import trio
+
+    from sandbox_fs.materialize import LimiterTokensError
+
+    lim = trio.CapacityLimiter(2)
+    opts = MaterializeOptions(**{which: lim})
+    lim.total_tokens = 0  # trio allows it
+    m = load_manifest({"entries": {"a.txt": {"type": "file", "content": "x"}}})
+    with trio.fail_after(5):  # before the fix this hung forever
+        with open_root(layout.ws) as ws, pytest.raises(LimiterTokensError):
+            await materialize(ws, m, opts)
+    assert not (layout.ws / "a.txt").exists()

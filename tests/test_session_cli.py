@@ -66,3 +66,32 @@ def test_state_key_file_protects_state(tmp_path, capsys):
     state.write_text(json.dumps(dict(data, workspace_root_ready=False)))
     rc, _out, err = _run(capsys, "session", "rm", *common, "--state", str(state))
     assert rc == 1 and "session_state_tampered" in err
+
+
+def test_stale_state_refused_in_one_line_then_allow_rollback(tmp_path, capsys):
+    wsd, store, state, old = tmp_path / "wsd", tmp_path / "store", tmp_path / "state.json", tmp_path / "old.json"
+    common = ["--workspaces-dir", str(wsd), "--store", str(store)]
+    assert _run(capsys, "session", "create", *common, "--state", str(state))[0] == 0
+    old.write_text(state.read_text())
+    assert _run(capsys, "session", "resume", *common, "--state", str(state))[0] == 0  # generation 2
+    rc, out, err = _run(capsys, "session", "resume", *common, "--state", str(old))
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "snapshot_generation_mismatch" in err
+    assert "Traceback" not in err
+    rc, out, err = _run(capsys, "session", "resume", *common, "--state", str(old), "--allow-rollback", "--json")
+    assert rc == 0, err
+    assert json.loads(old.read_text())["generation"] == 3
+
+
+def test_swapped_state_refused_in_one_line(tmp_path, capsys):
+    wsd, store = tmp_path / "wsd", tmp_path / "store"
+    ws_a, ws_b = tmp_path / "wsA", tmp_path / "wsB"
+    sa, sb = tmp_path / "a.json", tmp_path / "b.json"
+    common = ["--workspaces-dir", str(wsd), "--store", str(store)]
+    for ws, st in ((ws_a, sa), (ws_b, sb)):
+        ws.mkdir()
+        assert _run(capsys, "session", "create", *common, "--root", str(ws), "--state", str(st))[0] == 0
+    (ws_a / "unsaved.txt").write_text("A's unsaved work")
+    sa.write_text(sb.read_text())  # B's state copied over A's
+    rc, out, err = _run(capsys, "session", "resume", *common, "--root", str(ws_a), "--state", str(sa))
+    assert rc == 1 and "workspace_mismatch" in err and len(err.strip().splitlines()) == 1
+    assert (ws_a / "unsaved.txt").read_text() == "A's unsaved work"
