@@ -41,22 +41,27 @@
  *   --ipcns FD         setns(FD, CLONE_NEWIPC) likewise (namespaces a --hold-ns
  *                      helper made with --unshare, joined instead of made:
  *                      setns costs less than a fresh namespace)
- *   --seccomp BITS     after no_new_privs, install a seccomp filter refusing:
- *                      1: keyctl, add_key, request_key (after joining a fresh
- *                         anonymous session keyring); 2: socket(IPPROTO_MPTCP),
- *                         sendto/sendmsg/sendmmsg with MSG_FASTOPEN and
- *                         setsockopt(TCP_FASTOPEN_CONNECT) (ways around
- *                         Landlock's TCP connect rule); 4: socket(AF_UNIX) and
- *                         socketpair(AF_UNIX, SOCK_DGRAM) (a datagram socket
- *                         can be re-connected to any path).  Any bit also
- *                         refuses io_uring (its ops bypass seccomp) and every
- *                         syscall of another ABI (x32, 32-bit compat)
+ *   --seccomp BITS     after no_new_privs, install the seccomp allow-list (see
+ *                      "seccomp" below: unlisted syscalls ENOSYS, privileged
+ *                      and namespace ones EPERM, set-id modes EPERM, socket
+ *                      families by --socket).  BITS: 1: first join a fresh
+ *                      anonymous session keyring; 2: also refuse sendto/
+ *                      sendmsg/sendmmsg with MSG_FASTOPEN and setsockopt(
+ *                      TCP_FASTOPEN_CONNECT) (ways around Landlock's TCP
+ *                      connect rule)
+ *   --socket K:F:T:P   with --seccomp: allow socket() (K = s) or socketpair()
+ *                      (K = p) of family F, type T (after SOCK_NONBLOCK and
+ *                      SOCK_CLOEXEC) and protocol P (a number or *);
+ *                      repeatable.  Other families and types: EAFNOSUPPORT;
+ *                      other protocols of an allowed family and type:
+ *                      EPROTONOSUPPORT
  *   --tty              setsid() then ioctl(0, TIOCSCTTY): fd 0 becomes the
  *                      controlling terminal (PTY sessions)
  *   --cwd FD           fchdir(FD): the working directory, opened by the
  *                      parent through a Root (never a host path string)
  *   --ro-mounts        a private mount namespace in which every mount is
- *                      read-only except clones of the --rw-tree directories
+ *                      nosuid and read-only except clones of the --rw-tree
+ *                      directories (nosuid too)
  *                      (not root: inside a user namespace mapping only our
  *                      own uid and gid).  Landlock does not cover chmod, chown,
  *                      utime or xattr changes; a read-only mount does (EROFS)
@@ -139,6 +144,7 @@ extern char **environ;
 #define SFS_MOVE_MOUNT_F_EMPTY_PATH 0x4
 #define SFS_MOVE_MOUNT_T_EMPTY_PATH 0x40
 #define SFS_MOUNT_ATTR_RDONLY 0x1
+#define SFS_MOUNT_ATTR_NOSUID 0x2
 #define SFS_MAX_TREES 64
 #define SFS_MAX_MASKS 32
 #define SFS_MAX_ENV (1 << 20)
@@ -344,7 +350,8 @@ static int reopen_here(int fd, const char *path, const char *stage)
     return nfd;
 }
 
-/* Every mount read-only except clones of the trees[] directories. */
+/* Every mount read-only except clones of the trees[] directories; every
+ * mount, those clones included, nosuid. */
 static void read_only_mounts(const int *trees, int ntrees, char **masks, int nmasks, int *cwd_fd)
 {
     int clones[SFS_MAX_TREES], targets[SFS_MAX_TREES];
@@ -377,8 +384,13 @@ static void read_only_mounts(const int *trees, int ntrees, char **masks, int nma
         if (c < 0)
             fail("mounts", errno);
         clones[t] = (int)c;
+        /* Set-id bits on a file in a writable tree give nothing here. */
+        struct sfs_mount_attr nosuid = { SFS_MOUNT_ATTR_NOSUID, 0, 0, 0 };
+        if (syscall(SYS_mount_setattr, clones[t], "", AT_EMPTY_PATH | SFS_AT_RECURSIVE,
+                    &nosuid, sizeof nosuid) < 0)
+            fail("mounts", errno);
     }
-    struct sfs_mount_attr attr = { SFS_MOUNT_ATTR_RDONLY, 0, 0, 0 };
+    struct sfs_mount_attr attr = { SFS_MOUNT_ATTR_RDONLY | SFS_MOUNT_ATTR_NOSUID, 0, 0, 0 };
     if (syscall(SYS_mount_setattr, AT_FDCWD, "/", SFS_AT_RECURSIVE, &attr, sizeof attr) < 0)
         fail("mounts", errno);
     for (int t = 0; t < ntrees; t++) {
@@ -544,6 +556,32 @@ static void exec_target(char **argv, char **envp)
 
 
 /* ---- seccomp ------------------------------------------------------------ */
+/*
+ * An allow-list, modelled on the default profile of Docker/moby
+ * (profiles/seccomp/default.json) for a container without CAP_SYS_ADMIN:
+ *
+ *   - every syscall not listed below fails with ENOSYS, so a libc or program
+ *     that probes a newer syscall falls back to an older one; clone3 and
+ *     openat2 (their arguments live behind a pointer seccomp cannot read),
+ *     io_uring (its operations bypass seccomp) and every syscall of another
+ *     ABI (x32, 32-bit compat: socketcall hides its arguments) are among them;
+ *   - privileged and namespace syscalls (mount, unshare, setns, keyctl, bpf
+ *     ...) and clone() with a CLONE_NEW* flag fail with EPERM: a new user
+ *     namespace would give back CAP_SETFCAP and friends;
+ *   - every syscall that sets a file mode (open/openat/creat with O_CREAT or
+ *     O_TMPFILE, mkdir, mknod, chmod, fchmod, fchmodat, fchmodat2) fails with
+ *     EPERM when the mode has S_ISUID or S_ISGID: no set-id file can be made;
+ *   - socket() and socketpair() are allowed only for the (family, type after
+ *     SOCK_NONBLOCK|SOCK_CLOEXEC, protocol) triples given with --socket;
+ *     another family or type fails with EAFNOSUPPORT, another protocol of an
+ *     allowed family and type with EPROTONOSUPPORT (MPTCP: programs fall
+ *     back to TCP).
+ *
+ * Blocks that read arguments come first (the hot openat first); the plain
+ * allow-list after them only compares the syscall number, so the kernel's
+ * seccomp action cache (Linux >= 5.11) answers those without running the
+ * filter at all.
+ */
 
 #if defined(__x86_64__)
 #define SFS_AUDIT_ARCH AUDIT_ARCH_X86_64
@@ -554,7 +592,7 @@ static void exec_target(char **argv, char **envp)
 #endif
 #define SFS_SECCOMP_KEYS 1
 #define SFS_SECCOMP_TCP 2
-#define SFS_SECCOMP_UNIX 4
+#define SFS_SECCOMP_BITS (SFS_SECCOMP_KEYS | SFS_SECCOMP_TCP)
 #ifndef MSG_FASTOPEN
 #define MSG_FASTOPEN 0x20000000
 #endif
@@ -567,14 +605,113 @@ static void exec_target(char **argv, char **envp)
 #define SYS_io_uring_enter 426
 #define SYS_io_uring_register 427
 #endif
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
 #define SFS_KEYCTL_JOIN_SESSION_KEYRING 1
+/* Mode bits refused in every mode argument (the sticky bit grants nothing). */
+#define SFS_SETID_BITS (S_ISUID | S_ISGID)
+/* open flags under which the kernel uses the mode argument. */
+#define SFS_WILL_CREATE (O_CREAT | (O_TMPFILE & ~O_DIRECTORY))
+/* clone() flags that make a namespace (CLONE_NEWNS ... CLONE_NEWNET). */
+#define SFS_CLONE_NS_FLAGS 0x7E020000U
 /* The low 32 bits of argument i (int and unsigned int arguments; little endian). */
 #define SFS_ARG(i) ((uint32_t)(offsetof(struct seccomp_data, args) + 8 * (i)))
-#define SFS_MAX_FILTER 96
+#define SFS_NR ((uint32_t)offsetof(struct seccomp_data, nr))
+#define SFS_MAX_FILTER 1024
+#define SFS_MAX_SOCKETS 32
+#define SFS_PROTO_ANY (-1LL)
+
+struct sfs_socket_rule {
+    int pair;                   /* 0: socket(), 1: socketpair() */
+    uint32_t family, type;
+    long long proto;            /* SFS_PROTO_ANY: every protocol */
+};
 
 struct sfs_filter {
     struct sock_filter insn[SFS_MAX_FILTER];
     unsigned short n;
+};
+
+/* Allowed whatever their arguments (the generic table: every 64-bit arch). */
+static const long sfs_allowed[] = {
+    SYS_accept, SYS_accept4, SYS_adjtimex, SYS_bind, SYS_brk, SYS_capget, SYS_capset,
+    SYS_chdir, SYS_clock_adjtime, SYS_clock_getres, SYS_clock_gettime, SYS_clock_nanosleep,
+    SYS_close, SYS_close_range, SYS_connect, SYS_copy_file_range, SYS_dup, SYS_dup3,
+    SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_pwait, SYS_epoll_pwait2, SYS_eventfd2,
+    SYS_execve, SYS_execveat, SYS_exit, SYS_exit_group, SYS_faccessat, SYS_faccessat2,
+    SYS_fadvise64, SYS_fallocate, SYS_fanotify_mark, SYS_fchdir, SYS_fchown, SYS_fchownat,
+    SYS_fcntl, SYS_fdatasync, SYS_fgetxattr, SYS_flistxattr, SYS_flock, SYS_fremovexattr,
+    SYS_fsetxattr, SYS_fstat, SYS_fstatfs, SYS_fsync, SYS_ftruncate, SYS_futex,
+    SYS_futex_waitv, SYS_getcpu, SYS_getcwd, SYS_getdents64, SYS_getegid, SYS_geteuid,
+    SYS_getgid, SYS_getgroups, SYS_getitimer, SYS_getpeername, SYS_getpgid, SYS_getpid,
+    SYS_getppid, SYS_getpriority, SYS_getrandom, SYS_getresgid, SYS_getresuid,
+    SYS_getrlimit, SYS_get_robust_list, SYS_getrusage, SYS_getsid, SYS_getsockname,
+    SYS_getsockopt, SYS_gettid, SYS_gettimeofday, SYS_getuid, SYS_getxattr,
+    SYS_inotify_add_watch, SYS_inotify_init1, SYS_inotify_rm_watch, SYS_io_cancel,
+    SYS_ioctl, SYS_io_destroy, SYS_io_getevents, SYS_io_pgetevents, SYS_ioprio_get,
+    SYS_ioprio_set, SYS_io_setup, SYS_io_submit, SYS_kill, SYS_landlock_add_rule,
+    SYS_landlock_create_ruleset, SYS_landlock_restrict_self, SYS_lgetxattr, SYS_linkat,
+    SYS_listen, SYS_listxattr, SYS_llistxattr, SYS_lremovexattr, SYS_lseek, SYS_lsetxattr,
+    SYS_madvise, SYS_membarrier, SYS_memfd_create, SYS_mincore, SYS_mlock, SYS_mlock2,
+    SYS_mlockall, SYS_mmap, SYS_mprotect, SYS_mq_getsetattr, SYS_mq_notify, SYS_mq_open,
+    SYS_mq_timedreceive, SYS_mq_timedsend, SYS_mq_unlink, SYS_mremap, SYS_msgctl,
+    SYS_msgget, SYS_msgrcv, SYS_msgsnd, SYS_msync, SYS_munlock, SYS_munlockall, SYS_munmap,
+    SYS_name_to_handle_at, SYS_nanosleep, SYS_newfstatat, SYS_pidfd_open,
+    SYS_pidfd_send_signal, SYS_pipe2, SYS_pkey_alloc, SYS_pkey_free, SYS_pkey_mprotect,
+    SYS_ppoll, SYS_prctl, SYS_pread64, SYS_preadv, SYS_preadv2, SYS_prlimit64,
+    SYS_process_mrelease, SYS_process_vm_readv, SYS_process_vm_writev, SYS_pselect6,
+    SYS_ptrace, SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read, SYS_readahead,
+    SYS_readlinkat, SYS_readv, SYS_recvfrom, SYS_recvmmsg, SYS_recvmsg,
+    SYS_remap_file_pages, SYS_removexattr, SYS_renameat, SYS_renameat2,
+    SYS_restart_syscall, SYS_rseq, SYS_rt_sigaction, SYS_rt_sigpending, SYS_rt_sigprocmask,
+    SYS_rt_sigqueueinfo, SYS_rt_sigreturn, SYS_rt_sigsuspend, SYS_rt_sigtimedwait,
+    SYS_rt_tgsigqueueinfo, SYS_sched_getaffinity, SYS_sched_getattr, SYS_sched_getparam,
+    SYS_sched_get_priority_max, SYS_sched_get_priority_min, SYS_sched_getscheduler,
+    SYS_sched_rr_get_interval, SYS_sched_setaffinity, SYS_sched_setattr,
+    SYS_sched_setparam, SYS_sched_setscheduler, SYS_sched_yield, SYS_seccomp, SYS_semctl,
+    SYS_semget, SYS_semop, SYS_semtimedop, SYS_sendfile, SYS_setfsgid, SYS_setfsuid,
+    SYS_setgid, SYS_setgroups, SYS_setitimer, SYS_setpgid, SYS_setpriority, SYS_setregid,
+    SYS_setresgid, SYS_setresuid, SYS_setreuid, SYS_setrlimit, SYS_set_robust_list,
+    SYS_setsid, SYS_set_tid_address, SYS_setuid, SYS_setxattr, SYS_shmat, SYS_shmctl,
+    SYS_shmdt, SYS_shmget, SYS_shutdown, SYS_sigaltstack, SYS_signalfd4, SYS_splice,
+    SYS_statfs, SYS_statx, SYS_symlinkat, SYS_sync, SYS_sync_file_range, SYS_syncfs,
+    SYS_sysinfo, SYS_tee, SYS_tgkill, SYS_timer_create, SYS_timer_delete,
+    SYS_timer_getoverrun, SYS_timer_gettime, SYS_timer_settime, SYS_timerfd_create,
+    SYS_timerfd_gettime, SYS_timerfd_settime, SYS_times, SYS_tkill, SYS_truncate,
+    SYS_umask, SYS_uname, SYS_unlinkat, SYS_utimensat, SYS_vmsplice, SYS_wait4,
+    SYS_waitid, SYS_write, SYS_writev,
+#if defined(__x86_64__)
+    SYS_access, SYS_alarm, SYS_arch_prctl, SYS_chown, SYS_dup2, SYS_epoll_create,
+    SYS_epoll_wait, SYS_eventfd, SYS_fork, SYS_futimesat, SYS_getdents, SYS_getpgrp,
+    SYS_get_thread_area, SYS_inotify_init, SYS_lchown, SYS_link, SYS_lstat,
+    SYS_modify_ldt, SYS_pause, SYS_pipe, SYS_poll, SYS_readlink, SYS_rename, SYS_rmdir,
+    SYS_select, SYS_set_thread_area, SYS_signalfd, SYS_stat, SYS_symlink, SYS_time,
+    SYS_unlink, SYS_utime, SYS_utimes, SYS_vfork,
+#endif
+};
+
+/* Known and refused with EPERM (what an unprivileged caller gets anyway). */
+static const long sfs_refused[] = {
+    SYS_mount, SYS_umount2, SYS_pivot_root, SYS_chroot, SYS_unshare, SYS_setns,
+    SYS_keyctl, SYS_add_key, SYS_request_key, SYS_bpf, SYS_perf_event_open,
+    SYS_userfaultfd, SYS_kcmp, SYS_pidfd_getfd, SYS_fsopen, SYS_fsconfig, SYS_fsmount,
+    SYS_fspick, SYS_open_tree, SYS_move_mount, SYS_mount_setattr, SYS_quotactl,
+    SYS_quotactl_fd, SYS_swapon, SYS_swapoff, SYS_reboot, SYS_kexec_load,
+    SYS_kexec_file_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_acct,
+    SYS_settimeofday, SYS_clock_settime, SYS_sethostname, SYS_setdomainname, SYS_syslog,
+    SYS_vhangup, SYS_fanotify_init, SYS_open_by_handle_at,
+#if defined(__x86_64__)
+    SYS_iopl, SYS_ioperm,
+#endif
+};
+
+/* Refused with ENOSYS even if a later edit listed them above. */
+static const long sfs_unseen[] = {
+    SYS_clone3, SYS_openat2, SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register,
 };
 
 static void emit(struct sfs_filter *f, unsigned short code, unsigned char jt, unsigned char jf, uint32_t k)
@@ -587,92 +724,206 @@ static void emit(struct sfs_filter *f, unsigned short code, unsigned char jt, un
 
 #define LD_ABS(f, off) emit(f, BPF_LD | BPF_W | BPF_ABS, 0, 0, off)
 #define RET(f, v) emit(f, BPF_RET | BPF_K, 0, 0, v)
+#define JEQ(f, k, jt, jf) emit(f, BPF_JMP | BPF_JEQ | BPF_K, jt, jf, k)
+#define JSET(f, k, jt, jf) emit(f, BPF_JMP | BPF_JSET | BPF_K, jt, jf, k)
 #define DENY(err) (SECCOMP_RET_ERRNO | ((err) & SECCOMP_RET_DATA))
 
-/* One syscall whose arguments decide: "LD nr; JEQ nr else skip the body". */
-static void begin_block(struct sfs_filter *f, long nr, unsigned char body_len)
+/* Point the false branch of the jump at index at to the next instruction. */
+static void patch_jf(struct sfs_filter *f, unsigned short at)
 {
-    LD_ABS(f, offsetof(struct seccomp_data, nr));
-    emit(f, BPF_JMP | BPF_JEQ | BPF_K, 0, body_len, (uint32_t)nr);
+    unsigned int d = (unsigned int)(f->n - at - 1);
+    if (d > 255)
+        fail("seccomp", E2BIG);
+    f->insn[at].jf = (unsigned char)d;
 }
 
-static void install_seccomp(long long bits)
+/*
+ * "JEQ nr" whose false branch skips the body that follows (patched by
+ * end_block).  A holds the syscall number between blocks: every body ends
+ * in a RET, so a block never falls through with an argument loaded.
+ */
+static unsigned short begin_block(struct sfs_filter *f, long nr)
+{
+    JEQ(f, (uint32_t)nr, 0, 0);
+    return (unsigned short)(f->n - 1);
+}
+
+/* nr fails with EPERM when its mode argument has a set-id bit; when
+ * flags_arg >= 0, only if that flags argument asks for a file to be created. */
+static void mode_block(struct sfs_filter *f, long nr, int mode_arg, int flags_arg)
+{
+    unsigned short at = begin_block(f, nr);
+    if (flags_arg >= 0) {
+        LD_ABS(f, SFS_ARG(flags_arg));
+        JSET(f, SFS_WILL_CREATE, 1, 0);
+        RET(f, SECCOMP_RET_ALLOW);
+    }
+    LD_ABS(f, SFS_ARG(mode_arg));
+    JSET(f, SFS_SETID_BITS, 0, 1);
+    RET(f, DENY(EPERM));
+    RET(f, SECCOMP_RET_ALLOW);
+    patch_jf(f, at);
+}
+
+static void mode_blocks(struct sfs_filter *f)
+{
+    mode_block(f, SYS_openat, 3, 2);
+    mode_block(f, SYS_mkdirat, 2, -1);
+    mode_block(f, SYS_mknodat, 2, -1);
+    mode_block(f, SYS_fchmod, 1, -1);
+    mode_block(f, SYS_fchmodat, 2, -1);
+    mode_block(f, SYS_fchmodat2, 2, -1);
+#if defined(__x86_64__)
+    mode_block(f, SYS_open, 2, 1);
+    mode_block(f, SYS_creat, 1, -1);
+    mode_block(f, SYS_mkdir, 1, -1);
+    mode_block(f, SYS_mknod, 1, -1);
+    mode_block(f, SYS_chmod, 1, -1);
+#endif
+}
+
+/* One (family, type) group of the rules: allow its protocols, EPROTONOSUPPORT
+ * for the others; a family or type that differs goes on to the next group. */
+static void socket_group(struct sfs_filter *f, const struct sfs_socket_rule *rules, int nrules,
+                         const struct sfs_socket_rule *g)
+{
+    int any = 0, nproto = 0;
+    for (int r = 0; r < nrules; r++) {
+        if (rules[r].pair == g->pair && rules[r].family == g->family && rules[r].type == g->type) {
+            any |= rules[r].proto == SFS_PROTO_ANY;
+            nproto++;
+        }
+    }
+    LD_ABS(f, SFS_ARG(0));
+    unsigned short fam = (unsigned short)f->n;
+    JEQ(f, g->family, 0, 0);
+    LD_ABS(f, SFS_ARG(1));
+    emit(f, BPF_ALU | BPF_AND | BPF_K, 0, 0, ~(uint32_t)(SOCK_NONBLOCK | SOCK_CLOEXEC));
+    unsigned short type = (unsigned short)f->n;
+    JEQ(f, g->type, 0, 0);
+    if (any) {
+        RET(f, SECCOMP_RET_ALLOW);
+    } else {
+        LD_ABS(f, SFS_ARG(2));
+        int left = nproto;
+        for (int r = 0; r < nrules; r++) {
+            if (rules[r].pair == g->pair && rules[r].family == g->family && rules[r].type == g->type) {
+                left--;
+                JEQ(f, (uint32_t)rules[r].proto, (unsigned char)(left + 1), 0);
+            }
+        }
+        RET(f, DENY(EPROTONOSUPPORT));
+        RET(f, SECCOMP_RET_ALLOW);
+    }
+    patch_jf(f, fam);
+    patch_jf(f, type);
+}
+
+/* socket() (pair 0) or socketpair() (pair 1): only the rules' triples. */
+static void socket_block(struct sfs_filter *f, long nr, int pair,
+                         const struct sfs_socket_rule *rules, int nrules)
+{
+    unsigned short at = begin_block(f, nr);
+    for (int r = 0; r < nrules; r++) {
+        int first = rules[r].pair == pair;
+        for (int q = 0; first && q < r; q++)
+            if (rules[q].pair == pair && rules[q].family == rules[r].family
+                && rules[q].type == rules[r].type)
+                first = 0;
+        if (first)
+            socket_group(f, rules, nrules, &rules[r]);
+    }
+    RET(f, DENY(EAFNOSUPPORT));
+    patch_jf(f, at);
+}
+
+/* Ways around Landlock's TCP connect rule: data in the SYN (TCP Fast Open). */
+static void tcp_blocks(struct sfs_filter *f)
+{
+    static const struct { long nr; int arg; } sends[] = {
+        { SYS_sendto, 3 }, { SYS_sendmsg, 2 }, { SYS_sendmmsg, 3 },
+    };
+    for (size_t k = 0; k < 3; k++) {
+        unsigned short at = begin_block(f, sends[k].nr);
+        LD_ABS(f, SFS_ARG(sends[k].arg));
+        JSET(f, MSG_FASTOPEN, 0, 1);
+        RET(f, DENY(EOPNOTSUPP));
+        RET(f, SECCOMP_RET_ALLOW);
+        patch_jf(f, at);
+    }
+    unsigned short at = begin_block(f, SYS_setsockopt);
+    LD_ABS(f, SFS_ARG(1));
+    JEQ(f, IPPROTO_TCP, 0, 3);
+    LD_ABS(f, SFS_ARG(2));
+    JEQ(f, SFS_TCP_FASTOPEN_CONNECT, 0, 1);
+    RET(f, DENY(EOPNOTSUPP));
+    RET(f, SECCOMP_RET_ALLOW);
+    patch_jf(f, at);
+}
+
+/* clone() without namespace flags; personality() only for the values Docker allows. */
+static void process_blocks(struct sfs_filter *f)
+{
+    unsigned short at = begin_block(f, SYS_clone);
+    LD_ABS(f, SFS_ARG(0));
+    JSET(f, SFS_CLONE_NS_FLAGS, 0, 1);
+    RET(f, DENY(EPERM));
+    RET(f, SECCOMP_RET_ALLOW);
+    patch_jf(f, at);
+    static const uint32_t personas[] = { 0, 8, 0x20000, 0x20008, 0xffffffffU };
+    at = begin_block(f, SYS_personality);
+    LD_ABS(f, SFS_ARG(0));
+    for (unsigned char k = 0; k < 5; k++)
+        JEQ(f, personas[k], (unsigned char)(5 - k), 0);
+    RET(f, DENY(EPERM));
+    RET(f, SECCOMP_RET_ALLOW);
+    patch_jf(f, at);
+}
+
+/* Numbers in nrs[] return ret: chunks of "JEQ nr -> RET ret", JA over the RET. */
+static void number_list(struct sfs_filter *f, const long *nrs, size_t count, uint32_t ret)
+{
+    for (size_t s = 0; s < count; s += 200) {
+        size_t k = count - s < 200 ? count - s : 200;
+        for (size_t i = 0; i < k; i++)
+            JEQ(f, (uint32_t)nrs[s + i], (unsigned char)(k - i), 0);
+        emit(f, BPF_JMP | BPF_JA, 0, 0, 1);
+        RET(f, ret);
+    }
+}
+
+static void install_seccomp(long long bits, const struct sfs_socket_rule *rules, int nrules)
 {
 #ifndef SFS_AUDIT_ARCH
     (void)bits;
+    (void)rules;
+    (void)nrules;
     fail("seccomp", ENOSYS);
 #else
-    struct sfs_filter f = { .n = 0 };
-    /* Another ABI (32-bit compat: socketcall hides its arguments) is refused. */
+    static struct sfs_filter f;
+    f.n = 0;
     LD_ABS(&f, offsetof(struct seccomp_data, arch));
-    emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, SFS_AUDIT_ARCH);
+    JEQ(&f, SFS_AUDIT_ARCH, 1, 0);
     RET(&f, DENY(ENOSYS));
-    LD_ABS(&f, offsetof(struct seccomp_data, nr));
+    LD_ABS(&f, SFS_NR);
 #if defined(__x86_64__)
     emit(&f, BPF_JMP | BPF_JGE | BPF_K, 0, 1, 0x40000000U);     /* x32 */
     RET(&f, DENY(ENOSYS));
 #endif
-    /* io_uring submits socket, connect and sendmsg without seccomp seeing them. */
-    static const long uring[] = { SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register };
-    for (size_t k = 0; k < 3; k++) {
-        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, (uint32_t)uring[k]);
-        RET(&f, DENY(ENOSYS));
+    mode_blocks(&f);
+    socket_block(&f, SYS_socket, 0, rules, nrules);
+    socket_block(&f, SYS_socketpair, 1, rules, nrules);
+    process_blocks(&f);
+    if (bits & SFS_SECCOMP_TCP)
+        tcp_blocks(&f);
+    number_list(&f, sfs_unseen, sizeof sfs_unseen / sizeof sfs_unseen[0], DENY(ENOSYS));
+    number_list(&f, sfs_refused, sizeof sfs_refused / sizeof sfs_refused[0], DENY(EPERM));
+    if (!(bits & SFS_SECCOMP_TCP)) {
+        static const long plain[] = { SYS_sendto, SYS_sendmsg, SYS_sendmmsg, SYS_setsockopt };
+        number_list(&f, plain, 4, SECCOMP_RET_ALLOW);
     }
-    if (bits & SFS_SECCOMP_KEYS) {
-        static const long keys[] = { SYS_keyctl, SYS_add_key, SYS_request_key };
-        for (size_t k = 0; k < 3; k++) {
-            emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, (uint32_t)keys[k]);
-            RET(&f, DENY(EPERM));
-        }
-    }
-    if (bits & (SFS_SECCOMP_TCP | SFS_SECCOMP_UNIX)) {
-        unsigned char len = (unsigned char)(1 + ((bits & SFS_SECCOMP_UNIX) ? 3 : 0)
-                                            + ((bits & SFS_SECCOMP_TCP) ? 3 : 0));
-        begin_block(&f, SYS_socket, len);
-        if (bits & SFS_SECCOMP_UNIX) {
-            LD_ABS(&f, SFS_ARG(0));
-            emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, AF_UNIX);
-            RET(&f, DENY(EACCES));
-        }
-        if (bits & SFS_SECCOMP_TCP) {
-            LD_ABS(&f, SFS_ARG(2));
-            emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, IPPROTO_MPTCP);
-            RET(&f, DENY(EPROTONOSUPPORT));
-        }
-        RET(&f, SECCOMP_RET_ALLOW);
-    }
-    if (bits & SFS_SECCOMP_UNIX) {
-        /* Stream and seqpacket pairs are connected for good; a datagram one
-         * can connect()/sendto() any socket path. */
-        begin_block(&f, SYS_socketpair, 7);
-        LD_ABS(&f, SFS_ARG(0));
-        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, AF_UNIX);
-        LD_ABS(&f, SFS_ARG(1));
-        emit(&f, BPF_ALU | BPF_AND | BPF_K, 0, 0, 0xf);
-        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, SOCK_DGRAM);
-        RET(&f, DENY(EACCES));
-        RET(&f, SECCOMP_RET_ALLOW);
-    }
-    if (bits & SFS_SECCOMP_TCP) {
-        static const struct { long nr; int arg; } sends[] = {
-            { SYS_sendto, 3 }, { SYS_sendmsg, 2 }, { SYS_sendmmsg, 3 },
-        };
-        for (size_t k = 0; k < 3; k++) {
-            begin_block(&f, sends[k].nr, 4);
-            LD_ABS(&f, SFS_ARG(sends[k].arg));
-            emit(&f, BPF_JMP | BPF_JSET | BPF_K, 0, 1, MSG_FASTOPEN);
-            RET(&f, DENY(EOPNOTSUPP));
-            RET(&f, SECCOMP_RET_ALLOW);
-        }
-        begin_block(&f, SYS_setsockopt, 6);
-        LD_ABS(&f, SFS_ARG(1));
-        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 3, IPPROTO_TCP);
-        LD_ABS(&f, SFS_ARG(2));
-        emit(&f, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, SFS_TCP_FASTOPEN_CONNECT);
-        RET(&f, DENY(EOPNOTSUPP));
-        RET(&f, SECCOMP_RET_ALLOW);
-    }
-    RET(&f, SECCOMP_RET_ALLOW);
+    number_list(&f, sfs_allowed, sizeof sfs_allowed / sizeof sfs_allowed[0], SECCOMP_RET_ALLOW);
+    RET(&f, DENY(ENOSYS));
     if (bits & SFS_SECCOMP_KEYS) {
         /* Leave the inherited session keyring (possessed keys) for a fresh one. */
         if (syscall(SYS_keyctl, SFS_KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0 && errno != ENOSYS)
@@ -684,6 +935,34 @@ static void install_seccomp(long long bits)
 #endif
 }
 
+/* "--socket KIND:FAMILY:TYPE:PROTO": KIND s (socket) or p (socketpair), PROTO a number or '*'. */
+static void parse_socket_rule(const char *spec, struct sfs_socket_rule *rule)
+{
+    char buf[64], *parts[4], *save = NULL;
+    long long v[3];
+    if (strlen(spec) >= sizeof buf)
+        fail("usage", EINVAL);
+    strcpy(buf, spec);
+    for (int k = 0; k < 4; k++) {
+        parts[k] = strtok_r(k ? NULL : buf, ":", &save);
+        if (!parts[k])
+            fail("usage", EINVAL);
+    }
+    if (strtok_r(NULL, ":", &save) || (strcmp(parts[0], "s") && strcmp(parts[0], "p")))
+        fail("usage", EINVAL);
+    for (int k = 0; k < 2; k++)
+        if (parse_int(parts[k + 1], &v[k]) || v[k] < 0 || v[k] > 0xffff)
+            fail("usage", EINVAL);
+    if (strcmp(parts[3], "*") == 0)
+        v[2] = SFS_PROTO_ANY;
+    else if (parse_int(parts[3], &v[2]) || v[2] < 0 || v[2] > 0xffff)
+        fail("usage", EINVAL);
+    rule->pair = parts[0][0] == 'p';
+    rule->family = (uint32_t)v[0];
+    rule->type = (uint32_t)v[1];
+    rule->proto = v[2];
+}
+
 int main(int argc, char **argv)
 {
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
@@ -692,7 +971,9 @@ int main(int argc, char **argv)
     char **envp = environ;
     char *masks[SFS_MAX_MASKS];
     int nmasks = 0;
-    long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = 0;
+    long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = -1;
+    struct sfs_socket_rule sockets[SFS_MAX_SOCKETS];
+    int nsockets = 0;
     int i;
 
     /* First pass: --status, so later usage errors are reported through it. */
@@ -744,8 +1025,12 @@ int main(int argc, char **argv)
                 fail("usage", EINVAL);
             masks[nmasks++] = (char *)v;
         } else if (strcmp(a, "--seccomp") == 0) {
-            if (parse_int(v, &seccomp_bits) || seccomp_bits < 0)
+            if (parse_int(v, &seccomp_bits) || seccomp_bits < 0 || seccomp_bits & ~SFS_SECCOMP_BITS)
                 fail("usage", EINVAL);
+        } else if (strcmp(a, "--socket") == 0) {
+            if (nsockets == SFS_MAX_SOCKETS)
+                fail("usage", E2BIG);
+            parse_socket_rule(v, &sockets[nsockets++]);
         }
         else if (strcmp(a, "--rw-tree") == 0) {
             if (ntrees == SFS_MAX_TREES)
@@ -820,8 +1105,8 @@ int main(int argc, char **argv)
             fail("landlock", errno);
         close(ruleset_fd);
     }
-    if (seccomp_bits)
-        install_seccomp(seccomp_bits);
+    if (seccomp_bits >= 0)
+        install_seccomp(seccomp_bits, sockets, nsockets);
     /* Every fd but 0/1/2 (the status fd included) is gone at execve. */
     if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {
         int maxfd = (int)sysconf(_SC_OPEN_MAX);

@@ -280,10 +280,16 @@ _STATUS_MAX = 256
 _NS_FLAGS = {"net": 0x40000000, "ipc": 0x08000000, "uts": 0x04000000}
 _CLONE_NEWCGROUP = 0x02000000
 
-# The helper's --seccomp bits (native/sfs_exec.c).
-_SECCOMP_KEYS = 1   # keyctl, add_key, request_key (after joining a fresh session keyring)
-_SECCOMP_TCP = 2    # socket(IPPROTO_MPTCP), MSG_FASTOPEN sends, TCP_FASTOPEN_CONNECT
-_SECCOMP_UNIX = 4   # socket(AF_UNIX), socketpair(AF_UNIX, SOCK_DGRAM)
+# The helper's --seccomp bits (native/sfs_exec.c); the allow-list itself is always installed.
+_SECCOMP_KEYS = 1   # join a fresh session keyring first
+_SECCOMP_TCP = 2    # MSG_FASTOPEN sends and TCP_FASTOPEN_CONNECT refused
+
+# (family, type) pairs for the helper's --socket rules; protocol None: any.
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
+_SOCK_STREAM, _SOCK_DGRAM, _SOCK_RAW, _SOCK_SEQPACKET = 1, 2, 3, 5
+_IPPROTO_ICMP, _IPPROTO_TCP, _IPPROTO_UDP, _IPPROTO_ICMPV6 = 1, 6, 17, 58
+_NETLINK_ROUTE = 0
+_MAX_SOCKET_RULES = 32  # SFS_MAX_SOCKETS in native/sfs_exec.c
 
 Confinement = Literal["required", "best_effort", "none"]
 
@@ -391,12 +397,33 @@ class ConfinementPolicy:
             (no interface but a down loopback: no TCP, UDP, ICMP ...).  As
             root directly, otherwise inside the read-only mount layer's user
             namespace; :attr:`ExecResult.network_isolated` says if it applied.
-        allow_unix_sockets: let the child create ``AF_UNIX`` sockets.  By
-            default ``socket(AF_UNIX)`` and datagram ``socketpair`` are
-            refused (seccomp, ``EACCES``): Landlock does not govern
-            ``connect()`` to a socket path, so any host socket the child can
-            name (docker.sock, D-Bus, syslog) would be reachable.  Stream
-            and seqpacket ``socketpair`` stay allowed.
+        allow_unix_sockets: let the child create ``AF_UNIX`` sockets
+            (``socket()`` of type ``SOCK_STREAM``, ``SOCK_DGRAM`` or
+            ``SOCK_SEQPACKET``, and datagram ``socketpair``).  By default they
+            are refused (seccomp, ``EAFNOSUPPORT``): Landlock does not govern
+            ``connect()``/``sendto()`` to a socket path, so any host socket
+            the child can name (docker.sock, D-Bus, syslog) would be
+            reachable.  Stream and seqpacket ``socketpair`` stay allowed
+            (connected for good to each other).
+        allow_udp: let the child create UDP sockets (``AF_INET``/``AF_INET6``
+            ``SOCK_DGRAM``, protocol 0 or ``IPPROTO_UDP``).  Landlock does not
+            govern UDP: with the host network (a TCP port allowed) the child
+            can then send datagrams to any address, a DNS resolver included.
+            In an isolated network namespace they reach nothing.
+        allow_icmp: let the child create ICMP echo ("ping") sockets
+            (``SOCK_DGRAM`` with ``IPPROTO_ICMP``/``IPPROTO_ICMPV6``; the
+            kernel also requires ``net.ipv4.ping_group_range``).
+        allow_netlink: let the child create ``NETLINK_ROUTE`` sockets
+            (``SOCK_RAW``/``SOCK_DGRAM``): interface and address queries of
+            the child's network namespace (``getifaddrs``, ``ip addr``).
+            Other netlink protocols need :attr:`extra_sockets`.
+        extra_sockets: further ``(family, type, protocol)`` triples the child
+            may create with ``socket()`` (``protocol`` None: any), e.g.
+            ``(40, 1, None)`` for ``AF_VSOCK`` streams or ``(17, 3, None)``
+            for ``AF_PACKET``.  Nothing else governs them (vsock is not
+            network-namespaced: it reaches the hypervisor and every VM-wide
+            listener); the host application takes that on.  ``type`` is
+            compared after removing ``SOCK_NONBLOCK``/``SOCK_CLOEXEC``.
         kill_grace_s: seconds between SIGTERM and SIGKILL on timeout or terminate.
         eof_grace_s: seconds to keep reading stdout/stderr after the main
             process exited (a background child may keep the pipes open).
@@ -420,6 +447,10 @@ class ConfinementPolicy:
     namespaces: frozenset[str] = frozenset()
     isolate_network: bool = True
     allow_unix_sockets: bool = False
+    allow_udp: bool = False
+    allow_icmp: bool = False
+    allow_netlink: bool = False
+    extra_sockets: frozenset[tuple[int, int, int | None]] = frozenset()
     kill_grace_s: float = 2.0
     eof_grace_s: float = 1.0
     use_cgroup: bool = True
@@ -434,6 +465,50 @@ class ConfinementPolicy:
                 if int(value) < 0:
                     raise ValueError(f"rlimit {name} must be >= 0")
                 out += ["--rlimit", f"{name}={int(value)}"]
+        return out
+
+    def socket_args(self) -> list[str]:
+        """The helper's ``--socket KIND:FAMILY:TYPE:PROTO`` rules: the socket allow-list.
+
+        Always: ``socketpair(AF_UNIX)`` of type ``SOCK_STREAM`` and
+        ``SOCK_SEQPACKET``.  ``AF_INET``/``AF_INET6`` ``SOCK_STREAM``
+        (protocol 0 or ``IPPROTO_TCP``: MPTCP and SCTP get
+        ``EPROTONOSUPPORT``) only when TCP is allowed (``allow_tcp_connect``,
+        ``allow_tcp_bind`` or ``unrestricted_tcp``); then Landlock governs
+        the ports.  The ``allow_*`` fields and :attr:`extra_sockets` add the
+        rest; everything else gets ``EAFNOSUPPORT``.
+
+        Raises:
+            ValueError: an :attr:`extra_sockets` entry is not three integers
+                in 0..65535 (the protocol may be None), or there are more
+                than 32 rules in all.
+        """
+        rules: list[tuple[str, int, int, int | None]] = [
+            ("p", _AF_UNIX, _SOCK_STREAM, None), ("p", _AF_UNIX, _SOCK_SEQPACKET, None)]
+        inet = (_AF_INET, _AF_INET6)
+        if self.unrestricted_tcp or self.allow_tcp_connect or self.allow_tcp_bind:
+            rules += [("s", af, _SOCK_STREAM, p) for af in inet for p in (0, _IPPROTO_TCP)]
+        if self.allow_unix_sockets:
+            rules += [("s", _AF_UNIX, t, None) for t in (_SOCK_STREAM, _SOCK_DGRAM, _SOCK_SEQPACKET)]
+            rules.append(("p", _AF_UNIX, _SOCK_DGRAM, None))
+        if self.allow_udp:
+            rules += [("s", af, _SOCK_DGRAM, p) for af in inet for p in (0, _IPPROTO_UDP)]
+        if self.allow_icmp:
+            rules += [("s", _AF_INET, _SOCK_DGRAM, _IPPROTO_ICMP), ("s", _AF_INET6, _SOCK_DGRAM, _IPPROTO_ICMPV6)]
+        if self.allow_netlink:
+            rules += [("s", _AF_NETLINK, t, _NETLINK_ROUTE) for t in (_SOCK_RAW, _SOCK_DGRAM)]
+        for entry in sorted(self.extra_sockets, key=repr):
+            if (not isinstance(entry, tuple) or len(entry) != 3
+                    or not all(type(v) is int and 0 <= v <= 0xFFFF for v in entry[:2])
+                    or not (entry[2] is None or (type(entry[2]) is int and 0 <= entry[2] <= 0xFFFF))):
+                raise ValueError(f"extra_sockets entry {entry!r} is not (family, type, protocol or None)")
+            rules.append(("s", *entry))
+        unique = list(dict.fromkeys(rules))
+        if len(unique) > _MAX_SOCKET_RULES:
+            raise ValueError(f"at most {_MAX_SOCKET_RULES} socket rules (extra_sockets has too many)")
+        out: list[str] = []
+        for kind, family, type_, proto in unique:
+            out += ["--socket", f"{kind}:{family}:{type_}:{'*' if proto is None else proto}"]
         return out
 
 
@@ -1583,9 +1658,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
             bits = _SECCOMP_KEYS
             if not prep.net_isolated and not policy.unrestricted_tcp:
                 bits |= _SECCOMP_TCP
-            if not policy.allow_unix_sockets:
-                bits |= _SECCOMP_UNIX
-            args += ["--seccomp", str(bits)]
+            args += ["--seccomp", str(bits)] + policy.socket_args()
         if flags:
             args += ["--unshare", str(flags)]
         prep.helper_argv = args + ["--"] + command
