@@ -11,8 +11,10 @@ one so that on Linux it
   (Landlock ABI >= 4, with a seccomp filter closing the MPTCP and TCP Fast
   Open ways around it), and cannot signal processes or reach abstract unix
   sockets outside its sandbox (ABI >= 6);
-* cannot create ``AF_UNIX`` sockets (so cannot reach host sockets such as
-  docker.sock or D-Bus by path) unless the policy allows them;
+* runs under a seccomp allow-list of system calls and socket types (see
+  below): no ``AF_UNIX`` socket (so no host socket such as docker.sock or
+  D-Bus by path), UDP, ICMP, netlink, packet or vsock socket unless the
+  policy allows it, and no set-id file can be created;
 * does not share the host's System V IPC, kernel keyrings or cgroup view;
 * runs with rlimits, no capabilities (when started as root), no new
   privileges, in its own session and process group (and cgroup v2 leaf when
@@ -91,7 +93,8 @@ system binary setuid, make ``/etc/shadow`` world-readable).  When the host
 runs as root the helper therefore also gives the child a private mount
 namespace in which every mount is read-only except clones of the workspace
 and the read-write grants (``ConfinementPolicy.read_only_mounts``): such
-changes fail with EROFS.  A non-root host gets the same layer inside a user
+changes fail with EROFS.  Every mount there, the clones included, is also
+``nosuid``.  A non-root host gets the same layer inside a user
 namespace that maps only its own uid and gid; where the system forbids user
 namespaces, a child can change the metadata of files its user owns outside
 the workspace (``ExecResult.read_only_mounts`` is then False).
@@ -176,17 +179,60 @@ inside the mount layer's user namespace, and only when that layer applies):
   it once (with its held mount namespace) and every process joins it; a
   fresh one costs ~2 ms.
 
-A seccomp filter (after ``no_new_privs``) refuses ``keyctl``, ``add_key``
-and ``request_key`` (after joining a fresh session keyring: a uid-0 child
-could otherwise read root's keys); ``socket(AF_UNIX)`` and datagram
-``socketpair`` unless ``allow_unix_sockets`` (Landlock ABI <= 7 does not
-govern ``connect()`` on a socket path); when the host network is used,
-``socket(IPPROTO_MPTCP)`` (``EPROTONOSUPPORT``, so programs fall back to
-TCP), ``sendto``/``sendmsg``/``sendmmsg`` with ``MSG_FASTOPEN`` and
-``setsockopt(TCP_FASTOPEN_CONNECT)`` (``EOPNOTSUPP``), which reach a
-TCP port without the ``connect()`` Landlock checks; ``io_uring`` (its
-operations bypass seccomp); and every syscall of another ABI (x32, 32-bit
-compat: ``socketcall`` hides its arguments).
+The seccomp filter (installed last, after ``no_new_privs`` and Landlock) is
+an allow-list modelled on Docker's default profile for a container without
+``CAP_SYS_ADMIN`` (moby ``profiles/seccomp/default.json``):
+
+* a syscall not on the list fails with ``ENOSYS``, so libc and programs
+  that probe a newer syscall fall back to an older one.  Among them:
+  ``openat2`` and ``clone3`` (their arguments sit behind a pointer seccomp
+  cannot read; glibc falls back to ``clone`` for threads), ``io_uring``
+  (its operations bypass seccomp) and every syscall of another ABI (x32,
+  32-bit compat: ``socketcall`` hides its arguments);
+* privileged and namespace syscalls fail with ``EPERM``: ``mount`` and the
+  new mount API, ``unshare``, ``setns``, ``clone`` with a ``CLONE_NEW*``
+  flag (a new user namespace would hold ``CAP_SETFCAP`` and friends),
+  ``keyctl``/``add_key``/``request_key`` (after joining a fresh session
+  keyring: a uid-0 child could otherwise read root's keys), ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, ``kcmp``, ``pidfd_getfd``, module,
+  swap, reboot and clock calls, and ``personality`` other than Docker's
+  values (no ``ADDR_NO_RANDOMIZE``);
+* set-id files: ``open``/``openat``/``creat`` with ``O_CREAT`` or
+  ``O_TMPFILE``, ``mkdir``/``mkdirat``, ``mknod``/``mknodat``, ``chmod``,
+  ``fchmod``, ``fchmodat`` and ``fchmodat2`` fail with ``EPERM`` when the
+  mode has ``S_ISUID`` or ``S_ISGID`` (a setgid directory too: files made
+  in it take its group).  The sticky bit grants nothing and stays allowed;
+  ``umask`` only removes bits.  A directory made inside one that already
+  has ``S_ISGID`` (placed by the host) inherits it, as the kernel does;
+* ``socket()`` and ``socketpair()`` only for the triples of
+  :meth:`ConfinementPolicy.socket_args` (family, type after
+  ``SOCK_NONBLOCK|SOCK_CLOEXEC``, protocol): another family or type gets
+  ``EAFNOSUPPORT``, another protocol of an allowed family and type
+  ``EPROTONOSUPPORT`` (MPTCP: programs fall back to TCP).  By default only
+  ``socketpair(AF_UNIX)`` stream and seqpacket pairs (a datagram pair,
+  which ``SOCK_RAW`` also gives, can ``sendto()`` any socket path);
+  ``AF_INET``/``AF_INET6`` ``SOCK_STREAM`` when a TCP port is allowed (the
+  ports then governed by Landlock); ``allow_unix_sockets``, ``allow_udp``,
+  ``allow_icmp``, ``allow_netlink`` and ``extra_sockets`` add more;
+* when the host network is used, ``sendto``/``sendmsg``/``sendmmsg`` with
+  ``MSG_FASTOPEN`` and ``setsockopt(TCP_FASTOPEN_CONNECT)`` fail with
+  ``EOPNOTSUPP``: they reach a TCP port without the ``connect()`` Landlock
+  checks.
+
+DNS: by default a confined command has no resolver.  With no TCP port
+allowed it has no network at all; with one, glibc's resolver still needs
+UDP (``allow_udp``, which Landlock does not govern, so the child can then
+send datagrams to any address the host network reaches) or a TCP-only
+resolver configuration with port 53 allowed.  Numeric addresses and
+``/etc/hosts`` names work; resolve names in the host and pass addresses.
+
+Every mount in the child's mount namespace (workspace and read-write grants
+included) is ``nosuid``.  A hard link to a host set-id file cannot be made
+in the workspace: Landlock gives ``REFER`` (links across directories) only
+beneath the workspace and read-write grants, and in the mount layer each
+writable tree is its own mount, which ``link(2)`` never crosses.  Without
+the mount layer a set-id file already in a read-write grant on the
+workspace's filesystem can be linked into it.
 
 ``ConfinementPolicy.namespaces`` (root only) adds namespaces on request:
 ``"net"`` even when ports are allowed, ``"ipc"`` (always on anyway),
@@ -196,8 +242,9 @@ every descendant.  ``/proc/self/mountinfo`` still shows the host's mount
 layout (paths only).
 
 What remains: with a TCP port allowed the child uses the host network, so
-UDP, ICMP (where ``ping_group_range`` allows) and netlink queries reach
-the host; ``confinement="none"`` applies none of these layers; without the
+whatever sockets the policy opens beyond TCP (``allow_udp``,
+``allow_icmp``, ``allow_netlink``, ``extra_sockets``) reach the host;
+``confinement="none"`` applies none of these layers; without the
 read-only mount layer (``read_only_mounts=False``) cgroupfs stays visible.
 
 Thread-safety: the async functions are meant for one trio run; a
