@@ -645,11 +645,11 @@ static const long sfs_allowed[] = {
     SYS_execve, SYS_execveat, SYS_exit, SYS_exit_group, SYS_faccessat, SYS_faccessat2,
     SYS_fadvise64, SYS_fallocate, SYS_fanotify_mark, SYS_fchdir, SYS_fchown, SYS_fchownat,
     SYS_fcntl, SYS_fdatasync, SYS_fgetxattr, SYS_flistxattr, SYS_flock, SYS_fremovexattr,
-    SYS_fsetxattr, SYS_fstat, SYS_fstatfs, SYS_fsync, SYS_ftruncate, SYS_futex,
+    SYS_fsetxattr, SYS_fstatfs, SYS_fsync, SYS_ftruncate, SYS_futex,
     SYS_futex_waitv, SYS_getcpu, SYS_getcwd, SYS_getdents64, SYS_getegid, SYS_geteuid,
     SYS_getgid, SYS_getgroups, SYS_getitimer, SYS_getpeername, SYS_getpgid, SYS_getpid,
     SYS_getppid, SYS_getpriority, SYS_getrandom, SYS_getresgid, SYS_getresuid,
-    SYS_getrlimit, SYS_get_robust_list, SYS_getrusage, SYS_getsid, SYS_getsockname,
+    SYS_get_robust_list, SYS_getrusage, SYS_getsid, SYS_getsockname,
     SYS_getsockopt, SYS_gettid, SYS_gettimeofday, SYS_getuid, SYS_getxattr,
     SYS_inotify_add_watch, SYS_inotify_init1, SYS_inotify_rm_watch, SYS_io_cancel,
     SYS_ioctl, SYS_io_destroy, SYS_io_getevents, SYS_io_pgetevents, SYS_ioprio_get,
@@ -660,13 +660,13 @@ static const long sfs_allowed[] = {
     SYS_mlockall, SYS_mmap, SYS_mprotect, SYS_mq_getsetattr, SYS_mq_notify, SYS_mq_open,
     SYS_mq_timedreceive, SYS_mq_timedsend, SYS_mq_unlink, SYS_mremap, SYS_msgctl,
     SYS_msgget, SYS_msgrcv, SYS_msgsnd, SYS_msync, SYS_munlock, SYS_munlockall, SYS_munmap,
-    SYS_name_to_handle_at, SYS_nanosleep, SYS_newfstatat, SYS_pidfd_open,
+    SYS_name_to_handle_at, SYS_nanosleep, SYS_pidfd_open,
     SYS_pidfd_send_signal, SYS_pipe2, SYS_pkey_alloc, SYS_pkey_free, SYS_pkey_mprotect,
     SYS_ppoll, SYS_prctl, SYS_pread64, SYS_preadv, SYS_preadv2, SYS_prlimit64,
     SYS_process_mrelease, SYS_process_vm_readv, SYS_process_vm_writev, SYS_pselect6,
     SYS_ptrace, SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read, SYS_readahead,
     SYS_readlinkat, SYS_readv, SYS_recvfrom, SYS_recvmmsg, SYS_recvmsg,
-    SYS_remap_file_pages, SYS_removexattr, SYS_renameat, SYS_renameat2,
+    SYS_remap_file_pages, SYS_removexattr, SYS_renameat2,
     SYS_restart_syscall, SYS_rseq, SYS_rt_sigaction, SYS_rt_sigpending, SYS_rt_sigprocmask,
     SYS_rt_sigqueueinfo, SYS_rt_sigreturn, SYS_rt_sigsuspend, SYS_rt_sigtimedwait,
     SYS_rt_tgsigqueueinfo, SYS_sched_getaffinity, SYS_sched_getattr, SYS_sched_getparam,
@@ -675,7 +675,7 @@ static const long sfs_allowed[] = {
     SYS_sched_setparam, SYS_sched_setscheduler, SYS_sched_yield, SYS_seccomp, SYS_semctl,
     SYS_semget, SYS_semop, SYS_semtimedop, SYS_sendfile, SYS_setfsgid, SYS_setfsuid,
     SYS_setgid, SYS_setgroups, SYS_setitimer, SYS_setpgid, SYS_setpriority, SYS_setregid,
-    SYS_setresgid, SYS_setresuid, SYS_setreuid, SYS_setrlimit, SYS_set_robust_list,
+    SYS_setresgid, SYS_setresuid, SYS_setreuid, SYS_set_robust_list,
     SYS_setsid, SYS_set_tid_address, SYS_setuid, SYS_setxattr, SYS_shmat, SYS_shmctl,
     SYS_shmdt, SYS_shmget, SYS_shutdown, SYS_sigaltstack, SYS_signalfd4, SYS_splice,
     SYS_statfs, SYS_statx, SYS_symlinkat, SYS_sync, SYS_sync_file_range, SYS_syncfs,
@@ -684,6 +684,16 @@ static const long sfs_allowed[] = {
     SYS_timerfd_gettime, SYS_timerfd_settime, SYS_times, SYS_tkill, SYS_truncate,
     SYS_umask, SYS_uname, SYS_unlinkat, SYS_utimensat, SYS_vmsplice, SYS_wait4,
     SYS_waitid, SYS_write, SYS_writev,
+    /* Not in every generic table (__ARCH_WANT_NEW_STAT, _RENAMEAT, _SET_GET_RLIMIT). */
+#ifdef SYS_fstat
+    SYS_fstat, SYS_newfstatat,
+#endif
+#ifdef SYS_renameat
+    SYS_renameat,
+#endif
+#ifdef SYS_getrlimit
+    SYS_getrlimit, SYS_setrlimit,
+#endif
 #if defined(__x86_64__)
     SYS_access, SYS_alarm, SYS_arch_prctl, SYS_chown, SYS_dup2, SYS_epoll_create,
     SYS_epoll_wait, SYS_eventfd, SYS_fork, SYS_futimesat, SYS_getdents, SYS_getpgrp,
