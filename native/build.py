@@ -28,6 +28,7 @@ int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, ui
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
 int sfs_set_times_fd(int fd, int64_t ns);
+int sfs_fchown_fd(int fd, int64_t uid, int64_t gid);
 #define SFS_XFER_CHECK_IDENT ...
 #define SFS_XFER_FSYNC ...
 #define SFS_XFER_SET_MTIME ...
@@ -49,7 +50,7 @@ struct sfs_xfer {
     int src_fd, tmp_fd;
 };
 int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char *tmp_name,
-                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen);
+                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen, int64_t uid, int64_t gid);
 int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x);
 void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
 #define SFS_XF_FIELDS ...
@@ -60,13 +61,13 @@ void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
 #define SFS_XF_STAGE_SHORT ...
 #define SFS_XF_STAGE_META ...
 int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
-                      int64_t names_len, int n, int64_t *err_out);
+                      int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid);
 int sfs_landlock_abi(void);
 int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
 int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);
 int sfs_landlock_add_port(int ruleset_fd, uint64_t port, uint64_t access);
 int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64_t names_len,
-                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out);
+                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out, int64_t uid, int64_t gid);
 """
 
 ffibuilder = FFI()

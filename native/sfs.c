@@ -645,6 +645,29 @@ int sfs_set_times_fd(int fd, int64_t ns)
     return 0;
 }
 
+/* fchown(fd, uid, gid) unless both are -1 (leave as made); an id of -1 leaves that one. */
+static int own_fd(int fd, int64_t uid, int64_t gid)
+{
+    if (uid < 0 && gid < 0)
+        return 0;
+    if (uid > (int64_t)UINT32_MAX - 1 || gid > (int64_t)UINT32_MAX - 1)
+        return -EINVAL;
+    if (fchown(fd, uid < 0 ? (uid_t)-1 : (uid_t)uid, gid < 0 ? (gid_t)-1 : (gid_t)gid) < 0)
+        return -errno;
+    return 0;
+}
+
+/* The owner of the inode fd refers to, an O_PATH fd of a symlink included (never a lookup by name). */
+int sfs_fchown_fd(int fd, int64_t uid, int64_t gid)
+{
+    if (uid > (int64_t)UINT32_MAX - 1 || gid > (int64_t)UINT32_MAX - 1)
+        return -EINVAL;
+    if (fchownat(fd, "", uid < 0 ? (uid_t)-1 : (uid_t)uid, gid < 0 ? (gid_t)-1 : (gid_t)gid,
+                 AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+        return -errno;
+    return 0;
+}
+
 static void xfer_close(struct sfs_xfer *x)
 {
     if (x->src_fd >= 0)
@@ -722,6 +745,8 @@ static int write_all(int fd, const char *buf, size_t len)
  * x->tmp_fd are left open for the caller to continue, then it calls
  * sfs_xfer_finish (or sfs_xfer_abort).  Without buf (NULL): fd-to-fd copy
  * bounded by max_bytes (copy_file_range, read/write fallback).
+ * uid, gid >= 0: the temporary file is given that owner with fchown of its
+ * fd right after it is created (-1: that id is left as made).
  * Returns -errno on failure, x->stage telling which step failed; -EFBIG
  * when the source holds more than max_bytes.
  */
@@ -732,8 +757,9 @@ static int one_component(const char *name)
 }
 
 int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char *tmp_name,
-                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen)
+                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen, int64_t uid, int64_t gid)
 {
+    int r;
     struct stat st;
     x->size = 0;
     x->stage = SFS_STAGE_NONE;
@@ -766,6 +792,8 @@ int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char
     } while (x->tmp_fd < 0 && errno == EINTR);
     if (x->tmp_fd < 0)
         return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_TMP_CREATE, errno);
+    if ((r = own_fd(x->tmp_fd, uid, gid)) < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, -r);
 
     if (buf == NULL) {
         int64_t n = sfs_copy(x->src_fd, x->tmp_fd, x->max_bytes);
@@ -904,7 +932,8 @@ static int xf_copy(int src_fd, int fd, int64_t off, int64_t size, int *stage)
     return 0;
 }
 
-static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, const char *path, int64_t *err_out)
+static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, const char *path, int64_t *err_out,
+                  int64_t uid, int64_t gid)
 {
     int fd, err, stage;
     /* Offsets and sizes come from an archive header: never trust them to be sane here either. */
@@ -914,6 +943,8 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
                  (uint64_t)(e[3] & 0777));
     if (fd < 0)
         return xf_fail(stage_fd, fallback, path, -1, err_out, SFS_XF_STAGE_CREATE, -fd);
+    if ((err = own_fd(fd, uid, gid)) < 0)
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, -err);
     err = xf_copy(src_fd, fd, e[0], e[1], &stage);
     if (err)
         return xf_fail(stage_fd, fallback, path, fd, err_out, stage, err);
@@ -948,11 +979,13 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
  * SFS_XF_STAGE_*: entries before i are complete, entry i's file is removed
  * (EINVAL at SFS_XF_STAGE_CREATE: a negative offset or size, an offset +
  * size past INT64_MAX, an empty or absolute path; nothing was created),
- * later entries are untouched.  One call per batch, so the caller's thread
+ * later entries are untouched.  uid, gid >= 0: each new file is given that
+ * owner with fchown of its fd right after it is created (-1: left as made).
+ * One call per batch, so the caller's thread
  * drops the GIL once for the whole batch.
  */
 int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
-                      int64_t names_len, int n, int64_t *err_out)
+                      int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid)
 {
     const char *p = names, *end = names + (names_len > 0 ? names_len : 0);
     err_out[0] = err_out[1] = 0;
@@ -963,7 +996,7 @@ int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *num
             err_out[1] = SFS_XF_STAGE_CREATE;
             return i;
         }
-        if (xf_one(src_fd, stage_fd, fallback, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out) < 0)
+        if (xf_one(src_fd, stage_fd, fallback, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out, uid, gid) < 0)
             return i;
         p = nul + 1;
     }
@@ -1029,10 +1062,11 @@ int sfs_landlock_add_port(int ruleset_fd, uint64_t port, uint64_t access)
  * destination name of each file.  Stops at the first file whose sfs_xfer_file does not
  * return 0 and stores that return in *ret_out: SFS_XFER_MORE (it filled the rest of buf,
  * its fds are left open in xs[i]), or -errno with xs[i].stage telling the step (-EINVAL at
- * SFS_STAGE_SRC_OPEN when names runs out).  Returns the number of files finished.
+ * SFS_STAGE_SRC_OPEN when names runs out).  uid, gid: the owner of each new file, as
+ * for sfs_xfer_file.  Returns the number of files finished.
  */
 int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64_t names_len,
-                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out)
+                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out, int64_t uid, int64_t gid)
 {
     const char *p = names;
     const char *end = names + names_len;
@@ -1054,7 +1088,7 @@ int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64
             p = z + 1;
         }
         int r = sfs_xfer_file(src_dirfd, part[0], dst_dirfd, part[1], part[2], &xs[i],
-                              buf != NULL ? buf + off : NULL, buf != NULL ? buflen - off : 0);
+                              buf != NULL ? buf + off : NULL, buf != NULL ? buflen - off : 0, uid, gid);
         if (r != 0) {
             *ret_out = r;
             return i;

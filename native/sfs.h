@@ -3,7 +3,7 @@
 #include <stdint.h>
 
 /* Bumped whenever a signature below changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 6
+#define SFS_ABI_VERSION 7
 #define SFS_MAX_SYMLINK_HOPS 40   /* MAXSYMLINKS in the kernel */
 #define SFS_EAGAIN_RETRIES 128
 #define SFS_COPY_BUF 65536
@@ -15,6 +15,7 @@ int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, ui
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
 int sfs_set_times_fd(int fd, int64_t ns);
+int sfs_fchown_fd(int fd, int64_t uid, int64_t gid);
 /* One file copied into a temporary name and renamed into place: see sfs.c. */
 #define SFS_XFER_CHECK_IDENT 1   /* the source's (dev, ino) must equal x->dev, x->ino */
 #define SFS_XFER_FSYNC 2         /* fsync the temporary file before the rename */
@@ -26,7 +27,7 @@ enum sfs_xfer_stage {
     SFS_STAGE_SRC_CHANGED = 2,   /* not a regular file, or not the expected identity */
     SFS_STAGE_TMP_CREATE = 3,    /* creating the temporary name */
     SFS_STAGE_COPY = 4,          /* reading or writing data (EFBIG: over max_bytes) */
-    SFS_STAGE_META = 5,          /* fchmod, futimens, fsync, close */
+    SFS_STAGE_META = 5,          /* fchown, fchmod, futimens, fsync, close */
     SFS_STAGE_RENAME = 6         /* renaming the temporary name over the destination */
 };
 struct sfs_xfer {
@@ -40,7 +41,7 @@ struct sfs_xfer {
     int src_fd, tmp_fd;          /* out: open only after SFS_XFER_MORE */
 };
 int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char *tmp_name,
-                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen);
+                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen, int64_t uid, int64_t gid);
 int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x);
 void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
 /* A batch of new files from an uncompressed tar source, each created by its path beneath
@@ -52,14 +53,14 @@ void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
 #define SFS_XF_STAGE_CREATE 1    /* err_out[1]: creating the name (EINVAL: a bad entry) */
 #define SFS_XF_STAGE_COPY 2      /* reading or writing data */
 #define SFS_XF_STAGE_SHORT 3     /* the source ended before the member's data (or its padding) */
-#define SFS_XF_STAGE_META 4      /* fchmod, futimens, close */
+#define SFS_XF_STAGE_META 4      /* fchown, fchmod, futimens, close */
 int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
-                      int64_t names_len, int n, int64_t *err_out);
+                      int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid);
 int sfs_landlock_abi(void);
 int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
 int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);
 int sfs_landlock_add_port(int ruleset_fd, uint64_t port, uint64_t access);
 /* Many files of one directory pair in one call, data packed in buf: see sfs.c. */
 int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64_t names_len,
-                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out);
+                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out, int64_t uid, int64_t gid);
 #endif

@@ -23,7 +23,7 @@ from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 6
+EXPECTED_ABI = 7
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -170,6 +170,25 @@ def set_times_fd(fd: int, ns: int, op: str, sandbox_path: str | None) -> None:
     check(lib.sfs_set_times_fd(fd, ns), op, sandbox_path)
 
 
+def fchown_fd(fd: int, owner: tuple[int, int], op: str, sandbox_path: str | None) -> None:
+    """Give the inode ``fd`` refers to the owner ``(uid, gid)``: ``fchownat(fd, "", AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW)``.
+
+    ``fd`` may be an ``O_PATH`` fd, of a symlink too (the link itself is
+    changed, never its target): the owner goes to the inode that was opened
+    and checked, never to whatever a name points to later.  An id of -1
+    leaves that one unchanged.
+
+    Raises:
+        OSError: EINVAL for an id over 2**32 - 2; EPERM without the privilege; any other failure.
+    """
+    check(lib.sfs_fchown_fd(fd, owner[0], owner[1]), op, sandbox_path)
+
+
+def owner_ids(owner: tuple[int, int] | None) -> tuple[int, int]:
+    """``(uid, gid)`` for the native batch functions: ``(-1, -1)`` (leave as made) for None."""
+    return (-1, -1) if owner is None else owner
+
+
 def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int,
               op: str, sandbox_path: str | None) -> None:
     """renameat2(2) on names relative to two dir fds (flags: RENAME_NOREPLACE ...)."""
@@ -207,7 +226,7 @@ def buffer_of(buf: bytearray) -> object:
 
 
 def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]", names: bytearray,
-                  n: int) -> tuple[int, int, int]:
+                  n: int, owner: tuple[int, int] | None = None) -> tuple[int, int, int]:
     """Create and fill ``n`` new files beneath ``stage_fd`` in one native call (the GIL is released for all of it).
 
     Each file is created by its path, resolved beneath ``stage_fd`` at that moment
@@ -224,6 +243,9 @@ def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]",
             ``XF_CHMOD | XF_MTIME`` flags.
         names: ``n`` NUL-terminated paths relative to ``stage_fd``, one per entry.
         n: entry count.
+        owner: ``(uid, gid)`` given to each new file with ``fchown`` of its fd
+            right after it is created (a failure is ``XF_STAGE_META``); None
+            leaves them as the process makes them.
 
     Returns:
         ``(done, errno, stage)``: ``done == n`` when every file was made; else the
@@ -238,7 +260,8 @@ def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]",
     if n < 0 or len(nums) < n * XF_FIELDS:
         raise ValueError("extract_files: nums holds fewer than n entries")
     out = ffi.new("int64_t[2]")
+    uid, gid = owner_ids(owner)
     done = lib.sfs_extract_files(src_fd, stage_fd, 1 if resolver == "fallback" else 0,
                                  ffi.from_buffer("int64_t[]", nums), ffi.from_buffer("char[]", names),
-                                 len(names), n, out)
+                                 len(names), n, out, uid, gid)
     return done, int(out[0]), int(out[1])

@@ -1137,6 +1137,10 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
     Args:
         workspace: the workspace Root (writable).  It is used through a view
             that refuses every symlink; the caller still owns and closes it.
+            With ``workspace.owner`` set, every entry made (files, directories,
+            symlinks, archive members and the extractor's staging directory)
+            is given that owner through its own fd (see
+            :class:`~sandbox_fs.root.Root`); existing directories keep theirs.
         manifest: a validated :class:`~sandbox_fs.manifest.Manifest` (from
             :func:`~sandbox_fs.manifest.load_manifest`).  Its ``root``,
             ``base_dir`` and ``extra_path_grants`` are never used.

@@ -37,6 +37,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 
 from . import _native
 from .errors import (
+    InvalidArgumentError,
     InvalidPathError,
     PathEscapeError,
     ReadOnlyError,
@@ -108,13 +109,41 @@ def fd_chmod(fd: int, mode: int) -> None:
 
 
 def fd_chown(fd: int, owner: tuple[int, int]) -> None:
-    """``fchown`` of the inode ``fd`` refers to, an ``O_PATH`` fd included (see :func:`fd_chmod`)."""
+    """``fchown`` of the inode ``fd`` refers to, an ``O_PATH`` fd included (never a lookup by name).
+
+    An ``O_PATH`` fd refuses ``fchown`` (EBADF); it is then changed with
+    ``fchownat(fd, "", AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW)`` (a symlink's own
+    owner, never its target's).
+
+    Raises:
+        OSError: the change failed (EPERM without the privilege ...).
+    """
     try:
         os.fchown(fd, owner[0], owner[1])
     except OSError as exc:
         if exc.errno != errno.EBADF:
             raise
-        _via_proc(os.chown, fd, owner[0], owner[1])
+        _native.fchown_fd(fd, owner, "chown", None)
+
+
+#: the largest uid/gid ``fchown`` takes as an id: 2**32 - 1 is (uid_t)-1, "leave unchanged"
+MAX_OWNER_ID = (1 << 32) - 2
+
+
+def check_owner(owner: Any) -> tuple[int, int] | None:
+    """Validate a Root ``owner``: None, or ``(uid, gid)`` of ints in 0 .. :data:`MAX_OWNER_ID`.
+
+    Raises:
+        InvalidArgumentError: anything else (-1 and 2**32 - 1 would mean
+            "leave unchanged" to ``fchown``, so they are never an owner).
+    """
+    if owner is None:
+        return None
+    if (not isinstance(owner, tuple) or len(owner) != 2
+            or not all(type(i) is int and 0 <= i <= MAX_OWNER_ID for i in owner)):
+        raise InvalidArgumentError(f"owner must be None or (uid, gid), ints in 0 .. {MAX_OWNER_ID}",
+                                   sandbox_path=None)
+    return owner
 
 
 def fd_set_times(fd: int, ns: int) -> None:
@@ -240,6 +269,22 @@ class Root:
     leaf symlink.  A Root made with ``no_symlinks=True`` refuses every
     symlink on every path (``RESOLVE_NO_SYMLINKS``).
 
+    Ownership: a Root made with ``owner=(uid, gid)`` gives every entry it
+    *creates* that owner, through the fd of the new object, before it is
+    linked under its final name where a temporary name is used (files from
+    :meth:`atomic_write` and :meth:`copy_files_from`), right after it is made
+    otherwise (:meth:`open_fd`/:meth:`open` when the call created the file,
+    :meth:`mkdir`, :meth:`symlink`); never by name, so a name swapped
+    meanwhile for a hard link to a file outside never gives that file away.
+    Existing entries, hard links (:meth:`link`: no new inode) and renames are
+    left alone.  The owner is inherited by child Roots (:meth:`open_root`,
+    :meth:`with_options`), so everything built on the Root (extraction,
+    materialize, hydrate, :class:`Subtree`) creates with it.  ``owner=None``
+    leaves entries as the process makes them.  Changing an owner needs the
+    privilege (``CAP_CHOWN``): without it creates fail with PermissionError
+    (EPERM), and what the failing call made is removed where it can tell it
+    is its own.
+
     Errors (for every method, besides the ones listed per method):
         PathEscapeError: the path, or a symlink on it, resolves outside the root.
         SymlinkRefusedError: a symlink where none is allowed, or > 40 hops.
@@ -252,10 +297,11 @@ class Root:
     """
 
     __slots__ = ("_closing", "_deny", "_fallback", "_fdbox", "_inflight", "_label",
-                 "_resolve", "_root_id", "no_symlinks", "read_only", "resolver", "__weakref__")
+                 "_resolve", "_root_id", "no_symlinks", "owner", "read_only", "resolver", "__weakref__")
 
     def __init__(self, _fd: int, *, read_only: bool, no_symlinks: bool, resolver: str,
-                 label: str, deny_write_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
+                 label: str, deny_write_ids: frozenset[tuple[int, int]] = frozenset(),
+                 owner: tuple[int, int] | None = None) -> None:
         # fd pinning without a lock on the hot path (relies on the GIL making
         # list.append / list.pop atomic): a call appends to _inflight *before*
         # reading the fd; close() sets _closing *before* looking at _inflight;
@@ -267,6 +313,8 @@ class Root:
         self.no_symlinks = no_symlinks
         self.resolver = resolver
         self._label = label
+        #: ``(uid, gid)`` given to every entry this Root creates, or None (see the class docstring)
+        self.owner = owner
         # Identities (st_dev, st_ino) of directories this Root must never
         # write into (read-only grants nested in it), checked on the fds a
         # write actually uses.
@@ -568,8 +616,17 @@ class Root:
             follow_symlinks: False adds ``O_NOFOLLOW`` on the leaf.
             allow_special: open FIFOs, sockets and devices too.
 
+        Owner: with a Root ``owner``, a file this call creates (``O_CREAT``
+        that made it, ``O_CREAT|O_EXCL``, ``O_TMPFILE``) is given it with
+        ``fchown`` of the returned fd before the fd is returned; an existing
+        file opened with ``O_CREAT`` is left alone (without ``O_EXCL`` the
+        create is tried with ``O_EXCL`` first, then the open without
+        ``O_CREAT``, so the call knows which happened).
+
         Raises:
             SpecialFileError: ``path`` is a FIFO, socket or device.
+            PermissionError: the owner could not be given (EPERM without the
+                privilege); the file this call created is removed.
         """
         if type(path) is str and not flags & _WRITE_FLAGS and 0 <= mode <= 0o777:
             # Hot path for reads: validate inline, pin the fd, one native call.
@@ -606,12 +663,15 @@ class Root:
             # grants), then open the leaf relative to that very fd without
             # following it: nothing can be swapped between check and use.
             inplace = bool(flags & (os.O_WRONLY | os.O_RDWR))
+            tmpfile = (flags & _O_TMPFILE) == _O_TMPFILE
             with self._use() as rootfd:
-                pfd, leaf = self._open_parent(rootfd, rel, "open", write=True, inplace=inplace,
-                                              dir_op=(flags & _O_TMPFILE) == _O_TMPFILE)
+                pfd, leaf = self._open_parent(rootfd, rel, "open", write=True, inplace=inplace, dir_op=tmpfile)
                 try:
-                    fd = _retry_eintr(os.open, leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                                      mode, dir_fd=pfd)
+                    if self.owner is not None and (flags & os.O_CREAT or tmpfile):
+                        fd = self._open_owned(pfd, leaf, rel, flags, mode, tmpfile)
+                    else:
+                        fd = _retry_eintr(os.open, leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                                          mode, dir_fd=pfd)
                 except OSError as exc:
                     self._oserror(exc, "open", rel)
                     raise  # unreachable
@@ -621,6 +681,48 @@ class Root:
         if not follow_symlinks:
             flags |= _O_NOFOLLOW
         return self._open_read(rel, flags, mode, allow_special)
+
+    def _open_owned(self, pfd: int, leaf: bytes, rel: bytes, flags: int, mode: int, tmpfile: bool) -> int:
+        """:meth:`open_fd`'s leaf open for a Root with an owner: a file this call creates gets it through its fd.
+
+        ``O_CREAT`` without ``O_EXCL`` is tried as ``O_EXCL`` (created: ours),
+        then without ``O_CREAT`` (an existing file: left alone), as long as
+        a racer keeps removing and re-making the name (bounded).
+        """
+        assert self.owner is not None
+        base = flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        for _ in range(100):
+            if tmpfile or flags & os.O_EXCL:
+                fd, made = _retry_eintr(os.open, leaf, base, mode, dir_fd=pfd), True
+            else:
+                try:
+                    fd, made = _retry_eintr(os.open, leaf, base | os.O_EXCL, mode, dir_fd=pfd), True
+                except FileExistsError:
+                    try:
+                        fd, made = _retry_eintr(os.open, leaf, base & ~os.O_CREAT, mode, dir_fd=pfd), False
+                    except FileNotFoundError:
+                        continue  # removed meanwhile: try creating again
+            if made:
+                try:
+                    os.fchown(fd, self.owner[0], self.owner[1])
+                except BaseException:
+                    st = os.fstat(fd)
+                    os.close(fd)
+                    if not tmpfile:
+                        self._unlink_made(pfd, leaf, (st.st_dev, st.st_ino))
+                    raise
+            return fd
+        raise OSError(errno.EAGAIN, "open: the name was removed and re-made too often")
+
+    @staticmethod
+    def _unlink_made(pfd: int, leaf: bytes, ident: tuple[int, int]) -> None:
+        """Best effort: remove ``leaf`` of ``pfd``, a file this call just made, only while the name is still it."""
+        try:
+            st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == ident:
+                os.unlink(leaf, dir_fd=pfd)
+        except OSError:
+            pass
 
     def _open_read(self, rel: bytes, flags: int, mode: int, allow_special: bool) -> int:
         # One native call: open with O_NONBLOCK, fstat, refuse special files
@@ -669,6 +771,9 @@ class Root:
                 Modes that write never follow a leaf symlink.
             perm: permission bits (within 0o777) of a created file; the umask
                 is not applied.
+
+        A file this call creates gets the Root's ``owner`` (if any) through
+        its fd (see :meth:`open_fd`); an existing file keeps its owner.
 
         Returns:
             A binary or text file object over the opened fd.
@@ -791,6 +896,8 @@ class Root:
             mtime_ns: set the file's mtime (and atime) in nanoseconds.
             owner: ``(uid, gid)`` given to the new file (``fchown`` of its fd,
                 before the rename: never by name); needs the privilege to.
+                None: the Root's ``owner`` (None there too: as the process
+                makes it).  An explicit ``owner`` wins over the Root's.
 
         Returns:
             The number of bytes written.
@@ -799,9 +906,13 @@ class Root:
             IsADirectoryError: ``path`` is an existing directory.
             UnsafeModeError: ``mode`` outside 0o777.
             OSError(EFBIG): the source exceeds ``max_bytes``.
+            PermissionError: the owner could not be given (EPERM without the
+                privilege); nothing is left behind.
         """
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
+        if owner is None:
+            owner = self.owner
         with self._use() as rootfd:
             pfd, leaf = self._open_parent(rootfd, rel, "write", write=True)
             try:
@@ -886,9 +997,10 @@ class Root:
         source name ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK`` relative to that
         directory fd, checks it is a regular file (and, when given, its
         identity), creates a temporary name ``O_CREAT|O_EXCL|O_NOFOLLOW`` in
-        the destination directory, copies the data, sets the mode with
-        ``fchmod`` (the umask never applies) and the times with ``futimens``,
-        and renames the temporary name over the destination.  So no source
+        the destination directory, gives it the Root's ``owner`` (if any)
+        with ``fchown`` of its fd right after creating it, copies the data,
+        sets the mode with ``fchmod`` (the umask never applies) and the times
+        with ``futimens``, and renames the temporary name over the destination.  So no source
         is read through a symlink, no FIFO blocks, nothing is written
         through a symlink (one at a destination is replaced), and readers
         see the old file or the complete new one.  On any failure the
@@ -948,6 +1060,8 @@ class Root:
             IsADirectoryError: a destination is an existing directory.
             FileNotFoundError, NotADirectoryError: a source or destination
                 directory is missing or not a directory.
+            PermissionError: the Root's ``owner`` could not be given (EPERM
+                without the privilege); that file's temporary name is removed.
             OSError: any other failure, ``filename`` the sandbox path.
             ValueError: ``buffer_bytes`` (or ``len(buffer)``) below 4096.
             TypeError: ``buffer`` is not a ``bytearray``.
@@ -973,6 +1087,7 @@ class Root:
         check_ident, set_mtime = _native.XFER_CHECK_IDENT, _native.XFER_SET_MTIME
         eexist, tmp_create, more = -errno.EEXIST, _native.STAGE_TMP_CREATE, _native.XFER_MORE
         prefix = b".sfs-tmp-" + _secrets.token_hex(6).encode() + b"-"
+        uid, gid = _native.owner_ids(self.owner)
         sdirs: dict[str, int] = {}
         ddirs: dict[str, int] = {}
         # Files are copied in groups: consecutive items of one directory pair,
@@ -1003,7 +1118,7 @@ class Root:
                     counter += 1
                     names += (sleaf, prefix + str(counter).encode(), dleaf)
                 blob = b"\0".join(names) + b"\0"
-                done = xfer_files(gfds[0], gfds[1], n, blob, len(blob), xs, cbuf, buffer_bytes, ret_box)
+                done = xfer_files(gfds[0], gfds[1], n, blob, len(blob), xs, cbuf, buffer_bytes, ret_box, uid, gid)
                 off = 0
                 for j in range(done):
                     size = xs[j].size
@@ -1131,14 +1246,27 @@ class Root:
     def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
         """Create a directory with exactly ``mode`` (the umask is not applied).
 
+        The mode (and the Root's ``owner``, if any, with ``fchown`` before
+        the ``fchmod``) is set through an fd of the new directory, opened
+        ``O_DIRECTORY|O_NOFOLLOW`` beneath the parent's fd and checked to be
+        the directory ``mkdirat`` made (its ``(st_dev, st_ino)`` taken right
+        after it), never by name.  A directory cannot be a hard link, so the
+        owner never lands on anything outside.  Existing directories (with
+        ``exist_ok`` or ``parents``) keep their owner and mode.
+
         Args:
-            parents: create missing parents too (each with ``mode``).
+            parents: create missing parents too (each with ``mode`` and the
+                Root's owner).
             exist_ok: an existing *directory* (not a symlink to one) is fine.
 
         Raises:
             FileExistsError: the name exists and is not a directory, or
                 ``exist_ok`` is False.
             FileNotFoundError: a parent is missing and ``parents`` is False.
+            DirectoryReplacedError: another process replaced the new
+                directory before its mode and owner were set (left alone).
+            PermissionError: the owner could not be given (EPERM without the
+                privilege); the directory made is removed.
         """
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
@@ -1177,6 +1305,8 @@ class Root:
                                                          sandbox_path=self._show(rel))
                         if self._deny:
                             self._check_write_target(dfd, None, rel, False)
+                        if self.owner is not None:
+                            os.fchown(dfd, self.owner[0], self.owner[1])
                         os.fchmod(dfd, mode)
                     finally:
                         os.close(dfd)
@@ -1578,11 +1708,22 @@ class Root:
         later names are.  (A creation-time rule: sandbox-fs itself never
         follows a link without ``RESOLVE_BENEATH``.)
 
+        With a Root ``owner``, the new link is given it through an fd of the
+        link itself: opened ``O_PATH|O_NOFOLLOW`` beneath the parent's fd,
+        checked to be a symlink with one link (a name swapped meanwhile for a
+        hard link to something outside is never changed), then
+        ``fchownat(fd, "", AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW)``.
+
         Raises:
             PathEscapeError: the target is absolute, has ``..`` after a name,
                 or climbs above the root.
             InvalidPathError: the target is empty or holds a NUL byte.
             FileExistsError: ``path`` exists.
+            DirectoryReplacedError: (with an owner) another process replaced
+                the new link before its owner was set (what is at the name is
+                left alone).
+            PermissionError: the owner could not be given (EPERM without the
+                privilege); the link made is removed.
         """
         rel = self._rel(path)
         tb = os.fsencode(target) if isinstance(target, str) else bytes(target)
@@ -1609,10 +1750,29 @@ class Root:
                                           sandbox_path=self._show(rel), context={"operation": "symlink"})
                 try:
                     os.symlink(tb, leaf, dir_fd=pfd)
+                    if self.owner is not None:
+                        self._own_symlink(pfd, leaf, rel)
                 except OSError as exc:
                     self._oserror(exc, "symlink", rel)
             finally:
                 os.close(pfd)
+
+    def _own_symlink(self, pfd: int, leaf: bytes, rel: bytes) -> None:
+        """Give the symlink just made at ``leaf`` of ``pfd`` the Root's owner, through an fd proven to be it."""
+        assert self.owner is not None
+        fd = os.open(leaf, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+        try:
+            st = os.fstat(fd)
+            if not (_stat.S_ISLNK(st.st_mode) and st.st_nlink == 1):
+                raise DirectoryReplacedError("symlink: the new link was replaced by another process (left alone)",
+                                             sandbox_path=self._show(rel))
+            try:
+                _native.fchown_fd(fd, self.owner, "symlink", self._show(rel))
+            except BaseException:
+                self._unlink_made(pfd, leaf, (st.st_dev, st.st_ino))
+                raise
+        finally:
+            os.close(fd)
 
     def _depth_of(self, dfd: int, rootfd: int, rel: bytes) -> int:
         """Physical depth of directory ``dfd`` below the root, by walking ``..`` fds."""
@@ -1635,7 +1795,11 @@ class Root:
             os.close(cur)
 
     def link(self, src: str | bytes, dst: str | bytes) -> None:
-        """Create hard link ``dst`` to the existing ``src`` (not following a leaf symlink)."""
+        """Create hard link ``dst`` to the existing ``src`` (not following a leaf symlink).
+
+        A hard link makes no new inode: its owner (the Root's ``owner``
+        included) is left as it is.
+        """
         srel, drel = self._rel(src), self._rel(dst)
         with self._use() as rootfd:
             spfd, sleaf = self._open_parent(rootfd, srel, "link", write=True)
@@ -1848,7 +2012,8 @@ class Root:
                   no_symlinks: bool | None = None) -> "Root":
         """Return a child capability on directory ``path`` beneath this root.
 
-        A child of a read-only Root is read-only whatever ``read_only`` says.
+        A child of a read-only Root is read-only whatever ``read_only`` says;
+        it inherits this Root's ``owner`` and read-only grants.
         """
         rel = self._rel(path)
         ro = self.read_only or bool(read_only)
@@ -1866,22 +2031,31 @@ class Root:
                 raise
         label = self._show(rel)
         return Root(fd, read_only=ro, no_symlinks=ns, resolver=self.resolver,
-                    label="" if label == "." else label, deny_write_ids=self._deny)
+                    label="" if label == "." else label, deny_write_ids=self._deny, owner=self.owner)
 
     def with_options(self, *, read_only: bool | None = None, no_symlinks: bool | None = None,
-                     deny_write_ids: frozenset[tuple[int, int]] | None = None) -> "Root":
+                     deny_write_ids: frozenset[tuple[int, int]] | None = None,
+                     owner: tuple[int, int] | None = None) -> "Root":
         """A new Root on the same directory with narrower options (never wider).
 
         Args:
             deny_write_ids: extra ``(st_dev, st_ino)`` of directories beneath
                 this root that must never be written into (read-only grants
                 nested in it); added to the ones already denied.
+            owner: ``(uid, gid)`` every entry the new Root creates is given
+                (see the class docstring); None keeps this Root's owner.
+
+        Raises:
+            InvalidArgumentError: ``owner`` is not None or two ints in
+                0 .. 2**32 - 2.
         """
+        owner = check_owner(owner)
         with self._use() as rootfd:
             fd = os.dup(rootfd)
         return Root(fd, read_only=self.read_only or bool(read_only),
                     no_symlinks=self.no_symlinks or bool(no_symlinks), resolver=self.resolver,
-                    label=self._label, deny_write_ids=self._deny | (deny_write_ids or frozenset()))
+                    label=self._label, deny_write_ids=self._deny | (deny_write_ids or frozenset()),
+                    owner=self.owner if owner is None else owner)
 
 
 class Subtree:
@@ -2182,7 +2356,8 @@ def open_host_dir_fd(host_dir: str | os.PathLike | bytes, *, create: bool = Fals
 
 
 def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,
-              label: str = "", follow_symlinks: bool = False, create: bool = False, mode: int = 0o700) -> Root:
+              label: str = "", follow_symlinks: bool = False, create: bool = False, mode: int = 0o700,
+              owner: tuple[int, int] | None = None) -> Root:
     """Open the trusted host directory ``host_dir`` as a :class:`Root`.  The explicit host-access constructor.
 
     ``host_dir`` is resolved by the host-path rule of :func:`open_host_dir_fd`:
@@ -2203,16 +2378,21 @@ def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlin
         create: make ``host_dir`` and missing parents (mode ``mode``) first,
             by the same rule.
         mode: permission bits of the directories ``create`` makes.
+        owner: ``(uid, gid)`` given to every entry created through the Root
+            and its children (see :class:`Root`); None: as the process makes
+            them.  (The directories ``create`` makes keep the process's owner.)
 
     Raises:
+        InvalidArgumentError: ``owner`` is not None or two ints in 0 .. 2**32 - 2.
         SymlinkRefusedError: ``host_dir`` or a directory on it is a symlink.
         InvalidPathError: ``host_dir`` is empty or holds a NUL byte.
         NotADirectoryError: ``host_dir`` (or a component) is not a directory.
         FileNotFoundError: ``host_dir`` does not exist (and not ``create``).
     """
+    owner = check_owner(owner)
     resolver = _native.choose_resolver()
     fd = open_host_dir_fd(host_dir, create=create, mode=mode, follow_symlinks=follow_symlinks, label=label)
-    return Root(fd, read_only=read_only, no_symlinks=no_symlinks, resolver=resolver, label=label)
+    return Root(fd, read_only=read_only, no_symlinks=no_symlinks, resolver=resolver, label=label, owner=owner)
 
 
 def _host_parent(path: str | os.PathLike | bytes, follow_symlinks: bool, label: str) -> tuple[int, bytes]:

@@ -2131,7 +2131,9 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     :func:`tree_digest` and removed by the next successful hydrate.
 
     Args:
-        ws: the workspace Root (writable).
+        ws: the workspace Root (writable).  With ``ws.owner`` set, every
+            restored entry (and the staging directory) is made with that
+            owner, through its own fd; persist records no owners.
         store: where the snapshot lives.
         name: snapshot name.
         limits: :class:`SnapshotLimits` (entries, bytes, archive size).

@@ -151,7 +151,7 @@ def test_limits_are_checked_before_queued_files_are_made(layout, tmp_path):
 
 
 def test_batch_error_is_raised_with_the_member_and_nothing_remains(layout, tmp_path, monkeypatch):
-    def full(src_fd, stage_fd, resolver, nums, names, n):
+    def full(src_fd, stage_fd, resolver, nums, names, n, owner=None):
         return 3, errno.ENOSPC, _writer._native.XF_STAGE_COPY
 
     monkeypatch.setattr(_writer._native, "extract_files", full)
@@ -166,7 +166,7 @@ def test_batch_error_is_raised_with_the_member_and_nothing_remains(layout, tmp_p
 
 
 def test_earlier_batch_error_wins_over_a_later_member_error(layout, tmp_path, monkeypatch):
-    def full(src_fd, stage_fd, resolver, nums, names, n):
+    def full(src_fd, stage_fd, resolver, nums, names, n, owner=None):
         return 0, errno.ENOSPC, _writer._native.XF_STAGE_COPY
 
     monkeypatch.setattr(_writer._native, "extract_files", full)

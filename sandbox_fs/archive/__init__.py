@@ -23,8 +23,12 @@ Rules (each refusal an :class:`UnsafeArchiveMemberError` with a stable ``rule``)
 * hard links only to a regular file extracted earlier in this run;
 * devices, FIFOs, sockets and unknown types are refused (or skipped by policy);
 * modes: setuid/setgid/sticky and group/other write cleared, owner rw(x)
-  added, executable only when the archive says so; ownership only with
-  ``preserve_owner`` and running as root; mtimes set without following links;
+  added, executable only when the archive says so; ownership: a destination
+  Root with an ``owner`` gives it to every entry made (directories, files,
+  symlinks, the staging directory; hard links share their target's inode),
+  through the new entry's fd, and the archive's owners are then never
+  applied; otherwise the archive's owners only with ``preserve_owner`` and
+  running as root; mtimes set without following links;
 * duplicates: a later file (or hard link) replaces an earlier file or
   pending symlink atomically, never writing through an earlier hard link's
   inode; a file never replaces a directory; a directory never replaces a file

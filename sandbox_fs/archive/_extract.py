@@ -52,6 +52,11 @@ def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, form
     moves).  ``ExtractPolicy(in_place=True)`` writes directly (faster, not
     atomic).  The archive itself is never copied into the workspace.
 
+    Ownership: with ``root.owner`` set, every entry the extraction makes
+    (the staging directory included) is given that owner through its own fd
+    (see :class:`~sandbox_fs.root.Root`), and ``policy.preserve_owner`` is
+    ignored: the Root's owner wins.
+
     Args:
         root: the workspace capability.
         dest: sandbox path of the destination relative to ``root``; ``""`` or

@@ -84,7 +84,10 @@ class ExtractPolicy(BaseModel):
         hardlinks: ``"create"`` (to a regular file extracted earlier in this
             run), ``"skip"`` or ``"refuse"``.
         preserve_owner: apply the archive's uid/gid; honoured only when
-            running as root (euid 0), otherwise ignored.
+            running as root (euid 0), otherwise ignored.  Ignored too when
+            the destination Root has an ``owner`` (a workspace whose content
+            belongs to the confined identity): the Root's owner wins, every
+            entry made gets it.
         apply_mtime: set member mtimes (never following links).
     """
 

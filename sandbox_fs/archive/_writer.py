@@ -134,9 +134,9 @@ class _Batch:
     ``pre`` (the staging directory's name and a slash) then the member path, resolved beneath
     ``stage_fd`` (the directory the staging directory was made in)."""
 
-    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "result")
+    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "owner", "result")
 
-    def __init__(self, stage_fd: int, resolver: str, pre: bytes) -> None:
+    def __init__(self, stage_fd: int, resolver: str, pre: bytes, owner: tuple[int, int] | None) -> None:
         self.nums = array("q")
         self.names = bytearray()
         self.members: list[str | bytes] = []  # member names
@@ -145,12 +145,13 @@ class _Batch:
         self.stage_fd = stage_fd  # owned by the Extractor, open until the helper thread is idle
         self.resolver = resolver
         self.pre = pre
+        self.owner = owner  # the Root's owner, given to each new file through its fd (None: as made)
         self.result: tuple[int, int, int] | BaseException | None = None
 
     def run(self, src_fd: int) -> None:
         try:
             self.result = _native.extract_files(src_fd, self.stage_fd, self.resolver, self.nums, self.names,
-                                                self.n)
+                                                self.n, self.owner)
         except BaseException as exc:  # reported in the calling thread
             self.result = exc
 
@@ -295,7 +296,10 @@ class Extractor:
         #: called between chunks of a large member; set by extract_async (trio.from_thread.check_cancelled)
         self.check_cancel: Callable[[], None] | None = None
         self._umask = _umask()
-        self._owner = policy.preserve_owner and os.geteuid() == 0
+        # A Root with an owner (a workspace whose content belongs to the confined identity)
+        # gives every entry made its owner; the archive's owners are then never applied.
+        self._fs_owner = root.owner
+        self._owner = policy.preserve_owner and os.geteuid() == 0 and root.owner is None
         self._parent_root: Root | None = None  # holds a sibling staging dir
         self._dest_root: Root | None = None    # an existing destination
         self._dest_leaf: str | None = None
@@ -336,7 +340,7 @@ class Extractor:
             self._stage_pre = self.work.path + b"/"
             self._stage_resolver = self.work.resolver
         # batched new files (see the module docstring)
-        self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre)
+        self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
         self._inflight: _Batch | None = None
         self._worker: _CopyWorker | None = None
         self._src_fd = -1
@@ -636,14 +640,27 @@ class Extractor:
         RESOLVE_NO_MAGICLINKS`` (or the fallback walker with the same flags),
         resolved now: never through a directory fd kept from an earlier
         member, which a racing process may have moved out of the staging tree.
+        With a Root owner, the new file is given it with ``fchown`` of that fd.
 
         Raises:
             FileExistsError: the name exists.
             SymlinkRefusedError, PathEscapeError: a symlink on the path.
-            OSError: any other failure (with the destination's sandbox path).
+            OSError: any other failure (with the destination's sandbox path);
+                a failed ``fchown`` removes the file.
         """
-        return _native.open_beneath(self._stage_resolver, self._stage_fd, self._stage_pre + path, _STAGE_FLAGS,
-                                    fmode, _NO_SYMLINKS, "extract", self.shown_dest)
+        fd = _native.open_beneath(self._stage_resolver, self._stage_fd, self._stage_pre + path, _STAGE_FLAGS,
+                                  fmode, _NO_SYMLINKS, "extract", self.shown_dest)
+        if self._fs_owner is not None:
+            try:
+                os.fchown(fd, self._fs_owner[0], self._fs_owner[1])
+            except OSError as exc:
+                os.close(fd)
+                try:
+                    self.work.remove(path)  # the new name (O_EXCL: ours), never a partial member
+                except (OSError, SandboxError):
+                    pass
+                _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
+        return fd
 
     def _make_dir(self, path: bytes, mode: int) -> tuple[int, int]:
         """Make directory ``path`` (an existing directory is fine); return its ``(st_dev, st_ino)`` as made.
@@ -664,11 +681,17 @@ class Extractor:
         ``O_PATH|O_DIRECTORY`` beneath the staging directory's fd with
         ``RESOLVE_NO_SYMLINKS`` for this call only (never a kept fd), then one
         ``mkdirat`` of the last component, which never follows a link (a
-        symlink there is an existing non-directory).
+        symlink there is an existing non-directory).  The new directory's
+        mode (when the umask took bits) and the Root's owner (if any) are set
+        through an fd of it (``O_DIRECTORY|O_NOFOLLOW`` beneath the parent's
+        fd), checked to be the directory ``mkdirat`` made (its identity taken
+        right after it).
 
         Raises:
             FileExistsError: the name exists and is not a directory.
             SymlinkRefusedError, PathEscapeError: a symlink on the parent's path.
+            UnsafeArchiveMemberError: ``conflict``, another process replaced the
+                new directory before its mode and owner were set.
             OSError: any other failure (with the destination's sandbox path).
         """
         parent, _, leaf = (self._stage_pre + path).rpartition(b"/")
@@ -683,11 +706,19 @@ class Extractor:
                 if _stat.S_ISDIR(st.st_mode):
                     return _ident(st)
                 raise
+            owner = self._fs_owner
+            made = _ident(os.stat(leaf, dir_fd=dfd, follow_symlinks=False)) if owner is not None else None
             fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             try:
+                ident = _ident(os.fstat(fd))
+                if owner is not None:
+                    if ident != made:
+                        raise UnsafeArchiveMemberError("conflict", path, "a directory of this archive was replaced "
+                                                       "by another process during the extraction")
+                    os.fchown(fd, owner[0], owner[1])
                 if mode & ~self._umask != mode:  # mkdir applied the umask: set the asked mode, never via a link
                     os.fchmod(fd, mode)
-                return _ident(os.fstat(fd))
+                return ident
             finally:
                 os.close(fd)
         except FileExistsError:
@@ -794,7 +825,7 @@ class Extractor:
                 self._worker = _CopyWorker(self._src_fd)
             except RuntimeError:  # no thread to be had: make the files in this thread
                 self._threaded = False
-        b, self._batch = self._batch, _Batch(self._stage_fd, self._stage_resolver, self._stage_pre)
+        b, self._batch = self._batch, _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
         if not self._threaded:
             self._inflight = b
             b.run(self._src_fd)
@@ -840,7 +871,7 @@ class Extractor:
             self._replace_queued(b, done)
             if done + 1 >= b.n:
                 return
-            rest = _Batch(b.stage_fd, b.resolver, b.pre)
+            rest = _Batch(b.stage_fd, b.resolver, b.pre, b.owner)
             rest.nums = b.nums[(done + 1) * _XF:]
             rest.names = bytearray(b"".join(n + b"\0" for n in b.names.split(b"\0")[done + 1:b.n]))
             rest.members = b.members[done + 1:]
@@ -928,7 +959,7 @@ class Extractor:
                 assert self._worker is not None
                 self._worker.wait()
                 self._inflight = None
-            self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre)
+            self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
         return err
 
     def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
