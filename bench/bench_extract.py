@@ -10,7 +10,10 @@ Compares, alternating in one run on each filesystem (ext4 ``/tmp`` and tmpfs
   thread parses headers, so it may use the second core: its cpu s counts both
   threads, GNU tar and cp are single-threaded);
 * ``sandbox-inplace`` — the same with ``ExtractPolicy(in_place=True)``;
-* ``tarfile-data`` — ``tarfile.open(ARCHIVE).extractall(DIR, filter="data")``.
+* ``tarfile-data`` — ``tarfile.open(ARCHIVE).extractall(DIR, filter="data")``;
+* ``sandbox-owner``, ``sandbox-inplace-owner`` (only when listed in ``--tools``) —
+  ``sandbox`` / ``sandbox-inplace`` into a Root opened with ``owner=(4000123, 4000123)``
+  (one ``fchown`` per entry made; needs root).
 
 Each run is a fresh child process extracting into a fresh empty directory;
 the parent reads the child's peak RSS from ``wait4`` (``ru_maxrss``).
@@ -46,7 +49,8 @@ CHILD = {
         "from sandbox_fs import open_root\n"
         "from sandbox_fs.archive import extract, ExtractPolicy\n"
         "t = time.perf_counter()\n"
-        "with open_root(sys.argv[2]) as root:\n"
+        "owner = (4000123, 4000123) if sys.argv[4] == '1' else None\n"
+        "with open_root(sys.argv[2], owner=owner) as root:\n"
         "    extract(root, '.', sys.argv[1], policy=ExtractPolicy(in_place=sys.argv[3] == '1'))\n"
         "print(time.perf_counter() - t)\n"
     ),
@@ -73,7 +77,8 @@ def run_one(tool: str, archive: str, dest: str) -> tuple[float, float, int, floa
     if tool == "gnutar":
         argv = ["tar", "-xf", archive, "-C", dest]
     elif tool.startswith("sandbox"):
-        argv = [sys.executable, "-c", CHILD["sandbox"], archive, dest, "1" if tool.endswith("inplace") else "0"]
+        argv = [sys.executable, "-c", CHILD["sandbox"], archive, dest, "1" if "inplace" in tool else "0",
+                "1" if tool.endswith("-owner") else "0"]
     else:
         argv = [sys.executable, "-c", CHILD["tarfile-data"], archive, dest]
     t = time.perf_counter()

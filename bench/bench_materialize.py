@@ -19,8 +19,10 @@ Tools:
                              the walk runs on one thread, the copy on up to ``cpu_count`` worker
                              threads, so on 2 cores it uses both while cp -a uses one).
   sandbox-fs --no-digest     same with ``digest=False`` (fd-to-fd copy_file_range, no hashing).
+  sandbox-fs --owner         (with ``--owner``) ``sandbox-fs`` into a workspace Root opened with
+                             ``owner=(4000123, 4000123)``: one ``fchown`` per entry made (needs root).
 
-Usage: python bench/bench_materialize.py [--rounds N] [--fs /tmp,/dev/shm]
+Usage: python bench/bench_materialize.py [--rounds N] [--fs /tmp,/dev/shm] [--owner]
 """
 
 from __future__ import annotations
@@ -65,14 +67,14 @@ def run_copytree(src: str, dst: str) -> None:
     shutil.copytree(src, dst, symlinks=True)
 
 
-def make_sfs(base: str, digest: bool):
+def make_sfs(base: str, digest: bool, owner: tuple[int, int] | None = None):
     manifest = load_manifest({"entries": {"stdlib": {"type": "local_dir", "src": "stdlib"}}})
 
     def run(_src: str, dst: str) -> None:
         os.mkdir(dst, 0o700)
 
         async def go() -> None:
-            ws = open_root(dst)
+            ws = open_root(dst, owner=owner)
             try:
                 await materialize(ws, manifest, MaterializeOptions(base_dir=base, digest=digest))
             finally:
@@ -90,12 +92,14 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def bench_fs(parent: str, rounds: int) -> None:
+def bench_fs(parent: str, rounds: int, owner: bool = False) -> None:
     base, files, nbytes = stage(parent)
     src = os.path.join(base, "stdlib")
     out = tempfile.mkdtemp(prefix="sfs-bench-dst-", dir=parent)
     tools = [("cp -a", run_cp), ("shutil.copytree", run_copytree),
              ("sandbox-fs", make_sfs(base, True)), ("sandbox-fs --no-digest", make_sfs(base, False))]
+    if owner:
+        tools.append(("sandbox-fs --owner", make_sfs(base, True, (4000123, 4000123))))
     times: dict[str, list[float]] = {name: [] for name, _ in tools}
     cpus: dict[str, list[float]] = {name: [] for name, _ in tools}
     try:
@@ -132,11 +136,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--fs", default="/tmp,/dev/shm", help="comma separated parent directories")
+    ap.add_argument("--owner", action="store_true", help="add a run into a Root with an owner (needs root)")
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}, cpus: {os.cpu_count()}")
     for parent in args.fs.split(","):
         if os.path.isdir(parent):
-            bench_fs(parent, args.rounds)
+            bench_fs(parent, args.rounds, args.owner)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -254,10 +254,15 @@ def _zip() -> bytes:
 
 
 @pytest.mark.parametrize("how", ["file", "stream", "gz", "in_place", "existing", "zip", "preserve_owner"])
-def test_extract_gives_every_entry_the_owner(layout, resolver, tmp_path, how):
+def test_extract_gives_every_entry_the_owner(layout, resolver, tmp_path, how, monkeypatch):
     """Batched (uncompressed tar from a file), one by one, compressed, in place, into an existing
     destination (the root: hydrate's case) and zip: directories, files, symlinks and the staging
     directory all get the Root's owner; archive owners never win over it."""
+    from sandbox_fs.archive import _writer
+
+    batches = []
+    real = _writer._native.extract_files
+    monkeypatch.setattr(_writer._native, "extract_files", lambda *a: batches.append(a[6]) or real(*a))
     before = owners(layout.outside, include_top=True)
     data = _zip() if how == "zip" else _tar(_MEMBERS, owner=(11, 12), gz=how == "gz")
     src: object = io.BytesIO(data)
@@ -275,6 +280,7 @@ def test_extract_gives_every_entry_the_owner(layout, resolver, tmp_path, how):
     else:
         assert rep.hardlinks == 1 and rep.symlinks == 1 and (top / "top/hard").read_bytes() == b"data"
         assert "implied/deep" in got and (top / "big").stat().st_size == 9 << 20
+    assert (batches == [OWNER]) == (how in ("file", "existing", "preserve_owner"))  # the native batch path
     if dest != ".":
         assert own(top) == OWNER  # the destination made (the staging directory renamed, or made in place)
     assert not [n for n in os.listdir(layout.ws) if n.startswith(".sfs-")]
