@@ -332,3 +332,110 @@ async def test_filter_also_under_a_supervisor(layout, ws, pygrant):
         r = await run(layout, ws, ["/bin/sh", "-c", "echo ok"], supervisor=sup)
         assert r.stdout == b"ok\n"
     await trio.lowlevel.checkpoint()
+
+
+# ------------------------------------------------------------- the filter itself
+
+_X86 = {"arch": 0xC000003E, "openat": 257, "open": 2, "creat": 85, "mkdir": 83, "mkdirat": 258,
+        "mknod": 133, "mknodat": 259, "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452,
+        "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435, "openat2": 437, "read": 0}
+#: (syscall, index of the mode argument, index of the flags argument or None)
+_MODE_ARGS = [("openat", 3, 2), ("open", 2, 1), ("creat", 1, None), ("mkdir", 1, None),
+              ("mkdirat", 2, None), ("mknod", 1, None), ("mknodat", 2, None), ("chmod", 1, None),
+              ("fchmod", 1, None), ("fchmodat", 2, None), ("fchmodat2", 2, None)]
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+
+
+def _read_filter(argv: list[str]) -> list[tuple[int, int, int, int]]:
+    """Start the helper on a sleeping target and read its filter back (PTRACE_SECCOMP_GET_FILTER)."""
+    import ctypes
+    import struct
+    import subprocess
+    import time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    p = subprocess.Popen([sfs_exec.helper_path(), *argv, "--", "/bin/sleep", "10"])
+    try:
+        for _ in range(200):            # until the target runs (its comm is "sleep")
+            with open(f"/proc/{p.pid}/comm") as f:
+                if f.read().strip() == "sleep":
+                    break
+            time.sleep(0.01)
+        if libc.ptrace(16, p.pid, None, None) < 0:                      # PTRACE_ATTACH
+            pytest.skip(f"ptrace attach refused ({os.strerror(ctypes.get_errno())})")
+        os.waitpid(p.pid, 0)
+        n = libc.ptrace(0x420C, p.pid, None, None)                       # PTRACE_SECCOMP_GET_FILTER
+        assert n > 0, os.strerror(ctypes.get_errno())
+        buf = ctypes.create_string_buffer(8 * n)
+        assert libc.ptrace(0x420C, p.pid, None, buf) == n
+        return [struct.unpack_from("HBBI", buf.raw, 8 * i) for i in range(n)]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _decide(prog, nr: int, args=(0,) * 6, arch: int = _X86["arch"]) -> int:
+    """Run a classic-BPF seccomp program on one seccomp_data (the subset the helper emits)."""
+    import struct
+
+    data = struct.pack("IIQ6Q", nr, arch, 0, *[a & (2**64 - 1) for a in args])
+    acc = pc = 0
+    for _ in range(10_000):
+        code, jt, jf, k = prog[pc]
+        cls, op = code & 7, code & 0xF0
+        if cls == 0:                            # BPF_LD | BPF_W | BPF_ABS
+            acc, pc = struct.unpack_from("I", data, k)[0], pc + 1
+        elif cls == 4 and op == 0x50:           # BPF_ALU | BPF_AND | BPF_K
+            acc, pc = acc & k, pc + 1
+        elif cls == 5 and op == 0:              # BPF_JA
+            pc += 1 + k
+        elif cls == 5:
+            cond = {0x10: acc == k, 0x20: acc > k, 0x30: acc >= k, 0x40: bool(acc & k)}[op]
+            pc += 1 + (jt if cond else jf)
+        elif cls == 6:
+            return k
+        else:
+            raise AssertionError(f"unexpected BPF instruction {code:#x}")
+    raise AssertionError("the filter did not return")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="syscall numbers of this check are x86_64's")
+@pytest.mark.skipif(os.geteuid() != 0, reason="PTRACE_SECCOMP_GET_FILTER needs CAP_SYS_ADMIN (root)")
+def test_the_installed_filter_decides_every_number_mode_and_family():
+    """The filter the kernel holds, emulated: the whole class, not samples.
+
+    Every syscall number >= 470 (newer than the list) and every other ABI get
+    ENOSYS; every mode 0..07777 of every mode-setting syscall is refused
+    exactly when S_ISUID/S_ISGID is set (open/openat only when creating);
+    every family 0..255 x type 0..15 of socket/socketpair is refused with
+    EAFNOSUPPORT but the --socket triples.
+    """
+    prog = _read_filter(["--seccomp", "1", "--socket", "p:1:1:*", "--socket", "s:2:1:6"])
+    enosys, eperm = _ERRNO | 38, _ERRNO | 1
+    assert all(_decide(prog, nr) == enosys for nr in range(470, 1100))
+    assert _decide(prog, 0x40000000 | _X86["read"]) == enosys                      # x32
+    assert _decide(prog, 3, arch=0x40000003) == enosys                              # i386
+    assert _decide(prog, _X86["clone3"]) == enosys and _decide(prog, _X86["openat2"]) == enosys
+    assert _decide(prog, _X86["read"]) == _ALLOW
+    creating = os.O_CREAT | os.O_WRONLY
+    for name, mode_i, flags_i in _MODE_ARGS:
+        for mode in range(0o10000):
+            for flags in ((creating, os.O_TMPFILE | os.O_WRONLY, os.O_RDONLY) if flags_i is not None else (0,)):
+                args = [0] * 6
+                args[mode_i] = mode
+                if flags_i is not None:
+                    args[flags_i] = flags
+                creates = flags_i is None or flags != os.O_RDONLY
+                want = eperm if mode & 0o6000 and creates else _ALLOW
+                assert _decide(prog, _X86[name], args) == want, (name, oct(mode), flags)
+    for fam in range(256):
+        for typ in range(16):
+            for extra in (0, FLAGS, 0x100):
+                s = _decide(prog, _X86["socket"], [fam, typ | extra, 6, 0, 0, 0])
+                p = _decide(prog, _X86["socketpair"], [fam, typ | extra, 0, 0, 0, 0])
+                assert s == (_ALLOW if (fam, typ, extra) in ((2, 1, 0), (2, 1, FLAGS)) else _ERRNO | 97)
+                assert p == (_ALLOW if (fam, typ, extra) in ((1, 1, 0), (1, 1, FLAGS)) else _ERRNO | 97)
+    assert _decide(prog, _X86["socket"], [2, 1, 262, 0, 0, 0]) == _ERRNO | 93                   # MPTCP
+    assert _decide(prog, _X86["clone"], [0x10000000 | 17, 0, 0, 0, 0, 0]) == eperm           # CLONE_NEWUSER
+    assert _decide(prog, _X86["clone"], [0x3D0F00, 0, 0, 0, 0, 0]) == _ALLOW                 # pthread flags
