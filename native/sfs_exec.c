@@ -67,6 +67,13 @@
  *                      utime or xattr changes; a read-only mount does (EROFS)
  *   --rw-tree FD       with --ro-mounts: keep the tree at directory FD
  *                      writable (the workspace, read-write grants); repeatable
+ *   --pin-tree FD      with --ro-mounts: then bind directory FD (an ancestor
+ *                      of a --ro-tree inside its --rw-tree, outer first) onto
+ *                      itself: a mount point cannot be renamed or removed
+ *                      (EBUSY), so the read-only grant's path stays its own
+ *   --ro-tree FD       with --ro-mounts: then cover directory FD (a read-only
+ *                      grant nested in a --rw-tree) with a recursive
+ *                      read-only bind of itself; repeatable
  *   --hold-ns          with --ro-mounts: after making the namespace, write
  *                      "ready" on the status fd and wait for EOF on stdin
  *                      (the parent opens /proc/PID/ns/mnt meanwhile)
@@ -350,14 +357,51 @@ static int reopen_here(int fd, const char *path, const char *stage)
     return nfd;
 }
 
-/* Every mount read-only except clones of the trees[] directories; every
+/*
+ * Bind each dirs[] directory onto itself, as now seen (the writable clones
+ * are already in place), read-only when rdonly: a read-only grant nested in
+ * a writable tree (Landlock unions rules, so only the mount can refuse its
+ * writes), or an ancestor of one pinned as a mount point (EBUSY on rename).
+ */
+static void bind_self(const int *dirs, char **paths, int n, int rdonly)
+{
+    struct sfs_mount_attr attr = { SFS_MOUNT_ATTR_RDONLY, 0, 0, 0 };
+    for (int t = 0; t < n; t++) {
+        int target = reopen_here(dirs[t], paths[t], "mounts");
+        long c = syscall(SYS_open_tree, target, "",
+                         SFS_OPEN_TREE_CLONE | SFS_AT_RECURSIVE | AT_EMPTY_PATH | O_CLOEXEC);
+        if (c < 0)
+            fail("mounts", errno);
+        if (rdonly && syscall(SYS_mount_setattr, (int)c, "", AT_EMPTY_PATH | SFS_AT_RECURSIVE,
+                              &attr, sizeof attr) < 0)
+            fail("mounts", errno);
+        if (syscall(SYS_move_mount, (int)c, "", target, "",
+                    SFS_MOVE_MOUNT_F_EMPTY_PATH | SFS_MOVE_MOUNT_T_EMPTY_PATH) < 0)
+            fail("mounts", errno);
+        close((int)c);
+        close(target);
+        free(paths[t]);
+    }
+}
+
+/* Directories bound onto themselves after the writable clones: pins[], then ro[] read-only. */
+struct sfs_binds {
+    int pins[SFS_MAX_TREES], npins, ro[SFS_MAX_TREES], nro;
+};
+
+/* Every mount read-only except clones of the trees[] directories, then the binds; every
  * mount, those clones included, nosuid. */
-static void read_only_mounts(const int *trees, int ntrees, char **masks, int nmasks, int *cwd_fd)
+static void read_only_mounts(const int *trees, int ntrees, const struct sfs_binds *b, char **masks, int nmasks,
+                             int *cwd_fd)
 {
     int clones[SFS_MAX_TREES], targets[SFS_MAX_TREES];
-    char *paths[SFS_MAX_TREES], *cwd_path = NULL;
+    char *paths[SFS_MAX_TREES], *pin_paths[SFS_MAX_TREES], *ro_paths[SFS_MAX_TREES], *cwd_path = NULL;
     for (int t = 0; t < ntrees; t++)
         paths[t] = fd_path(trees[t], "mounts");
+    for (int t = 0; t < b->npins; t++)
+        pin_paths[t] = fd_path(b->pins[t], "mounts");
+    for (int t = 0; t < b->nro; t++)
+        ro_paths[t] = fd_path(b->ro[t], "mounts");
     if (*cwd_fd >= 0)
         cwd_path = fd_path(*cwd_fd, "cwd");
     if (geteuid() != 0) {
@@ -401,6 +445,8 @@ static void read_only_mounts(const int *trees, int ntrees, char **masks, int nma
         close(targets[t]);
         free(paths[t]);             /* trees[t] is closed at execve (it may also be the cwd fd) */
     }
+    bind_self(b->pins, pin_paths, b->npins, 0);
+    bind_self(b->ro, ro_paths, b->nro, 1);
     for (int m = 0; m < nmasks; m++) {
         /* Hide a host tree (cgroupfs: clone3(CLONE_INTO_CGROUP) with an O_PATH
          * fd, which Landlock does not check, would leave the leaf). */
@@ -1024,6 +1070,7 @@ static void parse_socket_rule(const char *spec, struct sfs_socket_rule *rule)
 int main(int argc, char **argv)
 {
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
+    struct sfs_binds binds = { .npins = 0, .nro = 0 };
     int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1, netns_fd = -1;
     int ipcns_fd = -1, env_fd = -1, pids_procs_fd = -1;
     char **envp = environ;
@@ -1094,6 +1141,12 @@ int main(int argc, char **argv)
             if (ntrees == SFS_MAX_TREES)
                 fail("usage", E2BIG);
             trees[ntrees++] = parse_fd(v);
+        } else if (strcmp(a, "--ro-tree") == 0 || strcmp(a, "--pin-tree") == 0) {
+            int ro = strcmp(a, "--ro-tree") == 0;
+            int *n = ro ? &binds.nro : &binds.npins;
+            if (*n == SFS_MAX_TREES)
+                fail("usage", E2BIG);
+            (ro ? binds.ro : binds.pins)[(*n)++] = parse_fd(v);
         } else if (strcmp(a, "--cgroup") == 0)
             cgroup_fd = parse_fd(v);
         else if (strcmp(a, "--rlimit") == 0)
@@ -1128,7 +1181,7 @@ int main(int argc, char **argv)
     if (mntns_fd >= 0)
         join_mount_ns(userns_fd, mntns_fd, netns_fd, ipcns_fd, &cwd_fd);
     else if (ro_mounts)
-        read_only_mounts(trees, ntrees, masks, nmasks, &cwd_fd);
+        read_only_mounts(trees, ntrees, &binds, masks, nmasks, &cwd_fd);
     if (unshare_flags && unshare((int)unshare_flags) < 0)
         fail("unshare", errno);
     if (hold_ns) {

@@ -81,8 +81,10 @@ Tools living outside that set (on the project machine Python lives under
 ``/root/.pyenv``) need an explicit read-only grant of their prefix, never a
 wider default.  Landlock rules only add rights: a read-only grant *inside* a
 tree the child may write (the read-write workspace or a read-write grant)
-cannot be enforced, so it is refused (:class:`ConfinementError`) unless
-``confinement="none"``.
+is enforced by a read-only bind of itself in the child's mount namespace
+(its parents up to that tree pinned as mount points, so they cannot be
+renamed) where the read-only mount layer applies, and refused
+(:class:`ConfinementError`) otherwise, unless ``confinement="none"``.
 
 Metadata changes outside the workspace
 --------------------------------------
@@ -762,37 +764,112 @@ def _is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
         os.close(cur)
 
 
-def _refuse_nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]]) -> None:
+def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, binds: bool) -> list[Root]:
     """One nesting rule against every writable tree (the workspace and each read-write grant).
 
     Landlock rules only add rights, so a read-only grant at or beneath a
-    tree the child may write would be writable through that tree's rule:
-    refused (issue 11, F).  Checked on the fds the rules are made from
-    (``..`` walked by fd), so a symlink or a path alias cannot hide it.
+    tree the child may write would be writable through that tree's rule
+    (issue 11, F).  Where the read-only mount layer applies (``binds``), each
+    such grant is covered by a read-only bind of itself in the child's mount
+    namespace (the helper's ``--ro-tree``) and returned; otherwise it is
+    refused.  Refused either way: a read-only grant that *is* a writable tree,
+    and a read-write grant beneath a grant that gets a read-only bind (the
+    recursive bind would cover it).  Checked on the rule fds (``..`` walked by
+    fd), so a symlink or a path alias cannot hide a nesting.
+
+    Returns:
+        The read-only grants to bind read-only (empty unless ``binds``).
 
     Raises:
-        ConfinementError: a read-only grant lies inside a writable tree.
+        ConfinementError: a nesting that cannot be enforced.
     """
     writable = ([("the read-write workspace", workspace.identity)] if not workspace.read_only else []) + [
         ("a read-write grant", r.identity) for r, ro in roots if not ro]
+    nested: list[Root] = []
     for root, read_only in roots:
         if not read_only:
             continue
         gfd = root.fileno_dup()
         try:
             for what, ident in writable:
-                if _is_beneath(gfd, ident):
+                if not _is_beneath(gfd, ident):
+                    continue
+                if ident == root.identity:
+                    raise ConfinementError(f"a read-only grant is also {what}: give each directory one mode",
+                                           sandbox_path=root._label or None)
+                if not binds:
                     raise ConfinementError(
                         f"a read-only grant inside {what} cannot be enforced by Landlock (its rules only add "
-                        "rights); move the grant out, or make the outer tree read-only",
-                        sandbox_path=root._label or None)
+                        "rights) and the read-only mount layer is off or unavailable; move the grant out, "
+                        "or make the outer tree read-only", sandbox_path=root._label or None)
+                nested.append(root)
+                break
         finally:
             os.close(gfd)
+    for r, ro in roots:
+        if ro or not nested:
+            continue
+        rfd = r.fileno_dup()
+        try:
+            for g in nested:
+                if _is_beneath(rfd, g.identity):
+                    raise ConfinementError(
+                        "a read-write grant inside a read-only grant that is itself inside a writable tree "
+                        "cannot be enforced", sandbox_path=r._label or None)
+        finally:
+            os.close(rfd)
+    return nested
+
+
+def _ro_binds(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> list[Root]:
+    """The read-only grants the mount layer covers with a read-only bind (see :func:`_nested_read_only`)."""
+    return _nested_read_only(workspace, _grant_roots(grants), binds=True)
+
+
+def _ro_bind_args(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> tuple[list[str], list[int]]:
+    """Helper arguments (and the new fds they name, the caller's to close) for the read-only binds.
+
+    Each read-only grant nested in a writable tree gets ``--ro-tree``; each
+    directory between it and that tree gets ``--pin-tree`` (outer first),
+    bound onto itself so that the child cannot rename or remove it (a mount
+    point gives EBUSY): otherwise renaming the grant's parent would leave the
+    grant's contents writable under another name in a later session, whose
+    grant path would then name a directory the child made.
+    """
+    nested = _ro_binds(workspace, grants)
+    if not nested:
+        return [], []
+    writable = {r.identity for r in _rw_trees(workspace, grants)}
+    pins: dict[tuple[int, int], tuple[str, int]] = {}
+    fds: list[int] = []
+    args: list[str] = []
+    try:
+        for g in nested:
+            cur = g.fileno_dup()
+            fds.append(cur)
+            args += ["--ro-tree", str(cur)]
+            for _ in range(4096):
+                up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+                st = os.fstat(up)
+                ident = (st.st_dev, st.st_ino)
+                if ident in writable or ident in pins:
+                    os.close(up)
+                    break
+                fds.append(up)
+                pins[ident] = (os.readlink(f"/proc/self/fd/{up}"), up)
+                cur = up
+        for _path, fd in sorted(pins.values()):  # an ancestor's path is a prefix: outer first
+            args += ["--pin-tree", str(fd)]
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return args, fds
 
 
 def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None = None,
                   policy: "ConfinementPolicy | None" = None, *, tty: bool = False,
-                  abi: int | None = None) -> _landlock.Ruleset:
+                  abi: int | None = None, read_only_binds: bool = False) -> _landlock.Ruleset:
     """Build the Landlock ruleset for one confined process, from file descriptors.
 
     Rules: read-write beneath the workspace (read-only when the Root is), each
@@ -807,6 +884,9 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
         policy: network and scoping choices (default :class:`ConfinementPolicy`).
         tty: also allow ``/dev/tty`` (read, write, ioctl) for a PTY session.
         abi: Landlock ABI to target (default: the kernel's).
+        read_only_binds: the caller's child gets the read-only mount layer,
+            which covers each read-only grant nested in a writable tree with
+            a read-only bind (``--ro-tree``), so such a grant is not refused.
 
     Returns:
         A :class:`sandbox_fs._landlock.Ruleset`; the caller closes it.
@@ -814,8 +894,9 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
     Raises:
         ConfinementError: Landlock is unavailable, the kernel refuses a rule,
             or a read-only grant lies inside the read-write workspace or a
-            read-write grant (Landlock rules only add rights, so it could not
-            be enforced).
+            read-write grant and ``read_only_binds`` is False (Landlock rules
+            only add rights, so it could not be enforced), or a nesting no
+            bind can enforce (see :func:`_nested_read_only`).
     """
     policy = policy or ConfinementPolicy()
     version = _landlock.abi() if abi is None else abi
@@ -836,7 +917,7 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
             rs.add_fd(ws_fd, _landlock.FS_READ_EXEC if workspace.read_only else rw)
         finally:
             os.close(ws_fd)
-        _refuse_nested_read_only(workspace, roots)
+        _nested_read_only(workspace, roots, binds=read_only_binds)
         for root, read_only in roots:
             gfd = root.fileno_dup()
             try:
@@ -1345,8 +1426,12 @@ class ProcessSupervisor:
                 await trio.sleep(0.005)
         self._untrack(t)
 
-    async def _mount_ns(self, rw_roots: list[Root]) -> tuple[int, int, int, int] | None:
-        """The supervisor's read-only mount namespace for these writable trees (made once).
+    async def _mount_ns(self, rw_roots: list[Root], ro_binds: Sequence[Root] = (),
+                        bind: tuple[list[str], list[int]] = ([], [])) -> tuple[int, int, int, int] | None:
+        """The supervisor's read-only mount namespace for these writable trees and read-only binds (made once).
+
+        ``bind``: the ``--ro-tree``/``--pin-tree`` arguments for ``ro_binds``
+        and their fds (see :func:`_ro_bind_args`; the caller closes them).
 
         The helper making it also makes a network namespace (no network),
         which children join when their policy isolates the network (a fresh
@@ -1362,7 +1447,7 @@ class ProcessSupervisor:
         """
         if not self._hold_mount_ns or self._closed:
             return None
-        key = tuple(sorted(r.identity for r in rw_roots))
+        key = (tuple(sorted(r.identity for r in rw_roots)), tuple(sorted(r.identity for r in ro_binds)))
         async with self._ns_lock:
             if key in self._ns_fds:
                 return self._ns_fds[key]
@@ -1371,13 +1456,15 @@ class ProcessSupervisor:
             args = [helper_path(), "--status", str(status_w), "--ro-mounts"]
             for fd in fds:
                 args += ["--rw-tree", str(fd)]
+            bind_args, bind_fds = bind  # the caller's fds: passed, not closed here
+            args += bind_args
             for d in _mask_dirs(rw_roots):
                 args += ["--mask", d]
             args += ["--unshare", str(_NS_FLAGS["net"] | _NS_FLAGS["ipc"]), "--hold-ns", "--", "true"]
             try:
                 proc = await trio.lowlevel.open_process(
                     args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    pass_fds=tuple(fds) + (status_w,), env=_HELPER_ENV, close_fds=True)
+                    pass_fds=tuple(fds) + tuple(bind_fds) + (status_w,), env=_HELPER_ENV, close_fds=True)
             except OSError:
                 os.close(status_r)
                 return None
@@ -1504,7 +1591,13 @@ async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confin
                          policy: ConfinementPolicy) -> tuple[int, int, int, int] | None:
     if confinement == "none" or not policy.read_only_mounts or not _ro_mounts_available(helper_path()):
         return None
-    return await sup._mount_ns(_rw_trees(workspace, grants))
+    ro = _ro_binds(workspace, grants)
+    bind = _ro_bind_args(workspace, grants)
+    try:
+        return await sup._mount_ns(_rw_trees(workspace, grants), ro, bind)
+    finally:
+        for fd in bind[1]:
+            os.close(fd)
 
 
 def _ro_mounts_available(helper: str) -> bool:
@@ -1654,7 +1747,8 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                     raise ConfinementError("Landlock is not available on this kernel; "
                                            "confinement='required' fails closed", secrets=secrets)
             else:
-                rs = build_ruleset(workspace, grants, policy, tty=tty, abi=version)
+                rs = build_ruleset(workspace, grants, policy, tty=tty, abi=version,
+                                   read_only_binds=policy.read_only_mounts and _ro_mounts_available(helper))
                 pass_fds.append(rs.fd)
                 args += ["--ruleset", str(rs.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
                 prep.level, prep.abi = "landlock", version
@@ -1687,6 +1781,9 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                         tfd = tree.fileno_dup()
                         pass_fds.append(tfd)
                         args += ["--rw-tree", str(tfd)]
+                    bind_args, bind_fds = _ro_bind_args(workspace, grants)
+                    pass_fds.extend(bind_fds)
+                    args += bind_args
                     for d in _mask_dirs(trees):
                         args += ["--mask", d]
                 prep.ro_mounts = True

@@ -233,8 +233,9 @@ async def test_read_write_grant_and_nested_read_only_grant(layout, ws):
     ws.mkdir("ro")
     inner = ws.open_root("ro", read_only=True)
     try:
-        with pytest.raises(ConfinementError, match="cannot be enforced"):
-            await run(layout, ws, ["true"], grants=[(inner, True)])
+        with pytest.raises(ConfinementError, match="cannot be enforced"):  # bound read-only with the mount
+            await run(layout, ws, ["true"], grants=[(inner, True)],  # layer: tests/test_grants.py
+                      policy=ConfinementPolicy(read_only_mounts=False))
     finally:
         inner.close()
 
@@ -559,8 +560,10 @@ async def test_no_zombies_no_leaked_fds(layout, ws):
         await run(layout, ws, ["sleep", "1000"], supervisor=sup)
     ws.mkdir("ro")
     inner = ws.open_root("ro", read_only=True)
-    with pytest.raises(ConfinementError):
-        await run(layout, ws, ["true"], grants=[(inner, True)], supervisor=sup)
+    with pytest.raises(ConfinementError):  # a nested read-only grant without the mount layer
+        await run(layout, ws, ["true"], grants=[(inner, True)], supervisor=sup,
+                  policy=ConfinementPolicy(read_only_mounts=False))
+    await run(layout, ws, ["true"], grants=[(inner, True)], supervisor=sup)  # bound read-only
     inner.close()
     await sup.aclose()
     assert _fd_count() == before

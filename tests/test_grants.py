@@ -161,30 +161,119 @@ def test_exec_refuses_a_ro_grant_nested_in_a_rw_grant(layout, ws):
             build_ruleset(ws, [(outer, True), (g_rw, False)]).close()
 
 
-@needs_landlock
-@needs_helper
-async def test_confined_child_cannot_write_a_ro_grant_nested_in_a_rw_grant(layout, ws):
-    """Regression: the child wrote into the nested read-only grant (Landlock unions the rw rule)."""
-    rw, ro = _nested(layout)
-    before = sorted(os.listdir(ro))
-    with open_root(layout.base / "ws") as wsr, PathPolicy(wsr, str(layout.ws), [
-            Grant(str(rw), read_only=False), Grant(str(ro), read_only=True)]) as pol:
-        with pytest.raises(ConfinementError):
-            await run_confined(["/bin/sh", "-c", f"echo PWNED > {ro}/keep.txt; echo x > {ro}/new.txt"],
-                               workspace=wsr, workspace_host_path=str(layout.ws), grants=pol)
-        # the same grants without the nesting run, and the rw grant is writable
-        r = await run_confined(["/bin/sh", "-c", f"echo w > {rw}/w.txt"], workspace=wsr,
-                               workspace_host_path=str(layout.ws), grants=[(pol.resolve(str(rw)).root, False)])
-        assert r.exit_code == 0, r.stderr
+def _ro_layer() -> bool:
+    return os.access(sfs_exec.helper_path(), os.X_OK) and sfs_exec._ro_mounts_available(sfs_exec.helper_path())
+
+
+needs_ro_layer = pytest.mark.skipif(not _ro_layer(), reason="the read-only mount layer is unavailable here "
+                                    "(not root, and user namespaces are disabled)")
+
+_WRITES = "echo PWNED > {ro}/keep.txt; echo x > {ro}/new.txt; mkdir {ro}/d; chmod 777 {ro}/keep.txt; " \
+          "ln -s x {ro}/l; mv {ro}/keep.txt {ro}/moved; cat {ro}/keep.txt; echo w > {rw}/w.txt; echo end"
+
+
+def _assert_ro_intact(ro, before):
     assert (ro / "keep.txt").read_text() == "keep\n"
     assert sorted(os.listdir(ro)) == before
-    assert (rw / "w.txt").read_text() == "w\n"
+    assert oct(os.stat(ro / "keep.txt").st_mode & 0o777) != oct(0o777)
 
 
 @needs_landlock
 @needs_helper
-async def test_ro_grant_in_the_workspace_still_refused(layout, ws):
+@needs_ro_layer
+@pytest.mark.parametrize("held", [True, False], ids=["held-namespace", "per-process"])
+async def test_confined_child_cannot_write_a_ro_grant_nested_in_a_rw_grant(layout, held):
+    """Regression: the child wrote into the nested read-only grant (Landlock unions the rw rule).
+    Now a read-only bind of the grant in the child's mount namespace refuses every write (EROFS)."""
+    rw, ro = _nested(layout)
+    before = sorted(os.listdir(ro))
+    sup = sfs_exec.ProcessSupervisor(hold_mount_ns=held)
+    try:
+        with open_root(layout.ws) as wsr, PathPolicy(wsr, str(layout.ws), [
+                Grant(str(rw), read_only=False), Grant(str(ro), read_only=True)]) as pol:
+            for cwd in ("", str(ro)):  # also with the working directory inside the bound grant
+                r = await run_confined(["/bin/sh", "-c", _WRITES.format(ro=ro, rw=rw)], workspace=wsr,
+                                       workspace_host_path=str(layout.ws), grants=pol, cwd=cwd, supervisor=sup)
+                assert r.read_only_mounts and r.stdout == b"keep\nend\n", r.stderr
+                assert r.stderr.count(b"Read-only file system") >= 5, r.stderr
+                _assert_ro_intact(ro, before)
+    finally:
+        await sup.aclose()
+    assert (rw / "w.txt").read_text() == "w\n"  # the read-write grant stays writable
+
+
+@needs_landlock
+@needs_helper
+async def test_nested_ro_grant_refused_without_the_mount_layer(layout):
+    rw, ro = _nested(layout)
+    before = sorted(os.listdir(ro))
+    with open_root(layout.ws) as wsr, PathPolicy(wsr, str(layout.ws), [
+            Grant(str(rw), read_only=False), Grant(str(ro), read_only=True)]) as pol:
+        with pytest.raises(ConfinementError, match="mount layer is off"):
+            await run_confined(["/bin/sh", "-c", _WRITES.format(ro=ro, rw=rw)], workspace=wsr,
+                               workspace_host_path=str(layout.ws), grants=pol,
+                               policy=sfs_exec.ConfinementPolicy(read_only_mounts=False))
+    _assert_ro_intact(ro, before)
+    assert not (rw / "w.txt").exists()  # refused before the command ran
+
+
+@needs_landlock
+@needs_helper
+@needs_ro_layer
+async def test_ro_grant_in_the_workspace_is_bound_read_only(layout, ws):
     ws.mkdir("inner")
+    ws.write_bytes("inner/keep.txt", b"keep\n")
     with ws.open_root("inner", read_only=True) as inner:
+        r = await run_confined(["/bin/sh", "-c", "cat inner/keep.txt; echo x > inner/keep.txt; touch inner/n; "
+                                "echo ok > top.txt"], workspace=ws, workspace_host_path=str(layout.ws),
+                               grants=[(inner, True)])
+        assert r.stdout == b"keep\n" and r.stderr.count(b"Read-only file system") == 2, r.stderr
         with pytest.raises(ConfinementError, match="workspace"):
-            await run_confined(["true"], workspace=ws, workspace_host_path=str(layout.ws), grants=[(inner, True)])
+            await run_confined(["true"], workspace=ws, workspace_host_path=str(layout.ws), grants=[(inner, True)],
+                               policy=sfs_exec.ConfinementPolicy(read_only_mounts=False))
+    assert ws.read_bytes("inner/keep.txt") == b"keep\n" and ws.listdir("inner") == ["keep.txt"]
+    assert ws.read_bytes("top.txt") == b"ok\n"
+
+
+@needs_landlock
+@needs_helper
+async def test_nestings_no_bind_can_enforce_are_refused(layout, ws):
+    rw, ro = _nested(layout)
+    (ro / "inner_rw").mkdir()
+    with open_root(rw) as g_rw, open_root(ro, read_only=True) as g_ro, open_root(ro / "inner_rw") as g_in:
+        # rw inside ro inside rw: the recursive read-only bind would cover the inner rw grant
+        with pytest.raises(ConfinementError, match="inside a read-only grant"):
+            build_ruleset(ws, [(g_rw, False), (g_ro, True), (g_in, False)], read_only_binds=True).close()
+        with open_root(rw, read_only=True) as same:  # one directory, two modes
+            with pytest.raises(ConfinementError, match="one mode"):
+                build_ruleset(ws, [(g_rw, False), (same, True)], read_only_binds=True).close()
+        build_ruleset(ws, [(g_rw, False), (g_ro, True)], read_only_binds=True).close()
+
+
+@needs_landlock
+@needs_helper
+@needs_ro_layer
+@pytest.mark.parametrize("held", [True, False], ids=["held-namespace", "per-process"])
+async def test_child_cannot_move_a_nested_ro_grant_out_from_under_its_path(layout, held):
+    """Renaming the grant's parent would leave its contents writable under a new name next session:
+    every directory between the writable tree and the grant is a mount point for the child (EBUSY)."""
+    rw = layout.base / "rw"
+    ro = rw / "a" / "b" / "ro"
+    ro.mkdir(parents=True)
+    (ro / "keep.txt").write_text("keep\n")
+    ident = (os.stat(ro).st_dev, os.stat(ro).st_ino)
+    grants = [Grant(str(rw), read_only=False), Grant(str(ro), read_only=True)]
+    moves = (f"mv -T {rw}/a {rw}/z; mv -T {rw}/a/b {rw}/y; mv -T {ro} {rw}/x; rmdir {rw}/a/b; "
+             f"echo w > {rw}/a/w.txt; echo end")
+    sup = sfs_exec.ProcessSupervisor(hold_mount_ns=held)
+    try:
+        with open_root(layout.ws) as wsr, PathPolicy(wsr, str(layout.ws), grants) as pol:
+            r = await run_confined(["/bin/sh", "-c", moves], workspace=wsr, workspace_host_path=str(layout.ws),
+                                   grants=pol, supervisor=sup)
+            assert r.stdout == b"end\n" and r.stderr.count(b"busy") >= 2, r.stderr
+    finally:
+        await sup.aclose()
+    assert (os.stat(ro).st_dev, os.stat(ro).st_ino) == ident  # the grant path still names the grant
+    assert (ro / "keep.txt").read_text() == "keep\n" and os.listdir(ro) == ["keep.txt"]
+    assert (rw / "a" / "w.txt").read_text() == "w\n"  # the pinned parents stay writable
+    assert not (rw / "z").exists()
