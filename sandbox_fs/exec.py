@@ -826,7 +826,8 @@ def _ro_binds(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy 
     return _nested_read_only(workspace, _grant_roots(grants), binds=True)
 
 
-def _ro_bind_args(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> tuple[list[str], list[int]]:
+def _ro_bind_args(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None,
+                  nested: list[Root] | None = None) -> tuple[list[str], list[int]]:
     """Helper arguments (and the new fds they name, the caller's to close) for the read-only binds.
 
     Each read-only grant nested in a writable tree gets ``--ro-tree``; each
@@ -836,7 +837,8 @@ def _ro_bind_args(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
     grant's contents writable under another name in a later session, whose
     grant path would then name a directory the child made.
     """
-    nested = _ro_binds(workspace, grants)
+    if nested is None:
+        nested = _ro_binds(workspace, grants)
     if not nested:
         return [], []
     writable = {r.identity for r in _rw_trees(workspace, grants)}
@@ -1592,7 +1594,7 @@ async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confin
     if confinement == "none" or not policy.read_only_mounts or not _ro_mounts_available(helper_path()):
         return None
     ro = _ro_binds(workspace, grants)
-    bind = _ro_bind_args(workspace, grants)
+    bind = _ro_bind_args(workspace, grants, ro)
     try:
         return await sup._mount_ns(_rw_trees(workspace, grants), ro, bind)
     finally:
