@@ -84,6 +84,12 @@
  *                      permitted and effective sets (root keeps uid 0 but no
  *                      capabilities)
  *   --ruleset FD       landlock_restrict_self(FD) after PR_SET_NO_NEW_PRIVS
+ *   --init             run the target under an init of its own (a PID namespace
+ *                      when one can be made, else a child subreaper) that
+ *                      reaps, forwards signals and ends the tree when the
+ *                      target exits or the lifeline closes (sfs_exec_init.h)
+ *   --lifeline FD      with --init: the read end of a pipe only the host can
+ *                      write; EOF (the host died) ends the tree
  *   --proc-self ACCESS add a Landlock rule for this process's own /proc/PID
  *                      directory (it is the target's after execve) with the
  *                      given access bits, before restricting
@@ -95,9 +101,10 @@
  *
  * PR_SET_PDEATHSIG is deliberately not used: trio forks from a worker
  * thread, and the death signal fires when that *thread* exits, which trio's
- * thread cache does after a few idle seconds.  The ProcessSupervisor (process
- * group + cgroup v2 leaf) is what ends confined processes.  Exit status 127 with a status line means the
- * helper failed before execve; the target's own 127 comes with no line.
+ * thread cache does after a few idle seconds.  With --init the helper's init
+ * watches the --lifeline pipe instead, and ends the tree when the host dies.
+ * Exit status 127 with a status line means the helper failed before execve;
+ * the target's own 127 comes with no line.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -321,6 +328,8 @@ static void write_file(const char *path, const char *text)
         fail("mounts", errno);
     close(fd);
 }
+
+#include "sfs_exec_init.h"     /* --init, --lifeline: supervision */
 
 /* The path the kernel reports for fd (read before leaving the namespace). */
 static char *fd_path(int fd, const char *stage)
@@ -1072,7 +1081,7 @@ int main(int argc, char **argv)
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
     struct sfs_binds binds = { .npins = 0, .nro = 0 };
     int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1, netns_fd = -1;
-    int ipcns_fd = -1, env_fd = -1, pids_procs_fd = -1;
+    int ipcns_fd = -1, env_fd = -1, pids_procs_fd = -1, init = 0, lifeline_fd = -1;
     char **envp = environ;
     char *masks[SFS_MAX_MASKS];
     int nmasks = 0;
@@ -1104,6 +1113,10 @@ int main(int argc, char **argv)
             hold_ns = 1;
             continue;
         }
+        if (strcmp(a, "--init") == 0) {
+            init = 1;
+            continue;
+        }
         if (strcmp(a, "--drop-caps") == 0) {
             drop_caps = 1;
             continue;
@@ -1121,6 +1134,8 @@ int main(int argc, char **argv)
             mntns_fd = parse_fd(v);
         else if (strcmp(a, "--userns") == 0)
             userns_fd = parse_fd(v);
+        else if (strcmp(a, "--lifeline") == 0)
+            lifeline_fd = parse_fd(v);
         else if (strcmp(a, "--netns") == 0)
             netns_fd = parse_fd(v);
         else if (strcmp(a, "--ipcns") == 0)
@@ -1169,7 +1184,9 @@ int main(int argc, char **argv)
     if (env_fd >= 0)
         envp = read_env(env_fd);        /* data for the target's execve only */
 
-    if (cgroup_fd >= 0)
+    if (init)
+        start_init(cgroup_fd, lifeline_fd, &userns_fd); /* from here on: the target's process */
+    else if (cgroup_fd >= 0)
         fork_into_cgroup(cgroup_fd);    /* from here on: the target's process */
     if (pids_procs_fd >= 0)
         join_pids_v1(pids_procs_fd);    /* first: nothing runs outside pids.max */

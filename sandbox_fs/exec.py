@@ -1262,8 +1262,13 @@ def _nproc_enforced() -> bool:
 # ----------------------------------------------------------------- supervision
 
 def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]],
-                       v1: "_PidsV1Tree | None" = None) -> None:
-    """Finalizer of a ProcessSupervisor: kill and remove its cgroup trees, close its namespace fds."""
+                       v1: "_PidsV1Tree | None" = None, lifeline: list[int] | None = None) -> None:
+    """Finalizer of a ProcessSupervisor: close its lifeline (every init it started then
+    ends its tree), kill and remove its cgroup trees, close its namespace fds."""
+    for i, fd in enumerate(lifeline or ()):
+        if fd >= 0:
+            os.close(fd)
+            lifeline[i] = -1  # type: ignore[index]
     if cg is not None:
         cg.close()
     if v1 is not None:
@@ -1277,22 +1282,27 @@ def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, 
 
 @dataclass(eq=False)
 class _Tracked:
+    """A started command: ``process`` is the helper's init (our own unreaped child)."""
+
     process: "trio.Process | _ForeignChild"
-    pgid: int
     pidfd: int
     leaf: str | None
     argv0: str
     pids_leaf: str | None = None  # its cgroup v1 pids leaf, if any
+    pid_ns: bool = False
 
 
 class ProcessSupervisor:
-    """Tracks every process group (and cgroup leaf) started through it, and kills them all.
+    """Tracks every command started through it (its init, and cgroup leaf) and kills them all.
 
     Give one to :func:`run_confined` / :class:`PtyManager` per session;
     call :meth:`kill_all` (or ``await aclose()``) at shutdown.  What is
-    guaranteed where is described in the module docstring: process groups
-    always, every descendant (``setsid`` included) where a cgroup v2 leaf
-    could be made (:attr:`uses_cgroup`).
+    guaranteed where is described in the module docstring ("Supervision
+    guarantees"): each command runs under an init of the helper (in its own
+    PID namespace where one can be made) that ends the whole tree when the
+    command exits, when this supervisor is closed or collected, and when the
+    host process dies; signals go only through pidfds of our own unreaped
+    children; cgroup v2 leaves (:attr:`uses_cgroup`) are killed too.
 
     Args:
         use_cgroup: try a cgroup v2 leaf per process (needs a writable
@@ -1318,9 +1328,15 @@ class ProcessSupervisor:
         self._v1: _PidsV1Tree | None = None
         if use_cgroup and pids_max is not None and (self._cg is None or not self._cg.pids):
             self._v1 = _PidsV1Tree.create()
+        # The lifeline: every init started through this supervisor holds the
+        # read end and ends its tree at EOF, which comes when the write end
+        # (only ever in this process, close-on-exec) is closed by aclose(),
+        # by the finalizer, or by the death of this process.
+        self._lifeline: list[int] = list(os.pipe2(os.O_CLOEXEC))
         # A supervisor dropped without aclose() still ends its processes,
         # removes its cgroup directories and releases its mount namespaces.
-        self._finalizer = weakref.finalize(self, _release_resources, self._cg, self._ns_fds, self._v1)
+        self._finalizer = weakref.finalize(self, _release_resources, self._cg, self._ns_fds, self._v1,
+                                           self._lifeline)
 
     @property
     def uses_cgroup(self) -> bool:
@@ -1347,42 +1363,46 @@ class ProcessSupervisor:
         except OSError:
             return None
 
+    def _lifeline_fd(self) -> int:
+        """A new fd on the lifeline's read end, for one helper's ``--lifeline``."""
+        if self._lifeline[1] < 0:  # used again after aclose(): a fresh lifeline
+            self._lifeline = list(os.pipe2(os.O_CLOEXEC))
+            self._finalizer = weakref.finalize(self, _release_resources, None, {}, None, self._lifeline)
+        return os.dup(self._lifeline[0])
+
     def _track(self, process: "trio.Process | _ForeignChild", leaf: str | None, argv0: str, *,
                pids_leaf: str | None = None) -> _Tracked:
-        for old in list(self._tracked):  # forget groups that ended since (keeps the list short)
+        for old in list(self._tracked):  # forget commands that ended since (keeps the list short)
             self._release_if_done(old)
         try:
             pidfd = os.pidfd_open(process.pid)
         except OSError:
             pidfd = -1
-        t = _Tracked(process, process.pid, pidfd, leaf, argv0, pids_leaf)
+        t = _Tracked(process, pidfd, leaf, argv0, pids_leaf, pid_ns=getattr(process, "pid_ns", False))
         self._tracked.append(t)
         return t
 
     @staticmethod
-    def _signal_group(t: _Tracked, sig: int) -> None:
+    def _signal(t: _Tracked, sig: int) -> None:
+        """Signal the command's init through its pidfd (never a raw pid or process group).
+
+        The init is our child and not yet reaped (``returncode`` is None), so
+        the pidfd cannot name another process.  The init forwards SIGTERM to
+        its whole tree; SIGKILL ends it and, in a PID namespace, the kernel
+        kills the rest.
+        """
         if t.process.returncode is None and t.pidfd >= 0:
             try:
                 signal.pidfd_send_signal(t.pidfd, sig)
             except OSError:
                 pass
-        try:
-            os.killpg(t.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def _group_alive(self, t: _Tracked) -> bool:
-        if t.leaf is not None:
-            return _CgroupTree.populated(t.leaf)
         if t.pids_leaf is not None and _PidsV1Tree.populated(t.pids_leaf):
             return True
         if t.process.returncode is None:
             return True
-        try:
-            os.killpg(t.pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
+        return t.leaf is not None and _CgroupTree.populated(t.leaf)
 
     def _untrack(self, t: _Tracked) -> None:
         if t in self._tracked:
@@ -1406,12 +1426,18 @@ class ProcessSupervisor:
             self._untrack(t)
 
     async def _kill_one(self, t: _Tracked, grace_s: float) -> None:
-        """SIGTERM the group, wait up to ``grace_s`` for the leader, then SIGKILL everything and reap."""
+        """SIGTERM the tree, wait up to ``grace_s`` for the command, then SIGKILL everything and reap."""
         if grace_s > 0 and t.process.returncode is None:
-            self._signal_group(t, signal.SIGTERM)
+            self._signal(t, signal.SIGTERM)
             with trio.move_on_after(grace_s):
                 await t.process.wait()
-        self._signal_group(t, signal.SIGKILL)
+        if t.process.returncode is None and not t.pid_ns:
+            # A subreaper init (no PID namespace): SIGUSR1 makes it kill its
+            # tree before it exits; SIGKILL would orphan the tree instead.
+            self._signal(t, signal.SIGUSR1)
+            with trio.move_on_after(1.0):
+                await t.process.wait()
+        self._signal(t, signal.SIGKILL)
         if t.leaf is not None:
             _CgroupTree.kill(t.leaf)
         await t.process.wait()
@@ -1500,7 +1526,7 @@ class ProcessSupervisor:
             return mnt, user, net, ipc
 
     async def kill_all(self, *, grace_s: float = 0.0) -> None:
-        """Kill every process group and cgroup leaf started through this supervisor, and reap.
+        """Kill every command tree and cgroup leaf started through this supervisor, and reap.
 
         Args:
             grace_s: seconds to wait after SIGTERM before SIGKILL (0: SIGKILL at once).
@@ -1514,7 +1540,7 @@ class ProcessSupervisor:
                 await self._kill_one(t, grace_s)
 
     async def aclose(self) -> None:
-        """:meth:`kill_all`, then remove the supervisor's cgroup directory.  Idempotent.
+        """:meth:`kill_all`, then close the lifeline and remove the cgroup directory.  Idempotent.
 
         *Cancellation*: shielded like :meth:`kill_all`.
         """
@@ -1729,6 +1755,13 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
             args += ["--cgroup", str(cg_fd)]
         args += _process_bounds(prep, supervisor, policy, confinement)
 
+        # Supervision: the command runs under the helper's init (a PID
+        # namespace of its own when one can be made), which the supervisor's
+        # lifeline ends when the supervisor or this process goes away.
+        life_fd = supervisor._lifeline_fd()
+        pass_fds.append(life_fd)
+        args += ["--init", "--lifeline", str(life_fd)]
+
         args += policy.rlimit_args()
         if tty:
             args.append("--tty")
@@ -1907,14 +1940,24 @@ def _status_error(status: bytes, argv0: str, prep: _Prepared) -> ExecError:
 
 
 class _ForeignChild:
-    """The target when the helper forked it with ``CLONE_PARENT``: our direct child, not a trio.Process.
+    """The helper's init, forked with ``CLONE_PARENT``: our direct child, not a trio.Process.
 
     Waited for through a pidfd; reaped with ``waitpid`` (it is our child, so
-    its pid cannot be reused before we reap it).
+    its pid cannot be reused before we reap it).  Its ``returncode`` is the
+    *command's* status, which the init writes on the status pipe ("exit
+    WSTATUS") just before it exits; the init's own status is used only when
+    that line is missing (the init was killed).
+
+    Attributes:
+        pid: the init's pid (in our PID namespace).
+        pid_ns: the init is pid 1 of a PID namespace of its own (else a
+            child subreaper).
     """
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, pid_ns: bool, status: "_Status | None" = None) -> None:
         self.pid = pid
+        self.pid_ns = pid_ns
+        self._status = status
         self._pidfd = os.pidfd_open(pid)
         self._returncode: int | None = None
         self._lock = trio.Lock()
@@ -1925,7 +1968,12 @@ class _ForeignChild:
         except ChildProcessError:  # pragma: no cover - someone else reaped it
             wpid, status = self.pid, 255 << 8
         if wpid == self.pid:
-            self._returncode = os.waitstatus_to_exitcode(status)
+            code = os.waitstatus_to_exitcode(status)
+            reported = None
+            if self._status is not None:
+                reported = self._status.take_exit()
+                self._status.close()  # nothing more can come: every writer is gone
+            self._returncode = os.waitstatus_to_exitcode(reported) if reported is not None else code
             if self._pidfd >= 0:
                 trio.lowlevel.notify_closing(self._pidfd)
                 os.close(self._pidfd)
@@ -1952,52 +2000,99 @@ _STATUS_TIMEOUT_S = 30.0
 
 
 class _Status:
-    """The helper's status pipe: "pid N" (cgroup mode) then a failure line, or EOF at execve."""
+    """The helper's status pipe.
+
+    Lines: "pid N MODE" (the helper forked its init), then "ok" (the command
+    reached ``execve``) or a failure "STAGE ERRNO", then "exit WSTATUS"
+    when the init ends.  Without ``--init`` the helper writes a failure
+    line or nothing (EOF at ``execve``).
+    """
 
     def __init__(self, fd: int) -> None:
-        self.stream: trio.lowlevel.FdStream | None = trio.lowlevel.FdStream(fd)
+        os.set_blocking(fd, False)
+        self.fd = fd
         self.data = b""
+        self.eof = False
+        self.exit_status: int | None = None
+
+    @property
+    def stream(self) -> int | None:
+        return self.fd if self.fd >= 0 else None
+
+    def _read_now(self) -> bool:
+        """Read what is there without blocking; False when it would block."""
+        while not self.eof and self.fd >= 0 and len(self.data) < _STATUS_MAX:
+            try:
+                chunk = os.read(self.fd, _STATUS_MAX)
+            except BlockingIOError:
+                return False
+            if not chunk:
+                self.eof = True
+            self.data += chunk
+        return True
 
     async def read_line(self) -> bytes | None:
         """Read until a full line or EOF; returns the line, or None at EOF with nothing pending."""
-        while b"\n" not in self.data and self.stream is not None and len(self.data) < _STATUS_MAX:
-            chunk = await self.stream.receive_some(_STATUS_MAX)
-            if not chunk:
-                await self.aclose()
-                break
-            self.data += chunk
+        while b"\n" not in self.data and not self.eof and self.fd >= 0 and len(self.data) < _STATUS_MAX:
+            if not self._read_now() and b"\n" not in self.data:
+                try:
+                    await trio.lowlevel.wait_readable(self.fd)
+                except trio.ClosedResourceError:
+                    break
         if b"\n" in self.data:
             line, _, self.data = self.data.partition(b"\n")
             return line
         line, self.data = self.data, b""
         return line or None
 
+    async def startup(self) -> bytes:
+        """The command's start: b"" once it reached ``execve`` (or at EOF), else the failure line."""
+        line = await self.read_line()
+        return b"" if line in (None, b"ok") else line.strip()
+
     async def rest(self) -> bytes:
         """Everything up to EOF (EOF comes at the target's execve or its failure exit)."""
-        while self.stream is not None and len(self.data) < _STATUS_MAX:
-            chunk = await self.stream.receive_some(_STATUS_MAX)
-            if not chunk:
-                break
-            self.data += chunk
+        while not self.eof and self.fd >= 0 and len(self.data) < _STATUS_MAX:
+            if not self._read_now():
+                try:
+                    await trio.lowlevel.wait_readable(self.fd)
+                except trio.ClosedResourceError:
+                    break
         await self.aclose()
         return self.data.strip()
 
+    def take_exit(self) -> int | None:
+        """After the init was reaped: the command's raw wait status from the "exit" line, or None."""
+        self._read_now()
+        for line in self.data.split(b"\n"):
+            if line.startswith(b"exit "):
+                try:
+                    self.exit_status = int(line.split()[1])
+                except (IndexError, ValueError):
+                    pass
+        self.data = b"\n".join(ln for ln in self.data.split(b"\n") if not ln.startswith(b"exit "))
+        return self.exit_status
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
     async def aclose(self) -> None:
-        if self.stream is not None:
-            stream, self.stream = self.stream, None
-            await stream.aclose()
+        self.close()
+        await trio.lowlevel.checkpoint_if_cancelled()
 
 
 async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, stdin: object,
                  stdout: object, stderr: object) -> tuple[trio.Process, _Tracked, _Status]:
-    """Start the helper and track the target; return (helper process, tracked target, status).
+    """Start the helper and track the command's init; return (helper process, tracked init, status).
 
-    With a cgroup leaf the helper forks the target into it as our direct
-    child and exits ("pid N" on the status pipe); otherwise the helper
-    becomes the target itself.  The streams are always the helper's.  The
-    caller reads the rest of the status (:meth:`_Status.rest`) alongside the
-    output, so the spawn costs no extra round trip, and raises
-    :func:`_status_error` when it is not empty.
+    The helper forks the init as our direct child ("pid N MODE" on the
+    status pipe) and exits; the init forks the command.  The streams are
+    always the helper's.  The caller reads the command's start
+    (:meth:`_Status.startup`) alongside the output, so the spawn costs no
+    extra round trip, and raises :func:`_status_error` when it is not empty.
     """
     try:
         proc = await trio.lowlevel.open_process(
@@ -2012,13 +2107,14 @@ async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, 
     status = _Status(prep.status_r)
     prep.status_r = -1
     # Shielded: until the first status line is read we may not know the
-    # target's pid, and an unknown child could never be reaped.
+    # init's pid, and an unknown child could never be reaped.
     with trio.CancelScope(shield=True):
         with trio.move_on_after(_STATUS_TIMEOUT_S):
             first = await status.read_line()
         target: trio.Process | _ForeignChild = proc
         if first is not None and first.startswith(b"pid "):
-            target = _ForeignChild(int(first.split()[1]))
+            words = first.split()
+            target = _ForeignChild(int(words[1]), words[2:3] == [b"ns"], status)
             first = None
         tracked = supervisor._track(target, prep.leaf, argv0, pids_leaf=prep.pids_leaf)
         if first is not None:  # the helper failed before forking / exec
@@ -2146,6 +2242,7 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     target = tracked.process
     failure = b""
+    started = False
     out, err = _HeadTail(max_output_bytes), _HeadTail(max_output_bytes)
     out_eof, err_eof = trio.Event(), trio.Event()
     timed_out = False
@@ -2178,8 +2275,9 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
                 await stream.aclose()
 
     async def read_status() -> None:
-        nonlocal failure
-        failure = await status.rest()
+        nonlocal failure, started
+        failure = await status.startup()
+        started = True
 
     try:
         async with trio.open_nursery() as nursery:
@@ -2204,9 +2302,9 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
                 await sup._kill_one(tracked, 0)
             if target is not proc:
                 await proc.wait()  # the helper exited right after forking the target
-            if not failure and status.stream is not None:
+            if not started:
                 with trio.move_on_after(1.0):
-                    failure = await status.rest()
+                    failure = await status.startup()
             await status.aclose()
             for s in (proc.stdin, proc.stdout, proc.stderr):
                 if s is not None:
@@ -2349,7 +2447,7 @@ class PtyManager:
         os.close(slave)
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_STATUS_TIMEOUT_S):
-                failure = await status.rest()
+                failure = await status.startup()  # the status pipe stays with the init (its "exit" line)
             if failure:
                 await _abort_spawn(proc, tracked, self.supervisor, status)
                 os.close(master)

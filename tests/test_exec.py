@@ -67,6 +67,34 @@ async def wait_gone(pid: int, timeout_s: float = 3.0) -> bool:
     return False
 
 
+# Every command runs in a PID namespace of its own: it prints that namespace
+# (pids inside mean nothing to the host) and the host checks that no process
+# of it is left.
+NS = "readlink /proc/self/ns/pid; "
+
+
+def ns_members(ns: str) -> list[int]:
+    """Host pids of live processes in PID namespace ``ns`` ("pid:[inode]")."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.readlink(f"/proc/{name}/ns/pid") == ns and pid_alive(int(name)):
+                    out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+async def wait_ns_empty(ns: str, timeout_s: float = 3.0) -> bool:
+    assert ns.startswith("pid:["), ns
+    with trio.move_on_after(timeout_s):
+        while ns_members(ns):
+            await trio.sleep(0.02)
+        return True
+    return False
+
+
 # ------------------------------------------------------------------ filesystem
 
 @needs_landlock
@@ -330,7 +358,11 @@ async def test_tcp_bind_denied(layout, ws, pygrant):
 
 @needs_scope
 async def test_signal_to_parent_denied(layout, ws):
-    argv = sh(f"kill -0 {os.getpid()} && echo signalled")
+    # The host is outside the command's PID namespace: its pid names nothing there.
+    r0 = await run(layout, ws, sh(f"kill -0 {os.getpid()} && echo signalled"), confinement="none")
+    assert b"signalled" not in r0.stdout and b"No such process" in r0.stderr
+    # The helper's init (pid 1 there) is outside the Landlock domain: signal scoping refuses it.
+    argv = sh("kill -0 1 && echo signalled")
     r = await run(layout, ws, argv)
     assert b"signalled" not in r.stdout
     assert b"not permitted" in r.stderr
@@ -464,15 +496,14 @@ async def test_bad_arguments(layout, ws):
 # ------------------------------------------------------------------ timeouts, output, supervision
 
 async def test_timeout_kills_child_and_grandchildren(layout, ws):
-    script = "sleep 1000 & echo $!; (trap '' TERM; sleep 1000) & echo $!; trap '' TERM; sleep 1000"
+    script = NS + "sleep 1000 & echo $!; (trap '' TERM; sleep 1000) & echo $!; trap '' TERM; sleep 1000"
     with pytest.raises(ExecTimeoutError) as info:
         await run(layout, ws, sh(script), timeout_s=0.5, policy=ConfinementPolicy(kill_grace_s=0.2))
     res = info.value.result
-    pids = [int(x) for x in res.stdout.split()]
+    ns, *pids = res.stdout.decode().split()
     assert len(pids) == 2
     assert res.exit_code == -signal.SIGKILL
-    for pid in pids:
-        assert await wait_gone(pid), f"grandchild {pid} survived the timeout"
+    assert await wait_ns_empty(ns), "a grandchild survived the timeout"
     assert info.value.code == "exec_timeout"
 
 
@@ -497,14 +528,12 @@ async def test_one_gib_output_keeps_memory_bounded(layout, ws):
 
 
 async def test_nohup_background_gone_after_kill_all(layout, ws):
+    """A background process ends with the command that started it (its init ends the namespace)."""
     sup = ProcessSupervisor()
     try:
-        r = await run(layout, ws, sh("nohup sleep 1000 >/dev/null 2>&1 & echo $!"), supervisor=sup)
-        pid = int(r.stdout)
-        assert pid_alive(pid), "the background process should outlive the command itself"
-        assert len(sup) == 1
+        r = await run(layout, ws, sh(NS + "nohup sleep 1000 >/dev/null 2>&1 &"), supervisor=sup)
+        assert await wait_ns_empty(r.stdout.decode().strip())
         await sup.kill_all()
-        assert await wait_gone(pid)
         assert len(sup) == 0
     finally:
         await sup.aclose()
@@ -515,22 +544,18 @@ async def test_setsid_escapee_gone_with_cgroup(layout, ws):
     try:
         if not sup.uses_cgroup:
             pytest.skip("no writable cgroup v2 hierarchy: a setsid escapee is out of reach (documented)")
-        script = ("setsid sh -c 'echo $$ > escapee.pid; exec sleep 1000' >/dev/null 2>&1 </dev/null & "
+        script = (NS + "setsid sh -c 'echo $$ > escapee.pid; exec sleep 1000' >/dev/null 2>&1 </dev/null & "
                   "while [ ! -s escapee.pid ]; do sleep 0.01; done")
-        await run(layout, ws, sh(script), supervisor=sup, confinement="best_effort")
-        pid = int(ws.read_bytes("escapee.pid"))
-        assert pid_alive(pid)
-        with open(f"/proc/{pid}/stat") as f:
-            assert int(f.read().rsplit(")", 1)[1].split()[3]) == pid  # a session of its own: out of killpg's reach
+        r = await run(layout, ws, sh(script), supervisor=sup, confinement="best_effort")
+        assert await wait_ns_empty(r.stdout.decode().strip())
         await sup.kill_all()
-        assert await wait_gone(pid)
     finally:
         await sup.aclose()
 
 
 async def test_private_supervisor_leaves_nothing_behind(layout, ws):
-    r = await run(layout, ws, sh("sleep 1000 >/dev/null 2>&1 & echo $!"))
-    assert await wait_gone(int(r.stdout))
+    r = await run(layout, ws, sh(NS + "sleep 1000 >/dev/null 2>&1 &"))
+    assert await wait_ns_empty(r.stdout.decode().strip())
 
 
 def _fd_count() -> int:
@@ -574,13 +599,13 @@ async def test_cancellation_kills_the_group(layout, ws):
     pid_holder = []
 
     async def go():
-        await run(layout, ws, sh("echo $$ > pid; sleep 1000"))
+        await run(layout, ws, sh("readlink /proc/self/ns/pid > ns; sleep 1000"))
 
     with trio.move_on_after(0.5):
         await go()
-    pid = int(ws.read_bytes("pid"))
-    pid_holder.append(pid)
-    assert await wait_gone(pid)
+    ns = ws.read_bytes("ns").decode().strip()
+    pid_holder.append(ns)
+    assert await wait_ns_empty(ns)
 
 
 async def test_optional_net_namespace(layout, ws):
@@ -663,19 +688,18 @@ async def test_background_holding_stdout_does_not_hang_the_call(layout, ws):
             r = await run(layout, ws, sh("sleep 1000 & echo started"), supervisor=sup,
                           policy=ConfinementPolicy(eof_grace_s=0.2))
         assert (r.exit_code, r.stdout) == (0, b"started\n")
-        assert len(sup) == 1  # the background sleep is still tracked ...
     finally:
         await sup.aclose()
-    assert len(sup) == 0  # ... until the supervisor ends it
+    assert len(sup) == 0
 
 
 async def test_without_cgroup_process_groups_still_end_everything(layout, ws):
     # best_effort: without a cgroup a root host may have no process-count bound left
     pol = ConfinementPolicy(use_cgroup=False, kill_grace_s=0.1)
     with pytest.raises(ExecTimeoutError) as info:
-        await run(layout, ws, sh("sleep 1000 & echo $!; sleep 1000"), timeout_s=0.3, policy=pol,
+        await run(layout, ws, sh(NS + "setsid sleep 1000 & sleep 1000"), timeout_s=0.3, policy=pol,
                   confinement="best_effort")
-    assert await wait_gone(int(info.value.result.stdout))
+    assert await wait_ns_empty(info.value.result.stdout.decode().strip())
     r = await run(layout, ws, ["echo", "plain"], policy=pol, confinement="best_effort")
     assert r.stdout == b"plain\n"
 

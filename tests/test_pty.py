@@ -135,14 +135,26 @@ async def test_unknown_pty_id_is_a_clear_error(ptys):
 
 async def test_terminate_all_and_supervisor_kill(ptys, layout):
     mgr, ws = ptys
-    a, first = await start(mgr, ws, layout, ["sh", "-c", "sleep 1000 & echo $!; wait"], first_output_timeout_s=1.0)
+    a, first = await start(mgr, ws, layout, ["sh", "-c", "sleep 1000 & readlink /proc/self/ns/pid; wait"],
+                           first_output_timeout_s=1.0)
     first = await read_until(mgr, a, b"\n", got=first)
     b, _ = await start(mgr, ws, layout, ["cat"], first_output_timeout_s=0.01)
-    grandchild = int(first.split()[0])
-    pids = [mgr.pty_info(a)["pid"], mgr.pty_info(b)["pid"], grandchild]
-    assert alive(grandchild)
+    ns = first.split()[0].decode()  # the command's PID namespace (the grandchild's too)
+
+    def in_ns() -> list[str]:
+        out = []
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and os.readlink(f"/proc/{p}/ns/pid") == ns and alive(int(p)):
+                    out.append(p)
+            except OSError:
+                pass
+        return out
+
+    pids = [mgr.pty_info(a)["pid"], mgr.pty_info(b)["pid"]]
+    assert len(in_ns()) >= 2  # sh and its background sleep
     await mgr.pty_terminate_all()
     assert len(mgr) == 0
     with trio.fail_after(3):
-        while any(alive(pid) for pid in pids):
+        while any(alive(pid) for pid in pids) or in_ns():
             await trio.sleep(0.02)
