@@ -18,6 +18,14 @@ The command's output goes to a terminal escaped (controls as ``\\xNN``,
 lines kept, see :func:`sandbox_fs._cli_output.write_command_output`) and to
 a pipe or file unchanged.
 
+SIGTERM and SIGINT are handled alike: the command's tree gets SIGTERM,
+``ConfinementPolicy.kill_grace_s`` seconds (2 s), then SIGKILL (a command
+not started yet is not started); the session then stops as it normally
+would (persist, state file), one line on stderr says so, and the exit status
+is 128 + the signal number.  If ``run`` itself is killed (SIGKILL), the
+command's init sees its lifeline close and ends the tree (see
+:class:`sandbox_fs.exec.ProcessSupervisor`).
+
 Authority comes only from the command line (the operator): ``--base``,
 ``--grant``, ``--root``, ``--workspaces-dir`` and ``--snapshot-dir``.  The
 manifest is loaded as untrusted, and the state file carries no authority.
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Any
 
@@ -120,21 +129,29 @@ def cmd_run(args: argparse.Namespace) -> int:
             exec_kw["env"] = env
             exec_kw["secret_env"] = secret
 
-    async def main() -> tuple[Any, dict[str, Any]]:
+    from .exec import ConfinementPolicy, ProcessSupervisor  # noqa: PLC0415
+
+    grace_s = ConfinementPolicy().kill_grace_s
+    stopped: list[int] = []  # the signal that stopped the run, once one came
+    running_at_signal: list[int] = []  # commands tracked when it came
+
+    async def job(sup: Any, exec_scope: trio.CancelScope) -> tuple[Any, dict[str, Any], Any, bool]:
         with LocalSandboxClient(options) as client:
             if args.resume:
                 session = client.resume(load_state(args.resume, args), root=root, manifest=manifest,
                                         allow_rollback=args.allow_rollback)
             else:
                 session = client.create(manifest=manifest, root=root)
+            session.attach_supervisor(sup)
             result = None
             failed: Exception | None = None
             persisted = True
             try:
                 async with session:
-                    result = await session.exec(argv, **exec_kw)
+                    with exec_scope:  # cancelled only when a signal stops the run
+                        result = await session.exec(argv, **exec_kw)
             except Exception as exc:
-                if result is None:
+                if result is None and not stopped:
                     raise  # the command did not run to the end: nothing of it to print
                 failed, persisted = exc, False  # it ran: print its output first, then refuse
             state: dict[str, Any] = {}
@@ -144,28 +161,67 @@ def cmd_run(args: argparse.Namespace) -> int:
                     write_json_atomic(args.state, state, args)
             except Exception as exc:
                 failed = failed or exc
+            ran = result is not None
             report = {
                 "session_id": session.id,
                 "start_mode": session.start_mode,
                 "snapshot": state.get("snapshot"),
-                "exit_code": result.exit_code,
-                "confinement": result.confinement,
-                "landlock_abi": result.landlock_abi,
-                "process_bounds": list(result.process_bounds),
-                "duration_s": round(result.duration_s, 3),
-                "stdout_truncated": result.stdout_truncated,
-                "stderr_truncated": result.stderr_truncated,
+                "exit_code": result.exit_code if ran else None,
+                "confinement": result.confinement if ran else None,
+                "landlock_abi": result.landlock_abi if ran else 0,
+                "process_bounds": list(result.process_bounds) if ran else [],
+                "duration_s": round(result.duration_s, 3) if ran else 0.0,
+                "stdout_truncated": result.stdout_truncated if ran else False,
+                "stderr_truncated": result.stderr_truncated if ran else False,
             }
             return result, report, failed, persisted
 
+    async def main() -> tuple[Any, dict[str, Any], Any, bool]:
+        sup = ProcessSupervisor()
+        exec_scope = trio.CancelScope()
+        error: Exception | None = None
+        try:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async with trio.open_nursery() as nursery:
+                    async def stop_command() -> None:
+                        # SIGTERM, grace, SIGKILL for what runs; then give the
+                        # exec a moment to return its result, and cancel it
+                        # (a command not started yet never starts).
+                        await sup.kill_all(grace_s=grace_s)
+                        exec_scope.deadline = min(exec_scope.deadline, trio.current_time() + grace_s)
+                        await sup.kill_all()
+
+                    async def watch() -> None:
+                        async for signum in signals:
+                            if not stopped:
+                                stopped.append(signum)
+                                running_at_signal.append(len(sup))
+                                nursery.start_soon(stop_command)
+
+                    nursery.start_soon(watch)
+                    try:
+                        out = await job(sup, exec_scope)
+                    except Exception as exc:  # re-raised bare below (not in an ExceptionGroup)
+                        error = exc
+                    finally:
+                        nursery.cancel_scope.cancel()
+            if error is not None:
+                raise error
+            return out
+        finally:
+            with trio.CancelScope(shield=True):
+                await sup.aclose()
+
     result, report, failed, persisted = trio.run(main)
     if args.json:
-        report["stdout"] = result.stdout.decode("utf-8", "replace")
-        report["stderr"] = result.stderr.decode("utf-8", "replace")
+        report["stdout"] = result.stdout.decode("utf-8", "replace") if result is not None else ""
+        report["stderr"] = result.stderr.decode("utf-8", "replace") if result is not None else ""
         if failed is not None:
             report["error"] = _error_dict(failed)
+        if stopped:
+            report["stopped_by_signal"] = stopped[0]
         print(json_text(report))
-    else:
+    elif result is not None:
         write_command_output(result.stdout, sys.stdout)
         write_command_output(result.stderr, sys.stderr)
         snap = report["snapshot"]
@@ -176,8 +232,19 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{'; snapshot ' + escape_text(str(snap)) if snap else ''}"
               f"{'' if persisted else '; closing the session failed, nothing new persisted'}", file=sys.stderr)
     sys.stdout.flush()
+    if stopped:
+        name = signal.Signals(stopped[0]).name
+        ended = ("was not started" if result is None and not running_at_signal[0]
+                 else f"was stopped (SIGTERM, then SIGKILL after {grace_s:g} s)")
+        snap = report["snapshot"]
+        print(f"sandbox-fs: {name} received: the command {ended}; session "
+              f"{escape_text(str(report['session_id']))} stopped"
+              f"{' with snapshot ' + escape_text(str(snap)) if snap and persisted else ''}"
+              f"{' and its state written' if args.state and failed is None else ''}", file=sys.stderr)
     if failed is not None:
         raise failed  # sandbox_fs.cli prints the one error line, exit 1
+    if stopped:
+        return 128 + stopped[0]
     code = result.exit_code
     return code if 0 <= code <= 255 else 128 + (-code if code < 0 else 0)
 
