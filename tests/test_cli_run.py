@@ -108,3 +108,89 @@ def test_bad_limit_is_a_usage_error(tmp_path):
     assert r.stderr.startswith("sandbox-fs: error: usage: argument --max-members: '-1' is out of range")
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "d").exists()
+
+
+# ------------------------------------------------------------------ supervision of `run` itself
+
+def _tagged(tag: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if tag.encode() in f.read():
+                        with open(f"/proc/{name}/stat") as s:
+                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def _start_run(job, tag, *extra):
+    """`sandbox-fs run` of a 2 s loop that then writes `marker`; returns (proc, workspace, deadline)."""
+    import time
+
+    layout, mpath, common = job
+    ws = layout.base / "cli-ws"
+    script = ("touch started; i=0; while [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done; echo x > marker")
+    proc = subprocess.Popen([*SFS, "run", "--manifest", str(mpath), *common, "--root", str(ws), *extra, "--",
+                             "/bin/sh", "-c", script, tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    t0 = time.monotonic()
+    while not (ws / "started").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < 60, "the command never started"
+        time.sleep(0.02)
+    return proc, ws, time.monotonic() + 2.0
+
+
+def _wait_no_tag(tag: str, timeout_s: float = 5.0) -> list[int]:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while _tagged(tag) and time.monotonic() < end:
+        time.sleep(0.02)
+    return _tagged(tag)
+
+
+@needs_landlock
+def test_run_killed_leaves_no_command_behind(job):
+    """SIGKILL of `run` ends the confined command (its init's lifeline closes): it never writes again."""
+    import signal
+    import time
+
+    tag = "sfs-cli-kill-" + os.urandom(4).hex()
+    proc, ws, loop_end = _start_run(job, tag)
+    assert _tagged(tag), "the command's shell should be running"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert _wait_no_tag(tag) == [], "the confined command outlived `sandbox-fs run`"
+    time.sleep(max(0.0, loop_end - time.monotonic()) + 0.3)
+    assert not (ws / "marker").exists(), "the confined command wrote into the workspace after run was killed"
+
+
+@needs_landlock
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_run_signalled_stops_persists_and_exits_128_plus_n(job, signame):
+    import signal
+
+    layout, _, _ = job
+    sig = getattr(signal, signame)
+    tag = "sfs-cli-term-" + os.urandom(4).hex()
+    state = layout.base / "state.json"
+    proc, ws, _ = _start_run(job, tag, "--state", str(state))
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert f"{signame} received: the command was stopped" in err, err
+    assert "Traceback" not in err
+    assert _tagged(tag) == []
+    assert not (ws / "marker").exists()
+    data = json.loads(state.read_text())
+    assert data["snapshot"], "the run stopped by a signal persisted no snapshot"
+    # The persisted snapshot holds what the command made before it was stopped.
+    shutil.rmtree(ws)
+    r = run("run", "--resume", str(state), *job[2], "--json", "--", "/bin/ls", "started")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["stdout"] == "started\n"
