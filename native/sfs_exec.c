@@ -90,6 +90,8 @@
  *                      target exits or the lifeline closes (sfs_exec_init.h)
  *   --lifeline FD      with --init: the read end of a pipe only the host can
  *                      write; EOF (the host died) ends the tree
+ *   --no-pid-ns        with --init: the subreaper fallback even where a PID
+ *                      namespace could be made (tests of that fallback)
  *   --proc-self ACCESS add a Landlock rule for this process's own /proc/PID
  *                      directory (it is the target's after execve) with the
  *                      given access bits, before restricting
@@ -1081,7 +1083,7 @@ int main(int argc, char **argv)
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
     struct sfs_binds binds = { .npins = 0, .nro = 0 };
     int trees[SFS_MAX_TREES], ntrees = 0, hold_ns = 0, mntns_fd = -1, userns_fd = -1, netns_fd = -1;
-    int ipcns_fd = -1, env_fd = -1, pids_procs_fd = -1, init = 0, lifeline_fd = -1;
+    int ipcns_fd = -1, env_fd = -1, pids_procs_fd = -1, init = 0, lifeline_fd = -1, want_pid_ns = 1;
     char **envp = environ;
     char *masks[SFS_MAX_MASKS];
     int nmasks = 0;
@@ -1113,8 +1115,9 @@ int main(int argc, char **argv)
             hold_ns = 1;
             continue;
         }
-        if (strcmp(a, "--init") == 0) {
+        if (strcmp(a, "--init") == 0 || strcmp(a, "--no-pid-ns") == 0) {
             init = 1;
+            want_pid_ns = want_pid_ns && a[2] == 'i';
             continue;
         }
         if (strcmp(a, "--drop-caps") == 0) {
@@ -1185,7 +1188,7 @@ int main(int argc, char **argv)
         envp = read_env(env_fd);        /* data for the target's execve only */
 
     if (init)
-        start_init(cgroup_fd, lifeline_fd, &userns_fd); /* from here on: the target's process */
+        start_init(cgroup_fd, lifeline_fd, &userns_fd, want_pid_ns); /* from here on: the target */
     else if (cgroup_fd >= 0)
         fork_into_cgroup(cgroup_fd);    /* from here on: the target's process */
     if (pids_procs_fd >= 0)

@@ -12,7 +12,8 @@
  * one when given).  When init exits the kernel SIGKILLs every process left in
  * the namespace, and orphans (CLONE_PARENT children of the target included)
  * are init's children, reaped by it, never the host's.
- * MODE "sub": no PID namespace could be made; init is a child subreaper
+ * MODE "sub": no PID namespace could be made (or --no-pid-ns asked for
+ * none: the tests of this fallback use it); init is a child subreaper
  * (PR_SET_CHILD_SUBREAPER), so orphans still reparent to it, and it ends the
  * tree by SIGKILLing its own unreaped children (whose pids cannot be reused
  * before it reaps them) until it has none.
@@ -23,8 +24,13 @@
  * the status fd and exits with the target's code (128 + signal if signalled);
  * EOF or hangup on the lifeline fd (a pipe whose write end only the host
  * holds, so it closes when the host process dies, SIGKILL included) ends the
- * tree and init.  PR_SET_PDEATHSIG is not used: it follows the thread that
- * forked (trio forks from a worker thread that exits when idle).
+ * tree and init.  init also watches a pidfd of the host process (its parent
+ * by CLONE_PARENT),
+ * which covers a lifeline write end inherited by a child the host forked
+ * without exec (the helper opens it before the clone, and checks the host is
+ * still its parent afterwards).  PR_SET_PDEATHSIG is not used: it follows the thread that
+ * forked (trio forks from a worker thread that exits when idle), where a
+ * pidfd of the process follows the whole process.
  *
  * Status protocol with --init: the helper writes "pid N MODE"; then init
  * writes either "ok" (the target reached execve) or the target's failure
@@ -39,6 +45,9 @@
 
 #ifndef PR_SET_CHILD_SUBREAPER
 #define PR_SET_CHILD_SUBREAPER 36
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
 #endif
 
 /* Map only our own uid and gid in a new user namespace (unprivileged hosts). */
@@ -179,12 +188,13 @@ static void finish(int ns, int exec_fd, int relayed, int wstatus)
     _exit(WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus));
 }
 
-static void init_loop(int ns, pid_t target, int sig_fd, int lifeline_fd, int exec_fd)
+static void init_loop(int ns, pid_t target, int sig_fd, int lifeline_fd, int exec_fd, int host_fd)
 {
-    struct pollfd p[3] = { { sig_fd, POLLIN, 0 }, { lifeline_fd, POLLIN, 0 }, { exec_fd, POLLIN, 0 } };
+    struct pollfd p[4] = { { sig_fd, POLLIN, 0 }, { lifeline_fd, POLLIN, 0 }, { exec_fd, POLLIN, 0 },
+                           { host_fd, POLLIN, 0 } };
     int relayed = 0;
     for (;;) {
-        if (poll(p, 3, -1) < 0) {
+        if (poll(p, 4, -1) < 0) {
             if (errno == EINTR)
                 continue;
             end_tree(ns);
@@ -192,7 +202,7 @@ static void init_loop(int ns, pid_t target, int sig_fd, int lifeline_fd, int exe
         }
         if (p[2].revents && relay_exec_pipe(p[2].fd, &relayed))
             p[2].fd = -1;
-        if (p[1].revents) {         /* the host is gone */
+        if (p[1].revents || p[3].revents) {     /* the host is gone */
             end_tree(ns);
             _exit(137);
         }
@@ -217,12 +227,17 @@ static void init_loop(int ns, pid_t target, int sig_fd, int lifeline_fd, int exe
  * --init: fork init (see the top of this file).  Returns in the target only,
  * with status_fd replaced by the private pipe to init.
  */
-static void start_init(int cgroup_fd, int lifeline_fd, int *userns_fd)
+static void start_init(int cgroup_fd, int lifeline_fd, int *userns_fd, int want_pid_ns)
 {
     if (lifeline_fd < 0)
         fail("usage", EINVAL);
-    int ns = make_pid_ns(userns_fd);
+    int ns = want_pid_ns && make_pid_ns(userns_fd);
     int sync_fds[2], exec_fds[2];
+    /* Opened here, in the host's PID namespace (init's own cannot name it). */
+    pid_t host = getppid();
+    int host_fd = (int)syscall(SYS_pidfd_open, host, 0);
+    if (host_fd < 0 || getppid() != host)
+        _exit(137);                 /* the host is already gone: run nothing */
     if (pipe2(sync_fds, O_CLOEXEC) < 0)
         fail("init", errno);
     long pid = clone_sibling(cgroup_fd);
@@ -257,6 +272,7 @@ static void start_init(int cgroup_fd, int lifeline_fd, int *userns_fd)
         sigprocmask(SIG_SETMASK, &old, NULL);
         close(sig_fd);
         close(lifeline_fd);
+        close(host_fd);
         close(sync_fds[0]);
         close(exec_fds[0]);
         close(status_fd);
@@ -268,5 +284,5 @@ static void start_init(int cgroup_fd, int lifeline_fd, int *userns_fd)
     while (read(sync_fds[0], &c, 1) < 0 && errno == EINTR)
         ;                           /* EOF: the helper's "pid" line went first */
     close(sync_fds[0]);
-    init_loop(ns, target, sig_fd, lifeline_fd, exec_fds[0]);
+    init_loop(ns, target, sig_fd, lifeline_fd, exec_fds[0], host_fd);
 }

@@ -17,8 +17,9 @@ one so that on Linux it
   policy allows it, and no set-id file can be created;
 * does not share the host's System V IPC, kernel keyrings or cgroup view;
 * runs with rlimits, no capabilities (when started as root), no new
-  privileges, in its own session and process group (and cgroup v2 leaf when
-  one can be made), with only fds 0/1/2 open;
+  privileges, in its own session, under an init of its own in its own PID
+  namespace (and cgroup v2 leaf when one can be made), with only fds 0/1/2
+  open; nothing it starts outlives it, its supervisor or the host process;
 * sees an environment built from an allow-list plus the caller's entries,
   never the host's whole environment, with ``HOME`` and ``TMPDIR`` inside
   the workspace and a fixed system ``PATH`` (:data:`DEFAULT_PATH`) unless
@@ -37,7 +38,8 @@ No Python code runs in a forked child (trio keeps worker threads, so
 fd, the fixed system paths opened ``O_PATH``), opens the working directory
 through the Root, and spawns the tiny single-threaded C helper
 ``sandbox_fs/sfs-exec`` (``native/sfs_exec.c``) with those fds in
-``pass_fds``.  The helper joins the cgroup leaf, calls ``setsid`` (and
+``pass_fds``.  The helper forks its init into the cgroup leaf and a new
+PID namespace; the init forks the command, which calls ``setsid`` (and
 ``TIOCSCTTY`` for a PTY), sets the rlimits, ``fchdir``\\ s to the cwd fd,
 drops capabilities, sets ``PR_SET_NO_NEW_PRIVS``, adds its own
 ``/proc/self`` and calls ``landlock_restrict_self``, installs the seccomp
@@ -144,21 +146,48 @@ asks for no bound (``pids_max=None`` and ``processes=None``);
 
 Supervision guarantees (:class:`ProcessSupervisor`)
 ---------------------------------------------------
-* Always: every started process leads its own process group (``setsid``);
-  the group is killed with ``os.killpg``; the leader is signalled through
-  its pidfd and always reaped (no zombies).  A descendant that calls
-  ``setsid`` itself leaves the group and escapes this mechanism.
+The confined tree cannot outlive its supervisor, and signals reach only
+processes that are provably the sandbox's:
+
+* Every command runs under an init of the helper (``native/sfs_exec_init.h``),
+  our direct child (``CLONE_PARENT``), which forks the command.  The init
+  is pid 1 of a PID namespace of its own: as root directly; unprivileged,
+  inside a user namespace mapping only our own uid and gid (the
+  supervisor's held one when there is one).  The command sees itself as
+  pid 2 and cannot see or signal any host process (the host's ``/proc``
+  stays mounted; Landlock grants only the command's own ``/proc/self``).
+* When the command exits, the init exits with it and the kernel SIGKILLs
+  everything left in the namespace: background and ``setsid`` processes do
+  not outlive the command that started them.  Orphans, the command's
+  ``clone(CLONE_PARENT)`` children included, are the init's children and
+  are reaped by it, never zombies of the host.  ``ExecResult.exit_code`` is
+  the command's own status (the init reports it on the status pipe).
+* The supervisor signals only through a pidfd of the init, our unreaped
+  child (so the pid cannot have been reused), never ``os.kill`` or
+  ``os.killpg`` on a stored pid or process group.  SIGTERM is forwarded by
+  the init to the whole namespace; SIGKILL ends the init and so the
+  namespace.  Where a cgroup v2 leaf exists, ``cgroup.kill`` is written too.
+* The lifeline: every init holds the read end of a pipe whose write end
+  only the supervisor's process holds (close-on-exec), and a pidfd of the
+  host process (which a fork of the host without exec, inheriting the
+  pipe, does not hold open).  ``aclose()``, the supervisor's finalizer, or
+  the death of the host process (SIGKILL included) closes the pipe or
+  fires the pidfd, and every init then ends its tree.
+  ``PR_SET_PDEATHSIG`` is not used: trio forks from a worker thread and
+  that signal fires when the thread exits.
+* Where no PID namespace can be made (no user namespaces for an
+  unprivileged host), the init is a child subreaper instead: orphans still
+  reparent to it, and it ends the tree by SIGKILLing its own unreaped
+  children until none is left (SIGUSR1 from the supervisor asks it to).
+  What it cannot end there: a process that re-parents out of the tree by
+  other means (none is known to an unprivileged process) or a host SIGKILL
+  of the init itself (the supervisor never sends one before SIGUSR1).
 * Where a cgroup v2 hierarchy is mounted and writable (root here), each
-  process also starts in its own cgroup leaf, and ``cgroup.kill`` ends
-  every descendant, ``setsid`` or not.  ``pids.max`` is set when the
-  ``pids`` controller is enabled for cgroup v2 (else see *Process-count
-  bounds* above for the v1 leaf).  The target is forked
-  straight into its leaf (``clone3(CLONE_INTO_CGROUP)``), so it never runs
-  outside it.  A supervisor garbage-collected without ``aclose()`` still
-  kills its leaves and removes its tree; empty trees left by dead owners
-  are swept when the next supervisor starts.
-* ``PR_SET_PDEATHSIG`` is not used: trio forks from a worker thread and the
-  signal fires when that thread exits.
+  command also starts in its own cgroup leaf (``pids.max`` when the
+  ``pids`` controller is enabled for cgroup v2, else see *Process-count
+  bounds* above for the v1 leaf).  A supervisor garbage-collected without
+  ``aclose()`` still kills its leaves and removes its tree; empty trees
+  left by dead owners are swept when the next supervisor starts.
 
 Namespaces and the seccomp filter (confined processes)
 ------------------------------------------------------
@@ -238,10 +267,9 @@ workspace's filesystem can be linked into it.
 
 ``ConfinementPolicy.namespaces`` (root only) adds namespaces on request:
 ``"net"`` even when ports are allowed, ``"ipc"`` (always on anyway),
-``"uts"`` a private host name.  A PID namespace is not offered: it needs a
-forking init in the helper, and the cgroup leaf already bounds and ends
-every descendant.  ``/proc/self/mountinfo`` still shows the host's mount
-layout (paths only).
+``"uts"`` a private host name.  A PID namespace is always made (see
+"Supervision guarantees").  ``/proc/self/mountinfo`` still shows the host's
+mount layout (paths only).
 
 What remains: with a TCP port allowed the child uses the host network, so
 whatever sockets the policy opens beyond TCP (``allow_udp``,
@@ -369,7 +397,7 @@ class CommandNotFoundError(ExecError):
 
 
 class ExecTimeoutError(ExecError):
-    """The command ran past ``timeout_s`` and its whole process group was killed.
+    """The command ran past ``timeout_s`` and its whole process tree was killed.
 
     Attributes:
         result: the :class:`ExecResult` with the output captured so far.
@@ -2177,7 +2205,7 @@ async def run_confined(
         shell: False (run ``argv``), True (``/bin/sh -c``) or a custom prefix
             such as ``["bash", "-lc"]``; a multi-element ``argv`` is joined with
             :func:`shlex.join`.
-        timeout_s: wall-clock seconds before SIGTERM to the process group,
+        timeout_s: wall-clock seconds before SIGTERM to the command's tree,
             ``policy.kill_grace_s`` of grace, then SIGKILL (None: no limit).
         max_output_bytes: bytes kept per stream (head half and tail half);
             memory does not grow with what the child prints.
@@ -2185,9 +2213,9 @@ async def run_confined(
             ``"best_effort"`` runs anyway and reports the level in
             :attr:`ExecResult.confinement`; ``"none"`` skips Landlock (the
             helper still applies rlimits, setsid, fd closing, capabilities).
-        supervisor: tracks the process group; background processes the
-            command leaves are killed by ``supervisor.kill_all()``.  Without
-            one, a private supervisor kills them before this returns.
+        supervisor: tracks the command's init; background processes the
+            command leaves end with it (its PID namespace).  Without one, a
+            private supervisor is made and closed before this returns.
         policy: rlimits, network ports, namespaces, grace periods.
         check: raise :class:`ExecFailedError` on a non-zero exit status.
 
@@ -2209,7 +2237,7 @@ async def run_confined(
         PathEscapeError, FileNotFoundError, NotADirectoryError: ``cwd`` does
             not resolve to a directory beneath the workspace.
 
-    *Cancellation*: a cancel kills the whole process group (and cgroup leaf)
+    *Cancellation*: a cancel kills the command's whole tree (and cgroup leaf)
     with SIGKILL and reaps it before propagating; nothing keeps running and
     no fd is left open.
     """
@@ -2321,7 +2349,7 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
         stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds)
     shown = redact(argv0, prep.secrets)
     if timed_out:
-        raise ExecTimeoutError(f"{shown} ran past {timeout_s} s; its process group was killed",
+        raise ExecTimeoutError(f"{shown} ran past {timeout_s} s; its process tree was killed",
                                result=result, sandbox_path=prep.cwd_shown,
                                context={"timeout_s": timeout_s}, secrets=prep.secrets)
     if check and result.exit_code != 0:
@@ -2532,7 +2560,7 @@ class PtyManager:
                 "dropped_bytes": p.dropped_bytes, "idle_s": time.monotonic() - p.last_activity}
 
     async def pty_terminate(self, pty_id: str, *, grace_s: float = 0.5) -> int:
-        """End a session: SIGTERM its process group, ``grace_s`` seconds, SIGKILL; reap; close the PTY.
+        """End a session: SIGTERM its process tree, ``grace_s`` seconds, SIGKILL; reap; close the PTY.
 
         Returns:
             The exit status (``-N`` when ended by signal N).

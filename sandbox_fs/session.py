@@ -951,8 +951,8 @@ class Session:
                 see :func:`sandbox_fs.exec.run_confined`.
 
         Cancellation:
-            As :func:`sandbox_fs.exec.run_confined`: the process group is
-            killed; background processes it left are killed at :meth:`shutdown`.
+            As :func:`sandbox_fs.exec.run_confined`: the command's tree is
+            killed; background processes end with the command (its PID namespace).
         """
         from . import exec as _exec  # noqa: PLC0415
 

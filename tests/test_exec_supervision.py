@@ -35,6 +35,21 @@ async def run(layout, ws, argv, **kw):
     return await run_confined(argv, workspace=ws, workspace_host_path=str(layout.ws), **kw)
 
 
+@pytest.fixture(params=["pid_ns", "subreaper"])
+def mode(request, monkeypatch):
+    """Both init modes: a PID namespace, and the subreaper fallback (forced with --no-pid-ns)."""
+    if request.param == "subreaper":
+        real = sfs_exec._prepare
+
+        def prepare(*a, **kw):
+            prep = real(*a, **kw)
+            prep.helper_argv[prep.helper_argv.index("--init")] = "--no-pid-ns"
+            return prep
+
+        monkeypatch.setattr(sfs_exec, "_prepare", prepare)
+    return request.param
+
+
 def _stat(pid: int | str) -> tuple[str, int] | None:
     """(state, ppid) of a host process, or None when it is gone."""
     try:
@@ -113,7 +128,7 @@ print(made, err)
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the raw clone call below uses x86_64's syscall number")
-async def test_clone_parent_children_leave_no_zombie_of_the_host(layout, ws, pygrant):
+async def test_clone_parent_children_leave_no_zombie_of_the_host(layout, ws, pygrant, mode):
     """300 clone(CLONE_PARENT) children of the command are reaped by its init, never left to the host."""
     before = set(our_zombies())
     async with ProcessSupervisor() as sup:
@@ -251,7 +266,7 @@ EXIT_PATHS = {"exit": _path_exit, "killed": _path_fail, "timeout": _path_timeout
 
 
 @pytest.mark.parametrize("path", sorted(EXIT_PATHS))
-async def test_no_survivor_and_no_zombie_after_any_exit_path(layout, ws, path):
+async def test_no_survivor_and_no_zombie_after_any_exit_path(layout, ws, path, mode):
     """Whatever ends the command, nothing of its PID namespace is left, and no zombie of ours."""
     before = set(our_zombies())
     sup = ProcessSupervisor()
@@ -272,8 +287,11 @@ async def test_no_survivor_and_no_zombie_after_any_exit_path(layout, ws, path):
             while tagged():
                 await trio.sleep(0.02)
         assert tagged() == [], f"{path}: background processes of the command survived"
-        assert ns != os.readlink("/proc/self/ns/pid"), "the command ran in the host's PID namespace"
-        assert await wait_ns_empty(ns), f"{path}: processes of the command survived: {ns_members(ns)}"
+        if mode == "subreaper":
+            assert ns == os.readlink("/proc/self/ns/pid"), "the subreaper fallback was not used"
+        else:
+            assert ns != os.readlink("/proc/self/ns/pid"), "the command ran in the host's PID namespace"
+            assert await wait_ns_empty(ns), f"{path}: processes of the command survived: {ns_members(ns)}"
     finally:
         await sup.aclose()
     assert set(our_zombies()) - before == set()
