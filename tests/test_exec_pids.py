@@ -47,11 +47,13 @@ def _sleepers(tag: str) -> list[int]:
 
 
 def _bomb(tag: str, n: int) -> list[str]:
-    # dash gives up at the first failed fork ("Cannot fork", exit 2); every
-    # started sleep keeps running with its output elsewhere, so the command
-    # returns at once and the sleepers are counted from the host.
-    return ["/bin/sh", "-c", f"i=0; while [ $i -lt {n} ]; do sleep {tag} >/dev/null 2>&1 & i=$((i+1)); done; "
-                             "echo started $i"]
+    # dash gives up at the first failed fork ("Cannot fork"), here in a
+    # subshell; the outer shell then says so in the file "bombed" (a builtin
+    # redirection: no fork left) and spins on builtins until the host, having
+    # counted the sleepers, makes "counted".  Its background processes end
+    # with it (its PID namespace), so they are counted while it runs.
+    return ["/bin/sh", "-c", f"(i=0; while [ $i -lt {n} ]; do sleep {tag} >/dev/null 2>&1 & i=$((i+1)); done; "
+                             "echo started $i); : > bombed; while [ ! -e counted ]; do :; done"]
 
 
 async def _run_bomb(tmp_path, policy, tag, n=200, confinement="required"):
@@ -59,10 +61,20 @@ async def _run_bomb(tmp_path, policy, tag, n=200, confinement="required"):
     ws_dir.mkdir()
     ws = sandbox_fs.open_root(str(ws_dir))
     sup = ProcessSupervisor(pids_max=policy.pids_max)
+    alive: list[int] = []
+
+    async def count() -> None:
+        while not (ws_dir / "bombed").exists():
+            await trio.sleep(0.01)
+        alive.extend(_sleepers(tag))
+        (ws_dir / "counted").touch()
+
     try:
-        r = await run_confined(_bomb(tag, n), workspace=ws, workspace_host_path=str(ws_dir), supervisor=sup,
-                               policy=policy, confinement=confinement, timeout_s=20)
-        alive = _sleepers(tag)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(count)
+            r = await run_confined(_bomb(tag, n), workspace=ws, workspace_host_path=str(ws_dir), supervisor=sup,
+                                   policy=policy, confinement=confinement, timeout_s=20)
+            nursery.cancel_scope.cancel()
     finally:
         await sup.aclose()
         ws.close()
@@ -79,9 +91,9 @@ async def test_fork_bomb_bounded_by_cgroup_v1_pids(tmp_path, monkeypatch):
     has_v2_pids = any(b.startswith("cgroup2.") for b in r.process_bounds)
     if not has_v2_pids:
         assert r.process_bounds == ("cgroup1.pids.max=64",)
-    # 64 tasks in the leaf: the helper-turned-shell is one of them
-    assert 0 < len(alive) <= 63, (len(alive), r.stdout, r.stderr)
-    assert r.exit_code != 0 and b"started" not in r.stdout  # the 64th fork failed and stopped the loop
+    # 64 tasks in the leaf: the command's shell and its subshell are two of them
+    assert 0 < len(alive) <= 62, (len(alive), r.stdout, r.stderr)
+    assert b"started" not in r.stdout  # the 64th fork failed and stopped the loop
     with trio.move_on_after(3):
         while _sleepers(tag):
             await trio.sleep(0.02)
@@ -100,19 +112,29 @@ async def test_v1_only_kill_ends_a_setsid_background_process(tmp_path, monkeypat
     sup = ProcessSupervisor()
     try:
         assert not sup.uses_cgroup and sup._v1 is not None
-        r = await run_confined(["/bin/sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"], workspace=ws,
-                               workspace_host_path=str(ws_dir), supervisor=sup)
-        assert r.process_bounds == ("cgroup1.pids.max=4096",)
-        pid = int(r.stdout)
-        assert os.path.exists(f"/proc/{pid}")
+        tag = f"9.{os.getpid()}{int.from_bytes(os.urandom(2), 'big')}"
+        r = None
+        async with trio.open_nursery() as nursery:
+            async def go() -> None:
+                nonlocal r
+                r = await run_confined(["/bin/sh", "-c", f"setsid sleep {tag} >/dev/null 2>&1 & "
+                                                         "while :; do :; done"],
+                                       workspace=ws, workspace_host_path=str(ws_dir), supervisor=sup)
+
+            nursery.start_soon(go)
+            with trio.fail_after(10):
+                while not _sleepers(tag):
+                    await trio.sleep(0.01)
+            await sup.kill_all()  # the command and its setsid'd sleeper, still running
+        assert r is not None and r.process_bounds == ("cgroup1.pids.max=4096",)
         tree = sup._v1.dir
     finally:
         await sup.aclose()
         ws.close()
     with trio.move_on_after(3):
-        while os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
+        while _sleepers(tag):
             await trio.sleep(0.02)
-    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
+    assert _sleepers(tag) == []
     assert not os.path.exists(tree)
 
 
