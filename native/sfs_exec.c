@@ -83,6 +83,21 @@
  *   --drop-caps        empty the capability bounding, ambient, inheritable,
  *                      permitted and effective sets (root keeps uid 0 but no
  *                      capabilities)
+ *   --uid N, --gid N   (root) run the target as uid N / gid N: setgroups(0),
+ *                      setresgid, setresuid after the mount namespace work,
+ *                      the namespaces and fchdir, and after the capability
+ *                      bounding set is emptied; before no_new_privs, Landlock
+ *                      and seccomp.  The kernel empties the other capability
+ *                      sets at the switch; --drop-caps clears them anyway
+ *   --reach-tree FD    with --ro-mounts: a read-only tree the target must
+ *                      reach (a read-only grant); repeatable.  As root, every
+ *                      tree (these and --rw-tree) with an ancestor that others
+ *                      may not search (no S_IXOTH: /root, a 0700 temp dir) is
+ *                      cloned, a read-only tmpfs (0755) is mounted over the
+ *                      top-most such ancestor, and the clone is moved onto
+ *                      directories made down to the tree's path inside it:
+ *                      the tree is reachable by an unprivileged uid, the rest
+ *                      of that ancestor is hidden, the tree's own modes apply
  *   --ruleset FD       landlock_restrict_self(FD) after PR_SET_NO_NEW_PRIVS
  *   --init             run the target under an init of its own (a PID namespace
  *                      when one can be made, else a child subreaper) that
@@ -120,6 +135,7 @@
 
 extern char **environ;
 #include <sched.h>
+#include <grp.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -305,12 +321,32 @@ static void fork_into_cgroup(int cgroup_fd)
     _exit(0);
 }
 
-static void drop_capabilities(void)
+/* Become uid/gid with no supplementary groups (root only; checked after). */
+static void switch_identity(long long uid, long long gid)
+{
+    uid_t r, e, s;
+    if (setgroups(0, NULL) < 0)
+        fail("identity", errno);
+    if (setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) < 0)
+        fail("identity", errno);
+    if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) < 0)
+        fail("identity", errno);
+    if (getresuid(&r, &e, &s) < 0 || r != (uid_t)uid || e != (uid_t)uid || s != (uid_t)uid
+        || getgroups(0, NULL) != 0)
+        fail("identity", EPERM);
+}
+
+/* Needs CAP_SETPCAP: runs before an identity switch. */
+static void drop_bounding_set(void)
 {
     for (int cap = 0; cap < 64; cap++) {
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
             fail("capabilities", errno);
     }
+}
+
+static void drop_capabilities(void)
+{
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
         fail("capabilities", errno);
     struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
@@ -400,15 +436,150 @@ struct sfs_binds {
     int pins[SFS_MAX_TREES], npins, ro[SFS_MAX_TREES], nro;
 };
 
-/* Every mount read-only except clones of the trees[] directories, then the binds; every
- * mount, those clones included, nosuid. */
-static void read_only_mounts(const int *trees, int ntrees, const struct sfs_binds *b, char **masks, int nmasks,
-                             int *cwd_fd)
+/* ---- reaching trees under ancestors an unprivileged uid cannot search ---- */
+
+/* Length of the top-most strict ancestor of path without S_IXOTH, or 0. */
+static size_t unsearchable_prefix(const char *path)
 {
-    int clones[SFS_MAX_TREES], targets[SFS_MAX_TREES];
-    char *paths[SFS_MAX_TREES], *pin_paths[SFS_MAX_TREES], *ro_paths[SFS_MAX_TREES], *cwd_path = NULL;
+    size_t found = 0, start = 1;
+    int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        fail("reach", errno);
+    for (const char *slash; (slash = strchr(path + start, '/')) != NULL; start = (size_t)(slash - path) + 1) {
+        char name[256];
+        size_t len = (size_t)(slash - path) - start;
+        if (len == 0)
+            continue;
+        if (len >= sizeof name)
+            fail("reach", ENAMETOOLONG);
+        memcpy(name, path + start, len);
+        name[len] = '\0';
+        int nfd = openat(fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (nfd < 0 || fstat(nfd, &st) < 0)
+            fail("reach", errno);
+        close(fd);
+        fd = nfd;
+        if (!(st.st_mode & S_IXOTH)) {
+            found = (size_t)(slash - path);
+            break;
+        }
+    }
+    close(fd);
+    return found;
+}
+
+/* mkdir (0755) the components of path after prefix (inside a stub); an fd on the last. */
+static int make_path(const char *path, size_t prefix)
+{
+    char *top = strndup(path, prefix);
+    if (!top)
+        fail("reach", ENOMEM);
+    int fd = open(top, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    free(top);
+    for (const char *p = path + prefix; fd >= 0 && *p;) {
+        char name[256];
+        while (*p == '/')
+            p++;
+        size_t len = strcspn(p, "/");
+        if (len == 0)
+            break;
+        if (len >= sizeof name)
+            fail("reach", ENAMETOOLONG);
+        memcpy(name, p, len);
+        name[len] = '\0';
+        p += len;
+        if (mkdirat(fd, name, 0755) < 0 && errno != EEXIST)
+            fail("reach", errno);
+        int nfd = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        close(fd);
+        fd = nfd;
+        if (fd >= 0 && fchmod(fd, 0755) < 0)    /* whatever the umask */
+            fail("reach", errno);
+    }
+    if (fd < 0)
+        fail("reach", errno);
+    return fd;
+}
+
+static int nested(char **paths, int n, int t)
+{
+    for (int u = 0; u < n; u++) {
+        size_t len = strlen(paths[u]);
+        if (u != t && strncmp(paths[t], paths[u], len) == 0 && (paths[t][len] == '/' || len == 1))
+            return 1;
+    }
+    return 0;
+}
+
+/* Clone each unreachable tree, stub its top-most unsearchable ancestor, move the clone back in. */
+static void reach_trees(const int *fds, char **paths, int n)
+{
+    int clones[SFS_MAX_TREES];
+    size_t pre[SFS_MAX_TREES];
+    char *stubs[SFS_MAX_TREES];
+    int nstubs = 0;
+    for (int t = 0; t < n; t++) {
+        clones[t] = -1;
+        pre[t] = nested(paths, n, t) ? 0 : unsearchable_prefix(paths[t]);
+        if (pre[t] == 0)
+            continue;
+        int target = reopen_here(fds[t], paths[t], "reach");
+        long c = syscall(SYS_open_tree, target, "",
+                         SFS_OPEN_TREE_CLONE | SFS_AT_RECURSIVE | AT_EMPTY_PATH | O_CLOEXEC);
+        if (c < 0)
+            fail("reach", errno);
+        close(target);
+        clones[t] = (int)c;
+    }
+    for (int t = 0; t < n; t++) {       /* every clone is made before the first stub hides its tree */
+        if (clones[t] < 0)
+            continue;
+        char *stub = strndup(paths[t], pre[t]);
+        int seen = 0;
+        if (!stub)
+            fail("reach", ENOMEM);
+        for (int k = 0; k < nstubs; k++)
+            seen |= strcmp(stubs[k], stub) == 0;
+        if (seen) {
+            free(stub);
+            continue;
+        }
+        if (mount("tmpfs", stub, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=64k,nr_inodes=1024,mode=0755") < 0)
+            fail("reach", errno);
+        stubs[nstubs++] = stub;
+    }
+    for (int t = 0; t < n; t++) {
+        if (clones[t] < 0)
+            continue;
+        int dfd = make_path(paths[t], pre[t]);
+        if (syscall(SYS_move_mount, clones[t], "", dfd, "",
+                    SFS_MOVE_MOUNT_F_EMPTY_PATH | SFS_MOVE_MOUNT_T_EMPTY_PATH) < 0)
+            fail("reach", errno);
+        close(dfd);
+        close(clones[t]);
+    }
+    for (int k = 0; k < nstubs; k++) {
+        if (mount(NULL, stubs[k], NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  NULL) < 0)
+            fail("reach", errno);
+        free(stubs[k]);
+    }
+}
+
+/* Every mount read-only except clones of the trees[] directories, then the binds, then
+ * (root) the reach[] trees under unsearchable ancestors; every mount nosuid. */
+static void read_only_mounts(const int *trees, int ntrees, const struct sfs_binds *b, const int *reach, int nreach,
+                             char **masks, int nmasks, int *cwd_fd)
+{
+    int clones[SFS_MAX_TREES], targets[SFS_MAX_TREES], all[SFS_MAX_TREES * 2];
+    char *paths[SFS_MAX_TREES * 2], *pin_paths[SFS_MAX_TREES], *ro_paths[SFS_MAX_TREES], *cwd_path = NULL;
+    int is_root = geteuid() == 0;
     for (int t = 0; t < ntrees; t++)
-        paths[t] = fd_path(trees[t], "mounts");
+        paths[t] = fd_path(all[t] = trees[t], "mounts");
+    for (int t = 0; t < nreach; t++)
+        paths[ntrees + t] = fd_path(all[ntrees + t] = reach[t], "mounts");
     for (int t = 0; t < b->npins; t++)
         pin_paths[t] = fd_path(b->pins[t], "mounts");
     for (int t = 0; t < b->nro; t++)
@@ -453,11 +624,14 @@ static void read_only_mounts(const int *trees, int ntrees, const struct sfs_bind
                     SFS_MOVE_MOUNT_F_EMPTY_PATH | SFS_MOVE_MOUNT_T_EMPTY_PATH) < 0)
             fail("mounts", errno);
         close(clones[t]);
-        close(targets[t]);
-        free(paths[t]);             /* trees[t] is closed at execve (it may also be the cwd fd) */
+        close(targets[t]);          /* trees[t] is closed at execve (it may also be the cwd fd) */
     }
     bind_self(b->pins, pin_paths, b->npins, 0);
     bind_self(b->ro, ro_paths, b->nro, 1);
+    if (is_root)
+        reach_trees(all, paths, ntrees + nreach);
+    for (int t = 0; t < ntrees + nreach; t++)
+        free(paths[t]);
     for (int m = 0; m < nmasks; m++) {
         /* Hide a host tree (cgroupfs: clone3(CLONE_INTO_CGROUP) with an O_PATH
          * fd, which Landlock does not check, would leave the leaf). */
@@ -1090,6 +1264,8 @@ int main(int argc, char **argv)
     long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = -1;
     struct sfs_socket_rule sockets[SFS_MAX_SOCKETS];
     int nsockets = 0;
+    long long run_uid = -1, run_gid = -1;
+    int reach[SFS_MAX_TREES], nreach = 0;
     int i;
 
     /* First pass: --status, so later usage errors are reported through it. */
@@ -1155,6 +1331,15 @@ int main(int argc, char **argv)
                 fail("usage", E2BIG);
             parse_socket_rule(v, &sockets[nsockets++]);
         }
+        else if (strcmp(a, "--uid") == 0 || strcmp(a, "--gid") == 0) {
+            long long *dst = a[2] == 'u' ? &run_uid : &run_gid;
+            if (parse_int(v, dst) || *dst < 0 || *dst >= 0xFFFFFFFFLL)
+                fail("usage", EINVAL);
+        } else if (strcmp(a, "--reach-tree") == 0) {
+            if (nreach == SFS_MAX_TREES)
+                fail("usage", E2BIG);
+            reach[nreach++] = parse_fd(v);
+        }
         else if (strcmp(a, "--rw-tree") == 0) {
             if (ntrees == SFS_MAX_TREES)
                 fail("usage", E2BIG);
@@ -1182,7 +1367,7 @@ int main(int argc, char **argv)
         } else
             fail("usage", EINVAL);
     }
-    if (i >= argc)
+    if (i >= argc || (run_uid < 0) != (run_gid < 0))
         fail("usage", EINVAL);
     if (env_fd >= 0)
         envp = read_env(env_fd);        /* data for the target's execve only */
@@ -1201,7 +1386,7 @@ int main(int argc, char **argv)
     if (mntns_fd >= 0)
         join_mount_ns(userns_fd, mntns_fd, netns_fd, ipcns_fd, &cwd_fd);
     else if (ro_mounts)
-        read_only_mounts(trees, ntrees, &binds, masks, nmasks, &cwd_fd);
+        read_only_mounts(trees, ntrees, &binds, reach, nreach, masks, nmasks, &cwd_fd);
     if (unshare_flags && unshare((int)unshare_flags) < 0)
         fail("unshare", errno);
     if (hold_ns) {
@@ -1218,6 +1403,10 @@ int main(int argc, char **argv)
             fail("cwd", errno);
         close(cwd_fd);
     }
+    if (drop_caps)
+        drop_bounding_set();
+    if (run_uid >= 0)
+        switch_identity(run_uid, run_gid);
     if (drop_caps)
         drop_capabilities();
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

@@ -177,6 +177,9 @@ class ClientOptions:
         materialize: override of :func:`sandbox_fs.materialize.materialize`.
         manifest_loader: ``(data, trust) -> Manifest`` used on resume
             (default :func:`sandbox_fs.manifest.load_manifest`).
+        identity: who confined commands run as (``SessionConfig.identity``):
+            ``"auto"`` leases one uid/gid per live session on a root host.
+        identity_range: ``(base, count)`` of the leased ids (None: the default).
     """
 
     workspaces_dir: str
@@ -193,6 +196,8 @@ class ClientOptions:
     hook_timeout_s: float = 30.0
     materialize: Callable[..., Awaitable[Any]] | None = None
     manifest_loader: Callable[[Any, str], Any] | None = None
+    identity: Literal["auto", "host"] | tuple[int, int] = "auto"
+    identity_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.state_key is not None and (not isinstance(self.state_key, bytes) or len(self.state_key) < 16):
@@ -336,7 +341,8 @@ class LocalSandboxClient:
             owned=owned, parent=self._parent if owned else None, store=self.store,
             grants=o.extra_path_grants, workspace_path=o.workspace_path, base_dir=o.base_dir,
             limits=o.limits, archive_limits=o.archive_limits, on_unrestorable=o.on_unrestorable,
-            max_read_bytes=o.max_read_bytes, hook_timeout_s=o.hook_timeout_s, materialize=o.materialize)
+            max_read_bytes=o.max_read_bytes, hook_timeout_s=o.hook_timeout_s, materialize=o.materialize,
+            identity=o.identity, identity_range=o.identity_range)
 
     def create(self, manifest: Any = None, snapshot: str | None = None, *,
                root: str | os.PathLike | None = None, session_id: str | None = None) -> Session:

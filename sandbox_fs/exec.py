@@ -20,6 +20,9 @@ one so that on Linux it
   privileges, in its own session, under an init of its own in its own PID
   namespace (and cgroup v2 leaf when one can be made), with only fds 0/1/2
   open; nothing it starts outlives it, its supervisor or the host process;
+* on a root host, runs as an unprivileged uid/gid leased for its session
+  (``ConfinementPolicy.identity``; :mod:`sandbox_fs._identity`), which owns
+  its workspace and nothing else;
 * sees an environment built from an allow-list plus the caller's entries,
   never the host's whole environment, with ``HOME`` and ``TMPDIR`` inside
   the workspace and a fixed system ``PATH`` (:data:`DEFAULT_PATH`) unless
@@ -41,7 +44,8 @@ through the Root, and spawns the tiny single-threaded C helper
 ``pass_fds``.  The helper forks its init into the cgroup leaf and a new
 PID namespace; the init forks the command, which calls ``setsid`` (and
 ``TIOCSCTTY`` for a PTY), sets the rlimits, ``fchdir``\\ s to the cwd fd,
-drops capabilities, sets ``PR_SET_NO_NEW_PRIVS``, adds its own
+switches to the leased identity (``setgroups(0)``, ``setresgid``,
+``setresuid``), drops capabilities, sets ``PR_SET_NO_NEW_PRIVS``, adds its own
 ``/proc/self`` and calls ``landlock_restrict_self``, installs the seccomp
 filter (see below), marks every fd but
 0/1/2 close-on-exec (``close_range``) and ``execve``\\ s the target, searched
@@ -128,8 +132,9 @@ uid 0, so a root child is bounded by a cgroup ``pids.max``:
 
 * the cgroup v2 leaf's ``pids.max`` when the v2 ``pids`` controller is
   there (``"cgroup2.pids.max=N"``);
-* ``RLIMIT_NPROC`` when the command runs under a non-root uid
-  (``"rlimit.nproc=N"``);
+* ``RLIMIT_NPROC`` when the command runs under a non-root uid: the leased
+  identity on a root host (one per session, so the limit is that session's),
+  the host's own uid otherwise (``"rlimit.nproc=N"``);
 * only when neither holds, a cgroup v1 ``pids`` leaf (a hybrid host whose
   ``pids`` controller is on v1, ``"cgroup1.pids.max=N"``): the target writes
   its own pid to the leaf's ``cgroup.procs`` (an fd opened by the parent)
@@ -293,6 +298,7 @@ import signal
 import struct
 import subprocess
 import termios
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -300,7 +306,7 @@ from typing import AsyncIterable, Iterable, Literal, Mapping, Sequence
 
 import trio
 
-from . import _landlock
+from . import _identity, _landlock
 from .errors import SandboxError, redact
 from .paths import PathPolicy
 from .root import Root
@@ -501,6 +507,19 @@ class ConfinementPolicy:
             network-namespaced: it reaches the hypervisor and every VM-wide
             listener); the host application takes that on.  ``type`` is
             compared after removing ``SOCK_NONBLOCK``/``SOCK_CLOEXEC``.
+        identity: who the child runs as (see "Confined commands run as an
+            unprivileged identity" in SECURITY.md).  ``"auto"`` (default):
+            on a root host a uid/gid leased for the supervisor (one per
+            session; per call without a supervisor) from ``identity_range``,
+            the host's own ids otherwise, and the host's ids whenever
+            ``confinement="none"``; ``(uid, gid)``: exactly those (the
+            caller keeps them apart from system users and other sessions;
+            root host only, neither may be 0); ``"host"``: uid 0 with
+            capabilities dropped, which gives up the ownership protections
+            (set-id files, ``RLIMIT_NPROC``, root-only files the ruleset
+            would cover).
+        identity_range: ``(base, count)`` of the ids ``"auto"`` leases
+            (:data:`sandbox_fs._identity.DEFAULT_ID_BASE`, 65536 ids).
         kill_grace_s: seconds between SIGTERM and SIGKILL on timeout or terminate.
         eof_grace_s: seconds to keep reading stdout/stderr after the main
             process exited (a background child may keep the pipes open).
@@ -528,6 +547,8 @@ class ConfinementPolicy:
     allow_icmp: bool = False
     allow_netlink: bool = False
     extra_sockets: frozenset[tuple[int, int, int | None]] = frozenset()
+    identity: Literal["auto", "host"] | tuple[int, int] = "auto"
+    identity_range: tuple[int, int] = (_identity.DEFAULT_ID_BASE, _identity.DEFAULT_ID_COUNT)
     kill_grace_s: float = 2.0
     eof_grace_s: float = 1.0
     use_cgroup: bool = True
@@ -613,6 +634,7 @@ class ExecResult:
             ``"cgroup1.pids.max=N"``, ``"rlimit.nproc=N"`` (only when Linux
             enforces it: a non-root command).  Empty when none holds (then
             only ``confinement="best_effort"`` or ``"none"`` ran it).
+        identity: ``(uid, gid)`` the child ran as, or None for the host's own.
     """
 
     exit_code: int
@@ -628,6 +650,7 @@ class ExecResult:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     process_bounds: tuple[str, ...] = ()
+    identity: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return (f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes"
@@ -1095,7 +1118,8 @@ class _CgroupTree:
         except OSError:
             return False
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Kill and remove every leaf, then the tree; True when it is gone (nothing runs in it)."""
         try:
             for name in os.listdir(self.dir):
                 p = f"{self.dir}/{name}"
@@ -1103,8 +1127,9 @@ class _CgroupTree:
                     self.kill(p)
                     self.remove(p)
             os.rmdir(self.dir)
+            return True
         except OSError:
-            pass
+            return False
 
 
 def _read_pids_max(leaf: str) -> int | None:
@@ -1277,28 +1302,32 @@ class _PidsV1Tree:
             pass
 
 
-def _nproc_enforced() -> bool:
+def _nproc_enforced(identity: tuple[int, int] | None = None) -> bool:
     """Does Linux enforce ``RLIMIT_NPROC`` on the confined command?
 
     Not for uid 0 (nor with ``CAP_SYS_RESOURCE``/``CAP_SYS_ADMIN``, which a
     non-root command does not hold): only when the command runs under a
-    non-root uid, i.e. today when the host process itself is not root.
+    non-root uid: the host's own when it is not root, or ``identity`` (the
+    leased or explicit uid the helper switches to).
     """
-    return os.geteuid() != 0
+    return os.geteuid() != 0 or identity is not None
 
 
 # ----------------------------------------------------------------- supervision
 
 def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]],
-                       v1: "_PidsV1Tree | None" = None, lifeline: list[int] | None = None) -> None:
+                       v1: "_PidsV1Tree | None" = None, lifeline: list[int] | None = None,
+                       leases: "list[_identity.IdentityLease] | None" = None,
+                       leafless: list[bool] | None = None) -> None:
     """Finalizer of a ProcessSupervisor: close its lifeline (every init it started then
-    ends its tree), kill and remove its cgroup trees, close its namespace fds."""
+    ends its tree), kill and remove its cgroup trees, close its namespace fds, give back its
+    identity (after the kill; marked free of processes only when every process ran in a
+    cgroup v2 leaf and that tree is gone)."""
     for i, fd in enumerate(lifeline or ()):
         if fd >= 0:
             os.close(fd)
             lifeline[i] = -1  # type: ignore[index]
-    if cg is not None:
-        cg.close()
+    emptied = (cg.close() if cg is not None else False) and not (leafless or [True])[0]
     if v1 is not None:
         v1.close()
     for fds in ns_fds.values():
@@ -1306,6 +1335,8 @@ def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, 
             if fd >= 0:
                 os.close(fd)
     ns_fds.clear()
+    while leases:
+        leases.pop().release(no_processes_left=emptied)
 
 
 @dataclass(eq=False)
@@ -1361,10 +1392,33 @@ class ProcessSupervisor:
         # (only ever in this process, close-on-exec) is closed by aclose(),
         # by the finalizer, or by the death of this process.
         self._lifeline: list[int] = list(os.pipe2(os.O_CLOEXEC))
+        self._leases: list[_identity.IdentityLease] = []
+        self._lease_lock = threading.Lock()
+        self._leafless = [False]  # a process ran outside a cgroup v2 leaf
         # A supervisor dropped without aclose() still ends its processes,
-        # removes its cgroup directories and releases its mount namespaces.
+        # removes its cgroup directories, releases its mount namespaces and
+        # gives back its identity.
         self._finalizer = weakref.finalize(self, _release_resources, self._cg, self._ns_fds, self._v1,
-                                           self._lifeline)
+                                           self._lifeline, self._leases, self._leafless)
+
+    def _auto_identity(self, id_range: tuple[int, int]) -> tuple[int, int]:
+        """The supervisor's leased ``(uid, gid)`` (leased on first use, given back at :meth:`aclose`).
+
+        Blocking (scans ``/proc``): call from a worker thread.
+
+        Raises:
+            ConfinementError: no identity can be leased.
+        """
+        with self._lease_lock:
+            if not self._leases:
+                if self._closed:
+                    raise ConfinementError("the process supervisor is closed")
+                try:
+                    self._leases.append(_identity.lease(*id_range))
+                except (OSError, ValueError) as exc:
+                    raise ConfinementError("no unprivileged identity could be leased for the confined command",
+                                           diagnostic=str(exc)) from None
+            return self._leases[0].ids
 
     @property
     def uses_cgroup(self) -> bool:
@@ -1407,6 +1461,8 @@ class ProcessSupervisor:
         except OSError:
             pidfd = -1
         t = _Tracked(process, pidfd, leaf, argv0, pids_leaf, pid_ns=getattr(process, "pid_ns", False))
+        if leaf is None:
+            self._leafless[0] = True
         self._tracked.append(t)
         return t
 
@@ -1483,11 +1539,13 @@ class ProcessSupervisor:
         self._untrack(t)
 
     async def _mount_ns(self, rw_roots: list[Root], ro_binds: Sequence[Root] = (),
-                        bind: tuple[list[str], list[int]] = ([], [])) -> tuple[int, int, int, int] | None:
+                        bind: tuple[list[str], list[int]] = ([], []),
+                        reach: Sequence[Root] = ()) -> tuple[int, int, int, int] | None:
         """The supervisor's read-only mount namespace for these writable trees and read-only binds (made once).
 
         ``bind``: the ``--ro-tree``/``--pin-tree`` arguments for ``ro_binds``
         and their fds (see :func:`_ro_bind_args`; the caller closes them).
+        ``reach``: the read-only trees the command must reach (``--reach-tree``).
 
         The helper making it also makes a network namespace (no network),
         which children join when their policy isolates the network (a fresh
@@ -1503,29 +1561,34 @@ class ProcessSupervisor:
         """
         if not self._hold_mount_ns or self._closed:
             return None
-        key = (tuple(sorted(r.identity for r in rw_roots)), tuple(sorted(r.identity for r in ro_binds)))
+        key = (tuple(sorted(r.identity for r in rw_roots)), tuple(sorted(r.identity for r in ro_binds)),
+               tuple(sorted(r.identity for r in reach)))
         async with self._ns_lock:
             if key in self._ns_fds:
                 return self._ns_fds[key]
             fds = [r.fileno_dup() for r in rw_roots]
+            ro_fds = [r.fileno_dup() for r in reach]
             status_r, status_w = os.pipe2(os.O_CLOEXEC)
             args = [helper_path(), "--status", str(status_w), "--ro-mounts"]
             for fd in fds:
                 args += ["--rw-tree", str(fd)]
             bind_args, bind_fds = bind  # the caller's fds: passed, not closed here
             args += bind_args
+            for fd in ro_fds:
+                args += ["--reach-tree", str(fd)]
             for d in _mask_dirs(rw_roots):
                 args += ["--mask", d]
             args += ["--unshare", str(_NS_FLAGS["net"] | _NS_FLAGS["ipc"]), "--hold-ns", "--", "true"]
             try:
                 proc = await trio.lowlevel.open_process(
                     args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    pass_fds=tuple(fds) + tuple(bind_fds) + (status_w,), env=_HELPER_ENV, close_fds=True)
+                    pass_fds=tuple(fds + ro_fds) + tuple(bind_fds) + (status_w,), env=_HELPER_ENV,
+                    close_fds=True)
             except OSError:
                 os.close(status_r)
                 return None
             finally:
-                for fd in fds + [status_w]:
+                for fd in fds + ro_fds + [status_w]:
                     os.close(fd)
             status = _Status(status_r)
             mnt = user = net = ipc = -1
@@ -1573,10 +1636,11 @@ class ProcessSupervisor:
         *Cancellation*: shielded like :meth:`kill_all`.
         """
         await self.kill_all()
-        self._finalizer()  # runs _release_resources once
+        with self._lease_lock:
+            self._closed = True
+        self._finalizer()  # runs _release_resources once (the identity goes back after the kill)
         self._cg = None
         self._v1 = None
-        self._closed = True
 
     async def __aenter__(self) -> "ProcessSupervisor":
         await trio.lowlevel.checkpoint()
@@ -1643,6 +1707,12 @@ def _rw_trees(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy 
     return trees + [r for r, ro in _grant_roots(grants) if not ro]
 
 
+def _ro_trees(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> list[Root]:
+    """The read-only trees the child must reach (a read-only workspace, read-only grants)."""
+    trees = [workspace] if workspace.read_only else []
+    return trees + [r for r, ro in _grant_roots(grants) if ro]
+
+
 async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confinement: str,
                          policy: ConfinementPolicy) -> tuple[int, int, int, int] | None:
     if confinement == "none" or not policy.read_only_mounts or not _ro_mounts_available(helper_path()):
@@ -1650,10 +1720,78 @@ async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confin
     ro = _ro_binds(workspace, grants)
     bind = _ro_bind_args(workspace, grants, ro)
     try:
-        return await sup._mount_ns(_rw_trees(workspace, grants), ro, bind)
+        return await sup._mount_ns(_rw_trees(workspace, grants), ro, bind, _ro_trees(workspace, grants))
     finally:
         for fd in bind[1]:
             os.close(fd)
+
+
+def _explicit_identity(ident: object) -> tuple[int, int]:
+    if isinstance(ident, (tuple, list)) and len(ident) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in ident):
+        uid, gid = int(ident[0]), int(ident[1])
+        if 0 < uid < 0xFFFFFFFF and 0 < gid < 0xFFFFFFFF:
+            return uid, gid
+    raise ExecError("identity must be 'auto', 'host' or (uid, gid) with 0 < uid, gid < 2^32-1")
+
+
+def _ready_identity(sup: ProcessSupervisor, policy: ConfinementPolicy, confinement: str, workspace: Root,
+                    grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> tuple[int, int] | None:
+    """The ``(uid, gid)`` the child runs as (None: the host's own), with the workspace given to it.
+
+    Blocking (lease, ownership walk): runs in a worker thread, once per run.
+    The workspace root, ``.home``, ``.tmp`` and every entry beneath them not
+    yet owned by the identity are re-owned (:func:`sandbox_fs._identity.reown_tree`;
+    nested grants are left alone).  A read-only workspace is left as it is.
+
+    Raises:
+        ExecError: a malformed ``policy.identity``.
+        ConfinementError: an explicit identity on a non-root host, no id to
+            lease, or the workspace cannot be re-owned.
+    """
+    ident = policy.identity
+    if ident == "host":
+        return None
+    is_root = os.geteuid() == 0
+    if ident == "auto":
+        if not is_root or confinement == "none":
+            return None
+        ids = sup._auto_identity(policy.identity_range)
+    else:
+        ids = _explicit_identity(ident)
+        if not is_root:
+            if ids == (os.geteuid(), os.getegid()):
+                return None
+            raise ConfinementError("an explicit identity needs a root host")
+    if not workspace.read_only:
+        try:
+            _ensure_dirs(workspace)
+            _identity.reown_tree(workspace, ids,
+                                 skip_identities=frozenset(r.identity for r, _ro in _grant_roots(grants)))
+        except OSError as exc:
+            raise ConfinementError("the workspace could not be given to the confined identity",
+                                   context={"errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))},
+                                   diagnostic=str(exc)) from None
+    return ids
+
+
+def _check_rw_grants(grants: Sequence[tuple[Root, bool]] | PathPolicy | None, ids: tuple[int, int],
+                     secrets: tuple[str, ...]) -> None:
+    """Refuse a read-write grant whose directory the identity does not own (it could not write it)."""
+    shown = [g.path for g in grants.grants] if isinstance(grants, PathPolicy) else None
+    for i, (root, ro) in enumerate(_grant_roots(grants)):
+        if ro:
+            continue
+        fd = root.fileno_dup()
+        try:
+            owner = os.fstat(fd).st_uid
+        finally:
+            os.close(fd)
+        if owner != ids[0]:
+            raise ConfinementError(
+                "a read-write grant is not owned by the confined identity, so the command could not write it: "
+                "chown it to that identity (policy.identity=(uid, gid)) or use identity='host'",
+                sandbox_path=shown[i] if shown else None, secrets=secrets)
 
 
 def _ro_mounts_available(helper: str) -> bool:
@@ -1740,7 +1878,8 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
              grants: Sequence[tuple[Root, bool]] | PathPolicy | None, cwd: str,
              env: Mapping[str, str] | None, secret_env: Iterable[str], shell: bool | Sequence[str],
              confinement: str, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
-             tty: bool, mount_ns: tuple[int, int, int, int] | None = None) -> _Prepared:
+             tty: bool, mount_ns: tuple[int, int, int, int] | None = None,
+             identity: tuple[int, int] | None = None) -> _Prepared:
     caller_env = dict(env or {})
     secrets = tuple(v for k, v in caller_env.items() if k in set(secret_env) and v)
     if confinement not in ("required", "best_effort", "none"):
@@ -1781,7 +1920,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
             cg_fd = os.open(leaf, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             pass_fds.append(cg_fd)
             args += ["--cgroup", str(cg_fd)]
-        args += _process_bounds(prep, supervisor, policy, confinement)
+        args += _process_bounds(prep, supervisor, policy, confinement, identity)
 
         # Supervision: the command runs under the helper's init (a PID
         # namespace of its own when one can be made), which the supervisor's
@@ -1802,6 +1941,9 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                 flags |= _NS_FLAGS[ns]
         if policy.drop_capabilities and is_root:
             args.append("--drop-caps")
+        if identity is not None:
+            _check_rw_grants(grants, identity, secrets)
+            args += ["--uid", str(identity[0]), "--gid", str(identity[1])]
 
         if confinement != "none":
             version = _landlock.abi()
@@ -1847,6 +1989,10 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
                     bind_args, bind_fds = _ro_bind_args(workspace, grants)
                     pass_fds.extend(bind_fds)
                     args += bind_args
+                    for tree in _ro_trees(workspace, grants):
+                        tfd = tree.fileno_dup()
+                        pass_fds.append(tfd)
+                        args += ["--reach-tree", str(tfd)]
                     for d in _mask_dirs(trees):
                         args += ["--mask", d]
                 prep.ro_mounts = True
@@ -1880,7 +2026,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
 
 
 def _process_bounds(prep: _Prepared, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
-                    confinement: str) -> list[str]:
+                    confinement: str, identity: tuple[int, int] | None = None) -> list[str]:
     """Choose the process-count bounds; set ``prep.process_bounds``; return the helper's extra args.
 
     In order: the cgroup v2 leaf's ``pids.max``; ``RLIMIT_NPROC`` when Linux
@@ -1899,7 +2045,7 @@ def _process_bounds(prep: _Prepared, supervisor: ProcessSupervisor, policy: Conf
         n = _read_pids_max(prep.leaf)
         if n is not None:
             bounds.append(f"cgroup2.pids.max={n}")
-    if policy.processes is not None and _nproc_enforced():
+    if policy.processes is not None and _nproc_enforced(identity):
         bounds.append(f"rlimit.nproc={int(policy.processes)}")
     if not bounds and policy.pids_max is not None and policy.use_cgroup:
         leaf = supervisor._new_pids_leaf(policy.pids_max)
@@ -1938,6 +2084,8 @@ _STAGE_TEXT = {
     "env": "handing the environment to the exec helper failed",
     "pids": "joining the cgroup v1 pids leaf failed",
     "usage": "the exec helper was called wrongly",
+    "identity": "switching to the unprivileged identity failed",
+    "reach": "making a granted tree reachable for the unprivileged identity failed",
 }
 
 
@@ -2225,7 +2373,9 @@ async def run_confined(
     Raises:
         ConfinementError: ``confinement="required"`` and Landlock is
             unavailable, or no process-count bound can be enforced, or a
-            confinement step fails (fails closed).
+            confinement step fails (fails closed); on a root host, no
+            identity can be leased, the workspace cannot be re-owned, or a
+            read-write grant is not owned by the identity.
         CommandNotFoundError: the program does not exist or may not be
             executed inside the sandbox.
         ExecTimeoutError: ``timeout_s`` passed; ``.result`` has the partial output.
@@ -2260,9 +2410,10 @@ async def run_confined(
 async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret_env, stdin, shell, timeout_s,
                max_output_bytes, confinement, sup, policy, check) -> ExecResult:
     mount_ns = await _held_mount_ns(sup, workspace, grants, confinement, policy)
+    ids = await trio.to_thread.run_sync(_ready_identity, sup, policy, confinement, workspace, grants)
     prep = _prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants, cwd=cwd,
                     env=env, secret_env=secret_env, shell=shell, confinement=confinement, supervisor=sup,
-                    policy=policy, tty=False, mount_ns=mount_ns)
+                    policy=policy, tty=False, mount_ns=mount_ns, identity=ids)
     argv0 = _command(argv, shell)[0]
     start = time.monotonic()
     proc, tracked, status = await _spawn(prep, sup, argv0,
@@ -2346,7 +2497,7 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
         stdout_truncated=out.truncated, stderr_truncated=err.truncated,
         duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
         read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
-        stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds)
+        stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds, identity=ids)
     shown = redact(argv0, prep.secrets)
     if timed_out:
         raise ExecTimeoutError(f"{shown} ran past {timeout_s} s; its process tree was killed",
@@ -2458,9 +2609,10 @@ class PtyManager:
             await self._prune_one()
         caller_env = dict(env or {})
         mount_ns = await _held_mount_ns(self.supervisor, workspace, grants, confinement, policy)
+        ids = await trio.to_thread.run_sync(_ready_identity, self.supervisor, policy, confinement, workspace, grants)
         prep = _prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
                         cwd=cwd, env=caller_env, secret_env=secret_env, shell=shell, confinement=confinement,
-                        supervisor=self.supervisor, policy=policy, tty=True, mount_ns=mount_ns)
+                        supervisor=self.supervisor, policy=policy, tty=True, mount_ns=mount_ns, identity=ids)
         argv0 = _command(argv, shell)[0]
         master, slave = os.openpty()
         try:

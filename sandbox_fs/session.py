@@ -50,6 +50,7 @@ operation (a start, a persist, one file operation), never one per file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import posixpath
 import re
@@ -170,6 +171,13 @@ class SessionConfig:
         max_ptys: most PTYs alive at once (the oldest idle one is pruned first).
         materialize: ``async (root, manifest, options, only_ephemeral) -> result``
             (default: :func:`sandbox_fs.materialize.materialize`).
+        identity: who confined commands run as: ``"auto"`` (on a root host
+            one uid/gid leased at :meth:`Session.start` for the life of the
+            session and given back at close; see
+            :mod:`sandbox_fs._identity`), ``"host"`` or an explicit
+            ``(uid, gid)`` (see ``ConfinementPolicy.identity``).
+        identity_range: ``(base, count)`` the ``"auto"`` lease is taken
+            from (None: the documented default range).
     """
 
     session_id: str
@@ -187,6 +195,8 @@ class SessionConfig:
     hook_timeout_s: float = 30.0
     materialize: Callable[..., Awaitable[Any]] | None = None
     max_ptys: int = 8
+    identity: Literal["auto", "host"] | tuple[int, int] = "auto"
+    identity_range: tuple[int, int] | None = None
 
 
 def _materialize_default() -> Callable[..., Awaitable[Any]] | None:
@@ -258,6 +268,7 @@ class Session:
         self._own_supervisor = False
         self._pty_manager: Any = None
         self._bound_run: str | None = None
+        self._lease: Any = None
         self.last_persist: _snap.PersistReport | None = None
         self.close_errors: list[Exception] = []  # the errors of the last aclose's steps
 
@@ -295,6 +306,31 @@ class Session:
         if self._policy is None or self._closed:
             raise SessionNotStartedError("the session is not started", sandbox_path=None)
         return self._policy
+
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """``(uid, gid)`` the session's confined commands run as (None: the host's own ids).
+
+        On a root host with ``SessionConfig.identity="auto"`` this is the id
+        leased at :meth:`start`, held until :meth:`aclose`.
+        """
+        ident = self.config.identity
+        if self._lease is not None:
+            return self._lease.ids
+        if isinstance(ident, tuple):
+            return ident
+        return None
+
+    def _exec_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Give a call whose policy says ``identity="auto"`` the session's identity."""
+        from . import exec as _exec  # noqa: PLC0415
+
+        policy = kwargs.get("policy") or _exec.ConfinementPolicy()
+        if policy.identity == "auto" and kwargs.get("confinement", "required") != "none":
+            ident = self._lease.ids if self._lease is not None else self.config.identity
+            if ident != "auto":  # "auto" left: a non-root host, where it means the host's ids
+                kwargs["policy"] = dataclasses.replace(policy, identity=ident)
+        return kwargs
 
     def _manifest_digest(self) -> str:
         if self.manifest is None:
@@ -391,6 +427,15 @@ class Session:
 
     def _prepare_sync(self, created: list[bool]) -> str:
         cfg = self.config
+        if cfg.identity == "auto" and os.geteuid() == 0 and self._lease is None:
+            from . import _identity  # noqa: PLC0415
+
+            try:
+                self._lease = _identity.lease(*(cfg.identity_range or (_identity.DEFAULT_ID_BASE,
+                                                                        _identity.DEFAULT_ID_COUNT)))
+            except (OSError, ValueError) as exc:
+                raise SessionError("no unprivileged identity could be leased for the session",
+                                   sandbox_path=None, diagnostic=str(exc)) from None
         if cfg.owned:
             assert cfg.parent is not None
             try:
@@ -402,6 +447,12 @@ class Session:
             self._root = cfg.parent.open_root(self.id)
         else:
             self._root = open_root(cfg.workspace_dir, label="")
+        if self.identity is not None:
+            # What the library creates in the workspace (materialize, hydrate,
+            # session writes) is the confined identity's from the start.
+            base = self._root
+            self._root = base.with_options(owner=self.identity)
+            base.close()
         if self._resumed and not created[0]:
             self._check_workspace_id()  # before anything in the workspace changes
         self._policy = PathPolicy(self._root, cfg.workspace_path, cfg.grants)
@@ -506,6 +557,9 @@ class Session:
                     errors.append(exc)
         self._policy = None
         self._root = None
+        if self._lease is not None:  # processes are gone (shutdown, or start never ran one)
+            self._lease.release()
+            self._lease = None
         if created and self.config.parent is not None:
             self.config.parent.rmtree(self.id, missing_ok=True)
 
@@ -962,7 +1016,7 @@ class Session:
             self._own_supervisor = True
         kwargs.setdefault("supervisor", self._supervisor)
         return await _exec.run_confined(argv, workspace=workspace, workspace_host_path=self.config.workspace_dir,
-                                        grants=policy, **kwargs)
+                                        grants=policy, **self._exec_kwargs(kwargs))
 
     # ------------------------------------------------------------------ PTYs
 
@@ -1000,7 +1054,7 @@ class Session:
         workspace, policy = self.workspace, self.policy
         return await self._ptys().pty_exec_start(argv, workspace=workspace,
                                                  workspace_host_path=self.config.workspace_dir,
-                                                 grants=policy, **kwargs)
+                                                 grants=policy, **self._exec_kwargs(kwargs))
 
     async def pty_write_stdin(self, pty_id: str, data: bytes) -> None:
         """Write ``data`` (bytes) to PTY ``pty_id``'s input.

@@ -153,16 +153,45 @@ async def test_cannot_write_outside(layout, ws):
     layout.assert_outside_unchanged(before)
 
 
+@pytest.fixture
+def wlayout(world_tmp):
+    """``layout`` in a directory every uid may search, with its workspace Root.
+
+    pytest's tmp_path sits under a 0700 directory, which the child's mount
+    namespace hides from an unprivileged identity; tests of the read-only
+    mount layer need the outside tree visible to the child.
+    """
+    import conftest
+
+    base = world_tmp / "l"
+    (base / "ws").mkdir(parents=True)
+    (base / "outside" / "subdir").mkdir(parents=True)
+    secret = "SECRET-" + os.urandom(16).hex()
+    (base / "outside" / "secret.txt").write_text(secret + "\n")
+    (base / "outside" / "sentinel.txt").write_text("sentinel\n")
+    (base / "outside" / "subdir" / "inner.txt").write_text("inner " + secret + "\n")
+    for p in (base, base / "outside", base / "outside" / "subdir"):
+        os.chmod(p, 0o755)
+    lay = conftest.Layout(base, base / "ws", base / "outside", secret)
+    root = open_root(lay.ws)
+    yield lay, root
+    root.close()
+
+
 @needs_landlock
-async def test_metadata_changes_outside_refused(layout, ws):
-    """Landlock does not cover chmod/chown/utime/xattr: the read-only mount layer must (root host)."""
+@pytest.mark.parametrize("identity", ["auto", "host"])
+async def test_metadata_changes_outside_refused(wlayout, identity):
+    """Landlock does not cover chmod/chown/utime/xattr: the read-only mount layer must (root host),
+    whether the child runs as the leased identity or as uid 0."""
     if os.geteuid() != 0:
         pytest.skip("read-only mounts are applied only when the host runs as root (documented residual)")
+    layout, ws = wlayout
+    policy = ConfinementPolicy(identity=identity)
     before = layout.snapshot()
     out = layout.outside
     r = await run(layout, ws, sh(f"chmod 4777 {out}/secret.txt; chown 1:1 {out}/sentinel.txt; "
                                  f"touch -d 2001-01-01 {out}/subdir/inner.txt; touch -h -d 2001-01-01 {out}; "
-                                 f"echo in > f; chmod 700 f; touch -d 2001-01-01 f; echo end"))
+                                 f"echo in > f; chmod 700 f; touch -d 2001-01-01 f; echo end"), policy=policy)
     assert r.stdout == b"end\n" and r.read_only_mounts
     assert r.stderr.count(b"Read-only file system") >= 3, r.stderr
     layout.assert_outside_unchanged(before)
@@ -171,10 +200,11 @@ async def test_metadata_changes_outside_refused(layout, ws):
 
 
 @needs_landlock
-async def test_metadata_refused_in_the_supervisors_held_mount_namespace(layout, ws):
+async def test_metadata_refused_in_the_supervisors_held_mount_namespace(wlayout):
     """A supervisor makes the read-only mount namespace once and every process joins it."""
     if os.geteuid() != 0:
         pytest.skip("read-only mounts are tested as root here")
+    layout, ws = wlayout
     before = layout.snapshot()
     out = layout.outside
     sup = ProcessSupervisor()
@@ -251,11 +281,26 @@ async def test_python_needs_an_explicit_read_only_grant(layout, ws, pygrant):
 
 @needs_landlock
 async def test_read_write_grant_and_nested_read_only_grant(layout, ws):
-    g = open_root(layout.outside / "subdir")
+    """A read-write grant works for the identity that owns it; one it does not own is refused
+    (root host: the child could not write it; SECURITY.md, confined commands' identity)."""
+    from sandbox_fs import _identity
+
+    sub = layout.outside / "subdir"
+    g = open_root(sub)
     try:
-        r = await run(layout, ws, ["sh", "-c", f"echo w > {layout.outside}/subdir/w.txt"], grants=[(g, False)])
+        if os.geteuid() == 0:
+            with pytest.raises(ConfinementError, match="not owned by the confined identity"):
+                await run(layout, ws, ["sh", "-c", f"echo w > {sub}/w.txt"], grants=[(g, False)])
+            assert not (sub / "w.txt").exists()
+            with _identity.lease() as lease:
+                os.chown(sub, lease.uid, lease.gid)
+                r = await run(layout, ws, ["sh", "-c", f"echo w > {sub}/w.txt"], grants=[(g, False)],
+                              policy=ConfinementPolicy(identity=lease.ids))
+                assert r.identity == lease.ids and (sub / "w.txt").stat().st_uid == lease.uid
+        else:
+            r = await run(layout, ws, ["sh", "-c", f"echo w > {sub}/w.txt"], grants=[(g, False)])
         assert r.exit_code == 0, r.stderr
-        assert (layout.outside / "subdir" / "w.txt").read_text() == "w\n"
+        assert (sub / "w.txt").read_text() == "w\n"
     finally:
         g.close()
     ws.mkdir("ro")

@@ -300,10 +300,17 @@ a, b = socket.socketpair(); a.sendall(b"x"); print("stream-pair", b.recv(1).deco
 
 async def test_pathname_unix_sockets_outside_are_unreachable(layout, ws, pygrant):
     """Landlock (ABI <= 7) does not govern connect() on a socket path: docker.sock, D-Bus ..."""
-    path = str(layout.outside / "host.sock")
+    import tempfile
+
+    # A socket every uid can reach and connect to (tmp_path sits under a 0700 directory,
+    # which the confined identity's mount namespace hides): only seccomp refuses it.
+    host = tempfile.mkdtemp(prefix="sfs-sock-")
+    os.chmod(host, 0o755)
+    path = os.path.join(host, "host.sock")
     got: list[bytes] = []
     with socket.socket(socket.AF_UNIX) as srv:
         srv.bind(path)
+        os.chmod(path, 0o777)
         srv.listen(4)
         srv.settimeout(0.3)
         r = await py(layout, ws, pygrant, UNIX, path)
@@ -316,6 +323,8 @@ async def test_pathname_unix_sockets_outside_are_unreachable(layout, ws, pygrant
         c, _ = srv.accept()
         with c:
             got.append(c.recv(10))
+    os.unlink(path)
+    os.rmdir(host)
     assert got == [b"UNIX"]
 
 
