@@ -267,10 +267,11 @@ async def test_rlimit_nproc_bounds_a_fork_loop_under_the_identity(wsr, pygrant):
     r = await run(base, ws, [PYTHON, "-c", code], grants=pygrant, policy=policy)
     assert r.exit_code == 0, r.stderr
     assert int(r.stdout) <= 7  # the python process itself counts
-    # positive control: uid 0 is never bound by RLIMIT_NPROC
-    r0 = await run(base, ws, [PYTHON, "-c", code], grants=pygrant,
+    assert "rlimit.nproc=8" in r.process_bounds
+    # positive control: uid 0 is never bound by RLIMIT_NPROC (no bound: only best_effort runs it)
+    r0 = await run(base, ws, [PYTHON, "-c", code], grants=pygrant, confinement="best_effort",
                    policy=ConfinementPolicy(processes=8, pids_max=None, identity="host"))
-    assert int(r0.stdout) == 40
+    assert int(r0.stdout) == 40 and r0.process_bounds == ()
 
 
 # ------------------------------------------------------------------ re-owning the workspace
