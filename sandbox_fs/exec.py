@@ -1302,15 +1302,14 @@ class _PidsV1Tree:
             pass
 
 
-def _nproc_enforced(identity: tuple[int, int] | None = None) -> bool:
-    """Does Linux enforce ``RLIMIT_NPROC`` on the confined command?
+def _nproc_enforced() -> bool:
+    """Does Linux enforce ``RLIMIT_NPROC`` on a command run under the host's own uid?
 
     Not for uid 0 (nor with ``CAP_SYS_RESOURCE``/``CAP_SYS_ADMIN``, which a
-    non-root command does not hold): only when the command runs under a
-    non-root uid: the host's own when it is not root, or ``identity`` (the
-    leased or explicit uid the helper switches to).
+    non-root command does not hold): only when the host process is not
+    root.  A command switched to an unprivileged identity is always bound.
     """
-    return os.geteuid() != 0 or identity is not None
+    return os.geteuid() != 0
 
 
 # ----------------------------------------------------------------- supervision
@@ -2045,7 +2044,7 @@ def _process_bounds(prep: _Prepared, supervisor: ProcessSupervisor, policy: Conf
         n = _read_pids_max(prep.leaf)
         if n is not None:
             bounds.append(f"cgroup2.pids.max={n}")
-    if policy.processes is not None and _nproc_enforced(identity):
+    if policy.processes is not None and (identity is not None or _nproc_enforced()):
         bounds.append(f"rlimit.nproc={int(policy.processes)}")
     if not bounds and policy.pids_max is not None and policy.use_cgroup:
         leaf = supervisor._new_pids_leaf(policy.pids_max)

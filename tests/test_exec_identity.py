@@ -396,3 +396,14 @@ async def test_client_identity_option_reaches_the_session(tmp_path):
             r = await s.exec(["id", "-u"])
             assert r.stdout == b"0\n" and r.identity is None
         await c.delete(s)
+
+
+async def test_identity_is_a_process_bound_where_no_pids_controller_is(wsr, monkeypatch):
+    """RLIMIT_NPROC binds the leased identity, so 'required' runs even without any cgroup pids controller."""
+    base, ws = wsr
+    monkeypatch.setattr(sfs_exec, "_read_pids_max", lambda leaf: None)
+    monkeypatch.setattr(sfs_exec, "_find_pids_v1", lambda: None)
+    r = await run(base, ws, ["true"])
+    assert r.exit_code == 0 and r.process_bounds == ("rlimit.nproc=4096",)
+    with pytest.raises(ConfinementError, match="process-count bound"):
+        await run(base, ws, ["true"], policy=HOST)  # positive control: uid 0 has no bound here

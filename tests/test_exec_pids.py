@@ -86,7 +86,7 @@ async def test_fork_bomb_bounded_by_cgroup_v1_pids(tmp_path, monkeypatch):
     """A root command forking 200 sleepers gets at most pids_max tasks (the v1 pids leaf), and none survive."""
     monkeypatch.setattr(sfs_exec, "_nproc_enforced", lambda: False)  # uid 0: RLIMIT_NPROC binds nothing
     tag = f"7.{os.getpid()}{int.from_bytes(os.urandom(2), 'big')}"  # a unique `sleep` argument (~7 s)
-    pol = ConfinementPolicy(pids_max=64, processes=64)
+    pol = ConfinementPolicy(pids_max=64, processes=64, identity="host")  # a uid-0 command
     r, alive = await _run_bomb(tmp_path, pol, tag)
     has_v2_pids = any(b.startswith("cgroup2.") for b in r.process_bounds)
     if not has_v2_pids:
@@ -119,7 +119,8 @@ async def test_v1_only_kill_ends_a_setsid_background_process(tmp_path, monkeypat
                 nonlocal r
                 r = await run_confined(["/bin/sh", "-c", f"setsid sleep {tag} >/dev/null 2>&1 & "
                                                          "while :; do :; done"],
-                                       workspace=ws, workspace_host_path=str(ws_dir), supervisor=sup)
+                                       workspace=ws, workspace_host_path=str(ws_dir), supervisor=sup,
+                                       policy=ConfinementPolicy(identity="host"))  # a uid-0 command
 
             nursery.start_soon(go)
             with trio.fail_after(10):
@@ -155,19 +156,20 @@ def _no_bound_here(monkeypatch):
 
 async def test_required_refuses_without_any_process_bound(tmp_path, monkeypatch):
     _no_bound_here(monkeypatch)
+    host = ConfinementPolicy(identity="host")  # a uid-0 command (a leased identity is bound by RLIMIT_NPROC)
     ws = sandbox_fs.open_root(str(tmp_path))
     try:
         with pytest.raises(ConfinementError) as info:
-            await run_confined(["true"], workspace=ws, workspace_host_path=str(tmp_path))
+            await run_confined(["true"], workspace=ws, workspace_host_path=str(tmp_path), policy=host)
         assert info.value.code == "confinement_unavailable"
         assert "process-count bound" in str(info.value)
         # best_effort runs, and says that no bound held
         r = await run_confined(["true"], workspace=ws, workspace_host_path=str(tmp_path),
-                               confinement="best_effort")
+                               confinement="best_effort", policy=host)
         assert r.exit_code == 0 and r.process_bounds == ()
         # a policy that asks for no bound is not refused
         r = await run_confined(["true"], workspace=ws, workspace_host_path=str(tmp_path),
-                               policy=ConfinementPolicy(pids_max=None, processes=None))
+                               policy=ConfinementPolicy(pids_max=None, processes=None, identity="host"))
         assert r.exit_code == 0 and r.process_bounds == ()
     finally:
         ws.close()
