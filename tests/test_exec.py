@@ -189,7 +189,7 @@ async def test_metadata_changes_outside_refused(wlayout, identity):
     policy = ConfinementPolicy(identity=identity)
     before = layout.snapshot()
     out = layout.outside
-    r = await run(layout, ws, sh(f"chmod 4777 {out}/secret.txt; chown 1:1 {out}/sentinel.txt; "
+    r = await run(layout, ws, sh(f"chmod 777 {out}/secret.txt; chown 1:1 {out}/sentinel.txt; "
                                  f"touch -d 2001-01-01 {out}/subdir/inner.txt; touch -h -d 2001-01-01 {out}; "
                                  f"echo in > f; chmod 700 f; touch -d 2001-01-01 f; echo end"), policy=policy)
     assert r.stdout == b"end\n" and r.read_only_mounts
