@@ -263,7 +263,7 @@ _REOWN_KINDS = (stat.S_IFDIR, stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK)
 
 
 def reown_tree(root: "Root", owner: tuple[int, int], *,
-               skip_identities: frozenset[tuple[int, int]] = frozenset()) -> int:
+               skip_identities: frozenset[tuple[int, int]] = frozenset(), only_uids: range | None = None) -> int:
     """Give ``owner`` every directory, regular file, FIFO and socket beneath ``root`` (the root too).
 
     The tree is hostile and may change meanwhile: each entry is opened
@@ -281,6 +281,8 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
         root: the workspace Root (must not be read-only).
         owner: ``(uid, gid)``.
         skip_identities: ``(st_dev, st_ino)`` of directories never entered.
+        only_uids: change only entries whose owner uid is in this range
+            (None: every entry not owned by ``owner``).
 
     Returns:
         The number of entries changed.
@@ -293,12 +295,15 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
     from .root import fd_chown  # noqa: PLC0415
 
     uid, gid = owner
+
+    def wanted(st: os.stat_result) -> bool:
+        return (st.st_uid, st.st_gid) != (uid, gid) and (only_uids is None or st.st_uid in only_uids)
     top = root.open_fd(".", os.O_PATH | os.O_DIRECTORY)
     try:
         st = os.fstat(top)
         dev = st.st_dev
         changed = 0
-        if (st.st_uid, st.st_gid) != (uid, gid):
+        if wanted(st):
             fd_chown(top, owner)
             changed += 1
     finally:
@@ -322,7 +327,7 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
             if ((cur.st_dev, cur.st_ino) != (listed.st_dev, listed.st_ino) or cur.st_dev != dev
                     or stat.S_IFMT(cur.st_mode) not in _REOWN_KINDS
                     or (stat.S_ISREG(cur.st_mode) and cur.st_nlink > 1)
-                    or (cur.st_uid, cur.st_gid) == (uid, gid)):
+                    or not wanted(cur)):
                 return 0
             fd_chown(fd, owner)
             return 1
@@ -338,14 +343,14 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
             if fd is None:
                 continue
             keep.append(e)
-            if (e.stat.st_uid, e.stat.st_gid) != (uid, gid):
+            if wanted(e.stat):
                 changed += fix(e.path, e.stat, fd)
             else:
                 os.close(fd)
         dirs[:] = keep
         for e in nondirs:
             s = e.stat
-            if ((s.st_uid, s.st_gid) != (uid, gid) and stat.S_IFMT(s.st_mode) in _REOWN_KINDS
+            if (wanted(s) and stat.S_IFMT(s.st_mode) in _REOWN_KINDS
                     and s.st_dev == dev and not (stat.S_ISREG(s.st_mode) and s.st_nlink > 1)):
                 changed += fix(e.path, s)
     return changed

@@ -1739,9 +1739,10 @@ def _ready_identity(sup: ProcessSupervisor, policy: ConfinementPolicy, confineme
     """The ``(uid, gid)`` the child runs as (None: the host's own), with the workspace given to it.
 
     Blocking (lease, ownership walk): runs in a worker thread, once per run.
-    The workspace root, ``.home``, ``.tmp`` and every entry beneath them not
-    yet owned by the identity are re-owned (:func:`sandbox_fs._identity.reown_tree`;
-    nested grants are left alone).  A read-only workspace is left as it is.
+    On a root host the workspace root, ``.home``, ``.tmp`` and every entry
+    beneath them not yet owned by the identity are re-owned (for the host's
+    own uid 0: those an id of ``identity_range`` owns) (:func:`sandbox_fs._identity.reown_tree`; nested grants are
+    left alone).  A read-only workspace is left as it is.
 
     Raises:
         ExecError: a malformed ``policy.identity``.
@@ -1749,12 +1750,11 @@ def _ready_identity(sup: ProcessSupervisor, policy: ConfinementPolicy, confineme
             lease, or the workspace cannot be re-owned.
     """
     ident = policy.identity
-    if ident == "host":
-        return None
     is_root = os.geteuid() == 0
-    if ident == "auto":
-        if not is_root or confinement == "none":
-            return None
+    ids: tuple[int, int] | None
+    if ident == "host" or (ident == "auto" and (not is_root or confinement == "none")):
+        ids = None
+    elif ident == "auto":
         ids = sup._auto_identity(policy.identity_range)
     else:
         ids = _explicit_identity(ident)
@@ -1762,11 +1762,15 @@ def _ready_identity(sup: ProcessSupervisor, policy: ConfinementPolicy, confineme
             if ids == (os.geteuid(), os.getegid()):
                 return None
             raise ConfinementError("an explicit identity needs a root host")
-    if not workspace.read_only:
+    if is_root and not workspace.read_only:
+        # A uid-0 command without capabilities can only write what uid 0 owns: what an
+        # identity of the range owned goes back to root for it.
+        base, count = policy.identity_range
         try:
             _ensure_dirs(workspace)
-            _identity.reown_tree(workspace, ids,
-                                 skip_identities=frozenset(r.identity for r, _ro in _grant_roots(grants)))
+            _identity.reown_tree(workspace, ids or (0, 0),
+                                 skip_identities=frozenset(r.identity for r, _ro in _grant_roots(grants)),
+                                 only_uids=None if ids else range(int(base), int(base) + int(count)))
         except OSError as exc:
             raise ConfinementError("the workspace could not be given to the confined identity",
                                    context={"errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))},

@@ -407,3 +407,14 @@ async def test_identity_is_a_process_bound_where_no_pids_controller_is(wsr, monk
     assert r.exit_code == 0 and r.process_bounds == ("rlimit.nproc=4096",)
     with pytest.raises(ConfinementError, match="process-count bound"):
         await run(base, ws, ["true"], policy=HOST)  # positive control: uid 0 has no bound here
+
+
+async def test_host_run_after_an_identity_run_can_write_and_leaves_other_owners_alone(wsr):
+    base, ws = wsr
+    ws.write_bytes("theirs", b"t")
+    r = await run(base, ws, sh("echo a > mine"))
+    assert os.stat(base / "ws" / "mine").st_uid == r.identity[0]
+    os.chown(base / "ws" / "theirs", 1234, 1234)  # some other owner (a caller-owned workspace)
+    r0 = await run(base, ws, sh("echo b >> mine && mkdir d && echo ok"), policy=HOST)
+    assert r0.stdout == b"ok\n", r0.stderr  # the identity's entries went back to uid 0 for it
+    assert os.stat(base / "ws" / "mine").st_uid == 0 and os.stat(base / "ws" / "theirs").st_uid == 1234

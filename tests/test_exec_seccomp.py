@@ -153,10 +153,12 @@ for label, make in (("raw-pair", lambda: socket.socketpair(socket.AF_UNIX, socke
 async def test_unix_raw_socketpair_cannot_reach_a_host_socket(layout, ws, pygrant):
     """socketpair(AF_UNIX, SOCK_RAW) is a datagram pair in the kernel; sendto() reached any path."""
     d = tempfile.mkdtemp(prefix="sfs-seccomp-")
+    os.chmod(d, 0o755)  # reachable by the confined identity (a root host's command is not uid 0)
     try:
         path = os.path.join(d, "host.sock")
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as host:
             host.bind(path)
+            os.chmod(path, 0o777)  # only seccomp stands between the child and the socket
             host.setblocking(False)
             r = await py(layout, ws, pygrant, RAW_PAIR, path)
             assert r.stdout == b"raw-pair errno 97\ndgram-pair errno 97\ndgram errno 97\n", r.stdout + r.stderr

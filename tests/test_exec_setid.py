@@ -198,7 +198,9 @@ async def test_everyday_tools_leave_no_setid_file(layout, ws):
     lines = dict(line.split("=") for line in r.stdout.decode().split())
     assert lines["ws-0755"] == "0", r.stdout
     assert all(v != "0" for k, v in lines.items() if k not in ("ws-0755", "cp-p", "cp-a")), r.stdout
-    assert setid_entries(layout.ws) == ["host-suid"], r.stdout + r.stderr
+    # On a root host the workspace is re-owned to the confined identity before the run, and
+    # chown clears the host's set-id bit too; otherwise the host's file keeps it.
+    assert setid_entries(layout.ws) == ([] if r.identity else ["host-suid"]), r.stdout + r.stderr
     # Positive control: unconfined the same script leaves set-id files.
     r0 = await run(layout, ws, ["/bin/sh", "-c", "rm -rf t1 t2 t3 t4 d1 d2;" + TOOLS], confinement="none")
     assert len(setid_entries(layout.ws)) > 1, r0.stdout
@@ -271,12 +273,21 @@ async def test_no_hard_link_to_a_host_setid_binary(layout, ws, host_suid, read_o
                 if os.path.exists(p) and os.stat(p).st_mode & stat.S_ISUID
                 and os.stat(p).st_dev == layout.ws.stat().st_dev]
     script = "".join(f"ln '{src}' link{i}; echo $?\n" for i, src in enumerate(sources))
-    try:
-        r = await run(layout, ws, ["/bin/sh", "-c", script], grants=[(ro, True), (rw, False)],
-                      policy=ConfinementPolicy(read_only_mounts=read_only_mounts))
-    finally:
-        ro.close()
-        rw.close()
+    import contextlib
+
+    from sandbox_fs import _identity
+
+    # A root host runs the command as a leased identity, which must own the read-write grant.
+    with (_identity.lease() if os.geteuid() == 0 else contextlib.nullcontext()) as lease:
+        policy = ConfinementPolicy(read_only_mounts=read_only_mounts)
+        if lease is not None:
+            os.chown(host_suid / "rw", lease.uid, lease.gid)
+            policy = ConfinementPolicy(read_only_mounts=read_only_mounts, identity=lease.ids)
+        try:
+            r = await run(layout, ws, ["/bin/sh", "-c", script], grants=[(ro, True), (rw, False)], policy=policy)
+        finally:
+            ro.close()
+            rw.close()
     assert "0" not in r.stdout.decode().split(), r.stdout + r.stderr
     assert not [p for p in os.listdir(layout.ws) if p.startswith("link")]
     assert setid_entries(layout.ws) == []
