@@ -81,8 +81,9 @@ def sh(script: str) -> list[str]:
 
 async def test_child_runs_as_the_leased_identity(wsr):
     base, ws = wsr
-    r = await run(base, ws, sh("id -u; id -g; id -G; grep CapEff /proc/$$/status"))
-    uid, gid, groups, caps = r.stdout.decode().splitlines()
+    r = await run(base, ws, sh("id -u; id -g; id -G"))
+    uid, gid, groups = r.stdout.decode().splitlines()
+    caps = (await run(base, ws, ["grep", "CapEff", "/proc/self/status"])).stdout.decode()
     assert r.identity == (int(uid), int(gid)) and uid == gid and groups == gid
     assert int(uid) != 0 and int(uid) not in {p.pw_uid for p in pwd.getpwall()}
     assert _identity.DEFAULT_ID_BASE <= int(uid) < _identity.DEFAULT_ID_BASE + _identity.DEFAULT_ID_COUNT

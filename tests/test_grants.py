@@ -118,6 +118,12 @@ def test_double_slash_grant_mapping(layout):
 
 # --------------------------------------------------------------- one nesting rule
 
+# The mount-layer tests run the command as uid 0 (identity "host"): the worst case, a child
+# that owns every root-owned file, so only the mount can refuse; a root host also refuses a
+# read-write grant (root-owned here) that a leased identity does not own.
+UID0 = sfs_exec.ConfinementPolicy(identity="host")
+
+
 def _nested(layout):
     rw = layout.base / "rw"
     (rw / "ro").mkdir(parents=True)
@@ -193,7 +199,8 @@ async def test_confined_child_cannot_write_a_ro_grant_nested_in_a_rw_grant(layou
                 Grant(str(rw), read_only=False), Grant(str(ro), read_only=True)]) as pol:
             for cwd in ("", str(ro)):  # also with the working directory inside the bound grant
                 r = await run_confined(["/bin/sh", "-c", _WRITES.format(ro=ro, rw=rw)], workspace=wsr,
-                                       workspace_host_path=str(layout.ws), grants=pol, cwd=cwd, supervisor=sup)
+                                       workspace_host_path=str(layout.ws), grants=pol, cwd=cwd, supervisor=sup,
+                                       policy=UID0)
                 assert r.read_only_mounts and r.stdout == b"keep\nend\n", r.stderr
                 assert r.stderr.count(b"Read-only file system") >= 5, r.stderr
                 _assert_ro_intact(ro, before)
@@ -212,7 +219,7 @@ async def test_nested_ro_grant_refused_without_the_mount_layer(layout):
         with pytest.raises(ConfinementError, match="mount layer is off"):
             await run_confined(["/bin/sh", "-c", _WRITES.format(ro=ro, rw=rw)], workspace=wsr,
                                workspace_host_path=str(layout.ws), grants=pol,
-                               policy=sfs_exec.ConfinementPolicy(read_only_mounts=False))
+                               policy=sfs_exec.ConfinementPolicy(read_only_mounts=False, identity="host"))
     _assert_ro_intact(ro, before)
     assert not (rw / "w.txt").exists()  # refused before the command ran
 
@@ -269,7 +276,7 @@ async def test_child_cannot_move_a_nested_ro_grant_out_from_under_its_path(layou
     try:
         with open_root(layout.ws) as wsr, PathPolicy(wsr, str(layout.ws), grants) as pol:
             r = await run_confined(["/bin/sh", "-c", moves], workspace=wsr, workspace_host_path=str(layout.ws),
-                                   grants=pol, supervisor=sup)
+                                   grants=pol, supervisor=sup, policy=UID0)
             assert r.stdout == b"end\n" and r.stderr.count(b"busy") >= 2, r.stderr
     finally:
         await sup.aclose()
