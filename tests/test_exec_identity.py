@@ -419,3 +419,15 @@ async def test_host_run_after_an_identity_run_can_write_and_leaves_other_owners_
     r0 = await run(base, ws, sh("echo b >> mine && mkdir d && echo ok"), policy=HOST)
     assert r0.stdout == b"ok\n", r0.stderr  # the identity's entries went back to uid 0 for it
     assert os.stat(base / "ws" / "mine").st_uid == 0 and os.stat(base / "ws" / "theirs").st_uid == 1234
+
+
+async def test_session_creates_entries_owned_by_its_identity(client):
+    """The session's workspace Root carries the leased identity as owner: no re-own needed."""
+    async with client.create() as s:
+        await s.mkdir("d/e", parents=True)
+        await s.write("d/e/f.txt", b"x")
+        ws = os.path.join(client.options.workspaces_dir, s.id)
+        for rel in ("d", "d/e", "d/e/f.txt"):
+            st = os.lstat(os.path.join(ws, rel))
+            assert (st.st_uid, st.st_gid) == s.identity, rel
+    await client.delete(s)
