@@ -139,8 +139,9 @@ uid 0, so a root child is bounded by a cgroup ``pids.max``:
   ``pids`` controller is on v1, ``"cgroup1.pids.max=N"``): the target writes
   its own pid to the leaf's ``cgroup.procs`` (an fd opened by the parent)
   before anything else runs in it, so it never runs outside the bound.
-  Joining it costs an RCU grace period (~6-14 ms measured on the 2-core VM),
-  hence last.  v1 has no ``cgroup.kill``: the supervisor kills what the leaf
+  An isolated join waits for an RCU grace period (~14 ms measured on the
+  2-core VM); back-to-back spawns share one (+0.4 ms median in
+  ``bench/bench_exec.py``), hence last.  v1 has no ``cgroup.kill``: the supervisor kills what the leaf
   lists, through pidfds opened before a second listing, so a recycled pid
   is never signalled.
 
@@ -2034,8 +2035,8 @@ def _process_bounds(prep: _Prepared, supervisor: ProcessSupervisor, policy: Conf
 
     In order: the cgroup v2 leaf's ``pids.max``; ``RLIMIT_NPROC`` when Linux
     enforces it (a non-root command); and only when neither holds, a cgroup
-    v1 pids leaf (joining one costs an RCU grace period, ~14 ms measured on
-    the 2-core VM, so it is the last resort).  Each bound is read back from
+    v1 pids leaf (an isolated join waits for an RCU grace period, ~14 ms
+    measured on the 2-core VM, so it is the last resort).  Each bound is read back from
     the kernel.
 
     Raises:
