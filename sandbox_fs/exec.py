@@ -1021,6 +1021,23 @@ def _find_cgroup2() -> str | None:
     return None
 
 
+def _dead_owner_trees(base: str) -> list[str]:
+    """Paths of ``sandbox-fs-<pid>-*`` trees under cgroupfs ``base`` whose owner process is gone."""
+    try:  # host-access: cgroupfs (kernel interface): our own stale supervisor dirs, never a workspace
+        names = [n for n in os.listdir(base) if n.startswith("sandbox-fs-")]
+    except OSError:
+        return []
+    paths = []
+    for name in names:
+        try:
+            pid = int(name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            paths.append(f"{base}/{name}")
+    return paths
+
+
 class _CgroupTree:
     """One cgroup v2 directory per supervisor, one leaf per started process."""
 
@@ -1055,18 +1072,7 @@ class _CgroupTree:
     @staticmethod
     def _sweep_stale(base: str) -> None:
         """Remove empty trees left by processes that died without closing their supervisor."""
-        try:  # host-access: cgroupfs (kernel interface): our own stale supervisor dirs, never a workspace
-            names = [n for n in os.listdir(base) if n.startswith("sandbox-fs-")]
-        except OSError:
-            return
-        for name in names:
-            try:
-                pid = int(name.split("-")[2])
-            except (IndexError, ValueError):
-                continue
-            if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
-                continue
-            path = f"{base}/{name}"
+        for path in _dead_owner_trees(base):
             if _CgroupTree.populated(path):
                 continue  # something still runs there: leave it for its owner / an operator
             try:  # host-access: cgroupfs, as above
@@ -1202,18 +1208,7 @@ class _PidsV1Tree:
     @staticmethod
     def _sweep_stale(base: str) -> None:
         """Remove empty trees left by processes that died without closing their supervisor."""
-        try:  # host-access: cgroupfs (kernel interface): our own stale supervisor dirs, never a workspace
-            names = [n for n in os.listdir(base) if n.startswith("sandbox-fs-")]
-        except OSError:
-            return
-        for name in names:
-            try:
-                pid = int(name.split("-")[2])
-            except (IndexError, ValueError):
-                continue
-            if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
-                continue
-            path = f"{base}/{name}"
+        for path in _dead_owner_trees(base):
             try:  # host-access: cgroupfs, as above
                 for leaf in os.listdir(path):
                     if leaf.startswith("p") and os.path.isdir(f"{path}/{leaf}"):
