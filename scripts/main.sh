@@ -58,6 +58,6 @@ echo "== 3. a confined command cannot read outside the workspace"
 set +e
 "$SFS" run --resume "$DEMO/state.json" --base "$SITE" --grant "$PYPREFIX:ro" \
     --workspaces-dir "$DEMO/workspaces" --snapshot-dir "$DEMO/snapshots" \
-    -- /bin/sh -c 'cat /root/.bashrc >/dev/null 2>&1 && echo "LEAK: read /root" || echo "reading /root: denied"'
+    -- /bin/sh -c 'cat /root/.bashrc >/dev/null 2>&1 && echo "LEAK: read /root" || echo "reading /root: denied"; echo "running as uid $(id -u) gid $(id -g), pid $$ in its own pid namespace"'
 set -e
 echo "main job done"
