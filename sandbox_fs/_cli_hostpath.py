@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from .root import open_host_file_fd, write_host_file_atomic
+from .root import check_host_output_target, open_host_file_fd, write_host_file_atomic
 
 FLAG = "--follow-host-symlinks"
 
@@ -60,3 +60,9 @@ def write_json(args: argparse.Namespace | None, path: str, data: dict[str, Any],
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     target = host_path(args, path) if args is not None else os.path.abspath(path)
     write_host_file_atomic(target or path, text.encode(), mode=0o600, label=label)
+
+
+def check_output(args: argparse.Namespace, path: str | None, label: str = "state") -> None:
+    """Refuse, before any work, an operator output path :func:`write_json` would refuse."""
+    if path is not None:
+        check_host_output_target(host_path(args, path) or path, label=label)

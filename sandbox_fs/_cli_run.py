@@ -101,6 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.manifest and not args.resume:
         raise CliInputError("give --manifest (a new session) or --resume FILE", sandbox_path=None)
 
+    # a state file that could not be written is refused before the command runs
+    _cli_hostpath.check_output(args, args.state)
     manifest = None
     root = host_path(args, args.root)
     if args.manifest:

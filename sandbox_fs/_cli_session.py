@@ -163,6 +163,8 @@ def _summary(client: Any, session: Any, action: str) -> dict[str, Any]:
 def cmd_create(args: argparse.Namespace) -> int:
     from .client import LocalSandboxClient  # noqa: PLC0415
 
+    _cli_hostpath.check_output(args, args.state)
+
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
             session = client.create(manifest=_load_manifest(args.manifest, args), snapshot=args.snapshot,
@@ -179,6 +181,8 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from .client import LocalSandboxClient  # noqa: PLC0415
+
+    _cli_hostpath.check_output(args, args.state_out or args.state)
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:

@@ -2503,6 +2503,32 @@ def write_host_file_atomic(path: str | os.PathLike | bytes, data: bytes, *, mode
         os.close(pfd)
 
 
+def check_host_output_target(path: str | os.PathLike | bytes, *, follow_symlinks: bool = False,
+                             label: str = "") -> None:
+    """Refuse early what :func:`write_host_file_atomic` would refuse at ``path``; writes nothing.
+
+    For a caller that must not start work whose result it could then not
+    record (``sandbox-fs run --state``).  The write itself checks again.
+
+    Raises:
+        SpecialFileError: the name holds something other than a regular file.
+        SymlinkRefusedError: a directory on the path, or the name itself, is a symlink.
+        OSError: the directory does not exist or cannot be opened.
+    """
+    shown = label or "."
+    pfd, leaf = _host_parent(path, follow_symlinks, label)
+    try:
+        try:
+            st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if _stat.S_ISLNK(st.st_mode):
+            _native.raise_errno(errno.ELOOP, "write_host_file", shown)
+        _refuse_output_target(st, shown)
+    finally:
+        os.close(pfd)
+
+
 def _refuse_output_target(st: os.stat_result, shown: str) -> None:
     if not _stat.S_ISREG(st.st_mode):
         raise SpecialFileError(f"refusing to replace a {kind_of(st.st_mode)} with an output file",

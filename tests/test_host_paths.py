@@ -396,3 +396,26 @@ def test_state_write_race_exchange_back(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert stat.S_ISFIFO(os.lstat(target).st_mode)
     assert sorted(os.listdir(tmp_path)) == ["state.json"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink-parent"])
+def test_run_refuses_an_unwritable_state_before_the_command_runs(tmp_path, kind, capsys):
+    """A --state that could not be written is refused first: the command never runs, nothing is made."""
+    (tmp_path / "base").mkdir()
+    manifest = tmp_path / "m.json"
+    manifest.write_text('{"entries": {}}')
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "st")
+        state = tmp_path / "st"
+    else:
+        (tmp_path / "real").mkdir()
+        os.symlink("real", tmp_path / "lnk")
+        state = tmp_path / "lnk" / "st.json"
+    marker = tmp_path / "ran"
+    rc = cli.main(["run", "--manifest", str(manifest), "--base", str(tmp_path / "base"),
+                   "--root", str(tmp_path / "ws"), "--state", str(state), "--confinement", "none",
+                   "--", "/bin/sh", "-c", f"echo x > {marker}"])
+    _out, err = capsys.readouterr()
+    assert rc != 0 and ("special_file" in err or "symlink_refused" in err), err
+    assert not marker.exists() and not (tmp_path / "ws").exists()
+    assert os.listdir(tmp_path / "real") == [] if kind != "fifo" else stat.S_ISFIFO(os.lstat(state).st_mode)
