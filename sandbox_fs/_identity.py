@@ -72,7 +72,7 @@ class IdentityUnavailableError(OSError):
 
 def _open_lock_dir(path: str) -> int:
     """Open (making it mode 0700) ``path`` component by component, never following a symlink."""
-    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # host-access: the walk's start: each component below is opened O_NOFOLLOW from this fd
     try:
         for name in [p for p in path.split("/") if p]:
             try:

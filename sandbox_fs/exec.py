@@ -1096,7 +1096,7 @@ class _CgroupTree:
 
     @staticmethod
     def populated(leaf: str) -> bool:
-        try:
+        try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
             with open(f"{leaf}/cgroup.events") as f:
                 for line in f:
                     if line.startswith("populated "):
@@ -1109,7 +1109,7 @@ class _CgroupTree:
 
     @staticmethod
     def kill(leaf: str) -> None:
-        try:
+        try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
             with open(f"{leaf}/cgroup.kill", "w") as f:
                 f.write("1")
         except OSError:
@@ -1117,7 +1117,7 @@ class _CgroupTree:
 
     @staticmethod
     def remove(leaf: str) -> bool:
-        try:
+        try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
             os.rmdir(leaf)
             return True
         except FileNotFoundError:
@@ -1127,13 +1127,13 @@ class _CgroupTree:
 
     def close(self) -> bool:
         """Kill and remove every leaf, then the tree; True when it is gone (nothing runs in it)."""
-        try:
+        try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
             for name in os.listdir(self.dir):
                 p = f"{self.dir}/{name}"
                 if name.startswith("p") and os.path.isdir(p):
                     self.kill(p)
                     self.remove(p)
-            os.rmdir(self.dir)
+            os.rmdir(self.dir)  # host-access: cgroupfs (kernel interface)
             return True
         except OSError:
             return False
@@ -1237,7 +1237,7 @@ class _PidsV1Tree:
 
     @staticmethod
     def pids(leaf: str) -> list[int]:
-        try:
+        try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
             with open(f"{leaf}/cgroup.procs") as f:
                 return [int(x) for x in f.read().split()]
         except OSError:
@@ -1283,7 +1283,7 @@ class _PidsV1Tree:
             return False
 
     def close(self) -> None:
-        try:
+        try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
             for name in os.listdir(self.dir):
                 p = f"{self.dir}/{name}"
                 if name.startswith("p") and os.path.isdir(p):
@@ -1293,7 +1293,7 @@ class _PidsV1Tree:
                             break
                         time.sleep(0.002)
                     self.remove(p)
-            os.rmdir(self.dir)
+            os.rmdir(self.dir)  # host-access: cgroupfs (kernel interface)
         except OSError:
             pass
 
@@ -1590,7 +1590,7 @@ class ProcessSupervisor:
             with trio.CancelScope(shield=True):
                 try:
                     with trio.move_on_after(_STATUS_TIMEOUT_S):
-                        if await status.read_line() == b"ready":
+                        if await status.read_line() == b"ready":  # host-access: procfs ns files of our own helper child, held while it waits
                             mnt = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
                             net = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
                             ipc = os.open(f"/proc/{proc.pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
@@ -1916,7 +1916,7 @@ def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
         leaf = supervisor._new_leaf(policy.pids_max) if policy.use_cgroup else None
         if leaf is not None:
             prep.leaf = leaf
-            cg_fd = os.open(leaf, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            cg_fd = os.open(leaf, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # host-access: cgroupfs (kernel interface)
             pass_fds.append(cg_fd)
             args += ["--cgroup", str(cg_fd)]
         args += _process_bounds(prep, supervisor, policy, confinement, identity)
@@ -2052,7 +2052,7 @@ def _process_bounds(prep: _Prepared, supervisor: ProcessSupervisor, policy: Conf
             prep.pids_leaf = leaf
             n = _read_pids_max(leaf)
             if n is not None:
-                fd = os.open(f"{leaf}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+                fd = os.open(f"{leaf}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)  # host-access: cgroupfs (kernel interface)
                 prep.pass_fds.append(fd)
                 args += ["--pids-procs", str(fd)]
                 bounds.append(f"cgroup1.pids.max={n}")

@@ -215,7 +215,7 @@ def _key(path: bytes) -> bytes:
 def _umask() -> int:
     """The process umask, read without changing it (``/proc/self/status``)."""
     try:
-        with open("/proc/self/status", "rb") as fh:
+        with open("/proc/self/status", "rb") as fh:  # host-access: procfs of this process (kernel interface)
             for line in fh:
                 if line.startswith(b"Umask:"):
                     return int(line.split()[1], 8)
