@@ -255,9 +255,9 @@ def _error_dict(exc: BaseException) -> dict[str, Any]:
     """The JSON view of a close failure: a SandboxError's to_dict, else its code only."""
     from .errors import SandboxError  # noqa: PLC0415
 
-    from .cli import _leaves  # noqa: PLC0415
+    from .cli import exception_leaves  # noqa: PLC0415
 
-    leaves = _leaves(exc) or [exc]
+    leaves = exception_leaves(exc) or [exc]
     first = next((e for e in leaves if isinstance(e, SandboxError)), None)
     if first is not None:
         return first.to_dict()

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except BaseException as exc:  # never a traceback at the command line
         if isinstance(exc, BaseExceptionGroup):
-            leaves = _leaves(exc)
+            leaves = exception_leaves(exc)
             sandbox = ([e for e in leaves if isinstance(e, SandboxError)]
                        or [e for e in leaves if isinstance(e, OSError)])
             if sandbox:
@@ -114,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _leaves(group: BaseException) -> list[BaseException]:
+def exception_leaves(group: BaseException) -> list[BaseException]:
+    """The non-group exceptions inside ``group``, depth first (``[group]`` for a plain exception)."""
     if isinstance(group, BaseExceptionGroup):
         out: list[BaseException] = []
         for e in group.exceptions:
-            out.extend(_leaves(e))
+            out.extend(exception_leaves(e))
         return out
     return [group]
 
