@@ -910,6 +910,7 @@ def _ro_bind_args(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
                     os.close(up)
                     break
                 fds.append(up)
+                # host-access: our own fd's path, used only to order the pins (the helper gets the fds)
                 pins[ident] = (os.readlink(f"/proc/self/fd/{up}"), up)
                 cur = up
         for _path, fd in sorted(pins.values()):  # an ancestor's path is a prefix: outer first
@@ -1854,6 +1855,7 @@ def _mask_dirs(rw_trees: Sequence[Root] = ()) -> list[str]:
         for t in rw_trees:
             fd = t.fileno_dup()
             try:
+                # host-access: our own fd's path, compared with the mask list only (never opened)
                 homes.append(os.readlink(f"/proc/self/fd/{fd}"))
             except OSError:
                 pass
