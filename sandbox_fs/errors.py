@@ -1,6 +1,6 @@
-"""The SandboxError family.
+"""The SandboxError family: every refusal sandbox-fs raises, and its stable codes.
 
-Every refusal in sandbox-fs is a :class:`SandboxError` subclass with
+Every refusal is a :class:`SandboxError` subclass with
 
 * ``code``: a stable, machine-readable string (part of the public API);
 * ``retryable``: set explicitly by each class, never inferred from text;
@@ -13,8 +13,64 @@ Every refusal in sandbox-fs is a :class:`SandboxError` subclass with
 Errors that carry an errno are also the matching ``OSError`` subclass
 (``PathEscapeError`` is a ``PermissionError`` with errno EXDEV, for example),
 so ``except PermissionError`` keeps working.
-"""
 
+Stable error codes (the same table is in SECURITY.md; ``tests/test_errors.py``
+checks both against the classes).  ``SandboxError`` and ``SandboxOSError``
+are bases and never raised themselves; "retryable" means running the same
+operation again may succeed::
+
+    | code | class | import from | retryable |
+    |---|---|---|---|
+    | `sandbox_error` | `SandboxError` | `sandbox_fs.errors` | no |
+    | `sandbox_error` | `SandboxOSError` | `sandbox_fs.errors` | no |
+    | `path_escape` | `PathEscapeError` | `sandbox_fs.errors` | no |
+    | `symlink_refused` | `SymlinkRefusedError` | `sandbox_fs.errors` | no |
+    | `read_only` | `ReadOnlyError` | `sandbox_fs.errors` | no |
+    | `invalid_path` | `InvalidPathError` | `sandbox_fs.errors` | no |
+    | `invalid_argument` | `InvalidArgumentError` | `sandbox_fs.errors` | no |
+    | `workspace_closed` | `WorkspaceClosedError` | `sandbox_fs.errors` | no |
+    | `native_unavailable` | `NativeUnavailableError` | `sandbox_fs.errors` | no |
+    | `directory_replaced` | `DirectoryReplacedError` | `sandbox_fs.errors` | yes |
+    | `special_file` | `SpecialFileError` | `sandbox_fs.root` | no |
+    | `unsafe_mode` | `UnsafeModeError` | `sandbox_fs.root` | no |
+    | `archive_limit` | `ArchiveLimitError` | `sandbox_fs.archive` | no |
+    | `unsafe_member` | `UnsafeArchiveMemberError` | `sandbox_fs.archive` | no |
+    | `archive_format` | `ArchiveFormatError` | `sandbox_fs.archive` | no |
+    | `invalid_manifest` | `ManifestError` | `sandbox_fs.manifest` | no |
+    | `manifest_untrusted_field` | `ManifestTrustError` | `sandbox_fs.manifest` | no |
+    | `materialize_failed` | `MaterializeError` | `sandbox_fs.materialize` | no |
+    | `source_refused` | `SourceRefusedError` | `sandbox_fs.materialize` | no |
+    | `source_changed` | `SourceChangedError` | `sandbox_fs.materialize` | yes |
+    | `materialize_limit` | `MaterializeLimitError` | `sandbox_fs.materialize` | no |
+    | `materialize_limiter_tokens` | `LimiterTokensError` | `sandbox_fs.materialize` | no |
+    | `snapshot_error` | `SnapshotError` | `sandbox_fs.snapshot` | no |
+    | `snapshot_not_found` | `SnapshotNotFoundError` | `sandbox_fs.snapshot` | no |
+    | `snapshot_corrupt` | `SnapshotCorruptError` | `sandbox_fs.snapshot` | no |
+    | `snapshot_limit` | `SnapshotLimitError` | `sandbox_fs.snapshot` | no |
+    | `snapshot_source_changed` | `SnapshotSourceChangedError` | `sandbox_fs.snapshot` | yes |
+    | `snapshot_unrestorable_entry` | `UnrestorableEntryError` | `sandbox_fs.snapshot` | no |
+    | `snapshot_verify_failed` | `SnapshotVerifyError` | `sandbox_fs.snapshot` | yes |
+    | `session_error` | `SessionError` | `sandbox_fs.session` | no |
+    | `session_busy` | `SessionBusyError` | `sandbox_fs.session` | yes |
+    | `session_not_started` | `SessionNotStartedError` | `sandbox_fs.session` | no |
+    | `mount_overlap` | `MountOverlapError` | `sandbox_fs.session` | no |
+    | `cross_root` | `CrossRootError` | `sandbox_fs.session` | no |
+    | `feature_unavailable` | `FeatureUnavailableError` | `sandbox_fs.session` | no |
+    | `workspace_mismatch` | `WorkspaceMismatchError` | `sandbox_fs.session` | no |
+    | `snapshot_generation_mismatch` | `SnapshotGenerationError` | `sandbox_fs.session` | no |
+    | `persist_disabled` | `PersistDisabledError` | `sandbox_fs.session` | no |
+    | `session_state_invalid` | `SessionStateError` | `sandbox_fs.client` | no |
+    | `session_state_version` | `SessionStateVersionError` | `sandbox_fs.client` | no |
+    | `session_state_tampered` | `SessionStateTamperedError` | `sandbox_fs.client` | no |
+    | `exec_error` | `ExecError` | `sandbox_fs.exec` | no |
+    | `confinement_unavailable` | `ConfinementError` | `sandbox_fs.exec` | no |
+    | `command_not_found` | `CommandNotFoundError` | `sandbox_fs.exec` | no |
+    | `exec_timeout` | `ExecTimeoutError` | `sandbox_fs.exec` | no |
+    | `exec_failed` | `ExecFailedError` | `sandbox_fs.exec` | no |
+    | `pty_not_found` | `PtyNotFoundError` | `sandbox_fs.exec` | no |
+    | `invalid_env` | `InvalidEnvError` | `sandbox_fs.exec` | no |
+    | `cli_input` | `CliInputError` | (command line only) | no |
+"""
 from __future__ import annotations
 
 import errno as _errno
@@ -29,6 +85,7 @@ __all__ = [
     "InvalidArgumentError",
     "WorkspaceClosedError",
     "NativeUnavailableError",
+    "DirectoryReplacedError",
     "SandboxOSError",
     "redact",
 ]

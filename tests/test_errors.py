@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import errno
+import importlib
+import pathlib
+import pkgutil
+import re
 
 import pytest
 
 from sandbox_fs import _native
+from sandbox_fs import errors as errors_module
 from sandbox_fs.errors import (InvalidPathError, PathEscapeError, ReadOnlyError, SandboxError,
                                SymlinkRefusedError, WorkspaceClosedError, redact)
 
@@ -56,3 +61,64 @@ def test_diagnostic_never_printed_and_secrets_redacted():
         assert "hunter2" not in text
     assert e.diagnostic == "/host/secret/path"
     assert redact("aXbXab", ["ab", "a"]) == "***XbX***"
+
+
+# ---------------------------------------------------------------- the table of stable codes
+
+_ROW = re.compile(r"^\s*\|\s*`(?P<code>[a-z_]+)`\s*\|\s*`(?P<cls>\w+)`\s*\|\s*(?P<where>[^|]+?)\s*\|"
+                  r"\s*(?P<retryable>yes|no)\s*\|\s*$")
+
+
+def _table_rows(text: str) -> dict[str, tuple[str, str, bool]]:
+    """class name -> (code, import from, retryable), from the pipe table in ``text``."""
+    rows: dict[str, tuple[str, str, bool]] = {}
+    for line in text.splitlines():
+        m = _ROW.match(line)
+        if m:
+            assert m["cls"] not in rows, f"{m['cls']} is listed twice"
+            rows[m["cls"]] = (m["code"], m["where"].strip("`"), m["retryable"] == "yes")
+    return rows
+
+
+def _every_error_class() -> dict[str, type]:
+    """Every SandboxError subclass the package defines (each submodule imported first)."""
+    import sandbox_fs
+    # The public paths, named explicitly so a package move that breaks one fails here too.
+    for name in ("archive", "client", "exec", "manifest", "materialize", "paths", "root", "session",
+                 "snapshot", "cli"):
+        importlib.import_module(f"sandbox_fs.{name}")
+    for mod in pkgutil.walk_packages(sandbox_fs.__path__, "sandbox_fs."):
+        if not mod.name.endswith("__main__"):
+            importlib.import_module(mod.name)
+    found: dict[str, type] = {}
+    todo = [SandboxError]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("sandbox_fs.") and cls.__name__ not in found:
+            found[cls.__name__] = cls
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+@pytest.mark.parametrize("doc", ["errors.py", "SECURITY.md"])
+def test_the_table_of_stable_codes_matches_the_classes(doc):
+    here = pathlib.Path(__file__).resolve().parent.parent
+    text = (here / "SECURITY.md").read_text() if doc == "SECURITY.md" else errors_module.__doc__
+    rows = _table_rows(text)
+    classes = _every_error_class()
+    assert sorted(set(classes) - set(rows)) == [], f"classes missing from the table in {doc}"
+    assert sorted(set(rows) - set(classes)) == [], f"rows in {doc} name no class"
+    for name, cls in classes.items():
+        code, where, retryable = rows[name]
+        assert (cls.code, cls.retryable) == (code, retryable), f"{name} in {doc}"
+        if where.startswith("sandbox_fs"):
+            assert getattr(importlib.import_module(where), name) is cls, f"{name} is not importable from {where}"
+    own = [cls.code for cls in classes.values() if "code" in vars(cls)]
+    assert len(own) == len(set(own)), "two classes define the same code"
+
+
+def test_errors_all_lists_every_error_class_it_defines():
+    defined = {n for n, v in vars(errors_module).items()
+               if isinstance(v, type) and issubclass(v, SandboxError) and v.__module__ == errors_module.__name__}
+    assert defined <= set(errors_module.__all__)
+    assert "DirectoryReplacedError" in errors_module.__all__
