@@ -858,18 +858,42 @@ class Session:
         finally:
             f.close()
 
-    async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> int:
+    async def write(self, path: str, data: bytes, *, mode: int = 0o644, parents: bool = False) -> int:
         """Atomically replace the file at ``path`` with ``data``; returns bytes written.
 
+        Args:
+            path: sandbox path of the file.
+            data: the new content (``bytes``).
+            mode: permission bits of the file, within 0o777 (the umask is not applied).
+            parents: create missing parent directories first (mode 0o755, as
+                :meth:`mkdir` with ``parents=True`` makes them).
+
         Raises:
+            FileNotFoundError: a parent directory is missing and ``parents`` is False.
+            FileExistsError: with ``parents``, a parent name exists and is not a directory.
+            IsADirectoryError: ``path`` is a directory.
             ReadOnlyError: ``path`` is under a read-only grant.
+            PathEscapeError, InvalidPathError: ``path`` leaves the workspace and every grant.
             UnsafeModeError: ``mode`` outside 0o777.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
-            The write completes or leaves the old file (atomic rename).
+            The write completes or leaves the old file (atomic rename); with
+            ``parents``, directories already made stay.
         """
         root, rel = await self._aresolve(path, for_write=True)
-        return await trio.to_thread.run_sync(lambda: root.atomic_write(rel, data, mode=mode))
+
+        def work() -> int:
+            try:
+                return root.atomic_write(rel, data, mode=mode)
+            except FileNotFoundError:
+                parent = posixpath.dirname(rel)
+                if not (parents and parent):
+                    raise
+            root.mkdir(parent, 0o755, parents=True, exist_ok=True)
+            return root.atomic_write(rel, data, mode=mode)
+
+        return await trio.to_thread.run_sync(work)
 
     async def ls(self, path: str = ".") -> list[DirEntry]:
         """List a directory (sorted, ``lstat`` of each entry; symlinks never followed).
@@ -899,11 +923,18 @@ class Session:
         await trio.to_thread.run_sync(lambda: root.mkdir(rel, mode, parents=parents, exist_ok=exist_ok))
 
     async def rm(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
-        """Remove a file or symlink, or with ``recursive`` a whole tree (fd-based, mount points kept).
+        """Remove a file, a symlink or an empty directory; with ``recursive`` a whole tree.
+
+        A recursive removal is fd-based, never follows a symlink and keeps
+        mount points.  A leaf symlink is removed, never its target.
 
         Raises:
-            IsADirectoryError: a directory without ``recursive``.
+            OSError(ENOTEMPTY): a non-empty directory without ``recursive``.
             FileNotFoundError: missing and not ``missing_ok``.
+            InvalidPathError: ``path`` is the workspace root, or malformed.
+            ReadOnlyError: ``path`` is under a read-only grant.
+            PathEscapeError: ``path`` leaves the workspace and every grant.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             A recursive removal may be partial.
@@ -917,12 +948,15 @@ class Session:
             if recursive:
                 root.rmtree(rel, missing_ok=missing_ok, skip=_snap.is_mount_point_of(root, self._mounts)
                             if root is self.policy.workspace else None)
-            else:
+                return
+            try:
                 try:
                     root.remove(rel)
-                except FileNotFoundError:
-                    if not missing_ok:
-                        raise
+                except IsADirectoryError:
+                    root.rmdir(rel)  # only an empty one: ENOTEMPTY otherwise
+            except FileNotFoundError:
+                if not missing_ok:
+                    raise
 
         await trio.to_thread.run_sync(work)
 

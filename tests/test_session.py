@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -320,6 +321,68 @@ async def test_file_operations_go_through_the_policy(tmp_path, layout):
         await client.delete(s)
     layout.assert_outside_unchanged(before)
     assert (grant_ro / "data.txt").read_text() == "granted" and os.listdir(grant_ro) == ["data.txt"]
+
+
+async def test_write_with_parents_creates_the_missing_directories(tmp_path, layout):
+    grant_ro = tmp_path / "ro"
+    grant_ro.mkdir()
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "st"),
+                         extra_path_grants=(Grant(str(grant_ro), read_only=True),))
+    before = layout.snapshot()
+    with LocalSandboxClient(opts) as client:
+        async with client.create() as s:
+            with pytest.raises(FileNotFoundError):
+                await s.write("a/b/c.txt", b"no parents")
+            assert [e.name for e in await s.ls()] == [".sfs-workspace-id"]
+            assert await s.write("a/b/c.txt", b"made", parents=True) == 4
+            assert await s.read("a/b/c.txt") == b"made"
+            for d in ("a", "a/b"):
+                st = await s.stat(d)
+                assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755
+            assert await s.write("a/b/c.txt", b"again", parents=True) == 5  # existing parents are fine
+            assert await s.write("/workspace/top.txt", b"t", parents=True) == 1
+            await s.write("a/file", b"f")
+            with pytest.raises(NotADirectoryError):
+                await s.write("a/file/x", b"x", parents=True)
+            with pytest.raises(ReadOnlyError):
+                await s.write(str(grant_ro / "new" / "x"), b"no", parents=True)
+            os.symlink(layout.outside, os.path.join(opts.workspaces_dir, s.id, "esc"))
+            with pytest.raises(PathEscapeError):
+                await s.write("esc/made/x", b"no", parents=True)
+            with pytest.raises(InvalidPathError):
+                await s.write("../outside/made/x", b"no", parents=True)
+            await s.rm("esc")
+        await client.delete(s)
+    layout.assert_outside_unchanged(before)
+    assert os.listdir(grant_ro) == []
+
+
+async def test_rm_removes_an_empty_directory_and_refuses_a_full_one(tmp_path, layout):
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "st"))
+    before = layout.snapshot()
+    with LocalSandboxClient(opts) as client:
+        async with client.create() as s:
+            await s.mkdir("empty")
+            await s.rm("empty")
+            assert [e.name for e in await s.ls()] == [".sfs-workspace-id"]
+            await s.write("full/f", b"x", parents=True)
+            with pytest.raises(OSError) as ei:
+                await s.rm("full")
+            assert ei.value.errno == errno.ENOTEMPTY
+            assert await s.read("full/f") == b"x"
+            await s.rm("full/f")
+            await s.rm("full")
+            with pytest.raises(FileNotFoundError):
+                await s.rm("full")
+            await s.rm("full", missing_ok=True)
+            await s.mkdir("target")
+            os.symlink("target", os.path.join(opts.workspaces_dir, s.id, "link"))
+            await s.rm("link")  # the symlink goes, never the directory it names
+            assert [e.name for e in await s.ls()] == [".sfs-workspace-id", "target"]
+            os.symlink(layout.outside / "subdir", os.path.join(opts.workspaces_dir, s.id, "esc"))
+            await s.rm("esc")
+        await client.delete(s)
+    layout.assert_outside_unchanged(before)
 
 
 async def test_grant_nested_in_workspace_is_never_persisted(tmp_path):
