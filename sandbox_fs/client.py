@@ -1,39 +1,31 @@
-"""The local sandbox client: create, resume and delete sessions; serialized state; run state.
+"""The local sandbox client: create, resume and delete sessions; serialized session and run state.
 
-Authority comes only from :class:`ClientOptions` (trusted, given by the host
-application).  Serialized :class:`SessionState` carries **no authority**: it
-holds the session id, the manifest data, a snapshot reference, a readiness
-flag and a fingerprint.  On resume the workspace location
-(``<workspaces_dir>/<session id>``, the id checked to be a plain token), its
-ownership and the extra path grants are re-derived from the options, and the
-manifest is re-loaded as *untrusted* (it cannot grant).  A state with any
-other field (``root``, ``grants``, ``owned`` ...) is refused.  The state is
-always HMAC-SHA256 protected (RFC 2104) — with ``ClientOptions.state_key``,
-else with a per-installation key kept in the workspaces directory — because
-the session id and snapshot name select a workspace and a snapshot: a
-tampered or unsigned state is refused.
+Authority comes only from :class:`ClientOptions`, given by the host
+application.  Serialized :class:`SessionState` carries **no authority**: the
+session id, the manifest data (secrets redacted), a snapshot reference, a
+readiness flag, a fingerprint, the workspace id and the snapshot generation.
+On resume the workspace location (``<workspaces_dir>/<session id>``, the id
+checked to be a plain token), its ownership and the extra path grants are
+re-derived from the options, and the manifest is re-loaded as *untrusted*
+(it cannot grant).  A state with any other field (``root``, ``grants``,
+``owned`` ...) is refused.
 
-The reference implementation stored the host root, the ownership flag and
-the grants in the state, so an edited payload could add a grant, point the
-root elsewhere, or make ``delete`` remove another directory.  None of those
-fields exist here.
+Every state is HMAC-SHA256 protected (RFC 2104), with
+``ClientOptions.state_key`` or else a per-installation key kept beside the
+snapshots (or the workspaces): the session id and snapshot name select a
+workspace and a snapshot, so a tampered or unsigned state is refused.
 
-A valid MAC says the state was written by this installation, not that it
-belongs with the workspace it is resumed onto, so the state (version 2) is
-*bound* to what it may act on, in MAC'd fields: the session's
-``workspace_id``, also kept in the workspace (``.sfs-workspace-id``), and the
-``generation`` of the snapshot it last persisted or restored.  A resume onto a
-workspace holding another id is refused (:class:`~sandbox_fs.session.WorkspaceMismatchError`);
-a resume where no workspace exists rebuilds it from the snapshot, on this
-machine or another; a resume whose store holds another generation of the
-snapshot than the state recorded (a stale or replayed state, or a store rolled
-back) is refused (:class:`~sandbox_fs.session.SnapshotGenerationError`)
-unless the caller passes ``allow_rollback=True``.  Both refusals happen before
-anything in the workspace changes.  Version-1 states (before the binding)
-still load and resume, bound to nothing, onto a workspace that holds no id;
-the next serialization writes version 2.
+A valid MAC says this installation wrote the state, not that it belongs with
+the workspace it is resumed onto, so a state (version 2) is also *bound*:
+a resume onto a workspace holding another ``workspace_id`` is refused
+(:class:`~sandbox_fs.session.WorkspaceMismatchError`), and so is one whose
+store holds another generation of the snapshot than the state recorded
+(:class:`~sandbox_fs.session.SnapshotGenerationError`, unless
+``allow_rollback=True``), both before anything in the workspace changes.
+Where no workspace exists, a resume rebuilds it from the snapshot, on this
+machine or another.  Version-1 states (no binding) still load and resume onto
+a workspace that holds no id; the next serialization writes version 2.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -217,7 +209,7 @@ def _mac(key: bytes, payload: dict[str, Any]) -> str:
 
 def _default_loader(data: Any, trust: str) -> Any:
     try:
-        from .manifest import load_manifest  # noqa: PLC0415  (issue 4; optional until it lands)
+        from .manifest import load_manifest  # noqa: PLC0415
     except ImportError:
         raise SessionError("the state holds a manifest but sandbox_fs.manifest is not installed",
                            sandbox_path=None) from None
@@ -319,12 +311,21 @@ class LocalSandboxClient:
         return home.read_bytes(name, max_bytes=4096).strip()
 
     def close(self) -> None:
-        """Release the client's directory fds (sessions keep their own).  Idempotent."""
+        """Release the client's directory fds (sessions keep their own).  Idempotent.
+
+        Raises:
+            Nothing.
+        """
         self._parent.close()
         if self._own_store:
             self.store.close()
 
     def __enter__(self) -> "LocalSandboxClient":
+        """The client itself; ``__exit__`` calls :meth:`close`.
+
+        Raises:
+            Nothing.
+        """
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -441,7 +442,15 @@ class LocalSandboxClient:
     # ----------------------------------------------------------------- state
 
     def serialize_state(self, session: Session) -> dict[str, Any]:
-        """A JSON-ready dict of the session's :class:`SessionState` (+ ``mac`` with a state key)."""
+        """A JSON-ready dict of the session's :class:`SessionState`, with its ``mac``.
+
+        Give it back to :meth:`resume` (as the dict, or as JSON text parsed
+        with ``json.loads``).  It holds no secret and no authority.
+
+        Raises:
+            SessionError: the session's manifest cannot be serialized (no
+                ``to_json`` / ``model_dump``).
+        """
         st = SessionState(session_id=session.id, manifest=_manifest_data(session.manifest),
                           snapshot=session.snapshot_name if self.store.enabled and session.fingerprint else None,
                           workspace_root_ready=session.workspace_root_ready, fingerprint=session.fingerprint,

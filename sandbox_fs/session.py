@@ -1,52 +1,42 @@
-"""Sandbox sessions under trio: lifecycle, file operations, hooks and cleanup.
+"""Sandbox sessions under trio: one workspace, its lifecycle, file operations, commands and hooks.
 
-A :class:`Session` is one workspace plus what runs in it.  Create sessions
-with :class:`sandbox_fs.client.LocalSandboxClient` (``create`` / ``resume``),
-then::
+A :class:`Session` is made by :class:`sandbox_fs.client.LocalSandboxClient`
+(``create`` / ``resume``) and started by ``async with``::
 
     async with client.create(manifest=m) as session:
         await session.write("notes.txt", b"hi")
 
 Lifecycle:
 
-* :meth:`Session.start` opens the workspace Root; if a restorable snapshot
-  exists it skips the restore when the live workspace provably matches the
-  snapshot's fingerprint, else clears the workspace *contents* (never the
-  root directory, never a mount point) and hydrates; with no snapshot it
-  applies the full manifest.  Ephemeral manifest entries are re-applied on
-  every start.  A failure part-way cleans up what start created and raises
-  that one error.
-* :meth:`Session.stop`: persistence only (transient cleanup, then persist).
-* :meth:`Session.shutdown`: tear down processes and mounts.
-* :meth:`Session.aclose` (``__aexit__``): pre-stop hooks exactly once, stop,
-  shutdown, close dependencies.  Shutdown always runs, even when persistence
-  fails.  Idempotent.  **Error rule:** one failing step re-raises that error;
-  several raise an ``ExceptionGroup`` of them in step order.  A pre-stop hook
-  that fails or is cancelled disables persistence for good: that ``aclose``
-  skips the persist (shutdown and closing still run, a cancel propagates) and
-  every later :meth:`Session.stop` raises :class:`PersistDisabledError`.
+* :meth:`Session.start` opens the workspace Root and fills it: it reattaches
+  when the live workspace matches the snapshot's fingerprint, else clears the
+  workspace *contents* (never the root directory, never a mount point) and
+  hydrates the snapshot; with no snapshot it applies the manifest.  Ephemeral
+  manifest entries are re-applied on every start.  A failure part-way removes
+  what start created and raises that one error.
+* :meth:`Session.stop`: persistence only (transient cleanups, then persist).
+* :meth:`Session.shutdown`: ends processes and mounts.
+* :meth:`Session.aclose` (``__aexit__``): pre-stop hooks once, stop,
+  shutdown, close.  Shutdown always runs, even when persistence fails.  One
+  failing step re-raises its error; several raise an ``ExceptionGroup`` in
+  step order.  A pre-stop hook that fails or is cancelled disables
+  persistence for the session (:class:`PersistDisabledError`).
 
-Binding (see :mod:`sandbox_fs.client`): every session has a *workspace id*
-(128 random bits, hex), written at the workspace's top as
-``.sfs-workspace-id`` (never persisted, never fingerprinted) and recorded in
-its serialized state, and the *generation* of the snapshot it last
-persisted, restored or matched.  A resumed session refuses, before anything
-in the workspace changes, a workspace holding another id
+Binding: every session has a *workspace id* (128 random bits, hex) kept at
+the workspace's top as ``.sfs-workspace-id`` (never persisted, never
+fingerprinted) and in its serialized state, and the *generation* of the
+snapshot it last persisted, restored or matched.  A resumed session refuses,
+before anything in the workspace changes, a workspace holding another id
 (:class:`WorkspaceMismatchError`) and a snapshot at another generation than
 its state recorded (:class:`SnapshotGenerationError`, unless
-``allow_rollback``).  A workspace holding no id (none yet, or a confined
-command removed it) is bound to nothing: it is reattached or rebuilt as
-before, then given the session's id.  The confined command can write the
-workspace, so it can remove or rewrite its own id file; it cannot make the
-workspace claim *another* session's id without knowing it, and ids are
-random and kept out of the workspace of every other session (state files
-must not be readable by confined commands).  Removing or corrupting the id
-only makes its own workspace be refused or rebuilt.
+``allow_rollback``).  A workspace holding no id is bound to nothing: it is
+reattached or rebuilt, then given the session's id.  A confined command can
+remove or rewrite its own workspace's id, which only makes that workspace be
+refused or rebuilt; it cannot claim another session's random id.
 
 Blocking filesystem work runs in worker threads, one hop per whole
 operation (a start, a persist, one file operation), never one per file.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -201,7 +191,7 @@ class SessionConfig:
 
 def _materialize_default() -> Callable[..., Awaitable[Any]] | None:
     try:
-        from .materialize import materialize  # noqa: PLC0415  (issue 4; optional until it lands)
+        from .materialize import materialize  # noqa: PLC0415
     except ImportError:
         return None
     return materialize
@@ -284,10 +274,12 @@ class Session:
 
     @property
     def started(self) -> bool:
+        """True once :meth:`start` succeeded (stays True after close)."""
         return self._started
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`aclose` ran."""
         return self._closed
 
     @property
@@ -303,6 +295,11 @@ class Session:
 
     @property
     def policy(self) -> PathPolicy:
+        """The session's PathPolicy: the workspace and the client's grants.
+
+        Raises:
+            SessionNotStartedError: before :meth:`start` or after :meth:`aclose`.
+        """
         if self._policy is None or self._closed:
             raise SessionNotStartedError("the session is not started", sandbox_path=None)
         return self._policy
@@ -370,6 +367,11 @@ class Session:
     # ------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> "Session":
+        """:meth:`start` the session.
+
+        Raises:
+            See :meth:`start`.
+        """
         await self.start()
         return self
 
@@ -751,6 +753,7 @@ class Session:
 
     @property
     def bound_run(self) -> str | None:
+        """The key of the run the session is bound to (:meth:`bind_run`), or None."""
         return self._bound_run
 
     def register_pre_stop_hook(self, hook: Callable[["Session"], Awaitable[None]]) -> None:
@@ -758,19 +761,34 @@ class Session:
 
         If the hook fails or is cancelled, persistence is disabled for the
         session (see :meth:`aclose`).
+
+        Raises:
+            Nothing: it only records ``hook``.
         """
         self._pre_stop_hooks.append(hook)
 
     def register_transient_cleanup(self, fn: Callable[["Session"], Awaitable[None]]) -> None:
-        """Run ``await fn(session)`` at every :meth:`stop`, before persisting."""
+        """Run ``await fn(session)`` at every :meth:`stop`, before persisting.
+
+        Raises:
+            Nothing: it only records ``fn``.
+        """
         self._transient_cleanups.append(fn)
 
     def register_shutdown_hook(self, fn: Callable[["Session"], Awaitable[None]]) -> None:
-        """Run ``await fn(session)`` at :meth:`shutdown` (unmounts, ...), last registered first."""
+        """Run ``await fn(session)`` at :meth:`shutdown` (unmounts, ...), last registered first.
+
+        Raises:
+            Nothing: it only records ``fn``.
+        """
         self._shutdown_hooks.append(fn)
 
     def register_mount(self, path: str) -> None:
-        """Declare a mount point at sandbox path ``path``: never persisted, never cleared."""
+        """Declare a mount point at sandbox path ``path``: never persisted, never cleared.
+
+        Raises:
+            InvalidPathError: ``path`` is malformed or not under the workspace.
+        """
         self._mounts.add(self._relative(path))
 
     def register_persist_skip_path(self, path: str) -> None:
@@ -794,6 +812,9 @@ class Session:
 
         Without one, :meth:`exec` creates a :class:`sandbox_fs.exec.ProcessSupervisor`
         that the session owns and closes at shutdown.
+
+        Raises:
+            Nothing: it only records ``supervisor``.
         """
         self._supervisor = supervisor
         self._own_supervisor = False
@@ -822,7 +843,9 @@ class Session:
 
         Raises:
             OSError(EFBIG): the file is larger than ``max_bytes``.
-            PathEscapeError, InvalidPathError, FileNotFoundError: see PathPolicy / Root.
+            PathEscapeError, InvalidPathError: ``path`` leaves the workspace and every grant.
+            FileNotFoundError, IsADirectoryError: ``path`` is missing or a directory.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             Nothing is left behind (the read runs in a worker thread and its result is dropped).
@@ -836,6 +859,9 @@ class Session:
 
         Raises:
             OSError(EFBIG): more than ``max_bytes`` (default ``max_read_bytes``) were read.
+            PathEscapeError, InvalidPathError: ``path`` leaves the workspace and every grant.
+            FileNotFoundError, IsADirectoryError: ``path`` is missing or a directory.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             The file descriptor is closed when the generator is closed.
@@ -901,6 +927,7 @@ class Session:
         Raises:
             FileNotFoundError, NotADirectoryError: ``path`` is missing or not a directory.
             PathEscapeError, InvalidPathError: ``path`` leaves the workspace and every grant.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             Nothing is left behind.
@@ -913,8 +940,11 @@ class Session:
 
         Raises:
             FileExistsError: the name exists (and is not a directory, or not ``exist_ok``).
+            FileNotFoundError: a parent is missing and ``parents`` is False.
             ReadOnlyError: ``path`` is under a read-only grant.
             PathEscapeError, InvalidPathError: ``path`` leaves the workspace and every grant.
+            UnsafeModeError: ``mode`` outside 0o777.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             With ``parents``, some parents may already exist.
@@ -966,6 +996,10 @@ class Session:
         Raises:
             CrossRootError: ``src`` and ``dst`` are under different roots.
             FileExistsError: ``no_replace`` and ``dst`` exists.
+            FileNotFoundError: ``src`` is missing.
+            ReadOnlyError: either path is under a read-only grant.
+            PathEscapeError, InvalidPathError: a path leaves the workspace and every grant.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             The rename happened or not (atomic).
@@ -982,7 +1016,9 @@ class Session:
 
         Raises:
             FileNotFoundError: ``path`` is missing.
-            PathEscapeError: with ``follow_symlinks``, a symlink leads outside.
+            PathEscapeError: ``path``, or with ``follow_symlinks`` a symlink, leads outside.
+            InvalidPathError: ``path`` is malformed.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             Nothing is left behind.
@@ -1005,6 +1041,8 @@ class Session:
         Raises:
             FeatureUnavailableError: the archive extractor is not installed.
             ArchiveLimitError, UnsafeArchiveMemberError, ArchiveFormatError: from the extractor.
+            ReadOnlyError, PathEscapeError, InvalidPathError: ``dest`` is not writable in the session.
+            SessionNotStartedError: the session is not started.
 
         Cancellation:
             See :func:`sandbox_fs.archive.extract_async`: members already written stay.
@@ -1126,6 +1164,9 @@ class Session:
     async def pty_terminate_all(self) -> None:
         """Terminate every PTY of this session.  Idempotent.
 
+        Raises:
+            Nothing: a PTY already gone is skipped.
+
         Cancellation:
             Runs to completion.
         """
@@ -1139,6 +1180,9 @@ class Session:
 
         Each line shows the entry name, its type and ``ephemeral`` when it is
         re-created on every start (and never persisted).  Secrets never appear.
+
+        Raises:
+            Nothing.
         """
         m = self.manifest
         if m is None:
