@@ -80,7 +80,7 @@ def features() -> dict[str, object]:
         "fuse": bool (``/dev/fuse`` is a character device we can open),
         "resolver": "openat2" | "fallback" (the default resolver now)}``.
     """
-    abi = _native.lib.sfs_landlock_abi()
+    abi = _native.landlock_abi()
     fuse = False
     try:
         # host-access: features() probe of a fixed device node

@@ -43,6 +43,7 @@ RESOLVE_NO_MAGICLINKS = lib.RESOLVE_NO_MAGICLINKS
 RESOLVE_NO_SYMLINKS = lib.RESOLVE_NO_SYMLINKS
 RESOLVE_NO_XDEV = lib.RESOLVE_NO_XDEV
 RENAME_NOREPLACE = lib.RENAME_NOREPLACE
+RENAME_EXCHANGE = lib.RENAME_EXCHANGE
 O_PATH = lib.O_PATH
 O_TMPFILE = lib.O_TMPFILE
 MAX_SYMLINK_HOPS = lib.SFS_MAX_SYMLINK_HOPS
@@ -67,6 +68,14 @@ XF_STAGE_CREATE = lib.SFS_XF_STAGE_CREATE
 XF_STAGE_COPY = lib.SFS_XF_STAGE_COPY
 XF_STAGE_SHORT = lib.SFS_XF_STAGE_SHORT
 XF_STAGE_META = lib.SFS_XF_STAGE_META
+
+# Raw calls for hot paths and callers that decide what an errno means
+# themselves: they return an fd / 0 or -errno and never raise.
+#: ``open_file(dirfd, rel, flags, mode, resolve, fallback, allow_special)``:
+#: open beneath ``dirfd`` (the resolver picked by ``fallback``, 0 or 1), then
+#: refuse a FIFO, socket or device with -ENXIO unless ``allow_special``;
+#: returns the new fd or -errno (see native/sfs.c).
+open_file = lib.sfs_open_file
 
 
 def raise_errno(err: int, op: str, sandbox_path: str | None) -> None:
@@ -193,6 +202,62 @@ def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int,
               op: str, sandbox_path: str | None) -> None:
     """renameat2(2) on names relative to two dir fds (flags: RENAME_NOREPLACE ...)."""
     check(lib.sfs_renameat2(olddirfd, old, newdirfd, new, flags), op, sandbox_path)
+
+
+def openat2_raw(dirfd: int, rel: bytes, flags: int, mode: int, resolve: int) -> int:
+    """openat2(2) of ``rel`` beneath ``dirfd`` with exactly the ``resolve`` flags given.
+
+    Returns:
+        The new fd, or -errno (-ENOSYS when the kernel lacks openat2).  Never raises.
+    """
+    return lib.sfs_openat2(dirfd, rel, flags, mode, resolve)
+
+
+def renameat2_raw(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> int:
+    """renameat2(2) (flags: RENAME_NOREPLACE, RENAME_EXCHANGE ...) without mapping the errno.
+
+    Returns:
+        0, or -errno.  Never raises.
+    """
+    return lib.sfs_renameat2(olddirfd, old, newdirfd, new, flags)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (>= 1), or -errno (-ENOSYS, -EOPNOTSUPP) when there is none.
+
+    Never raises.
+    """
+    return lib.sfs_landlock_abi()
+
+
+def landlock_create(fs: int, net: int, scoped: int) -> int:
+    """landlock_create_ruleset(2) handling the ``fs`` / ``net`` / ``scoped`` access masks.
+
+    The attribute size passed matches the highest non-zero mask, so an
+    older kernel accepts a ruleset that does not use the newer fields.
+
+    Returns:
+        The ruleset fd, or -errno.  Never raises.
+    """
+    return lib.sfs_landlock_create(fs, net, scoped)
+
+
+def landlock_add_path(ruleset_fd: int, fd: int, access: int) -> int:
+    """landlock_add_rule(2) PATH_BENEATH: allow ``access`` beneath the object ``fd`` refers to.
+
+    Returns:
+        0, or -errno.  Never raises.
+    """
+    return lib.sfs_landlock_add_path(ruleset_fd, fd, access)
+
+
+def landlock_add_port(ruleset_fd: int, port: int, access: int) -> int:
+    """landlock_add_rule(2) NET_PORT: allow TCP ``access`` on ``port``.
+
+    Returns:
+        0, or -errno.  Never raises.
+    """
+    return lib.sfs_landlock_add_port(ruleset_fd, port, access)
 
 
 def copy_fd(in_fd: int, out_fd: int, max_bytes: int, op: str, sandbox_path: str | None) -> int:

@@ -77,6 +77,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import trio
 
+from ._root_walk import walk_dirs
 from .errors import PathEscapeError, SandboxError, SymlinkRefusedError
 from .manifest import (
     Archive,
@@ -763,7 +764,7 @@ def _plan_local_dir(run: _Run, fe: FlatEntry, work: _DirWork) -> None:
     per_dir: list[tuple[str, list[tuple[str, os.stat_result]]]] = []
     skipped: list[SkippedEntry] = []
     nfiles = 0
-    for dirpath, dirents, nondirs in tree._walk_dirs():
+    for dirpath, dirents, nondirs in walk_dirs(tree):
         _check_cancel(run)
         keep = []
         for de in dirents:

@@ -36,6 +36,7 @@ from hashlib import sha256 as _hashlib_sha256
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from . import _native
+from ._root_walk import walk_dirs
 from .errors import (
     InvalidArgumentError,
     InvalidPathError,
@@ -59,7 +60,7 @@ _O_PATH = _native.O_PATH
 _O_NOFOLLOW = os.O_NOFOLLOW
 _O_NONBLOCK = os.O_NONBLOCK
 _EINTR = errno.EINTR
-_open_file = _native.lib.sfs_open_file
+_open_file = _native.open_file
 
 
 def _retry_eintr(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -1642,7 +1643,7 @@ class Root:
                 os.close(fd)
                 raise _MountPoint()
             return fd
-        ret = _native.lib.sfs_openat2(dfd, name, flags, 0, _CLEAR_RESOLVE)
+        ret = _native.openat2_raw(dfd, name, flags, 0, _CLEAR_RESOLVE)
         if ret >= 0:
             return ret
         if -ret == errno.EXDEV:
@@ -1686,7 +1687,7 @@ class Root:
                 dpfd, dleaf = self._open_parent(rootfd, drel, "rename", write=True, dir_op=True)
                 try:
                     flags = _native.RENAME_NOREPLACE if no_replace else 0
-                    ret = _native.lib.sfs_renameat2(spfd, sleaf, dpfd, dleaf, flags)
+                    ret = _native.renameat2_raw(spfd, sleaf, dpfd, dleaf, flags)
                     if ret == -errno.EXDEV:  # both parents are beneath: a mount boundary
                         exc = OSError(errno.EXDEV, "Invalid cross-device link (rename)", self._show(srel))
                         exc.operation = "rename"  # type: ignore[attr-defined]
@@ -1945,7 +1946,7 @@ class Root:
         directory is opened ``O_NOFOLLOW`` relative to its parent's fd, so a
         directory swapped for a symlink mid-walk is skipped, never entered.
         """
-        for dpath, dents, nondirs in self._walk_dirs(path):
+        for dpath, dents, nondirs in walk_dirs(self, path):
             names = [e.name for e in dents]
             yield dpath, names, nondirs
             if len(names) != len(dents) or any(n != e.name for n, e in zip(names, dents)):
@@ -1953,58 +1954,8 @@ class Root:
                 dents[:] = [by_name[n] for n in names if n in by_name]
 
     def _walk_dirs(self, path: str | bytes = ".") -> Iterator[tuple[str, list[DirEntry], list[DirEntry]]]:
-        """:meth:`walk` that yields the subdirectories' :class:`DirEntry` (their ``lstat``) instead of names.
-
-        The caller may prune the directory list in place.  Same guarantees as :meth:`walk`.
-        Open fds: one per ancestor that still has a subdirectory to enter (a
-        subdirectory is opened only when it is entered, and a directory's fd
-        is closed once its last subdirectory is opened), so at most the depth
-        of the tree, never its width (a directory with more subdirectories
-        than the fd limit walks like any other).
-        """
-        rel = self._rel(path)
-        top = self.open_dir_fd(rel)
-        base = "" if rel in (b".", b"") else os.fsdecode(rel.rstrip(b"/"))
-        frames: list[list[Any]] = []  # [dfd, dirpath, subdirectory entries, index of the next one]
-        cur: tuple[int, str] | None = (top, base)
-        try:
-            while True:
-                if cur is not None:
-                    dfd, dpath = cur
-                    cur = None
-                    try:
-                        entries = self._scan_fd(dfd, os.fsencode(dpath) or b".")
-                    except BaseException:
-                        os.close(dfd)
-                        raise
-                    dirs = [e for e in entries if e.kind == "dir"]
-                    frames.append([dfd, dpath, dirs, 0])
-                    yield dpath, dirs, [e for e in entries if e.kind != "dir"]
-                if not frames:
-                    return
-                frame = frames[-1]
-                dfd, dpath, dirs, i = frame
-                if i >= len(dirs):  # the caller may have pruned the list meanwhile
-                    frames.pop()
-                    os.close(dfd)
-                    continue
-                frame[3] = i + 1
-                name = dirs[i].name
-                try:
-                    cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                        continue  # swapped or removed meanwhile: never followed
-                    raise
-                if i + 1 >= len(dirs):  # its last subdirectory: the parent's fd is no longer needed
-                    frames.pop()
-                    os.close(dfd)
-                cur = (cfd, f"{dpath}/{name}" if dpath else name)
-        finally:
-            if cur is not None:
-                os.close(cur[0])
-            for frame in frames:
-                os.close(frame[0])
+        """Internal: :func:`sandbox_fs._root_walk.walk_dirs` of this root (kept for callers not yet moved to it)."""
+        return walk_dirs(self, path)
 
     # --------------------------------------------------------------- sub-roots
 
@@ -2541,7 +2492,7 @@ def _place_output(pfd: int, tmp: bytes, leaf: bytes, shown: str) -> bool:
         try:
             _refuse_output_target(os.stat(leaf, dir_fd=pfd, follow_symlinks=False), shown)
         except FileNotFoundError:
-            ret = _native.lib.sfs_renameat2(pfd, tmp, pfd, leaf, _native.RENAME_NOREPLACE)
+            ret = _native.renameat2_raw(pfd, tmp, pfd, leaf, _native.RENAME_NOREPLACE)
             if ret == 0:
                 return True
             if ret == -errno.EEXIST:
@@ -2551,7 +2502,7 @@ def _place_output(pfd: int, tmp: bytes, leaf: bytes, shown: str) -> bool:
             break  # no renameat2 flags on this filesystem
         # A regular file is there: exchange, then check what was exchanged out
         # (another party may have put something else at the name meanwhile).
-        ret = _native.lib.sfs_renameat2(pfd, tmp, pfd, leaf, _native.lib.RENAME_EXCHANGE)
+        ret = _native.renameat2_raw(pfd, tmp, pfd, leaf, _native.RENAME_EXCHANGE)
         if ret == -errno.ENOENT:
             continue  # the name went away meanwhile
         if ret == -errno.EINVAL:
@@ -2559,7 +2510,7 @@ def _place_output(pfd: int, tmp: bytes, leaf: bytes, shown: str) -> bool:
         _native.check(ret, "write_host_file", shown)
         old = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)  # what was at the name
         if not _stat.S_ISREG(old.st_mode):
-            _native.renameat2(pfd, tmp, pfd, leaf, _native.lib.RENAME_EXCHANGE, "write_host_file", shown)
+            _native.renameat2(pfd, tmp, pfd, leaf, _native.RENAME_EXCHANGE, "write_host_file", shown)
             _refuse_output_target(old, shown)
         os.unlink(tmp, dir_fd=pfd)  # the previous regular file, now under our temporary name
         return True
