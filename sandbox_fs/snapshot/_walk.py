@@ -100,17 +100,17 @@ from typing import IO, Any, Callable, Iterable, Iterator, Literal, NamedTuple, P
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import _native
-from .errors import InvalidPathError, SandboxError
-from .paths import normalize
-from .archive import ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError
-from .archive._extract import _extract as _archive_extract
-from .archive._names import normalize_member, symlink_walk
-from .archive._tar import _EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
-from .archive._writer import STAGED_PATH_MAX
-from .archive._writer import dir_mode as _x_dir_mode
-from .archive._writer import file_mode as _x_file_mode
-from .root import MAX_PATH_BYTES, Root, Subtree, kind_of, open_root
+from .. import _native
+from ..errors import InvalidPathError, SandboxError
+from ..paths import normalize
+from ..archive import ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError
+from ..archive._extract import _extract as _archive_extract
+from ..archive._names import normalize_member, symlink_walk
+from ..archive._tar import _EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
+from ..archive._writer import STAGED_PATH_MAX
+from ..archive._writer import dir_mode as _x_dir_mode
+from ..archive._writer import file_mode as _x_file_mode
+from ..root import MAX_PATH_BYTES, Root, Subtree, kind_of, open_root
 
 __all__ = [
     "SnapshotError",
