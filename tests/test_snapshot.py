@@ -47,14 +47,14 @@ def _race_after_listing(monkeypatch, change) -> None:
     """Call ``change(names)`` right after each directory's listing (every entry lstat-ed), before any open."""
     import sandbox_fs.snapshot as snap
 
-    real = snap._list_dir
+    real = snap._walk._list_dir
 
     def racing(dfd):
         out = real(dfd)
         change([name for name, _st in out])
         return out
 
-    monkeypatch.setattr(snap, "_list_dir", racing)
+    monkeypatch.setattr(snap._walk, "_list_dir", racing)
 
 
 def _fill(ws: Path) -> None:
@@ -287,13 +287,13 @@ def test_corruption_caught_by_the_concurrent_crc_leaves_workspace_unchanged(layo
     _previous_workspace(dst)
     before = _live(dst)
     extracted = []
-    real = snap._archive_extract
+    real = snap._hydrate._archive_extract
 
     def recording(*a, **kw):
         extracted.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(snap, "_archive_extract", recording)
+    monkeypatch.setattr(snap._hydrate, "_archive_extract", recording)
     with open_root(dst) as d:
         fds = _open_fds()
         with pytest.raises(SnapshotCorruptError) as ei:
@@ -598,7 +598,7 @@ def test_names_and_links_the_extractor_refuses_are_refused_at_persist(layout, st
 def test_named_partial_fallback_commits_and_aborts_cleanly(layout, store, monkeypatch, tmp_path):
     import sandbox_fs.snapshot as snapmod
 
-    monkeypatch.setattr(snapmod, "_proc_fd_available", lambda: False)
+    monkeypatch.setattr(snapmod._store, "_proc_fd_available", lambda: False)
     (layout.ws / "f").write_text("v1")
     with open_root(layout.ws) as ws:
         info = persist(ws, store, "s").info
@@ -629,7 +629,7 @@ def test_writer_thread_write_error_commits_nothing_and_previous_snapshot_still_h
         first = persist(ws, store, "s").info
     for i in range(5):  # several 1 MiB buffers, so the error can come from a later one
         (layout.ws / f"big{i}").write_bytes(os.urandom(1 << 20))
-    real_write = snap._HashingSink.write
+    real_write = snap._store._HashingSink.write
     calls = []
 
     def failing_write(self, b):
@@ -638,7 +638,7 @@ def test_writer_thread_write_error_commits_nothing_and_previous_snapshot_still_h
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(self, b)
 
-    monkeypatch.setattr(snap._HashingSink, "write", failing_write)
+    monkeypatch.setattr(snap._store._HashingSink, "write", failing_write)
     with open_root(layout.ws) as ws:
         fds = _open_fds()
         with pytest.raises(OSError) as ei:
@@ -648,7 +648,7 @@ def test_writer_thread_write_error_commits_nothing_and_previous_snapshot_still_h
     assert set(calls) == {"sfs-persist-writer"} and len(calls) == fail_at  # nothing written after the error
     assert store.info("s") == first
     assert sorted(os.listdir(tmp_path / "store")) == sorted(["s.json", "s.lock", first.archive])
-    monkeypatch.setattr(snap._HashingSink, "write", real_write)
+    monkeypatch.setattr(snap._store._HashingSink, "write", real_write)
     dst = tmp_path / "dst"
     dst.mkdir()
     with open_root(dst) as d:
@@ -660,7 +660,7 @@ def test_tiny_writer_buffers_round_trip_headers_longer_than_a_buffer(layout, sto
     """With 1 KiB buffers, PAX headers longer than a buffer and many buffer swaps still round-trip exactly."""
     import sandbox_fs.snapshot as snap
 
-    monkeypatch.setattr(snap, "_WRITE_BUF_BYTES", 1024)
+    monkeypatch.setattr(snap._tar, "_WRITE_BUF_BYTES", 1024)
     long_dir = layout.ws / ("d" * 200) / ("e" * 200) / ("f" * 200)
     long_dir.mkdir(parents=True)
     (long_dir / ("g" * 250)).write_bytes(os.urandom(5000))
@@ -694,7 +694,7 @@ def test_interrupt_mid_persist_joins_the_writer_and_commits_nothing(layout, stor
         first = persist(ws, store, "s").info
     for i in range(40):
         (layout.ws / f"f{i:02d}").write_bytes(os.urandom(256 << 10))
-    real = snap._member_stat
+    real = snap._entries._member_stat
     seen = []
 
     def interrupted(fd, item):
@@ -703,7 +703,7 @@ def test_interrupt_mid_persist_joins_the_writer_and_commits_nothing(layout, stor
             raise KeyboardInterrupt
         return real(fd, item)
 
-    monkeypatch.setattr(snap, "_member_stat", interrupted)
+    monkeypatch.setattr(snap._entries, "_member_stat", interrupted)
     with open_root(layout.ws) as ws:
         fds = _open_fds()
         with pytest.raises(KeyboardInterrupt):
@@ -733,14 +733,14 @@ def test_walk_holds_fds_by_depth_not_by_width(layout, store, monkeypatch):
 
     for i in range(300):
         (layout.ws / "wide" / f"d{i:03d}").mkdir(parents=True)
-    real = snap._list_dir
+    real = snap._walk._list_dir
     peak = []
 
     def counting(dfd):
         peak.append(_open_fds())
         return real(dfd)
 
-    monkeypatch.setattr(snap, "_list_dir", counting)
+    monkeypatch.setattr(snap._walk, "_list_dir", counting)
     with open_root(layout.ws) as ws:
         fds = _open_fds()
         persist(ws, store, "s")
@@ -782,7 +782,7 @@ def test_file_that_changes_size_while_persisted_is_refused_not_truncated(layout,
     with open_root(layout.ws) as ws:
         first = persist(ws, store, "s").info
     (layout.ws / "victim").write_bytes(b"v" * size)
-    real = snap._member_stat
+    real = snap._entries._member_stat
 
     def racing_stat(fd, item):
         st = real(fd, item)
@@ -794,14 +794,14 @@ def test_file_that_changes_size_while_persisted_is_refused_not_truncated(layout,
                     fh.write(b"more")
         return st
 
-    monkeypatch.setattr(snap, "_member_stat", racing_stat)
+    monkeypatch.setattr(snap._entries, "_member_stat", racing_stat)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
     assert ei.value.retryable and ei.value.sandbox_path == "victim"
     assert ("shrank" if change == "shrink" else "grew") in str(ei.value)
     assert store.info("s") == first  # the previous snapshot stays current
-    monkeypatch.setattr(snap, "_member_stat", real)
+    monkeypatch.setattr(snap._entries, "_member_stat", real)
     with open_root(layout.ws) as ws:  # a retry succeeds and stores the file as it is now
         info = persist(ws, store, "s").info
     with tarfile.open(layout.base / "store" / info.archive) as tar:
@@ -849,7 +849,7 @@ def test_symlink_swapped_in_after_listing_is_never_read_even_for_large_files(lay
        raw=st.binary(min_size=1, max_size=8))
 def test_header_fast_path_is_byte_identical_to_tarfile_pax(name, link, kind, size, mtime, raw):
     """persist's headers are exactly tarfile's PAX headers (the library owns the format)."""
-    from sandbox_fs.snapshot import _header, _tarinfo
+    from sandbox_fs.snapshot._tar import _header, _tarinfo
 
     for nm in (name, name + os.fsdecode(b"\xff" + raw)):  # also undecodable bytes (surrogateescape)
         ti = _tarinfo(nm, kind, 0o644, mtime)
@@ -916,12 +916,12 @@ def test_failed_restore_leaves_previous_workspace_intact(layout, store, tmp_path
         if failure == "limit_mid_restore":
             limits = SnapshotLimits(max_entries=10)
         elif failure == "interrupt":
-            real = snap._archive_extract
+            real = snap._hydrate._archive_extract
 
             def cancelled(*a, **kw):
                 real(*a, **kw)
                 raise KeyboardInterrupt  # a cancel/interrupt once everything was staged
-            monkeypatch.setattr(snap, "_archive_extract", cancelled)
+            monkeypatch.setattr(snap._hydrate, "_archive_extract", cancelled)
         else:
             def failing(*a, **kw):
                 raise OSError(28, "No space left on device")
@@ -1190,18 +1190,18 @@ def test_property_interrupt_anywhere_in_restore_keeps_previous_workspace(cut, tm
     (src / "d" / "e" / "link").symlink_to("../f1")
     _previous_workspace(ws)
     before = _live(ws)
-    real = snap._archive_extract
+    real = snap._hydrate._archive_extract
     s = LocalSnapshotStore(base / "store")
     with s, open_root(src) as r, open_root(ws) as w:
         persist(r, s, "s")
-        snap._archive_extract = lambda root, dest, f, *a: real(root, dest, _InterruptAfter(f, cut), *a)
+        snap._hydrate._archive_extract = lambda root, dest, f, *a: real(root, dest, _InterruptAfter(f, cut), *a)
         try:
             hydrate(w, s, "s")
             interrupted = False
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            snap._archive_extract = real
+            snap._hydrate._archive_extract = real
     assert _staging_dirs(ws) == []
     if interrupted:
         assert _live(ws) == before
@@ -1250,7 +1250,7 @@ def test_directory_moved_out_while_the_walk_holds_it_contributes_nothing(layout,
     with open_root(layout.ws) as ws:
         first = persist(ws, store, "s").info
     d_id = (os.stat(layout.ws / "d").st_dev, os.stat(layout.ws / "d").st_ino)
-    real = snap._list_dir
+    real = snap._walk._list_dir
     moved = []
 
     def racing(dfd):
@@ -1265,7 +1265,7 @@ def test_directory_moved_out_while_the_walk_holds_it_contributes_nothing(layout,
             moved.append(1)
         return out
 
-    monkeypatch.setattr(snap, "_list_dir", racing)
+    monkeypatch.setattr(snap._walk, "_list_dir", racing)
     with open_root(layout.ws) as ws:
         fds = _open_fds()
         with pytest.raises(SnapshotSourceChangedError) as ei:
@@ -1289,7 +1289,7 @@ def test_subdirectory_and_symlink_of_a_moved_directory_are_never_entered_or_read
     (layout.ws / "d" / "sub" / "f").write_text("mine")
     (layout.ws / "d" / "lnk").symlink_to("sub/f")
     d_ino = os.stat(layout.ws / "d").st_ino
-    real = snap._list_dir
+    real = snap._walk._list_dir
 
     def racing(dfd):
         out = real(dfd)
@@ -1300,7 +1300,7 @@ def test_subdirectory_and_symlink_of_a_moved_directory_are_never_entered_or_read
             os.symlink(layout.secret, layout.outside / "d" / "lnk")  # a target text is content too
         return out
 
-    monkeypatch.setattr(snap, "_list_dir", racing)
+    monkeypatch.setattr(snap._walk, "_list_dir", racing)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError):
             persist(ws, store, "s", on_unrestorable="skip")
@@ -1339,7 +1339,7 @@ def test_property_a_directory_moved_out_at_any_point_of_the_walk_leaks_nothing(d
         (ws_p / d / f"f{i}").write_text(f"ws file {i}\n")
     listings = 1 + sum(1 for p in ws_p.rglob("*") if p.is_dir())
     at %= listings  # the walk lists every directory once: the move lands at one of them
-    real, real_add = snap._list_dir, snap._Digest.add
+    real, real_add = snap._walk._list_dir, snap._entries._Digest.add
     calls = []
     records = []
 
@@ -1358,7 +1358,7 @@ def test_property_a_directory_moved_out_at_any_point_of_the_walk_leaks_nothing(d
         return real_add(self, path, kind, size, mode, content)
 
     s = LocalSnapshotStore(base / "store")
-    snap._list_dir, snap._Digest.add = racing, recording
+    snap._walk._list_dir, snap._entries._Digest.add = racing, recording
     try:
         with s, open_root(ws_p) as ws:
             try:
@@ -1371,7 +1371,7 @@ def test_property_a_directory_moved_out_at_any_point_of_the_walk_leaks_nothing(d
             except SnapshotSourceChangedError as exc:
                 assert exc.retryable
     finally:
-        snap._list_dir, snap._Digest.add = real, real_add
+        snap._walk._list_dir, snap._entries._Digest.add = real, real_add
     assert len(calls) > at  # the move did happen
     outside = {hashlib.sha256(secret.encode()).hexdigest(), "zzz-SECRET"}
     assert not [r for r in records if "SECRET" in r[0] or r[1] in outside]
@@ -1399,14 +1399,14 @@ def _grown_archive_reads(monkeypatch) -> list[int]:
     import sandbox_fs.snapshot as snap
 
     totals: list[int] = []
-    real = snap._archive_crc
+    real = snap._store._archive_crc
 
     def recording(fd, limit, stop=None):
         res = real(fd, limit, stop)
         totals.append(res[0])
         return res
 
-    monkeypatch.setattr(snap, "_archive_crc", recording)
+    monkeypatch.setattr(snap._store, "_archive_crc", recording)
     return totals
 
 
@@ -1427,12 +1427,12 @@ def test_archive_grown_after_the_size_check_fails_fast_and_leaves_the_workspace(
     arch = tmp_path / "store" / info.archive
     totals = _grown_archive_reads(monkeypatch)
 
-    class GrowingCheck(snap._CrcCheck):
+    class GrowingCheck(snap._hydrate._CrcCheck):
         def __init__(self, fd, limit):
             os.truncate(arch, info.archive_bytes + grow_bytes)  # the racing writer, after the size check
             super().__init__(fd, limit)
 
-    monkeypatch.setattr(snap, "_CrcCheck", GrowingCheck)
+    monkeypatch.setattr(snap._hydrate, "_CrcCheck", GrowingCheck)
     dst = tmp_path / "dst"
     dst.mkdir()
     _previous_workspace(dst)

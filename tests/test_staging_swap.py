@@ -223,13 +223,13 @@ def test_hydrate_staging_swapped_is_refused_workspace_unchanged(layout, store, m
     if which == "extract_staging":
         _swap_at_member(monkeypatch, swapper, 10)
     else:
-        real = snap._extract_with_archive
+        real = snap._hydrate._extract_with_archive
 
         def extract_then_swap(*a, **kw):
             real(*a, **kw)
             swapper.swap()  # after the extractor renamed its tree to .sfs-hydrate-*
 
-        monkeypatch.setattr(snap, "_extract_with_archive", extract_then_swap)
+        monkeypatch.setattr(snap._hydrate, "_extract_with_archive", extract_then_swap)
     with open_root(layout.ws) as ws, pytest.raises((SandboxError, FileNotFoundError)) as ei:
         hydrate(ws, store, "s")
     if which == "extract_staging":  # the next member's parent left with the moved directory
@@ -494,14 +494,14 @@ def test_hydrate_never_changes_what_another_process_put_at_its_staging_name(layo
     live = _saved(layout, store)
     target = layout.outside / "sentinel.txt"
     before = layout.snapshot()
-    real = snap._extract_with_archive
+    real = snap._hydrate._extract_with_archive
 
     def extract_then_swap(ws, dest, *a, **kw):
         real(ws, dest, *a, **kw)
         os.rename(layout.ws / dest, tmp_path / "ours-moved")
         os.link(target, layout.ws / dest)
 
-    monkeypatch.setattr(snap, "_extract_with_archive", extract_then_swap)
+    monkeypatch.setattr(snap._hydrate, "_extract_with_archive", extract_then_swap)
     with open_root(layout.ws) as ws, pytest.raises((DirectoryReplacedError, NotADirectoryError)):
         hydrate(ws, store, "s")
     after = layout.snapshot()

@@ -1,4 +1,69 @@
-"""Streaming snapshots of a workspace (being split into modules)."""
+"""Streaming snapshots of a workspace: persist (tar), hydrate, stores, fingerprint.
 
-from ._walk import *  # noqa: F401,F403
-from ._walk import __all__  # noqa: F401
+:func:`persist` walks a workspace through its :class:`~sandbox_fs.root.Root`
+(fd-based, never following a symlink) and streams a PAX tar into a
+:class:`SnapshotStore`; :func:`hydrate` restores one, staged and verified
+before it replaces anything; :func:`tree_digest` and :func:`fingerprint`
+tell whether a live workspace still matches a snapshot.  Persist applies
+hydrate's own rules (:class:`SnapshotPolicy`), so whatever it commits,
+hydrate restores.
+
+Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
+reports), ``_store`` (stores), ``_walk`` (the fd walk), ``_entries`` (what
+the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
+``_persist``, ``_hydrate``.
+"""
+
+from __future__ import annotations
+
+# Public names outside ``__all__`` (as before the package split) are re-exported with ``as``:
+# SNAPSHOT_FORMAT, SNAPSHOT_VERSION, WORKSPACE_ID_NAME, PendingArchive, is_mount_point_of.
+from ._entries import fingerprint, tree_digest
+from ._errors import (
+    SnapshotCorruptError,
+    SnapshotError,
+    SnapshotLimitError,
+    SnapshotNotFoundError,
+    SnapshotSourceChangedError,
+    SnapshotVerifyError,
+    UnrestorableEntryError,
+)
+from ._hydrate import hydrate
+from ._hydrate import is_mount_point_of as is_mount_point_of
+from ._models import (
+    SNAPSHOT_FORMAT as SNAPSHOT_FORMAT,
+    SNAPSHOT_VERSION as SNAPSHOT_VERSION,
+    HydrateReport,
+    PersistReport,
+    SnapshotInfo,
+    SnapshotLimits,
+    SnapshotPolicy,
+    validate_name,
+)
+from ._persist import persist
+from ._store import LocalSnapshotStore, NoSnapshot, SnapshotStore
+from ._store import PendingArchive as PendingArchive
+from ._walk import WORKSPACE_ID_NAME as WORKSPACE_ID_NAME
+
+__all__ = [
+    "SnapshotError",
+    "SnapshotNotFoundError",
+    "SnapshotCorruptError",
+    "SnapshotLimitError",
+    "SnapshotSourceChangedError",
+    "UnrestorableEntryError",
+    "SnapshotVerifyError",
+    "SnapshotLimits",
+    "SnapshotPolicy",
+    "SnapshotInfo",
+    "PersistReport",
+    "HydrateReport",
+    "SnapshotStore",
+    "LocalSnapshotStore",
+    "NoSnapshot",
+    "persist",
+    "hydrate",
+    "tree_digest",
+    "fingerprint",
+    "validate_name",
+]

@@ -1,0 +1,494 @@
+"""What the walk keeps of each entry: the restore policy applied per entry, hard links, the tree digest.
+
+*Hard links*: ordinary files stream as they are listed (O(1) memory); a
+regular file with ``st_nlink > 1`` is deferred until the walk has counted
+its names (only multi-linked inodes are remembered) and archived only when
+every one of its links is inside the walk (the first name as a file, the
+others as hard-link members).  A file also linked from outside the
+workspace (or from an excluded path) is never read: refused, or skipped
+and reported, so outside content cannot reach a snapshot.
+
+The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
+where the tree digest covers, in walk order, every kept entry's path, type,
+size, permission bits and content SHA-256 (symlink: its target text).  It is
+computed in Python over the fd walk, never by running a command in the
+workspace, and lets a resumed session skip a restore when the live
+workspace provably matches the snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat as _stat
+import tarfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal
+
+from ..archive import ArchiveLimitError, UnsafeArchiveMemberError
+from ..archive._names import normalize_member, symlink_walk
+from ..archive._writer import dir_mode as _x_dir_mode
+from ..archive._writer import file_mode as _x_file_mode
+from ..errors import InvalidPathError, SandboxError
+from ..root import Root
+from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
+from ._models import SnapshotLimits, SnapshotPolicy
+from ._tar import _header, _tarinfo, _TarWriter, _ustar_fits
+from ._walk import (
+    _Item,
+    _lstat_listed,
+    _norm_set,
+    _open_member,
+    _readlink_listed,
+    _source_changed,
+    _source_view,
+    _walk,
+)
+
+__all__ = ["tree_digest", "fingerprint"]
+
+
+class _Digest:
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+
+    def add(self, path: str, kind: str, size: int, mode: int, content: str) -> None:
+        rec = f"{path}\0{kind}\0{size}\0{mode:o}\0{content}\n"
+        self.sha.update(rec.encode("utf-8", "surrogateescape"))
+
+    def hexdigest(self) -> str:
+        return self.sha.hexdigest()
+
+
+def fingerprint(manifest_digest: str, tree_digest_hex: str) -> str:
+    """The snapshot fingerprint: SHA-256 over a version tag, the manifest digest and the tree digest."""
+    return hashlib.sha256(f"sfs-fp-v1\0{manifest_digest}\0{tree_digest_hex}".encode()).hexdigest()
+
+
+def _walk_target(link: bytes, target: str | bytes, alimits: Any) -> tuple[list[bytes], bytes]:
+    """The extractor's lexical target walk: ``(paths passed through, final path)``."""
+    res = symlink_walk(link, target, alimits, link)
+    if isinstance(res, tuple):
+        return res
+    # older form: only the through-list; compute the final path the same way
+    stack = link.split(b"/")[:-1]
+    for comp in (c for c in os.fsencode(target).split(b"/") if c and c != b"."):
+        if comp == b"..":
+            stack.pop()
+        else:
+            stack.append(comp)
+    return res, b"/".join(stack)
+
+
+def _is_link(ws: Root, path: bytes) -> bool | None:
+    """True/False for a symlink / something else at ``path``; None when missing or unreachable."""
+    try:
+        return _stat.S_ISLNK(ws.lstat(path or b".").st_mode)
+    except (FileNotFoundError, NotADirectoryError, InvalidPathError):
+        return None  # (InvalidPathError: a name no file can have, such as a component over 255 bytes)
+    except SandboxError:
+        return True  # reaching it needs a symlink the kernel refused: treat as a link
+
+
+def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | None:
+    """Why hydrate would refuse this symlink (None: it restores), by the extractor's rules.
+
+    Absolute or escaping targets raise from :func:`symlink_walk`; a target
+    passing *through* another symlink is refused (CVE-2025-4517 chains);
+    a chain of links that comes back on itself is a cycle, also refused.
+    Up to 40 links are followed (the kernel's own bound, ELOOP).
+    """
+    through, final = _walk_target(link, target, alimits)
+    for p in through:
+        is_link = _is_link(ws, p)
+        if is_link:
+            return "symlink target passes through another symlink"
+        if is_link is None:
+            break
+    seen = {link}
+    cur = final
+    for _ in range(40):
+        if cur in seen:
+            return "symlinks form a cycle"
+        seen.add(cur)
+        if not _is_link(ws, cur):
+            return None
+        try:
+            nxt = ws.readlink(cur)
+            _t, cur = _walk_target(cur, nxt, alimits)
+        except FileNotFoundError:
+            return None
+        except (UnsafeArchiveMemberError, ArchiveLimitError):
+            return None  # that link is refused on its own when the walk reaches it
+    return "symlink chain is longer than 40 links"
+
+
+def _policy_check(ws: Root, src: Root, item: _Item, on_unrestorable: str, skipped: list[tuple[str, str]],
+                  alimits: Any, dfd: int | None = None) -> tuple[bool, str | None, os.stat_result | None]:
+    """``(True, symlink target or None, lstat)`` when the item may be persisted; refuses or records it otherwise.
+
+    The rules are the archive extractor's own (:func:`sandbox_fs.archive._names.normalize_member`
+    and ``symlink_walk``), applied here so a saved snapshot always hydrates:
+    names (zip slip, CVE-2007-4559; backslash ``..``, CVE-2021-37713; drive
+    letters; over PATH_MAX), symlink targets (absolute, escaping, or passing
+    through another symlink: CVE-2025-4517), and special files.  The name is
+    checked first, so a path the Root could not even address is refused or
+    skipped like any other unrestorable entry.
+
+    What the snapshot records of a symlink (its target, its mtime) or a
+    directory (mode, mtime), and what a refusal of a special file names,
+    comes from the entry opened by its path beneath the workspace Root now
+    (``src``, :func:`_readlink_listed`, :func:`_lstat_listed`) and checked to
+    be the listed inode, never from the held listing directory ``dfd``
+    alone (used only to tell a vanished entry from a moved one).  The
+    returned ``lstat`` is that checked one (for a regular file, the
+    listing's: the file is checked when it is opened).  An entry that
+    vanished is ``(False, None, None)``, like a deleted file.
+
+    Raises:
+        UnrestorableEntryError: with ``on_unrestorable="refuse"``.
+        SnapshotSourceChangedError: the entry changed type, or moved or
+            vanished from under a parent while it was examined (retryable).
+    """
+    reason = None
+    target = None
+    st: os.stat_result | None = item.st
+    raw = item.path.encode("utf-8", "surrogateescape")
+    try:
+        normalize_member(raw, alimits)
+        if item.kind == "symlink":
+            with _source_changed(item.path):
+                got = _readlink_listed(src, item, dfd)
+                if got is None:
+                    return False, None, None  # removed since the listing, like a vanished file
+                target, st = got
+                reason = _symlink_reason(ws, raw, target, alimits)
+        elif item.kind != "file":
+            st = _lstat_listed(src, item, dfd)
+            if st is None:
+                return False, None, None
+            if item.kind != "dir":
+                reason = f"{item.kind} entries are not restorable"
+    except UnsafeArchiveMemberError as exc:
+        reason = {"symlink_target": "symlink is absolute or resolves outside the workspace"}.get(
+            exc.rule, f"name is refused by hydrate ({exc.rule})")
+    except ArchiveLimitError as exc:
+        reason = f"path exceeds {exc.limit}"
+    if reason is None:
+        return True, target, st
+    if on_unrestorable == "skip":
+        skipped.append((item.path, reason))
+        return False, None, None
+    raise UnrestorableEntryError(f"{reason}; hydrate would refuse it, so persist refuses it too",
+                                 sandbox_path=item.path, context={"kind": item.kind})
+
+
+def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
+                skip_identities: Iterable[tuple[int, int]] = (),
+                on_unrestorable: Literal["refuse", "skip"] = "skip",
+                limits: SnapshotLimits | None = None) -> str:
+    """SHA-256 tree digest of the workspace, exactly as :func:`persist` would compute it.
+
+    Blocking: call from a worker thread.
+
+    Args:
+        ws: the workspace Root.
+        excluded: sandbox paths (relative) left out, with everything under them.
+        mount_points: sandbox paths of mount points (also detected by ``st_dev``).
+        skip_identities: ``(st_dev, st_ino)`` of directories never entered
+            (extra path grants nested in the workspace).
+        on_unrestorable: ``"skip"`` leaves unrestorable entries out of the
+            digest (the default here: a digest is a comparison, not a save).
+        limits: bound on entries and bytes hashed.
+
+    Raises:
+        UnrestorableEntryError: ``on_unrestorable="refuse"`` and such an entry exists.
+        SnapshotLimitError: the tree exceeds ``limits``.
+        SnapshotSourceChangedError: the tree changed under the walk (an
+            entry replaced, a directory moved out while held; retryable).
+    """
+    digest = _Digest()
+    _walk_into(ws, _norm_set(excluded), _norm_set(mount_points), on_unrestorable,
+               limits or SnapshotLimits(), [], digest, None, None, frozenset(skip_identities))
+    return digest.hexdigest()
+
+
+def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_unrestorable: str,
+               limits: SnapshotLimits, skipped: list[tuple[str, str]], digest: _Digest,
+               tar: _TarWriter | None, progress: Callable[[int, int], None] | None,
+               skip_ids: frozenset[tuple[int, int]] = frozenset(),
+               fixups: list[tuple[str, int]] | None = None) -> tuple[int, int]:
+    """Walk the workspace once and stream every kept entry into ``digest`` (and ``tar``).
+
+    Ordinary entries stream as they are listed (O(1) memory).  Listings
+    come from directory fds the walk holds (see :func:`_walk`), but every
+    entry that is read (a file's content, a symlink's target, a
+    subdirectory to list) and everything recorded of it is taken from the
+    entry opened by its path beneath the workspace Root's own fd at that
+    moment (:func:`_source_view`, ``RESOLVE_NO_SYMLINKS``) and ``fstat``-checked
+    to be the listed inode, so a directory moved out of the workspace while
+    the walk holds it contributes nothing (retryable
+    :class:`SnapshotSourceChangedError`).  A regular file with more than one link is
+    deferred until the walk has counted its names (only multi-linked
+    inodes are remembered): it is archived only when every one of its
+    links was seen inside the workspace walk (the first name as a file,
+    the others as hard-link members); otherwise it is linked to a file
+    outside the workspace (or to an excluded path) and its content is
+    never read: refused, or skipped and reported.
+    """
+    policy = SnapshotPolicy(limits)
+    writes = tar is not None
+    files = tar if tar is not None else _TarWriter(None)
+    with _source_view(ws) as src:
+        state = _WalkState(src, policy, digest, files, writes, fixups, on_unrestorable, skipped)
+        return _walk_entries(ws, src, state, excluded, mounts, on_unrestorable, skipped, policy.archive,
+                             progress, skip_ids)
+
+
+def _walk_entries(ws: Root, src: Root, state: "_WalkState", excluded: frozenset[str], mounts: frozenset[str],
+                  on_unrestorable: str, skipped: list[tuple[str, str]], alimits: Any,
+                  progress: Callable[[int, int], None] | None,
+                  skip_ids: frozenset[tuple[int, int]]) -> tuple[int, int]:
+    """The body of :func:`_walk_into`, with the source view ``src`` open."""
+    digest, files, writes, fixups = state.digest, state.files, state.write, state.fixups
+    multi: dict[tuple[int, int], _Linked] = {}  # (dev, ino) -> names seen, for st_nlink > 1 only
+    last_report = time.monotonic()
+
+    def admit_dir(item: _Item, dfd: int) -> bool:
+        ok, _target, st = _policy_check(ws, src, item, on_unrestorable, skipped, alimits, dfd)
+        if ok:
+            assert st is not None  # checked by its path beneath the Root: mode and mtime are the workspace's
+            mode = SnapshotPolicy.mode(st.st_mode)
+            admitted, ti, hdr = state.header(item.path, tarfile.DIRTYPE, mode, st.st_mtime)
+            if not admitted:
+                return False
+            state.count(item)
+            digest.add(item.path, "dir", 0, mode, "")
+            if fixups is not None and mode != _x_dir_mode(mode):
+                fixups.append((item.path, mode))
+            if writes:
+                files.add(ti, hdr)
+            return True
+        return False
+
+    with contextlib.closing(_walk(ws, src, excluded, skipped, mounts, skip_ids, admit_dir)) as walk:
+        for dfd, nondirs in walk:
+            for item in nondirs:
+                ok, target, checked = _policy_check(ws, src, item, on_unrestorable, skipped, alimits, dfd)
+                if not ok:
+                    continue
+                st = item.st
+                if item.kind == "symlink":
+                    assert target is not None and checked is not None
+                    st = checked  # the symlink opened by its path and identity-checked
+                    admitted, ti, hdr = state.header(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime, link=target)
+                    if not admitted:
+                        continue
+                    state.count(item)
+                    digest.add(item.path, "symlink", 0, 0o777, target)
+                    if writes:
+                        files.add(ti, hdr)
+                elif st.st_nlink > 1:
+                    state.count(item)
+                    key = (st.st_dev, st.st_ino)
+                    linked = multi.get(key)
+                    if linked is None:
+                        multi[key] = _Linked(st.st_nlink, [item])
+                    else:
+                        linked.items.append(item)
+                        if st.st_nlink != linked.nlink:
+                            linked.changed = True
+                else:
+                    state.count(item)
+                    fd = _open_member(src, item, dfd)
+                    if fd is None:
+                        state.entries -= 1
+                        continue
+                    try:
+                        if state.add_file(item, fd, []) is None:
+                            state.entries -= 1  # its header is refused by the policy and skipped
+                    finally:
+                        os.close(fd)
+                if progress is not None:
+                    now = time.monotonic()
+                    if now - last_report >= 0.2:
+                        last_report = now
+                        progress(state.entries, state.content)
+    for linked in multi.values():
+        _add_linked(src, state, linked, on_unrestorable, skipped)
+    if progress is not None:
+        progress(state.entries, state.content)
+    return state.entries, state.content
+
+
+@dataclass
+class _Linked:
+    """The names of one multi-linked inode seen by the walk, with its link count at listing time."""
+
+    nlink: int
+    items: list[_Item]
+    changed: bool = False
+
+
+class _WalkState:
+    """Counters and sinks shared by the streaming walk and the deferred hard-linked files."""
+
+    def __init__(self, src: Root, policy: SnapshotPolicy, digest: _Digest, files: _TarWriter, write: bool,
+                 fixups: list[tuple[str, int]] | None, on_unrestorable: str = "refuse",
+                 skipped: list[tuple[str, str]] | None = None) -> None:
+        self.src = src  # the source view: every entry is opened by its path beneath the workspace Root
+        self.policy = policy
+        self.limits = policy.limits
+        self.headers = policy.header_check()
+        self.on_unrestorable = on_unrestorable
+        self.skipped = skipped if skipped is not None else []
+        self.digest = digest
+        self.files = files
+        self.write = write
+        self.fixups = fixups
+        self.entries = 0
+        self.content = 0
+
+    def header(self, path: str, kind: bytes, mode: int, mtime: float, size: int = 0,
+               link: str = "") -> tuple[bool, tarfile.TarInfo | None, bytes | None]:
+        """``(admitted, TarInfo, header bytes)`` of one member, its header chain checked by the policy.
+
+        The policy's :meth:`SnapshotPolicy.header_check` judges the exact
+        bytes that will be written (and, for :func:`tree_digest`, the bytes
+        persist would write, so both make the same decisions).  A member
+        whose header fits ustar has no extension header and nothing to check;
+        without a sink it is not even built (``(True, None, None)``).  A
+        refused one is skipped and reported (``(False, None, None)``) with
+        ``on_unrestorable="skip"``.
+
+        Raises:
+            UnrestorableEntryError: the header is refused and ``on_unrestorable="refuse"``.
+        """
+        name = path + "/" if kind == tarfile.DIRTYPE else path
+        fits = _ustar_fits(name, link, size, int(mtime))
+        if fits and not self.write:
+            return True, None, None
+        ti = _tarinfo(path, kind, mode, mtime)
+        ti.size = size
+        ti.linkname = link
+        hdr = _header(ti)
+        if not fits:
+            why, cost = self.headers.check(hdr, path)
+            if why is not None:
+                if self.on_unrestorable == "skip":
+                    self.skipped.append((path, why))
+                    return False, None, None
+                raise UnrestorableEntryError(f"{why}; hydrate would refuse it, so persist refuses it too",
+                                             sandbox_path=path, context={"kind": _KIND_NAMES.get(kind, "file")})
+            self.headers.admit(cost)
+        return True, ti, hdr
+
+    def count(self, item: _Item) -> None:
+        self.entries += 1
+        if self.entries > self.limits.max_entries:
+            raise SnapshotLimitError("workspace has more entries than max_entries", sandbox_path=item.path,
+                                     context={"max_entries": self.limits.max_entries})
+
+    def add_file(self, item: _Item, fd: int, links: list[_Item]) -> os.stat_result | None:
+        """Archive the file open on ``fd`` as ``item``, then ``links`` as hard links to it.
+
+        Each name in ``links`` is looked up by its path beneath the workspace
+        Root and checked to be this very inode before it is recorded.
+
+        Returns:
+            Its ``fstat``, or None when the policy refused its header and it
+            was skipped (``links`` then too; the caller uncounts them).
+
+        Raises:
+            UnrestorableEntryError: the policy refuses its header (or a link's)
+                and ``on_unrestorable="refuse"``.
+            SnapshotSourceChangedError: the file or one of its links changed (retryable).
+            SnapshotLimitError: a size limit is exceeded.
+            OSError: reading the file or writing the sink failed.
+        """
+        limits = self.limits
+        st = _member_stat(fd, item)
+        for other in links:
+            if _lstat_listed(self.src, other) is None:
+                raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
+                                                 "persisted", sandbox_path=other.path)
+        mode = SnapshotPolicy.mode(st.st_mode)
+        admitted, ti, hdr = self.header(item.path, tarfile.REGTYPE, mode, st.st_mtime, size=st.st_size)
+        if not admitted:
+            self.skipped.extend((other.path, "a hard link of a skipped file") for other in links)
+            return None
+        if st.st_size > limits.max_file_bytes:
+            raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
+                                     context={"max_file_bytes": limits.max_file_bytes})
+        self.content += st.st_size
+        if self.content > limits.max_total_bytes:
+            raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
+                                     context={"max_total_bytes": limits.max_total_bytes})
+        if self.fixups is not None and mode != _x_file_mode(mode):
+            self.fixups.append((item.path, mode))
+        if ti is None:  # no sink: the digest needs no header
+            ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
+            ti.size = st.st_size
+        sha_hex = self.files.add_file(ti, fd, item.path, hdr)
+        self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
+        for other in links:
+            admitted, lti, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
+            if not admitted:
+                self.entries -= 1
+                continue
+            self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
+            if self.write:
+                self.files.add(lti, lhdr)
+        return st
+
+
+def _add_linked(src: Root, state: _WalkState, linked: _Linked, on_unrestorable: str,
+                skipped: list[tuple[str, str]]) -> None:
+    """Archive one multi-linked inode if all its links are inside the walk, else refuse or skip it."""
+    items = linked.items
+    if linked.changed or len(items) > linked.nlink:
+        raise SnapshotSourceChangedError("hard links of this file changed while the workspace was persisted",
+                                         sandbox_path=items[0].path)
+    if len(items) < linked.nlink:
+        reason = (f"file has {linked.nlink} hard links but only {len(items)} in the persisted workspace "
+                  "(linked to a file outside it or to an excluded path); its content is never read")
+        if on_unrestorable == "skip":
+            skipped.extend((it.path, reason) for it in items)
+            state.entries -= len(items)
+            return
+        raise UnrestorableEntryError(reason, sandbox_path=items[0].path, context={"kind": "file"})
+    for i, first in enumerate(items):
+        fd = _open_member(src, first)
+        if fd is None:
+            state.entries -= 1  # removed since the listing: its other names still hold the inode
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink != linked.nlink:
+                raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
+                                                 "persisted", sandbox_path=first.path)
+            if state.add_file(first, fd, items[i + 1:]) is None:
+                state.entries -= len(items) - i  # refused by the policy and skipped, with all its names
+        finally:
+            os.close(fd)
+        return
+
+
+def _member_stat(fd: int, item: _Item) -> os.stat_result:
+    """``fstat`` of a member just opened: still a regular file, and the very inode the walk listed.
+
+    Raises:
+        SnapshotSourceChangedError: it is no longer a regular file, or it is
+            another file than the one the directory listing's ``lstat``
+            saw (replaced between the listing and the open; retryable).
+    """
+    st = os.fstat(fd)
+    if not _stat.S_ISREG(st.st_mode) or st.st_ino != item.st.st_ino or st.st_dev != item.st.st_dev:
+        raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
+                                         sandbox_path=item.path)
+    return st
+
+
+_KIND_NAMES = {tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "file", tarfile.REGTYPE: "file"}

@@ -1,0 +1,65 @@
+"""The snapshot errors: every refusal of persist, hydrate and the stores is a :class:`SnapshotError`."""
+
+from __future__ import annotations
+
+from ..errors import SandboxError
+
+__all__ = [
+    "SnapshotError",
+    "SnapshotNotFoundError",
+    "SnapshotCorruptError",
+    "SnapshotLimitError",
+    "SnapshotSourceChangedError",
+    "UnrestorableEntryError",
+    "SnapshotVerifyError",
+]
+
+
+class SnapshotError(SandboxError):
+    """Base of snapshot refusals."""
+
+    code = "snapshot_error"
+
+
+class SnapshotNotFoundError(SnapshotError, LookupError):
+    """The named snapshot does not exist in the store."""
+
+    code = "snapshot_not_found"
+
+
+class SnapshotCorruptError(SnapshotError, ValueError):
+    """A snapshot's archive or metadata is truncated, altered or malformed."""
+
+    code = "snapshot_corrupt"
+
+
+class SnapshotLimitError(SnapshotError):
+    """A snapshot exceeds :class:`SnapshotLimits` (at persist or at hydrate)."""
+
+    code = "snapshot_limit"
+
+
+class SnapshotSourceChangedError(SnapshotError):
+    """The workspace changed under the walk (a file resized or replaced, a directory moved); retry may succeed."""
+
+    code = "snapshot_source_changed"
+    retryable = True
+
+
+class UnrestorableEntryError(SnapshotError):
+    """A workspace entry that hydrate would refuse (absolute/escaping symlink, FIFO, device, socket)."""
+
+    code = "snapshot_unrestorable_entry"
+
+
+class SnapshotVerifyError(SnapshotError):
+    """A committed archive failed its CRC-32 read-back: the store fell back to the previous generation.
+
+    ``context["generation"]`` is the generation that is current now (the
+    previous one, or 0 when there was none) and ``context["failed_generation"]``
+    the one that was withdrawn.  Nothing the previous generation held is lost;
+    the workspace is unchanged, so persisting again may succeed.
+    """
+
+    code = "snapshot_verify_failed"
+    retryable = True

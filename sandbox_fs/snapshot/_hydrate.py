@@ -1,0 +1,294 @@
+"""Hydrate: replace a workspace's contents with a snapshot, staged and verified before the swap.
+
+*Hydrate* verifies the archive's size and CRC-32 against the metadata, so a
+truncated or corrupted snapshot is refused with :class:`SnapshotCorruptError`.
+It stages before it swaps: extraction goes through the archive extractor
+(:mod:`sandbox_fs.archive`, limits on) into a private ``.sfs-hydrate-<hex>``
+directory inside the workspace (reached by its name from the workspace fd in
+every step, never through an fd of its own, and checked to be the directory
+the extractor made before anything moves) while a thread computes the
+archive's CRC-32 (``pread`` of the same fd, at most the recorded size and one
+byte more: never to the end of a file grown after its size check; the exact
+recorded modes are applied by the extractor through the fds it makes the
+entries with, never by name), the CRC-32 is checked, and only then is the
+workspace cleared and the staged entries moved up.  Any failure before the
+swap leaves the previous contents untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat as _stat
+from typing import IO, Callable, Iterable
+
+from ..archive import ArchiveFormatError, ArchiveLimits
+from ..archive._extract import _extract as _archive_extract
+from ..errors import InvalidPathError, SandboxError
+from ..root import Root, Subtree
+from ._errors import SnapshotCorruptError, SnapshotError, SnapshotSourceChangedError
+from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
+from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
+
+__all__ = ["hydrate", "is_mount_point_of"]
+
+
+def is_mount_point_of(ws: Root, mount_points: Iterable[str] = ()) -> Callable[[os.stat_result], bool]:
+    """A ``skip`` predicate for :meth:`Root.clear`: True for mount points.
+
+    A mount point is a directory on another device than the root, or one of
+    ``mount_points`` (sandbox paths; bind mounts of the same device), matched
+    by ``(st_dev, st_ino)`` taken now.
+    """
+    dev = ws.stat(".").st_dev
+    ids = set()
+    for p in mount_points:
+        try:
+            st = ws.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        ids.add((st.st_dev, st.st_ino))
+    return lambda st: st.st_dev != dev or (st.st_dev, st.st_ino) in ids
+
+
+def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
+            mount_points: Iterable[str] = (), keep_identities: Iterable[tuple[int, int]] = ()) -> HydrateReport:
+    """Replace the workspace's contents with snapshot ``name``.  Blocking: call from one worker thread.
+
+    Verify and stage first, then swap: the archive's size is checked, then
+    it is extracted by :func:`sandbox_fs.archive.extract` (limits on, as for
+    any untrusted archive) into a private staging directory inside the
+    workspace (``.sfs-hydrate-<hex>``, mode 0700, never persisted nor
+    fingerprinted; reached by name from ``ws`` in every step, never through
+    an fd of its own), with the exact permission bits recorded at persist
+    (applied by the extractor through the fd each entry is made or opened
+    with, never by name: a name another process swaps for a hard link to a
+    file outside is never changed).  Meanwhile one thread of its own (``sfs-hydrate-crc``,
+    with a :class:`LocalSnapshotStore`) reads the same fd with ``pread`` and
+    computes the archive's CRC-32 (both release the GIL: the second core),
+    so the archive is not read twice in a row; the CRC-32 is compared with
+    the metadata before anything in the workspace changes, and a corrupted
+    archive that made the extractor fail is reported as corrupt too.  The
+    thread is joined before this returns or raises.  (Other stores verify
+    in ``open_archive``, first.)
+    Only when all of that succeeded is the workspace cleared (never the
+    root itself, never a mount point, never the staging directory) and the
+    staged entries moved up (``renameat2(RENAME_NOREPLACE)`` through the
+    Root; a directory kept by the clear because it holds a mount point is
+    merged into).  Any failure before the swap (a member the extractor
+    refuses, a limit, a full disk, an interrupt) removes only the staging
+    directory: the previous contents are left exactly as they were.  A
+    staging directory left by a killed process is ignored by persist and
+    :func:`tree_digest` and removed by the next successful hydrate.
+
+    Args:
+        ws: the workspace Root (writable).  With ``ws.owner`` set, every
+            restored entry (and the staging directory) is made with that
+            owner, through its own fd; persist records no owners.
+        store: where the snapshot lives.
+        name: snapshot name.
+        limits: :class:`SnapshotLimits` (entries, bytes, archive size).
+        mount_points: sandbox paths of mounts kept by the clear (besides
+            directories on another device, always kept).
+        keep_identities: ``(st_dev, st_ino)`` of directories nested in the
+            workspace that are not its own (read-only grants): kept by the
+            clear, never entered, and never merged into; a snapshot with an
+            entry where one is (or below it) is refused before anything in the
+            workspace changes.
+
+    Raises:
+        SnapshotNotFoundError: no such snapshot.
+        SnapshotCorruptError: the archive fails verification or is not a
+            readable tar (the workspace is untouched).
+        SnapshotLimitError: the archive is larger than ``max_archive_bytes``.
+        ArchiveLimitError, UnsafeArchiveMemberError: the extractor refuses a
+            member (a forged store: persist never writes such members); the
+            workspace is untouched.
+        SnapshotError: the staging directory was replaced by another
+            process before the swap, or the snapshot has an entry where a
+            kept directory of ``keep_identities`` is (the workspace is
+            untouched); a staged
+            entry cannot be moved over a kept mount point (after the clear;
+            rare).
+        OSError: the extraction failed on the filesystem (a full disk, a
+            staged directory moved away by another process: ENOENT); the
+            workspace is untouched.
+    """
+    limits = limits or SnapshotLimits()
+    if isinstance(store, LocalSnapshotStore):
+        f, info = store.open_archive_unverified(name, limits)  # size checked; CRC-32 checked below
+    else:
+        f, info = store.open_archive(name, limits)  # verified by the store
+    with f:
+        check = _CrcCheck(f.fileno(), info.archive_bytes) if isinstance(store, LocalSnapshotStore) else None
+        keep = frozenset(keep_identities)
+        # With kept directories (read-only grants), every write of the restore checks its fds
+        # against them: a name swapped for one meanwhile is refused or kept, never entered,
+        # emptied, chmod'ed or merged into.
+        target = ws.with_options(deny_write_ids=keep) if keep else contextlib.nullcontext(ws)
+        try:
+            with target as guarded:
+                _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
+        finally:
+            if check is not None:
+                check.stop()  # joined before the archive's fd is closed
+    return HydrateReport(info, "archive")
+
+
+def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits,
+                    mount_points: Iterable[str], check: _CrcCheck | None,
+                    keep_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
+    """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
+    # The staging directory is reached by its name only (never through an fd of its own),
+    # from the workspace fd, in every step: the extractor stages beside it and renames its
+    # tree to this name (applying the exact recorded modes through the fds it makes the
+    # entries with), and the clear keeps and the moves read whatever is at that name,
+    # checked to be the directory the extractor made.  So a process that swaps it can
+    # change only what is moved in, never where anything goes.
+    staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
+    made: list[tuple[int, int]] = []  # the identity of the directory the extractor made at ``staging``
+    exact = {p.encode("utf-8", "surrogateescape"): SnapshotPolicy.mode(m) for p, m in info.mode_fixups}
+    try:
+        try:
+            _extract_with_archive(ws, staging, f, limits, info.archive_bytes, made, exact)
+            sid = made[0]
+            sub = Subtree(ws, staging, sid)
+            sub.chmod(".", 0o700)  # the extractor made it 0755, as for any new destination
+        except Exception as exc:
+            # A corrupted archive may fail extraction in any way: report it as what it is.
+            # (An interrupt does not wait for the check.)
+            if check is not None:
+                try:
+                    check.verify(info)
+                except SnapshotCorruptError as corrupt:
+                    raise corrupt from exc
+            raise
+        if check is not None:
+            check.verify(info)  # before anything in the workspace changes
+        st = ws.lstat(staging)
+        if (st.st_dev, st.st_ino) != sid:
+            raise SnapshotError("the restore's staging directory was replaced during the restore; "
+                                "the workspace is unchanged", sandbox_path=staging)
+        is_mount = is_mount_point_of(ws, mount_points)
+        if keep_ids:
+            _refuse_entries_over_kept(ws, sub, keep_ids, sid, is_mount)
+        # Before anything in the workspace changes, make every staged top-level directory
+        # movable (renaming a directory rewrites its ".." entry: its owner needs write
+        # permission on it); its recorded mode is set again once it is in place.  So no
+        # step that can fail for lack of permission comes after the clear.
+        modes: dict[str, int] = {}
+        for entry in sub.listdir("."):
+            est = sub.lstat(entry)
+            if _stat.S_ISDIR(est.st_mode) and est.st_mode & 0o700 != 0o700:
+                modes[entry] = _stat.S_IMODE(est.st_mode) & 0o777
+                ws.set_dir_meta(f"{staging}/{entry}", mode=modes[entry] | 0o700)
+        keep = lambda st: (st.st_dev, st.st_ino) in keep_ids or (st.st_dev, st.st_ino) == sid \
+            or is_mount(st)  # noqa: E731
+        ws.clear(skip=keep, make_writable=True, keep_denied=True)  # a non-root owner empties its read-only dirs
+        for entry in sub.listdir("."):
+            _move_up(ws, f"{staging}/{entry}", entry, is_mount, modes.get(entry), keep_ids)
+    finally:
+        # On a failure before the swap this is all that changes; after the swap it is empty.
+        # Only the directory the extractor made (checked by identity) is removed, never
+        # whatever another process put at its name.  Best effort: a leftover is never
+        # persisted and goes with the next hydrate's clear.
+        if made:
+            with contextlib.suppress(OSError, SandboxError):
+                Subtree(ws, staging, made[0]).remove_tree()
+
+
+_HYDRATE_PREFIX = ".sfs-hydrate-"
+
+
+def _refuse_entries_over_kept(ws: Root, sub: Subtree, keep_ids: frozenset[tuple[int, int]],
+                              sid: tuple[int, int], is_mount: Callable[[os.stat_result], bool]) -> None:
+    """Refuse (before the clear) a snapshot with an entry where a kept directory of ``keep_ids`` is.
+
+    Finds the kept directories by identity with one fd walk of the workspace
+    (not entering them, nor the staging directory), then looks each path and
+    its ancestors up in the staging tree: an entry at a kept path, or a
+    non-directory at one of its ancestors, would have to replace or merge into
+    it.
+
+    Raises:
+        SnapshotError: such an entry (nothing in the workspace changed).
+    """
+    kept: list[str] = []
+    try:
+        for dirpath, dents, _nondirs in ws._walk_dirs("."):
+            for ent in list(dents):  # lstat taken relative to the listed directory's fd
+                ident = (ent.stat.st_dev, ent.stat.st_ino)
+                if ident in keep_ids or ident == sid or is_mount(ent.stat):  # is_mount: another device too
+                    dents.remove(ent)  # never entered: kept, the staging directory, a mount
+                    if ident in keep_ids:
+                        kept.append(ent.path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise SnapshotSourceChangedError("the workspace changed while the restore looked for its read-only grants; "
+                                         "nothing was changed", sandbox_path=None) from None
+    for path in kept:
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            pre = "/".join(parts[:i])
+            try:
+                st = sub.lstat(pre)
+            except (FileNotFoundError, NotADirectoryError, InvalidPathError):
+                break  # (longer than any staged path can be: nothing there)
+            if i == len(parts) or not _stat.S_ISDIR(st.st_mode):
+                raise SnapshotError("the snapshot has an entry where a read-only grant nested in the workspace is; "
+                                    "nothing was changed", sandbox_path=pre)
+
+
+def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], bool],
+             final_mode: int | None = None, keep_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
+    """Move staged ``src`` to ``dst`` without replacing anything; merge into a kept directory.
+
+    ``final_mode``: the recorded mode of a top-level directory that hydrate
+    made movable before the clear, set once it is in place.  Directory modes
+    are changed through the directory's own fd (:meth:`Root.set_dir_meta`),
+    never by name.
+    """
+    sst = ws.lstat(src)
+    if final_mode is not None:
+        pass  # already movable
+    elif _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
+        final_mode = _stat.S_IMODE(sst.st_mode) & 0o777
+        ws.set_dir_meta(src, mode=final_mode | 0o700)  # renaming a dir rewrites its ".."
+    try:
+        ws.rename(src, dst, no_replace=True)
+    except FileExistsError:
+        dst_st = ws.lstat(dst)
+        if (dst_st.st_dev, dst_st.st_ino) in keep_ids:
+            raise SnapshotError("a snapshot entry would merge into a read-only grant", sandbox_path=dst)
+        if not (_stat.S_ISDIR(sst.st_mode) and _stat.S_ISDIR(dst_st.st_mode)):
+            raise SnapshotError("a snapshot entry collides with an entry the restore must keep (a mount point?)",
+                                sandbox_path=dst) from None
+        for entry in ws.listdir(src):
+            _move_up(ws, f"{src}/{entry}", f"{dst}/{entry}", is_mount, None, keep_ids)
+        if not is_mount(dst_st):
+            ws.set_dir_meta(dst, mode=final_mode if final_mode is not None else _stat.S_IMODE(sst.st_mode) & 0o777)
+        return
+    if final_mode is not None:
+        ws.set_dir_meta(dst, mode=final_mode)
+
+
+def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> ArchiveLimits:
+    """The extractor's limits for a snapshot (:meth:`SnapshotPolicy.archive_limits`)."""
+    return SnapshotPolicy(limits).archive_limits(archive_bytes)
+
+
+def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits,
+                          archive_bytes: int, made: list[tuple[int, int]], exact: dict[bytes, int]) -> None:
+    # ``dest`` is hydrate's staging name, not yet existing: the extractor stages in a sibling
+    # directory (reached by name from ``ws``) and renames it to ``dest`` when complete.
+    # Its input is bounded by the validated archive size, not by the file's current end
+    # (a store file grown after the size check): reading more is a limit error, reported
+    # by hydrate as a corrupt archive once the CRC-32 check (also bounded) disagrees.
+    rules = SnapshotPolicy(limits)
+    try:
+        _archive_extract(ws, dest, f, "tar", rules.archive_limits(archive_bytes), rules.extract_policy(), None,
+                         made, exact)
+    except ArchiveFormatError as exc:
+        raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
+                                   diagnostic=str(exc)) from None
+    # ``made`` now holds the identity of the directory the extractor made and moved to ``dest``

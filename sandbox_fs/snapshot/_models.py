@@ -1,0 +1,258 @@
+"""Snapshot models: limits, metadata, the restore policy shared by persist and hydrate, reports.
+
+*One policy for persist and hydrate* (a saved snapshot is always restorable):
+persist applies the archive extractor's own rules (its member-name and
+symlink-target functions, and the same limits): regular files, directories,
+relative symlinks whose target stays beneath the workspace without passing
+through another symlink, and hard links between members.  Absolute or
+escaping symlinks, FIFOs, sockets, device nodes and names the extractor
+refuses are refused at persist time (:class:`UnrestorableEntryError`) or,
+with ``on_unrestorable="skip"``, left out and listed in the report.  Owners are
+never recorded (uid/gid 0, no names); setuid/setgid/sticky bits are never
+stored (modes are masked to 0o777, as :meth:`Root.chmod` enforces).
+"""
+
+from __future__ import annotations
+
+import re
+import stat as _stat
+import tarfile
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..archive import ArchiveFormatError, ArchiveLimits, ExtractPolicy
+from ..archive._tar import _EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
+from ..archive._writer import STAGED_PATH_MAX
+from ..errors import InvalidPathError
+from ..root import MAX_PATH_BYTES
+from ._errors import SnapshotLimitError
+
+__all__ = [
+    "SNAPSHOT_FORMAT",
+    "SNAPSHOT_VERSION",
+    "SnapshotLimits",
+    "SnapshotInfo",
+    "SnapshotPolicy",
+    "PersistReport",
+    "HydrateReport",
+    "validate_name",
+]
+
+SNAPSHOT_FORMAT = "sandbox-fs-snapshot"
+SNAPSHOT_VERSION = 1
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_BLOCK_BYTES = tarfile.BLOCKSIZE  # 512: tar members and headers are padded to this
+
+
+def validate_name(name: str, what: str = "snapshot name") -> str:
+    """Return ``name`` if it is a plain token (``[A-Za-z0-9][A-Za-z0-9_-]{0,127}``).
+
+    Snapshot names and session ids become file names in trusted host
+    directories, so they may hold no ``/``, ``.``, NUL or anything else.
+
+    Raises:
+        InvalidPathError: ``name`` is not such a token.
+    """
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        shown = name[:64] if isinstance(name, str) else type(name).__name__
+        raise InvalidPathError(f"{what} must be a plain token of letters, digits, '_' or '-'",
+                               sandbox_path=None, context={"value": shown})
+    return name
+
+
+@dataclass(frozen=True)
+class SnapshotLimits:
+    """Bounds applied identically when persisting and when hydrating.
+
+    Attributes:
+        max_entries: most members (files, dirs, links) in one snapshot.
+        max_file_bytes: largest single regular file, in bytes.
+        max_total_bytes: most file content in one snapshot, in bytes.
+        max_archive_bytes: largest archive file hydrate will read, in bytes.
+    """
+
+    max_entries: int = 1_000_000
+    max_file_bytes: int = 16 << 30
+    max_total_bytes: int = 64 << 30
+    max_archive_bytes: int = 80 << 30
+
+
+class SnapshotInfo(BaseModel):
+    """Metadata stored next to each snapshot (``<name>.json`` in a local store)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["sandbox-fs-snapshot"] = SNAPSHOT_FORMAT
+    version: Literal[1] = SNAPSHOT_VERSION
+    name: str
+    archive: str
+    archive_bytes: int = Field(ge=0)
+    archive_crc32: str = Field(pattern=r"^[0-9a-f]{8}$")
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")
+    manifest_digest: str = ""
+    tree_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    excluded: list[str] = Field(default_factory=list)
+    mode_fixups: list[tuple[str, int]] = Field(default_factory=list)
+    entries: int = Field(ge=0)
+    content_bytes: int = Field(ge=0)
+    created_ns: int = 0
+    generation: int = Field(0, ge=0)  # 1, 2, ... per name, assigned by the store at commit; 0: before generations
+
+
+class SnapshotPolicy:
+    """The restore rules of a snapshot: one object, applied by persist and by hydrate.
+
+    Hydrate treats a snapshot as an untrusted archive: it extracts it with
+    :meth:`archive_limits` and :meth:`extract_policy` through the archive
+    extractor, which parses every header with tarfile behind its guards.
+    Persist applies the *same* object to what it is about to write, before
+    anything is committed, so whatever persist commits, hydrate restores:
+
+    * member names: the extractor's :func:`~sandbox_fs.archive._names.normalize_member`
+      with :meth:`archive_limits` (zip slip CVE-2007-4559, backslash ``..``
+      CVE-2021-37713, drive letters, NUL, a component over 255 bytes, depth,
+      paths over :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX`);
+    * symlink targets: the extractor's ``symlink_walk`` (absolute, escaping,
+      through another symlink: CVE-2025-4517);
+    * the header chain of every member exactly as written
+      (:meth:`header_check`): each PAX extended header or GNU long name no
+      larger than ``max_header_bytes``, at most ``MAX_HEADER_CHAIN`` of them,
+      each PAX body well formed and within the extractor's CVE-2024-6232
+      digit-run budget (:class:`~sandbox_fs.archive._tar.PaxBudget`, the same
+      class the extractor charges, per header and per archive);
+    * counts and sizes: ``max_entries`` (members), ``max_file_bytes``,
+      ``max_total_bytes`` and the archive's own size against
+      ``max_archive_bytes`` (:meth:`check_archive_bytes`);
+    * modes (:meth:`mode`): only the permission bits 0o777.  Set-user-ID,
+      set-group-ID and sticky bits are never recorded at persist and always
+      cleared at hydrate (a forged archive or ``mode_fixups`` carrying them
+      restores the file without them): a snapshot never restores a set-id file.
+
+    Args:
+        limits: the :class:`SnapshotLimits` both sides apply (default: its defaults).
+    """
+
+    def __init__(self, limits: "SnapshotLimits | None" = None) -> None:
+        self.limits = limits or SnapshotLimits()
+        self.archive = self.archive_limits()
+
+    def archive_limits(self, archive_bytes: int | None = None) -> ArchiveLimits:
+        """The extractor's limits: the same bounds persist applied.
+
+        Depth and path length are as wide as hydrate can stage: a path is at
+        most :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX` bytes (PATH_MAX
+        less the staging directory's name, through which every restored path is
+        reached).  An uncompressed tar never expands, so the expansion-ratio
+        bound is left at its default.  With ``archive_bytes`` (the validated
+        archive size, in bytes), the input is bounded by it too, not only by
+        ``max_archive_bytes``.
+        """
+        limits = self.limits
+        max_input = limits.max_archive_bytes if archive_bytes is None else max(
+            1, min(limits.max_archive_bytes, archive_bytes))
+        return ArchiveLimits(max_members=limits.max_entries, max_member_bytes=limits.max_file_bytes,
+                             max_total_bytes=limits.max_total_bytes, max_input_bytes=max_input,
+                             max_depth=MAX_PATH_BYTES // 2, max_path_bytes=STAGED_PATH_MAX)
+
+    @staticmethod
+    def extract_policy() -> ExtractPolicy:
+        """How hydrate extracts: atomic staging, special files refused, links created, owners never applied."""
+        return ExtractPolicy(in_place=False, special_files="refuse", symlinks="create", hardlinks="create",
+                             preserve_owner=False, apply_mtime=True)
+
+    @staticmethod
+    def mode(st_mode: int) -> int:
+        """The mode a snapshot records and restores: the permission bits only (set-id and sticky cleared)."""
+        return _stat.S_IMODE(st_mode) & 0o777
+
+    def header_check(self) -> "_HeaderCheck":
+        """A fresh per-archive checker of written header chains (its PAX budget starts empty)."""
+        return _HeaderCheck(self.archive)
+
+    def check_archive_bytes(self, nbytes: int) -> None:
+        """Refuse an archive hydrate would not read (larger than ``max_archive_bytes``).
+
+        Raises:
+            SnapshotLimitError: ``nbytes`` > ``max_archive_bytes``.
+        """
+        if nbytes > self.limits.max_archive_bytes:
+            raise SnapshotLimitError("the snapshot archive would be larger than max_archive_bytes", sandbox_path=None,
+                                     context={"max_archive_bytes": self.limits.max_archive_bytes,
+                                              "archive_bytes": nbytes})
+
+
+class _HeaderCheck:
+    """The extractor's header rules applied to the header chain persist is about to write (one archive).
+
+    Args:
+        alimits: the policy's :class:`ArchiveLimits` (``max_header_bytes``).
+    """
+
+    def __init__(self, alimits: ArchiveLimits) -> None:
+        self._max_header = alimits.max_header_bytes
+        self.budget = PaxBudget()
+
+    def check(self, hdr: bytes, member: str) -> tuple[str | None, int]:
+        """``(why hydrate would refuse this header chain or None, its PAX digit cost)``; admits nothing."""
+        pos = 0
+        cost = 0
+        chain = 0
+        while pos + _BLOCK_BYTES <= len(hdr):
+            block = hdr[pos:pos + _BLOCK_BYTES]
+            kind = block[156:157]
+            if kind not in _EXT_TYPES:
+                break  # the member's own header: the chain is over
+            chain += 1
+            if chain >= MAX_HEADER_CHAIN:
+                return f"its tar header needs more than {MAX_HEADER_CHAIN} extension headers", 0
+            try:
+                size = int(block[124:136].rstrip(b"\0 ") or b"0", 8)
+            except ValueError:
+                return "its tar header has an unreadable size field", 0
+            if size > self._max_header:
+                return f"its tar extension header ({size} bytes) exceeds max_header_bytes", 0
+            body = hdr[pos + _BLOCK_BYTES:pos + _BLOCK_BYTES + size + (-size % _BLOCK_BYTES)]
+            if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE):
+                try:
+                    one = check_pax_body(body, size, member)
+                except ArchiveFormatError:
+                    return "its PAX header would not parse", 0
+                spent = self.budget.spent
+                self.budget.spent = spent + cost  # the chain's earlier PAX headers count too
+                try:
+                    why = self.budget.refusal(one)
+                finally:
+                    self.budget.spent = spent
+                if why is not None:
+                    return why, 0
+                cost += one
+            pos += _BLOCK_BYTES + size + (-size % _BLOCK_BYTES)
+        return None, cost
+
+    def admit(self, cost: int) -> None:
+        """Count an admitted header chain's digit cost against the archive budget."""
+        self.budget.spent += cost
+
+
+@dataclass
+class PersistReport:
+    """What :func:`persist` wrote.
+
+    Attributes:
+        info: the committed snapshot's metadata (None with :class:`NoSnapshot`).
+        skipped: ``(sandbox path, reason)`` of entries left out (mount
+            points, excluded paths, unrestorable entries with ``on_unrestorable="skip"``).
+    """
+
+    info: SnapshotInfo | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class HydrateReport:
+    """What :func:`hydrate` restored: the snapshot's metadata and the extractor used."""
+
+    info: SnapshotInfo
+    extractor: str

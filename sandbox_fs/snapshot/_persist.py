@@ -1,0 +1,98 @@
+"""Persist: stream the workspace into a store as one snapshot.
+
+*Persist* walks the workspace through its :class:`~sandbox_fs.root.Root`
+(fd-based, never follows a symlink) and streams a POSIX.1-2001 (PAX) tar
+with workspace-relative member names straight into a :class:`SnapshotStore`:
+an unnamed ``O_TMPFILE`` (or a uniquely named partial file) in the store
+directory, ``fsync``, then an atomic link/rename and an atomic rewrite of the
+snapshot's metadata.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Callable, Iterable, Literal
+
+from ..root import Root
+from ._entries import _Digest, _walk_into, fingerprint
+from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
+from ._store import SnapshotStore
+from ._tar import _TarWriter
+from ._walk import _norm_set
+
+__all__ = ["persist"]
+
+
+def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str = "",
+            excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
+            skip_identities: Iterable[tuple[int, int]] = (),
+            on_unrestorable: Literal["refuse", "skip"] = "refuse",
+            limits: SnapshotLimits | None = None,
+            progress: Callable[[int, int], None] | None = None) -> PersistReport:
+    """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: call from one worker thread.
+
+    Uses one more thread of its own (the archive writer, see
+    :class:`_Writer`), always joined before this returns or raises.
+
+    Args:
+        ws: the workspace Root (read through it only; never follows a symlink).
+        store: the destination; :class:`NoSnapshot` makes this a no-op.
+        name: snapshot name, a plain token (see :func:`validate_name`).
+        manifest_digest: the manifest's digest, folded into the fingerprint.
+        excluded: relative sandbox paths left out (ephemeral entries,
+            registered persist skip paths); recorded in the metadata.
+        mount_points: relative sandbox paths of mounts (also found by ``st_dev``).
+        skip_identities: ``(st_dev, st_ino)`` of directories never entered
+            (extra path grants nested in the workspace: grants are never persisted).
+        on_unrestorable: ``"refuse"`` (default) raises on an entry hydrate
+            would refuse; ``"skip"`` leaves it out and lists it in the report.
+        limits: the same :class:`SnapshotLimits` hydrate will apply.
+        progress: called with ``(entries, content_bytes)`` at most every 0.2 s.
+
+    Returns:
+        A :class:`PersistReport`; ``info`` is the committed snapshot.
+
+    Raises:
+        UnrestorableEntryError: an absolute/escaping symlink, FIFO, socket or
+            device node, with ``on_unrestorable="refuse"``.
+        SnapshotLimitError: the workspace exceeds ``limits``.
+        SnapshotSourceChangedError: a file shrank, grew or was swapped
+            (symlink, FIFO, another inode) while read, or an entry is no
+            longer at its path beneath the workspace (a directory moved
+            while the walk held it) (retryable).
+        InvalidPathError: ``name`` is not a plain token.
+        OSError: the store cannot be written (ENOSPC ...).  In every error
+            case the previous snapshot of ``name`` stays current and intact.
+    """
+    validate_name(name)
+    limits = limits or SnapshotLimits()
+    excl = _norm_set(excluded)
+    mounts = _norm_set(mount_points)
+    skipped: list[tuple[str, str]] = []
+    if not store.enabled:
+        return PersistReport(None, skipped)
+    pending = store.begin(name)
+    try:
+        digest = _Digest()
+        fixups: list[tuple[str, int]] = []
+        tar = _TarWriter(pending.sink)
+        try:
+            entries, content = _walk_into(ws, excl, mounts, on_unrestorable, limits, skipped,
+                                          digest, tar, progress, frozenset(skip_identities), fixups)
+            tar.close()
+        finally:
+            tar.stop()  # the writer thread is joined before the archive's fd can be closed
+        SnapshotPolicy(limits).check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
+        tree = digest.hexdigest()
+        info = SnapshotInfo(
+            name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,
+            archive_crc32=pending.sink.hexdigest(), fingerprint=fingerprint(manifest_digest, tree),
+            manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(excl), mode_fixups=fixups,
+            entries=entries,
+            content_bytes=content, created_ns=time.time_ns())
+        committed = store.commit(pending, info)
+        return PersistReport(committed if isinstance(committed, SnapshotInfo) else info, skipped)
+    except BaseException:
+        store.abort(pending)
+        raise

@@ -1,0 +1,301 @@
+"""The tar stream persist writes: PAX headers from tarfile, file data through two fixed buffers.
+
+Memory is O(1) in workspace size: one file is open at a time and data moves
+through two fixed 1 MiB buffers: each file is read into one (``readv``),
+SHA-256-hashed there for the fingerprint and, with its tarfile-built header,
+handed to one writer thread that writes (and CRC-32s) the other buffer
+meanwhile, so every byte is read once and the write uses the second core.  A
+file that grows or shrinks while it is read no longer matches its header and
+is refused (:class:`SnapshotSourceChangedError`, retryable).  The writer
+thread is joined before persist returns or raises, and a write error (ENOSPC)
+is raised by persist: the archive is then discarded, never committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import tarfile
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ._errors import SnapshotError, SnapshotSourceChangedError
+
+if TYPE_CHECKING:
+    from ._store import _HashingSink
+
+_BLOCK_BYTES = tarfile.BLOCKSIZE  # 512: tar members and headers are padded to this
+_RECORD_BYTES = tarfile.RECORDSIZE  # 10240: the archive is padded to this, as tarfile does
+_ZEROS = bytes(_RECORD_BYTES)
+
+
+# Not exactly 1 MiB: on ext4 (Linux 6.x, large folios) appending exactly 1 MiB
+# at 1 MiB-aligned offsets stalled for 0.6-1 s in about half the runs (240 MiB
+# archive; large-folio allocation), while 1 MiB - 512 never did.  A multiple of
+# the tar block, so headers and padding still pack.
+_WRITE_BUF_BYTES = (1 << 20) - _BLOCK_BYTES
+_USTAR_MAX_NUMBER = 8 ** 11  # size and mtime fields: 11 octal digits
+
+
+def _ustar_fits(name: str, link: str, size: int, mtime: int) -> bool:
+    """True when a member needs no PAX header (the condition of :func:`_header`'s fast path)."""
+    return len(name) <= 100 and len(link) <= 100 and name.isascii() and link.isascii() \
+        and 0 <= size < _USTAR_MAX_NUMBER and 0 <= mtime < _USTAR_MAX_NUMBER
+
+
+def _header(ti: tarfile.TarInfo) -> bytes:
+    """The PAX-format header of ``ti``, as ``tobuf(PAX_FORMAT, "utf-8", "surrogateescape")`` builds it.
+
+    When no PAX record is needed (ASCII name and link target of at most 100
+    bytes, size and mtime within 11 octal digits), tarfile's PAX writer
+    emits exactly its ustar header; asking for that directly skips its
+    field-by-field PAX checks (about a sixth of the header's cost).  The
+    bytes are the same (tests compare both).
+    """
+    if _ustar_fits(ti.name, ti.linkname, ti.size, ti.mtime):
+        return ti.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
+    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+class _Writer:
+    """The persist writer thread: writes filled buffers to the sink, in order.
+
+    Double buffering: :class:`_TarWriter` fills one buffer while this thread
+    writes the other to the sink (``os.write`` and the sink's ``zlib.crc32``
+    of 1 MiB, both release the GIL, so they run on the second core while
+    the caller walks, builds headers, reads and hashes files).  Buffers go
+    round through two queues (filled -> written -> free again), and there
+    are only two, so :meth:`swap` waits until the other one is written and
+    memory stays two buffers however large the workspace.  (Moving the
+    SHA-256 of file data here as well was measured: for every file it was
+    slower, the many small per-file hash steps each needing the GIL; for
+    files of 64 KiB and more only it gained nothing, this thread then
+    being the slower one while large files stream.)
+
+    The first error (ENOSPC ...) is kept and raised in the caller's thread
+    by the next :meth:`swap` or :meth:`drain`; buffers after it are
+    dropped, never written.  :meth:`stop` must be called on every path
+    (persist does it in a ``finally``): it joins the thread before the
+    caller closes the sink's fd, so no write can ever reach a reused fd.
+    """
+
+    def __init__(self, sink: "_HashingSink", spare: memoryview) -> None:
+        self._sink = sink
+        self._filled: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._free.put(spare)
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="sfs-persist-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        filled, free, write = self._filled, self._free, self._sink.write
+        while True:
+            job = filled.get()
+            if job is None:
+                return
+            buf, n = job
+            try:
+                if self._error is None:
+                    write(buf[:n])
+            except BaseException as exc:  # kept and raised in the caller's thread
+                self._error = exc
+            free.put(buf)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def swap(self, buf: memoryview, n: int) -> memoryview:
+        """Queue the first ``n`` bytes of ``buf`` for writing; return the other buffer once it is written.
+
+        The caller must not touch ``buf`` until it is returned by a later swap.
+
+        Raises:
+            OSError: an earlier buffer failed to write (ENOSPC ...).
+        """
+        self._raise()
+        self._filled.put((buf, n))
+        other = self._free.get()
+        self._raise()
+        return other
+
+    def write_now(self, data: bytes) -> None:
+        """Write ``data`` after everything queued, and wait for it (a very long header; never in practice).
+
+        Raises:
+            OSError: writing failed.
+        """
+        spare = self._free.get()  # the buffer in flight is written
+        self._filled.put((memoryview(data), len(data)))
+        self._free.get()  # ``data`` is written
+        self._free.put(spare)
+        self._raise()
+
+    def drain(self) -> None:
+        """Wait until every queued buffer is written (the caller holds the other one).
+
+        Raises:
+            OSError: writing a buffer failed.
+        """
+        self._free.put(self._free.get())  # the spare comes back only once its write is done
+        self._raise()
+
+    def stop(self) -> None:
+        """End the thread and join it (idempotent); nothing queued after an error is written."""
+        if not self._stopped:
+            self._stopped = True
+            if self._error is None:
+                self._error = SnapshotError("persist was abandoned", sandbox_path=None)
+            self._filled.put(None)
+        self._thread.join()
+
+
+class _TarWriter:
+    """Streams tar members through fixed buffers of ``_WRITE_BUF_BYTES`` (1 MiB - 512) bytes into a sink.
+
+    Headers come from :meth:`tarfile.TarInfo.tobuf` (POSIX.1-2001 / PAX, UTF-8
+    with ``surrogateescape``: the standard library owns the format); file
+    data is read from the member's fd straight into the buffer with
+    ``readv`` (no per-chunk ``bytes`` objects, no second copy) and
+    SHA-256-hashed there for the fingerprint.  With a sink, there are two
+    buffers and a :class:`_Writer` thread: while this thread walks, builds
+    headers and reads files into one buffer, the writer writes the other
+    to the sink (which CRC-32s and counts every byte).  So each file byte
+    is read once, hashed once and written once, and memory stays two
+    buffers however large the workspace.  The caller must :meth:`stop` the
+    writer on every path (success or failure) before the sink's fd is closed.
+
+    With ``sink=None`` nothing is written and there is no thread: files are
+    only hashed, in place (:func:`tree_digest`).
+
+    A member must match its header: a file that returns fewer bytes than
+    the size in its header (it shrank) or more (it grew) while it is read
+    raises :class:`SnapshotSourceChangedError` (retryable); the archive is
+    then discarded by the caller, never committed.
+    """
+
+    def __init__(self, sink: "_HashingSink | None") -> None:
+        self.sink = sink
+        self.view = memoryview(bytearray(_WRITE_BUF_BYTES))
+        self.pos = 0
+        self.total = 0  # bytes handed to the sink so far
+        self._writer: _Writer | None = None
+        if sink is not None:
+            self._writer = _Writer(sink, memoryview(bytearray(_WRITE_BUF_BYTES)))
+
+    def flush(self) -> None:
+        """Hand the buffered bytes to the writer thread and switch buffers.
+
+        Raises:
+            OSError: writing an earlier buffer to the sink failed (ENOSPC ...).
+        """
+        if self._writer is None:
+            self.pos = 0
+            return
+        if not self.pos:
+            return
+        self.view = self._writer.swap(self.view, self.pos)  # returns once the other buffer is written
+        self.total += self.pos
+        self.pos = 0
+
+    def _put(self, data: bytes) -> None:
+        n = len(data)
+        if self.pos + n > _WRITE_BUF_BYTES:
+            self.flush()
+            if n > _WRITE_BUF_BYTES:  # a very long PAX header; never in practice (PATH_MAX)
+                assert self._writer is not None
+                self._writer.write_now(data)
+                self.total += n
+                return
+        self.view[self.pos:self.pos + n] = data
+        self.pos += n
+
+    def add(self, ti: tarfile.TarInfo, hdr: bytes | None = None) -> None:
+        """Append a member header without data (directory, symlink, hard link); ``hdr``: its bytes, if built."""
+        if self._writer is not None:
+            self._put(hdr if hdr is not None else _header(ti))
+
+    def add_file(self, ti: tarfile.TarInfo, fd: int, path: str, hdr: bytes | None = None) -> str:
+        """Append a regular file's header and exactly ``ti.size`` bytes read from ``fd``, then padding.
+
+        Args:
+            ti: the member header; ``ti.size`` (bytes, from the caller's
+                ``fstat``) is the exact length the data must have.
+            fd: the member's fd, opened ``O_NOFOLLOW`` and identity-checked
+                by the caller, positioned at offset 0.
+            path: its sandbox path (for errors).
+
+        Returns:
+            The hex SHA-256 of the file's content.
+
+        Raises:
+            SnapshotSourceChangedError: the file shrank or grew while read.
+            OSError: reading ``fd`` or writing the sink failed.
+        """
+        size = ti.size
+        self.add(ti, hdr)
+        sha = hashlib.sha256()
+        threaded = self._writer is not None
+        left = size
+        while True:
+            room = _WRITE_BUF_BYTES - self.pos
+            if not room:
+                self.flush()
+                room = _WRITE_BUF_BYTES
+            # Ask for one byte more than the header's size: getting it means the file grew.
+            want = left + 1 if left < room else room
+            pos = self.pos
+            view = self.view
+            got = os.readv(fd, [view[pos:pos + want]])
+            if got > left:
+                raise SnapshotSourceChangedError("file grew while it was being persisted (a tar member must "
+                                                 "match its header)", sandbox_path=path)
+            if not got:
+                if left:
+                    raise SnapshotSourceChangedError("file shrank while it was being persisted",
+                                                     sandbox_path=path)
+                break
+            sha.update(view[pos:pos + got])
+            left -= got
+            if threaded:
+                self.pos = pos + got
+            if not left and got < want:
+                break  # a short read of a regular file: end of file, exactly at the header's size
+        pad = -size % _BLOCK_BYTES
+        if pad and threaded:
+            self._put(_ZEROS[:pad])
+        return sha.hexdigest()
+
+    def close(self) -> None:
+        """End the archive as tarfile does (two zero blocks, zero-padded to a 10240-byte record), write it all.
+
+        Waits until the writer thread has written everything.
+
+        Raises:
+            OSError: writing the sink failed.
+        """
+        assert self._writer is not None
+        self._put(_ZEROS[:2 * _BLOCK_BYTES])
+        pad = -(self.total + self.pos) % _RECORD_BYTES
+        if pad:
+            self._put(_ZEROS[:pad])
+        self.flush()
+        self._writer.drain()
+
+    def stop(self) -> None:
+        """Join the writer thread (idempotent; call on every path before the sink's fd is closed)."""
+        if self._writer is not None:
+            self._writer.stop()
+
+
+def _tarinfo(path: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(path + "/" if kind == tarfile.DIRTYPE else path)
+    ti.type = kind
+    ti.mode = mode
+    ti.mtime = int(mtime)  # whole seconds: a float would force a PAX header on every member
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
