@@ -287,13 +287,13 @@ def test_corruption_caught_by_the_concurrent_crc_leaves_workspace_unchanged(layo
     _previous_workspace(dst)
     before = _live(dst)
     extracted = []
-    real = snap._hydrate._archive_extract
+    real = snap._hydrate.extract_stream
 
     def recording(*a, **kw):
         extracted.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(snap._hydrate, "_archive_extract", recording)
+    monkeypatch.setattr(snap._hydrate, "extract_stream", recording)
     with open_root(dst) as d:
         fds = _open_fds()
         with pytest.raises(SnapshotCorruptError) as ei:
@@ -916,12 +916,12 @@ def test_failed_restore_leaves_previous_workspace_intact(layout, store, tmp_path
         if failure == "limit_mid_restore":
             limits = SnapshotLimits(max_entries=10)
         elif failure == "interrupt":
-            real = snap._hydrate._archive_extract
+            real = snap._hydrate.extract_stream
 
             def cancelled(*a, **kw):
                 real(*a, **kw)
                 raise KeyboardInterrupt  # a cancel/interrupt once everything was staged
-            monkeypatch.setattr(snap._hydrate, "_archive_extract", cancelled)
+            monkeypatch.setattr(snap._hydrate, "extract_stream", cancelled)
         else:
             def failing(*a, **kw):
                 raise OSError(28, "No space left on device")
@@ -1190,18 +1190,18 @@ def test_property_interrupt_anywhere_in_restore_keeps_previous_workspace(cut, tm
     (src / "d" / "e" / "link").symlink_to("../f1")
     _previous_workspace(ws)
     before = _live(ws)
-    real = snap._hydrate._archive_extract
+    real = snap._hydrate.extract_stream
     s = LocalSnapshotStore(base / "store")
     with s, open_root(src) as r, open_root(ws) as w:
         persist(r, s, "s")
-        snap._hydrate._archive_extract = lambda root, dest, f, *a: real(root, dest, _InterruptAfter(f, cut), *a)
+        snap._hydrate.extract_stream = lambda *, source, **kw: real(source=_InterruptAfter(source, cut), **kw)
         try:
             hydrate(w, s, "s")
             interrupted = False
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            snap._hydrate._archive_extract = real
+            snap._hydrate.extract_stream = real
     assert _staging_dirs(ws) == []
     if interrupted:
         assert _live(ws) == before

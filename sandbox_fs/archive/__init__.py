@@ -59,6 +59,16 @@ from __future__ import annotations
 
 from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
 from ._extract import FORMATS, extract, extract_async
+
+# The internal API of sandbox_fs.snapshot (the names in ``_for_snapshot.__all__``): importable from here,
+# not public, so not in ``__all__``.  Other packages take archive's names from here, never from a ``_module``.
+from ._for_snapshot import STAGED_PATH_MAX as STAGED_PATH_MAX
+from ._for_snapshot import HeaderChainCheck as HeaderChainCheck
+from ._for_snapshot import extract_stream as extract_stream
+from ._for_snapshot import extracted_dir_mode as extracted_dir_mode
+from ._for_snapshot import extracted_file_mode as extracted_file_mode
+from ._for_snapshot import normalize_member_name as normalize_member_name
+from ._for_snapshot import symlink_target_walk as symlink_target_walk
 from ._models import ArchiveLimits, ExtractPolicy, ExtractReport, SkippedMember
 
 __all__ = [

@@ -27,10 +27,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
 
-from ..archive import ArchiveLimitError, UnsafeArchiveMemberError
-from ..archive._names import normalize_member, symlink_walk
-from ..archive._writer import dir_mode as _x_dir_mode
-from ..archive._writer import file_mode as _x_file_mode
+from ..archive import (
+    ArchiveLimitError,
+    UnsafeArchiveMemberError,
+    extracted_dir_mode,
+    extracted_file_mode,
+    normalize_member_name,
+    symlink_target_walk,
+)
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root
 from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
@@ -67,21 +71,6 @@ def fingerprint(manifest_digest: str, tree_digest_hex: str) -> str:
     return hashlib.sha256(f"sfs-fp-v1\0{manifest_digest}\0{tree_digest_hex}".encode()).hexdigest()
 
 
-def _walk_target(link: bytes, target: str | bytes, alimits: Any) -> tuple[list[bytes], bytes]:
-    """The extractor's lexical target walk: ``(paths passed through, final path)``."""
-    res = symlink_walk(link, target, alimits, link)
-    if isinstance(res, tuple):
-        return res
-    # older form: only the through-list; compute the final path the same way
-    stack = link.split(b"/")[:-1]
-    for comp in (c for c in os.fsencode(target).split(b"/") if c and c != b"."):
-        if comp == b"..":
-            stack.pop()
-        else:
-            stack.append(comp)
-    return res, b"/".join(stack)
-
-
 def _is_link(ws: Root, path: bytes) -> bool | None:
     """True/False for a symlink / something else at ``path``; None when missing or unreachable."""
     try:
@@ -95,12 +84,12 @@ def _is_link(ws: Root, path: bytes) -> bool | None:
 def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | None:
     """Why hydrate would refuse this symlink (None: it restores), by the extractor's rules.
 
-    Absolute or escaping targets raise from :func:`symlink_walk`; a target
+    Absolute or escaping targets raise from :func:`~sandbox_fs.archive.symlink_target_walk`; a target
     passing *through* another symlink is refused (CVE-2025-4517 chains);
     a chain of links that comes back on itself is a cycle, also refused.
     Up to 40 links are followed (the kernel's own bound, ELOOP).
     """
-    through, final = _walk_target(link, target, alimits)
+    through, final = symlink_target_walk(link=link, target=target, limits=alimits)
     for p in through:
         is_link = _is_link(ws, p)
         if is_link:
@@ -117,7 +106,7 @@ def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | N
             return None
         try:
             nxt = ws.readlink(cur)
-            _t, cur = _walk_target(cur, nxt, alimits)
+            _t, cur = symlink_target_walk(link=cur, target=nxt, limits=alimits)
         except FileNotFoundError:
             return None
         except (UnsafeArchiveMemberError, ArchiveLimitError):
@@ -129,8 +118,8 @@ def _policy_check(ws: Root, src: Root, item: _Item, on_unrestorable: str, skippe
                   alimits: Any, dfd: int | None = None) -> tuple[bool, str | None, os.stat_result | None]:
     """``(True, symlink target or None, lstat)`` when the item may be persisted; refuses or records it otherwise.
 
-    The rules are the archive extractor's own (:func:`sandbox_fs.archive._names.normalize_member`
-    and ``symlink_walk``), applied here so a saved snapshot always hydrates:
+    The rules are the archive extractor's own (:func:`~sandbox_fs.archive.normalize_member_name`
+    and :func:`~sandbox_fs.archive.symlink_target_walk`), applied here so a saved snapshot always hydrates:
     names (zip slip, CVE-2007-4559; backslash ``..``, CVE-2021-37713; drive
     letters; over PATH_MAX), symlink targets (absolute, escaping, or passing
     through another symlink: CVE-2025-4517), and special files.  The name is
@@ -157,7 +146,7 @@ def _policy_check(ws: Root, src: Root, item: _Item, on_unrestorable: str, skippe
     st: os.stat_result | None = item.st
     raw = item.path.encode("utf-8", "surrogateescape")
     try:
-        normalize_member(raw, alimits)
+        normalize_member_name(name=raw, limits=alimits)
         if item.kind == "symlink":
             with _source_changed(item.path):
                 got = _readlink_listed(src, item, dfd)
@@ -266,7 +255,7 @@ def _walk_entries(ws: Root, src: Root, state: "_WalkState", excluded: frozenset[
                 return False
             state.count(item)
             digest.add(item.path, "dir", 0, mode, "")
-            if fixups is not None and mode != _x_dir_mode(mode):
+            if fixups is not None and mode != extracted_dir_mode(mode=mode):
                 fixups.append((item.path, mode))
             if writes:
                 files.add(ti, hdr)
@@ -375,14 +364,14 @@ class _WalkState:
         ti.linkname = link
         hdr = _header(ti)
         if not fits:
-            why, cost = self.headers.check(hdr, path)
+            why, cost = self.headers.check(header=hdr, member=path)
             if why is not None:
                 if self.on_unrestorable == "skip":
                     self.skipped.append((path, why))
                     return False, None, None
                 raise UnrestorableEntryError(f"{why}; hydrate would refuse it, so persist refuses it too",
                                              sandbox_path=path, context={"kind": _KIND_NAMES.get(kind, "file")})
-            self.headers.admit(cost)
+            self.headers.admit(cost=cost)
         return True, ti, hdr
 
     def count(self, item: _Item) -> None:
@@ -426,7 +415,7 @@ class _WalkState:
         if self.content > limits.max_total_bytes:
             raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
                                      context={"max_total_bytes": limits.max_total_bytes})
-        if self.fixups is not None and mode != _x_file_mode(mode):
+        if self.fixups is not None and mode != extracted_file_mode(mode=mode):
             self.fixups.append((item.path, mode))
         if ti is None:  # no sink: the digest needs no header
             ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)

@@ -23,8 +23,7 @@ import secrets
 import stat as _stat
 from typing import IO, Callable, Iterable
 
-from ..archive import ArchiveFormatError, ArchiveLimits
-from ..archive._extract import _extract as _archive_extract
+from ..archive import ArchiveFormatError, ArchiveLimits, extract_stream
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
 from ._errors import SnapshotCorruptError, SnapshotError, SnapshotSourceChangedError
@@ -286,8 +285,8 @@ def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLim
     # by hydrate as a corrupt archive once the CRC-32 check (also bounded) disagrees.
     rules = SnapshotPolicy(limits)
     try:
-        _archive_extract(ws, dest, f, "tar", rules.archive_limits(archive_bytes), rules.extract_policy(), None,
-                         made, exact)
+        extract_stream(root=ws, dest=dest, source=f, limits=rules.archive_limits(archive_bytes),
+                       policy=rules.extract_policy(), made=made, exact_modes=exact)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import re
 import stat as _stat
-import tarfile
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..archive import ArchiveFormatError, ArchiveLimits, ExtractPolicy
-from ..archive._tar import _EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
-from ..archive._writer import STAGED_PATH_MAX
+from ..archive import STAGED_PATH_MAX, ArchiveLimits, ExtractPolicy, HeaderChainCheck
 from ..errors import InvalidPathError
 from ..root import MAX_PATH_BYTES
 from ._errors import SnapshotLimitError
@@ -43,7 +40,6 @@ __all__ = [
 SNAPSHOT_FORMAT = "sandbox-fs-snapshot"
 SNAPSHOT_VERSION = 1
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-_BLOCK_BYTES = tarfile.BLOCKSIZE  # 512: tar members and headers are padded to this
 
 
 def validate_name(name: str, what: str = "snapshot name") -> str:
@@ -110,18 +106,18 @@ class SnapshotPolicy:
     Persist applies the *same* object to what it is about to write, before
     anything is committed, so whatever persist commits, hydrate restores:
 
-    * member names: the extractor's :func:`~sandbox_fs.archive._names.normalize_member`
+    * member names: the extractor's :func:`~sandbox_fs.archive.normalize_member_name`
       with :meth:`archive_limits` (zip slip CVE-2007-4559, backslash ``..``
       CVE-2021-37713, drive letters, NUL, a component over 255 bytes, depth,
-      paths over :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX`);
-    * symlink targets: the extractor's ``symlink_walk`` (absolute, escaping,
+      paths over :data:`~sandbox_fs.archive.STAGED_PATH_MAX`);
+    * symlink targets: the extractor's :func:`~sandbox_fs.archive.symlink_target_walk` (absolute, escaping,
       through another symlink: CVE-2025-4517);
     * the header chain of every member exactly as written
-      (:meth:`header_check`): each PAX extended header or GNU long name no
-      larger than ``max_header_bytes``, at most ``MAX_HEADER_CHAIN`` of them,
-      each PAX body well formed and within the extractor's CVE-2024-6232
-      digit-run budget (:class:`~sandbox_fs.archive._tar.PaxBudget`, the same
-      class the extractor charges, per header and per archive);
+      (:meth:`header_check`, the extractor's
+      :class:`~sandbox_fs.archive.HeaderChainCheck`): each PAX extended header
+      or GNU long name no larger than ``max_header_bytes``, a bounded number
+      of them, each PAX body well formed and within the extractor's
+      CVE-2024-6232 digit-run budget (per header and per archive);
     * counts and sizes: ``max_entries`` (members), ``max_file_bytes``,
       ``max_total_bytes`` and the archive's own size against
       ``max_archive_bytes`` (:meth:`check_archive_bytes`);
@@ -142,7 +138,7 @@ class SnapshotPolicy:
         """The extractor's limits: the same bounds persist applied.
 
         Depth and path length are as wide as hydrate can stage: a path is at
-        most :data:`~sandbox_fs.archive._writer.STAGED_PATH_MAX` bytes (PATH_MAX
+        most :data:`~sandbox_fs.archive.STAGED_PATH_MAX` bytes (PATH_MAX
         less the staging directory's name, through which every restored path is
         reached).  An uncompressed tar never expands, so the expansion-ratio
         bound is left at its default.  With ``archive_bytes`` (the validated
@@ -167,9 +163,9 @@ class SnapshotPolicy:
         """The mode a snapshot records and restores: the permission bits only (set-id and sticky cleared)."""
         return _stat.S_IMODE(st_mode) & 0o777
 
-    def header_check(self) -> "_HeaderCheck":
+    def header_check(self) -> HeaderChainCheck:
         """A fresh per-archive checker of written header chains (its PAX budget starts empty)."""
-        return _HeaderCheck(self.archive)
+        return HeaderChainCheck(limits=self.archive)
 
     def check_archive_bytes(self, nbytes: int) -> None:
         """Refuse an archive hydrate would not read (larger than ``max_archive_bytes``).
@@ -181,59 +177,6 @@ class SnapshotPolicy:
             raise SnapshotLimitError("the snapshot archive would be larger than max_archive_bytes", sandbox_path=None,
                                      context={"max_archive_bytes": self.limits.max_archive_bytes,
                                               "archive_bytes": nbytes})
-
-
-class _HeaderCheck:
-    """The extractor's header rules applied to the header chain persist is about to write (one archive).
-
-    Args:
-        alimits: the policy's :class:`ArchiveLimits` (``max_header_bytes``).
-    """
-
-    def __init__(self, alimits: ArchiveLimits) -> None:
-        self._max_header = alimits.max_header_bytes
-        self.budget = PaxBudget()
-
-    def check(self, hdr: bytes, member: str) -> tuple[str | None, int]:
-        """``(why hydrate would refuse this header chain or None, its PAX digit cost)``; admits nothing."""
-        pos = 0
-        cost = 0
-        chain = 0
-        while pos + _BLOCK_BYTES <= len(hdr):
-            block = hdr[pos:pos + _BLOCK_BYTES]
-            kind = block[156:157]
-            if kind not in _EXT_TYPES:
-                break  # the member's own header: the chain is over
-            chain += 1
-            if chain >= MAX_HEADER_CHAIN:
-                return f"its tar header needs more than {MAX_HEADER_CHAIN} extension headers", 0
-            try:
-                size = int(block[124:136].rstrip(b"\0 ") or b"0", 8)
-            except ValueError:
-                return "its tar header has an unreadable size field", 0
-            if size > self._max_header:
-                return f"its tar extension header ({size} bytes) exceeds max_header_bytes", 0
-            body = hdr[pos + _BLOCK_BYTES:pos + _BLOCK_BYTES + size + (-size % _BLOCK_BYTES)]
-            if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE):
-                try:
-                    one = check_pax_body(body, size, member)
-                except ArchiveFormatError:
-                    return "its PAX header would not parse", 0
-                spent = self.budget.spent
-                self.budget.spent = spent + cost  # the chain's earlier PAX headers count too
-                try:
-                    why = self.budget.refusal(one)
-                finally:
-                    self.budget.spent = spent
-                if why is not None:
-                    return why, 0
-                cost += one
-            pos += _BLOCK_BYTES + size + (-size % _BLOCK_BYTES)
-        return None, cost
-
-    def admit(self, cost: int) -> None:
-        """Count an admitted header chain's digit cost against the archive budget."""
-        self.budget.spent += cost
 
 
 @dataclass
