@@ -23,6 +23,7 @@ import secrets
 import stat as _stat
 from typing import IO, Callable, Iterable
 
+from .._root_walk import walk_dirs
 from ..archive import ArchiveFormatError, ArchiveLimits, extract_stream
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
@@ -215,7 +216,7 @@ def _refuse_entries_over_kept(ws: Root, sub: Subtree, keep_ids: frozenset[tuple[
     """
     kept: list[str] = []
     try:
-        for dirpath, dents, _nondirs in ws._walk_dirs("."):
+        for _dirpath, dents, _nondirs in walk_dirs(ws, "."):
             for ent in list(dents):  # lstat taken relative to the listed directory's fd
                 ident = (ent.stat.st_dev, ent.stat.st_ino)
                 if ident in keep_ids or ident == sid or is_mount(ent.stat):  # is_mount: another device too
