@@ -36,32 +36,160 @@ _GEN_ARCHIVE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.g([0-9]{1,18})\.[
 
 @runtime_checkable
 class SnapshotStore(Protocol):
-    """Where snapshots live.  Every method is blocking (call it from a worker thread).
+    """Where snapshots live: the extension point a host implements to keep snapshots elsewhere.
 
-    ``enabled`` is False for :class:`NoSnapshot`.  ``begin`` returns a binary
-    writable sink; ``commit`` makes it the named snapshot atomically (the
-    previous one stays valid until then) and returns the metadata it
-    committed, with a ``generation`` one more than the previous one (a store
-    without generations may return None: generation 0); ``abort`` discards it.
+    :func:`persist`, :func:`hydrate`, sessions and the client call these
+    methods; :class:`LocalSnapshotStore` (files in a host directory) and
+    :class:`NoSnapshot` (keeps nothing) implement them.  Every method is
+    blocking and is called from a worker thread, never from the event loop;
+    one store may serve several sessions at once, so its methods may be
+    called from several threads concurrently, also for the same name.  Snapshot
+    names are plain tokens (:func:`validate_name`); a store must not accept
+    other names, since they may become file names.
+
+    What a store must guarantee: a snapshot becomes current only at
+    :meth:`commit`, atomically, and until then the previous snapshot of that
+    name stays readable and intact (also when the commit fails or the process
+    dies mid-way); what :meth:`open_archive` returns is exactly what was
+    committed (verified against the metadata, or refused).
+
+    Attributes:
+        enabled: False only for a store that keeps nothing (:class:`NoSnapshot`):
+            persist is then a no-op and nothing is ever restored.
     """
 
     enabled: bool
 
-    def info(self, name: str) -> SnapshotInfo | None: ...
+    def info(self, name: str) -> SnapshotInfo | None:
+        """The metadata of the current snapshot ``name``, or None when there is none.
 
-    def begin(self, name: str) -> "PendingArchive": ...
+        Args:
+            name: the snapshot name (a plain token).
 
-    def commit(self, pending: "PendingArchive", info: SnapshotInfo) -> "SnapshotInfo | None": ...
+        Returns:
+            The :class:`SnapshotInfo` last committed for ``name``, or None.
 
-    def abort(self, pending: "PendingArchive") -> None: ...
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotCorruptError: the stored metadata is not valid.
+        """
+        ...
 
-    def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]: ...
+    def begin(self, name: str) -> PendingArchive:
+        """Start writing a new archive for ``name``; nothing is visible until :meth:`commit`.
 
-    def list(self) -> list[SnapshotInfo]: ...
+        Persist writes the archive through ``pending.sink`` only, from one
+        writer thread of its own, in order: ``sink.write(b)`` (a bytes-like
+        object; returns its length, writing all of it), then reads
+        ``sink.count`` (the bytes written, an int) and ``sink.hexdigest()``
+        (their CRC-32, 8 lowercase hex digits) once every write returned.  The
+        other fields of :class:`PendingArchive` are the store's own.
 
-    def remove(self, name: str) -> None: ...
+        Args:
+            name: the snapshot name (a plain token).
 
-    def close(self) -> None: ...
+        Returns:
+            The :class:`PendingArchive` to write and then pass to
+            :meth:`commit` or :meth:`abort` (exactly one of them).
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotError: the store keeps nothing (:class:`NoSnapshot`).
+            OSError: the store cannot be written.
+        """
+        ...
+
+    def commit(self, pending: PendingArchive, info: SnapshotInfo) -> SnapshotInfo | None:
+        """Make the written archive the current snapshot ``pending.name``, atomically.
+
+        ``info`` is the metadata persist computed (``archive_bytes`` and
+        ``archive_crc32`` of what was written, the fingerprint, the
+        ``mode_fixups`` ...); the store may set ``archive`` (its own name for the
+        archive) and ``generation``.  The store must make the archive durable
+        and check that it reads back with ``archive_bytes`` and
+        ``archive_crc32`` before it becomes current; the previous snapshot of
+        the name stays current until then, and may be dropped after.
+
+        Args:
+            pending: what :meth:`begin` returned, fully written.
+            info: the snapshot's metadata.
+
+        Returns:
+            The metadata committed, with ``generation`` one more than the
+            previous one of this name (monotonic per name); or None for a store
+            without generations (``info`` is then what was committed,
+            generation 0).
+
+        Raises:
+            SnapshotVerifyError: the archive or its metadata did not read back
+                as written; the previous snapshot (``context["generation"]``) is
+                current (retryable).
+            SnapshotError: the store keeps nothing (:class:`NoSnapshot`).
+            OSError: the store cannot be written (ENOSPC ...); the previous
+                snapshot stays current.
+        """
+        ...
+
+    def abort(self, pending: PendingArchive) -> None:
+        """Discard an archive that will not be committed; the current snapshot is unchanged.
+
+        Called by persist on every failure, also after :meth:`commit` raised,
+        so it must be idempotent and must not raise.
+
+        Args:
+            pending: what :meth:`begin` returned.
+        """
+        ...
+
+    def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
+        """Open the current snapshot ``name`` for reading, verified.
+
+        Hydrate extracts the archive from the returned reader (reading it
+        once, forward only, never past ``info.archive_bytes``) and closes it.
+
+        Args:
+            name: the snapshot name (a plain token).
+            limits: ``limits.max_archive_bytes`` (bytes) bounds the archive
+                the store may hand out.
+
+        Returns:
+            ``(reader, info)``: a binary reader at offset 0 whose content is
+            exactly ``info.archive_bytes`` bytes with CRC-32
+            ``info.archive_crc32`` (checked before returning), and the
+            snapshot's metadata.  The caller closes the reader.
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotNotFoundError: no snapshot with this name.
+            SnapshotCorruptError: the archive is missing, or its size or
+                CRC-32 does not match the metadata.
+            SnapshotLimitError: the archive is larger than ``limits.max_archive_bytes``.
+        """
+        ...
+
+    def list(self) -> list[SnapshotInfo]:
+        """The metadata of every current snapshot, sorted by name (unreadable ones left out).
+
+        Raises:
+            OSError: the store cannot be read.
+        """
+        ...
+
+    def remove(self, name: str) -> None:
+        """Delete snapshot ``name`` and its archives; a missing one is no error.
+
+        Args:
+            name: the snapshot name (a plain token).
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            OSError: the store cannot be written.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the store's resources (idempotent).  The client calls it when it closes."""
+        ...
 
 
 class _HashingSink(io.RawIOBase):
@@ -114,7 +242,15 @@ class _HashingSink(io.RawIOBase):
 
 @dataclass
 class PendingArchive:
-    """An archive being written into a store; ``stream`` is the buffered sink."""
+    """An archive being written into a store (returned by :meth:`SnapshotStore.begin`).
+
+    Attributes:
+        name: the snapshot name it will be committed as.
+        fd: the archive file's fd (-1 once released).
+        sink: what persist writes through (``write``, ``count``, ``hexdigest()``).
+        stream: a buffered writer over ``sink`` (the local store's own).
+        partial: the name of a named partial file, or None for an ``O_TMPFILE``.
+    """
 
     name: str
     fd: int
@@ -132,15 +268,30 @@ class NoSnapshot:
         return None
 
     def begin(self, name: str) -> PendingArchive:
+        """Refused: this store keeps nothing.
+
+        Raises:
+            SnapshotError: always.
+        """
         raise SnapshotError("this client has no snapshot store", sandbox_path=None)
 
     def commit(self, pending: PendingArchive, info: SnapshotInfo) -> None:
+        """Refused: this store keeps nothing.
+
+        Raises:
+            SnapshotError: always.
+        """
         raise SnapshotError("this client has no snapshot store", sandbox_path=None)
 
     def abort(self, pending: PendingArchive) -> None:
         pass
 
     def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
+        """Refused: this store keeps nothing.
+
+        Raises:
+            SnapshotNotFoundError: always.
+        """
         raise SnapshotNotFoundError("this client has no snapshot store", sandbox_path=None,
                                     context={"snapshot": name})
 
@@ -379,7 +530,11 @@ class LocalSnapshotStore:
             raise
 
     def list(self) -> list[SnapshotInfo]:
-        """Metadata of every valid snapshot in the store, sorted by name (corrupt ones left out)."""
+        """Metadata of every valid snapshot in the store, sorted by name (corrupt ones left out).
+
+        Raises:
+            OSError: the store directory cannot be read.
+        """
         out = []
         for fname in self.root.listdir("."):
             if fname.endswith(".json") and _TOKEN.fullmatch(fname[:-5]):
@@ -394,7 +549,12 @@ class LocalSnapshotStore:
     # -- writing
 
     def begin(self, name: str) -> PendingArchive:
-        """Start a new archive for ``name``: an ``O_TMPFILE`` in the store (a named partial as fallback)."""
+        """Start a new archive for ``name``: an ``O_TMPFILE`` in the store (a named partial as fallback).
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            OSError: the store directory cannot be written.
+        """
         validate_name(name)
         partial = None
         try:
@@ -546,7 +706,12 @@ class LocalSnapshotStore:
             os.close(fd)
 
     def remove(self, name: str) -> None:
-        """Delete snapshot ``name`` (metadata first, then its archives).  Missing is fine."""
+        """Delete snapshot ``name`` (metadata first, then its archives).  Missing is fine.
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            OSError: the store directory cannot be written.
+        """
         validate_name(name)
         for fname in [f"{name}.json"] + [f for f in self.root.listdir(".")
                                           if f.startswith(f"{name}.") and f.endswith((".tar", ".lock"))]:
