@@ -164,7 +164,7 @@ class SessionConfig:
         identity: who confined commands run as: ``"auto"`` (on a root host
             one uid/gid leased at :meth:`Session.start` for the life of the
             session and given back at close; see
-            :mod:`sandbox_fs._identity`), ``"host"`` or an explicit
+            :mod:`sandbox_fs.exec._identity`), ``"host"`` or an explicit
             ``(uid, gid)`` (see ``ConfinementPolicy.identity``).
         identity_range: ``(base, count)`` the ``"auto"`` lease is taken
             from (None: the documented default range).
@@ -430,7 +430,7 @@ class Session:
     def _prepare_sync(self, created: list[bool]) -> str:
         cfg = self.config
         if cfg.identity == "auto" and os.geteuid() == 0 and self._lease is None:
-            from . import _identity  # noqa: PLC0415
+            from .exec import _identity  # noqa: PLC0415
 
             try:
                 self._lease = _identity.lease(*(cfg.identity_range or (_identity.DEFAULT_ID_BASE,

@@ -18,8 +18,9 @@ import trio
 
 import sandbox_fs
 from sandbox_fs import open_root
-from sandbox_fs import _landlock
+from sandbox_fs.exec import _landlock
 from sandbox_fs import exec as sfs_exec
+from sandbox_fs.exec import _helper, _output
 from sandbox_fs.errors import PathEscapeError
 from sandbox_fs.exec import (
     CommandNotFoundError,
@@ -283,7 +284,7 @@ async def test_python_needs_an_explicit_read_only_grant(layout, ws, pygrant):
 async def test_read_write_grant_and_nested_read_only_grant(layout, ws):
     """A read-write grant works for the identity that owns it; one it does not own is refused
     (root host: the child could not write it; SECURITY.md, confined commands' identity)."""
-    from sandbox_fs import _identity
+    from sandbox_fs.exec import _identity
 
     sub = layout.outside / "subdir"
     g = open_root(sub)
@@ -522,7 +523,7 @@ async def test_best_effort_reports_landlock(layout, ws):
 
 
 async def test_missing_helper_fails_closed(layout, ws, monkeypatch):
-    monkeypatch.setattr(sfs_exec, "helper_path", lambda: "/nonexistent/sfs-exec")
+    monkeypatch.setattr(_helper, "helper_path", lambda: "/nonexistent/sfs-exec")
     with pytest.raises(ConfinementError, match="helper"):
         await run(layout, ws, ["true"], confinement="none")
 
@@ -668,7 +669,7 @@ def test_property_head_tail_buffer():
     @settings(max_examples=300, deadline=None)
     @given(st.lists(st.binary(max_size=64), max_size=40), st.integers(min_value=0, max_value=100))
     def prop(chunks, max_bytes):
-        buf = sfs_exec._HeadTail(max_bytes)
+        buf = _output._HeadTail(max_bytes)
         for c in chunks:
             buf.append(c)
             assert len(buf.head) + len(buf.tail) <= max_bytes + max_bytes // 2 + 64 + 1

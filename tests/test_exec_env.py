@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import sandbox_fs
 from sandbox_fs import exec as sfs_exec
+from sandbox_fs.exec import _helper
 from sandbox_fs.exec import CommandNotFoundError, ConfinementPolicy, InvalidEnvError, ProcessSupervisor, run_confined
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +125,7 @@ def evil(tmp_path):
 @pytest.mark.parametrize("where", ["so_outside", "so_inside"])
 async def test_ld_preload_never_reaches_a_dynamic_helper(dynamic_helper, evil, monkeypatch, where):
     """LD_PRELOAD in the command's environment ran code as unconfined root in a dynamic helper."""
-    monkeypatch.setattr(sfs_exec, "helper_path", lambda: dynamic_helper)
+    monkeypatch.setattr(_helper, "helper_path", lambda: dynamic_helper)
     ws = sandbox_fs.open_root(str(evil["ws"]))
     try:
         async with ProcessSupervisor() as sup:
@@ -146,7 +147,7 @@ async def test_ld_preload_never_reaches_a_dynamic_helper(dynamic_helper, evil, m
 @needs_cc
 async def test_dynamic_helper_gets_an_empty_environment_even_unconfined(dynamic_helper, evil, monkeypatch):
     """confinement='none' too: the helper's own loader never sees the caller's environment."""
-    monkeypatch.setattr(sfs_exec, "helper_path", lambda: dynamic_helper)
+    monkeypatch.setattr(_helper, "helper_path", lambda: dynamic_helper)
     ws = sandbox_fs.open_root(str(evil["ws"]))
     try:
         r = await run_confined(["/bin/sh", "-c", "echo $LD_PRELOAD"], workspace=ws,
@@ -171,7 +172,7 @@ class _Spawns:
             self.calls.append((list(args), kw.get("env", "<inherited>")))
             return await real(args, **kw)
 
-        monkeypatch.setattr(sfs_exec.trio.lowlevel, "open_process", spy)
+        monkeypatch.setattr(trio.lowlevel, "open_process", spy)
 
 
 @needs_landlock

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 import sandbox_fs
-from sandbox_fs import _landlock
+from sandbox_fs.exec import _landlock
 from sandbox_fs import exec as sfs_exec
 from sandbox_fs.exec import ConfinementPolicy, ProcessSupervisor, run_confined
 

@@ -24,8 +24,9 @@ import pytest
 import trio
 
 import sandbox_fs
-from sandbox_fs import _identity, open_root
+from sandbox_fs import open_root
 from sandbox_fs import exec as sfs_exec
+from sandbox_fs.exec import _cgroups, _identity
 from sandbox_fs.exec import ConfinementError, ConfinementPolicy, ExecError, ProcessSupervisor, run_confined
 
 ABI = sandbox_fs.features()["landlock_abi"]
@@ -143,7 +144,7 @@ async def test_supervisor_lease_released_at_close(wsr):
 
 
 def test_lease_freed_when_its_host_is_sigkilled():
-    code = ("import sys, time; from sandbox_fs import _identity; l = _identity.lease(); "
+    code = ("import sys, time; from sandbox_fs.exec import _identity; l = _identity.lease(); "
             "print(l.uid, flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
@@ -402,8 +403,8 @@ async def test_client_identity_option_reaches_the_session(tmp_path):
 async def test_identity_is_a_process_bound_where_no_pids_controller_is(wsr, monkeypatch):
     """RLIMIT_NPROC binds the leased identity, so 'required' runs even without any cgroup pids controller."""
     base, ws = wsr
-    monkeypatch.setattr(sfs_exec, "_read_pids_max", lambda leaf: None)
-    monkeypatch.setattr(sfs_exec, "_find_pids_v1", lambda: None)
+    monkeypatch.setattr(_cgroups, "_read_pids_max", lambda leaf: None)
+    monkeypatch.setattr(_cgroups, "_find_pids_v1", lambda: None)
     r = await run(base, ws, ["true"])
     assert r.exit_code == 0 and r.process_bounds == ("rlimit.nproc=4096",)
     with pytest.raises(ConfinementError, match="process-count bound"):

@@ -16,12 +16,13 @@ import trio
 
 import sandbox_fs
 from sandbox_fs import exec as sfs_exec
+from sandbox_fs.exec import _bounds, _cgroups, _prepare
 from sandbox_fs.exec import ConfinementError, ConfinementPolicy, ProcessSupervisor, run_confined
 
 ABI = sandbox_fs.features()["landlock_abi"]
 HELPER = os.access(sfs_exec.helper_path(), os.X_OK)
 ROOT = os.geteuid() == 0
-V1 = sfs_exec._find_pids_v1()
+V1 = _cgroups._find_pids_v1()
 
 pytestmark = pytest.mark.skipif(not HELPER, reason="sandbox_fs/sfs-exec is not built (pip install -e . builds it)")
 needs_v1 = pytest.mark.skipif(not ROOT or V1 is None,
@@ -84,7 +85,7 @@ async def _run_bomb(tmp_path, policy, tag, n=200, confinement="required"):
 @needs_v1
 async def test_fork_bomb_bounded_by_cgroup_v1_pids(tmp_path, monkeypatch):
     """A root command forking 200 sleepers gets at most pids_max tasks (the v1 pids leaf), and none survive."""
-    monkeypatch.setattr(sfs_exec, "_nproc_enforced", lambda: False)  # uid 0: RLIMIT_NPROC binds nothing
+    monkeypatch.setattr(_bounds, "_nproc_enforced", lambda: False)  # uid 0: RLIMIT_NPROC binds nothing
     tag = f"7.{os.getpid()}{int.from_bytes(os.urandom(2), 'big')}"  # a unique `sleep` argument (~7 s)
     pol = ConfinementPolicy(pids_max=64, processes=64, identity="host")  # a uid-0 command
     r, alive = await _run_bomb(tmp_path, pol, tag)
@@ -104,8 +105,8 @@ async def test_fork_bomb_bounded_by_cgroup_v1_pids(tmp_path, monkeypatch):
 @needs_v1
 async def test_v1_only_kill_ends_a_setsid_background_process(tmp_path, monkeypatch):
     """Without a cgroup v2 leaf, the supervisor kills what the v1 pids leaf lists (setsid'd ones too)."""
-    monkeypatch.setattr(sfs_exec, "_nproc_enforced", lambda: False)
-    monkeypatch.setattr(sfs_exec, "_find_cgroup2", lambda: None)
+    monkeypatch.setattr(_bounds, "_nproc_enforced", lambda: False)
+    monkeypatch.setattr(_cgroups, "_find_cgroup2", lambda: None)
     ws_dir = tmp_path / "ws"
     ws_dir.mkdir()
     ws = sandbox_fs.open_root(str(ws_dir))
@@ -149,9 +150,9 @@ def _state(pid: int) -> str:
 
 def _no_bound_here(monkeypatch):
     """Make this host look like one with no pids controller and uid 0 (RLIMIT_NPROC not enforced)."""
-    monkeypatch.setattr(sfs_exec, "_read_pids_max", lambda leaf: None)
-    monkeypatch.setattr(sfs_exec, "_find_pids_v1", lambda: None)
-    monkeypatch.setattr(sfs_exec, "_nproc_enforced", lambda: False)
+    monkeypatch.setattr(_cgroups, "_read_pids_max", lambda leaf: None)
+    monkeypatch.setattr(_cgroups, "_find_pids_v1", lambda: None)
+    monkeypatch.setattr(_bounds, "_nproc_enforced", lambda: False)
 
 
 async def test_required_refuses_without_any_process_bound(tmp_path, monkeypatch):
@@ -227,10 +228,10 @@ CASES = [
 
 @pytest.mark.parametrize("v2, nproc, v1, confinement, pol, expected", CASES)
 def test_bound_selection_table(tmp_path, monkeypatch, v2, nproc, v1, confinement, pol, expected):
-    monkeypatch.setattr(sfs_exec, "_nproc_enforced", lambda: nproc)
+    monkeypatch.setattr(_bounds, "_nproc_enforced", lambda: nproc)
     policy = ConfinementPolicy(**pol)
     v1_leaf = _leaf(tmp_path / "v1", policy.pids_max) if v1 and policy.pids_max is not None else None
-    prep = sfs_exec._Prepared([], {}, [], -1, "none", 0, None, (), ".")
+    prep = _prepare._Prepared([], {}, [], -1, "none", 0, None, (), ".")
     if v2 is not None:
         prep.leaf = str(tmp_path / "v2")
         (tmp_path / "v2").mkdir()
@@ -239,10 +240,10 @@ def test_bound_selection_table(tmp_path, monkeypatch, v2, nproc, v1, confinement
     try:
         if expected == "refused":
             with pytest.raises(ConfinementError) as info:
-                sfs_exec._process_bounds(prep, sup, policy, confinement)
+                _bounds._process_bounds(prep, sup, policy, confinement)
             assert info.value.code == "confinement_unavailable"
             return
-        args = sfs_exec._process_bounds(prep, sup, policy, confinement)
+        args = _bounds._process_bounds(prep, sup, policy, confinement)
         assert prep.process_bounds == expected
         uses_v1 = any(b.startswith("cgroup1.") for b in expected)
         assert (args[:1] == ["--pids-procs"]) == uses_v1

@@ -275,7 +275,7 @@ async def test_no_hard_link_to_a_host_setid_binary(layout, ws, host_suid, read_o
     script = "".join(f"ln '{src}' link{i}; echo $?\n" for i, src in enumerate(sources))
     import contextlib
 
-    from sandbox_fs import _identity
+    from sandbox_fs.exec import _identity
 
     # A root host runs the command as a leased identity, which must own the read-write grant.
     with (_identity.lease() if os.geteuid() == 0 else contextlib.nullcontext()) as lease:

@@ -22,6 +22,7 @@ import trio
 
 import sandbox_fs
 from sandbox_fs import exec as sfs_exec
+from sandbox_fs.exec import _helper, _prepare
 from sandbox_fs.exec import ConfinementPolicy, ExecTimeoutError, ProcessSupervisor, PtyManager, run_confined
 
 pytestmark = pytest.mark.skipif(not os.access(sfs_exec.helper_path(), os.X_OK),
@@ -39,14 +40,14 @@ async def run(layout, ws, argv, **kw):
 def mode(request, monkeypatch):
     """Both init modes: a PID namespace, and the subreaper fallback (forced with --no-pid-ns)."""
     if request.param == "subreaper":
-        real = sfs_exec._prepare
+        real = _prepare._prepare
 
         def prepare(*a, **kw):
             prep = real(*a, **kw)
             prep.helper_argv[prep.helper_argv.index("--init")] = "--no-pid-ns"
             return prep
 
-        monkeypatch.setattr(sfs_exec, "_prepare", prepare)
+        monkeypatch.setattr(_prepare, "_prepare", prepare)
     return request.param
 
 
@@ -195,9 +196,10 @@ async def test_closing_never_signals_a_reused_process_group(layout, ws, monkeypa
 def test_supervisor_has_no_raw_pid_signalling():
     """The class of the bug: no os.killpg / os.kill on stored pids anywhere in the supervision code."""
     import ast
-    import inspect
+    import pathlib
 
-    calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(ast.parse(inspect.getsource(sfs_exec)))
+    sources = [p.read_text() for p in pathlib.Path(sfs_exec.__file__).parent.glob("*.py")]  # the whole package
+    calls = {f"{n.func.value.id}.{n.func.attr}" for src in sources for n in ast.walk(ast.parse(src))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
     assert not calls & {"os.killpg", "os.kill"}, calls & {"os.killpg", "os.kill"}
     assert "signal.pidfd_send_signal" in calls
@@ -319,7 +321,7 @@ def test_status_protocol():
     os.close(w)
 
     async def main():
-        st = sfs_exec._Status(r)
+        st = _helper._Status(r)
         assert await st.startup() == b""
         assert st.take_exit() == 768
         st.close()

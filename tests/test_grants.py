@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import sandbox_fs
 from sandbox_fs import exec as sfs_exec
+from sandbox_fs.exec import _helper
 from sandbox_fs.client import ClientOptions, LocalSandboxClient
 from sandbox_fs.errors import InvalidPathError, PathEscapeError, ReadOnlyError
 from sandbox_fs.exec import ConfinementError, build_ruleset, run_confined
@@ -168,7 +169,7 @@ def test_exec_refuses_a_ro_grant_nested_in_a_rw_grant(layout, ws):
 
 
 def _ro_layer() -> bool:
-    return os.access(sfs_exec.helper_path(), os.X_OK) and sfs_exec._ro_mounts_available(sfs_exec.helper_path())
+    return os.access(sfs_exec.helper_path(), os.X_OK) and _helper._ro_mounts_available(sfs_exec.helper_path())
 
 
 needs_ro_layer = pytest.mark.skipif(not _ro_layer(), reason="the read-only mount layer is unavailable here "

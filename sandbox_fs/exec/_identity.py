@@ -52,7 +52,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .root import Root
+    from ..root import Root
 
 __all__ = ["DEFAULT_ID_BASE", "DEFAULT_ID_COUNT", "LOCK_DIR", "IdentityLease", "lease", "reown_tree"]
 
@@ -291,8 +291,8 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
         OSError: the root itself cannot be changed; entries that vanish
             meanwhile are skipped.
     """
-    from . import _native  # noqa: PLC0415
-    from .root import fd_chown  # noqa: PLC0415
+    from .. import _native  # noqa: PLC0415
+    from ..root import fd_chown  # noqa: PLC0415
 
     uid, gid = owner
 

@@ -22,7 +22,7 @@ import stat as _stat
 from dataclasses import dataclass
 from typing import Iterable
 
-from . import _native
+from .. import _native
 
 # --- filesystem rights (landlock.h) ---------------------------------------
 FS_EXECUTE = 1 << 0

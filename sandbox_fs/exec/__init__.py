@@ -1,0 +1,59 @@
+"""Confined command execution under trio: Landlock, seccomp, namespaces, rlimits, supervision, PTY.
+
+Processes started in a workspace are untrusted.  :func:`run_confined` starts
+one through the ``sfs-exec`` helper so that on Linux it reads, writes and
+executes only beneath the workspace, its grants (by their mode) and a
+read-only system set; has no network unless a TCP port is allowed; runs
+under a seccomp allow-list, without capabilities, as a leased unprivileged
+identity on a root host, under an init of its own in its own PID namespace
+with a process-count bound; sees an environment built from an allow-list;
+and cannot make the host hold more than ``max_output_bytes`` per stream.
+Nothing it starts outlives it, its :class:`ProcessSupervisor` or the host
+process.  :class:`PtyManager` runs the same on pseudo-terminals.
+
+What each layer guarantees, where it comes from and what remains is in
+SECURITY.md, "Confined commands".
+
+Thread-safety: the async functions are meant for one trio run; a
+ProcessSupervisor and a PtyManager belong to one trio run.
+"""
+
+from ._env import DEFAULT_PATH, ENV_ALLOWLIST, MAX_ENV_BYTES, MAX_ENV_ENTRIES, build_env
+from ._errors import (
+    CommandNotFoundError,
+    ConfinementError,
+    ExecError,
+    ExecFailedError,
+    ExecTimeoutError,
+    InvalidEnvError,  # noqa: F401  (importable here as before, not in __all__)
+    PtyNotFoundError,
+)
+from ._helper import helper_path
+from ._models import Confinement, ConfinementPolicy, ExecResult  # noqa: F401  (Confinement: as before)
+from ._output import DEFAULT_MAX_OUTPUT_BYTES
+from ._pty import PtyManager
+from ._ruleset import build_ruleset
+from ._spawn import run_confined
+from ._supervisor import ProcessSupervisor
+
+__all__ = [
+    "ExecResult",
+    "ExecError",
+    "ExecTimeoutError",
+    "ExecFailedError",
+    "CommandNotFoundError",
+    "ConfinementError",
+    "PtyNotFoundError",
+    "ConfinementPolicy",
+    "ProcessSupervisor",
+    "PtyManager",
+    "run_confined",
+    "build_ruleset",
+    "build_env",
+    "helper_path",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "ENV_ALLOWLIST",
+    "DEFAULT_PATH",
+    "MAX_ENV_BYTES",
+    "MAX_ENV_ENTRIES",
+]

@@ -1,0 +1,206 @@
+"""What a confined run is asked and what it returns: :class:`ConfinementPolicy`, :class:`ExecResult`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from . import _identity, _seccomp
+
+#: The confinement levels a caller may ask for (see :func:`sandbox_fs.exec.run_confined`).
+Confinement = Literal["required", "best_effort", "none"]
+
+#: ``ConfinementPolicy.namespaces`` names and their ``CLONE_NEW*`` flags.
+_NS_FLAGS = {"net": 0x40000000, "ipc": 0x08000000, "uts": 0x04000000}
+_CLONE_NEWCGROUP = 0x02000000
+
+
+@dataclass(frozen=True)
+class ConfinementPolicy:
+    """Limits and network rules for confined processes.  Defaults are the documented ones.
+
+    Attributes:
+        cpu_time_s: ``RLIMIT_CPU`` in CPU seconds (None: unlimited).
+        address_space_bytes: ``RLIMIT_AS`` in bytes.
+        file_size_bytes: ``RLIMIT_FSIZE`` in bytes (largest file the child may write).
+        open_files: ``RLIMIT_NOFILE``.
+        processes: ``RLIMIT_NPROC`` (per user; not enforced by Linux for uid 0,
+            so it is a bound only for a non-root command).
+        core_dump_bytes: ``RLIMIT_CORE`` (0: no core dumps that could hold secrets).
+        pids_max: cgroup ``pids.max`` of each process's leaf: the cgroup v2
+            leaf when v2 has the ``pids`` controller, else a cgroup v1
+            ``pids`` leaf when ``processes`` is no bound (see the module
+            docstring, *Process-count bounds*).
+        allow_tcp_connect: TCP ports the child may connect to (Landlock ABI >= 4).
+        allow_tcp_bind: TCP ports the child may bind (Landlock ABI >= 4).
+        unrestricted_tcp: do not handle TCP at all (every port allowed).
+        scope_signals: deny signals to processes outside the sandbox (ABI >= 6).
+        scope_abstract_unix: deny connecting to abstract unix sockets
+            outside the sandbox (ABI >= 6).
+        drop_capabilities: drop every capability when running as root.
+        read_only_mounts: give the child a private mount namespace where
+            every mount is read-only except the workspace and read-write
+            grants (as root directly; otherwise inside a user namespace that
+            maps only our own uid/gid, when the system allows one: probed
+            once).  Its absence does not fail ``"required"``, which promises
+            Landlock; :attr:`ExecResult.read_only_mounts` says if it applied.  Landlock does not cover
+            ``chmod``, ``chown``, ``utime`` or xattr changes, and a child
+            running as uid 0 owns every system file: without this it could
+            ``chmod 4755`` a system binary or ``chmod 644 /etc/shadow``.
+        namespaces: subset of ``{"net", "ipc", "uts"}`` to unshare (root only).
+        isolate_network: when no TCP port is allowed (and not
+            ``unrestricted_tcp``), run the child in a new network namespace
+            (no interface but a down loopback: no TCP, UDP, ICMP ...).  As
+            root directly, otherwise inside the read-only mount layer's user
+            namespace; :attr:`ExecResult.network_isolated` says if it applied.
+        allow_unix_sockets: let the child create ``AF_UNIX`` sockets
+            (``socket()`` of type ``SOCK_STREAM``, ``SOCK_DGRAM`` or
+            ``SOCK_SEQPACKET``, and datagram ``socketpair``).  By default they
+            are refused (seccomp, ``EAFNOSUPPORT``): Landlock does not govern
+            ``connect()``/``sendto()`` to a socket path, so any host socket
+            the child can name (docker.sock, D-Bus, syslog) would be
+            reachable.  Stream and seqpacket ``socketpair`` stay allowed
+            (connected for good to each other).
+        allow_udp: let the child create UDP sockets (``AF_INET``/``AF_INET6``
+            ``SOCK_DGRAM``, protocol 0 or ``IPPROTO_UDP``).  Landlock does not
+            govern UDP: with the host network (a TCP port allowed) the child
+            can then send datagrams to any address, a DNS resolver included.
+            In an isolated network namespace they reach nothing.
+        allow_icmp: let the child create ICMP echo ("ping") sockets
+            (``SOCK_DGRAM`` with ``IPPROTO_ICMP``/``IPPROTO_ICMPV6``; the
+            kernel also requires ``net.ipv4.ping_group_range``).
+        allow_netlink: let the child create ``NETLINK_ROUTE`` sockets
+            (``SOCK_RAW``/``SOCK_DGRAM``): interface and address queries of
+            the child's network namespace (``getifaddrs``, ``ip addr``).
+            Other netlink protocols need :attr:`extra_sockets`.
+        extra_sockets: further ``(family, type, protocol)`` triples the child
+            may create with ``socket()`` (``protocol`` None: any), e.g.
+            ``(40, 1, None)`` for ``AF_VSOCK`` streams or ``(17, 3, None)``
+            for ``AF_PACKET``.  Nothing else governs them (vsock is not
+            network-namespaced: it reaches the hypervisor and every VM-wide
+            listener); the host application takes that on.  ``type`` is
+            compared after removing ``SOCK_NONBLOCK``/``SOCK_CLOEXEC``.
+        identity: who the child runs as (see "Confined commands run as an
+            unprivileged identity" in SECURITY.md).  ``"auto"`` (default):
+            on a root host a uid/gid leased for the supervisor (one per
+            session; per call without a supervisor) from ``identity_range``,
+            the host's own ids otherwise, and the host's ids whenever
+            ``confinement="none"``; ``(uid, gid)``: exactly those (the
+            caller keeps them apart from system users and other sessions;
+            root host only, neither may be 0); ``"host"``: uid 0 with
+            capabilities dropped, which gives up the ownership protections
+            (set-id files, ``RLIMIT_NPROC``, root-only files the ruleset
+            would cover).
+        identity_range: ``(base, count)`` of the ids ``"auto"`` leases
+            (:data:`sandbox_fs.exec._identity.DEFAULT_ID_BASE`, 65536 ids).
+        kill_grace_s: seconds between SIGTERM and SIGKILL on timeout or terminate.
+        eof_grace_s: seconds to keep reading stdout/stderr after the main
+            process exited (a background child may keep the pipes open).
+        use_cgroup: put each process in its own cgroup v2 leaf when possible.
+    """
+
+    cpu_time_s: int | None = 3600
+    address_space_bytes: int | None = 8 << 30
+    file_size_bytes: int | None = 4 << 30
+    open_files: int | None = 4096
+    processes: int | None = 4096
+    core_dump_bytes: int | None = 0
+    pids_max: int | None = 4096
+    allow_tcp_connect: frozenset[int] = frozenset()
+    allow_tcp_bind: frozenset[int] = frozenset()
+    unrestricted_tcp: bool = False
+    scope_signals: bool = True
+    scope_abstract_unix: bool = True
+    drop_capabilities: bool = True
+    read_only_mounts: bool = True
+    namespaces: frozenset[str] = frozenset()
+    isolate_network: bool = True
+    allow_unix_sockets: bool = False
+    allow_udp: bool = False
+    allow_icmp: bool = False
+    allow_netlink: bool = False
+    extra_sockets: frozenset[tuple[int, int, int | None]] = frozenset()
+    identity: Literal["auto", "host"] | tuple[int, int] = "auto"
+    identity_range: tuple[int, int] = (_identity.DEFAULT_ID_BASE, _identity.DEFAULT_ID_COUNT)
+    kill_grace_s: float = 2.0
+    eof_grace_s: float = 1.0
+    use_cgroup: bool = True
+
+    def rlimit_args(self) -> list[str]:
+        """The helper's ``--rlimit NAME=VALUE`` arguments."""
+        out: list[str] = []
+        for name, value in (("cpu", self.cpu_time_s), ("as", self.address_space_bytes),
+                            ("fsize", self.file_size_bytes), ("nofile", self.open_files),
+                            ("nproc", self.processes), ("core", self.core_dump_bytes)):
+            if value is not None:
+                if int(value) < 0:
+                    raise ValueError(f"rlimit {name} must be >= 0")
+                out += ["--rlimit", f"{name}={int(value)}"]
+        return out
+
+    def socket_args(self) -> list[str]:
+        """The helper's ``--socket KIND:FAMILY:TYPE:PROTO`` rules: the socket allow-list.
+
+        Always: ``socketpair(AF_UNIX)`` of type ``SOCK_STREAM`` and
+        ``SOCK_SEQPACKET``.  ``AF_INET``/``AF_INET6`` ``SOCK_STREAM``
+        (protocol 0 or ``IPPROTO_TCP``: MPTCP and SCTP get
+        ``EPROTONOSUPPORT``) only when TCP is allowed (``allow_tcp_connect``,
+        ``allow_tcp_bind`` or ``unrestricted_tcp``); then Landlock governs
+        the ports.  The ``allow_*`` fields and :attr:`extra_sockets` add the
+        rest; everything else gets ``EAFNOSUPPORT``.
+
+        Raises:
+            ValueError: an :attr:`extra_sockets` entry is not three integers
+                in 0..65535 (the protocol may be None), or there are more
+                than 32 rules in all.
+        """
+        return _seccomp.socket_args(self)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a command did.
+
+    Attributes:
+        exit_code: the exit status; ``-N`` when killed by signal N.
+        stdout: captured standard output (head and tail when truncated).
+        stderr: captured standard error (head and tail when truncated).
+        stdout_truncated: stdout was longer than ``max_output_bytes``; the
+            middle was dropped.
+        stderr_truncated: the same for stderr.
+        duration_s: wall-clock seconds from spawn to exit.
+        confinement: the level applied: ``"landlock"`` or ``"none"``.
+        landlock_abi: the Landlock ABI used (0 when none).
+        read_only_mounts: everything but the workspace and read-write grants
+            was mounted read-only for the child.
+        network_isolated: the child ran in its own network namespace (no network).
+        stdout_bytes: total bytes the child wrote to stdout.
+        stderr_bytes: total bytes the child wrote to stderr.
+        process_bounds: the process-count bounds in force for the command,
+            as read back from the kernel: ``"cgroup2.pids.max=N"``,
+            ``"cgroup1.pids.max=N"``, ``"rlimit.nproc=N"`` (only when Linux
+            enforces it: a non-root command).  Empty when none holds (then
+            only ``confinement="best_effort"`` or ``"none"`` ran it).
+        identity: ``(uid, gid)`` the child ran as, or None for the host's own.
+    """
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_s: float
+    confinement: str
+    landlock_abi: int = 0
+    read_only_mounts: bool = False
+    network_isolated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    process_bounds: tuple[str, ...] = ()
+    identity: tuple[int, int] | None = None
+
+    def __repr__(self) -> str:
+        return (f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes"
+                f"{', truncated' if self.stdout_truncated else ''}>, stderr=<{len(self.stderr)} bytes"
+                f"{', truncated' if self.stderr_truncated else ''}>, duration_s={self.duration_s:.3f}, "
+                f"confinement={self.confinement!r})")

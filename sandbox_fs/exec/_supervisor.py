@@ -1,0 +1,416 @@
+"""Supervision: :class:`ProcessSupervisor` tracks each command's init and ends every tree.
+
+See "Supervision" in SECURITY.md for what is guaranteed where.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import trio
+
+from ..root import Root
+from . import _helper, _identity
+from ._cgroups import _CgroupTree, _PidsV1Tree
+from ._errors import ConfinementError
+from ._helper import _HELPER_ENV, _STATUS_TIMEOUT_S, _Status
+from ._models import _NS_FLAGS
+from ._mounts import _mask_dirs
+
+
+def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]],
+                       v1: "_PidsV1Tree | None" = None, lifeline: list[int] | None = None,
+                       leases: "list[_identity.IdentityLease] | None" = None,
+                       leafless: list[bool] | None = None) -> None:
+    """Finalizer of a ProcessSupervisor: close its lifeline (every init it started then
+    ends its tree), kill and remove its cgroup trees, close its namespace fds, give back its
+    identity (after the kill; marked free of processes only when every process ran in a
+    cgroup v2 leaf and that tree is gone)."""
+    for i, fd in enumerate(lifeline or ()):
+        if fd >= 0:
+            os.close(fd)
+            lifeline[i] = -1  # type: ignore[index]
+    emptied = (cg.close() if cg is not None else False) and not (leafless or [True])[0]
+    if v1 is not None:
+        v1.close()
+    for fds in ns_fds.values():
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+    ns_fds.clear()
+    while leases:
+        leases.pop().release(no_processes_left=emptied)
+
+
+@dataclass(eq=False)
+class _Tracked:
+    """A started command: ``process`` is the helper's init (our own unreaped child)."""
+
+    process: "trio.Process | _ForeignChild"
+    pidfd: int
+    leaf: str | None
+    argv0: str
+    pids_leaf: str | None = None  # its cgroup v1 pids leaf, if any
+    pid_ns: bool = False
+
+
+class ProcessSupervisor:
+    """Tracks every command started through it (its init, and cgroup leaf) and kills them all.
+
+    Give one to :func:`run_confined` / :class:`PtyManager` per session;
+    call :meth:`kill_all` (or ``await aclose()``) at shutdown.  What is
+    guaranteed where is described in the module docstring ("Supervision
+    guarantees"): each command runs under an init of the helper (in its own
+    PID namespace where one can be made) that ends the whole tree when the
+    command exits, when this supervisor is closed or collected, and when the
+    host process dies; signals go only through pidfds of our own unreaped
+    children; cgroup v2 leaves (:attr:`uses_cgroup`) are killed too.
+
+    Args:
+        use_cgroup: try a cgroup v2 leaf per process (needs a writable
+            cgroup2 mount: root here).
+        pids_max: ``pids.max`` of each leaf (the cgroup v2 ``pids``
+            controller, else a cgroup v1 ``pids`` leaf; None: neither is made).
+        hold_mount_ns: make the read-only mount namespace once per set of
+            writable trees and let every process join it, instead of one per
+            process (a namespace's teardown waits for an RCU grace period in
+            the exiting process).  The supervisor holds its nsfs fds until
+            :meth:`aclose`.
+    """
+
+    def __init__(self, *, use_cgroup: bool = True, pids_max: int | None = 4096,
+                 hold_mount_ns: bool = True) -> None:
+        self._tracked: list[_Tracked] = []
+        self._cg: _CgroupTree | None = _CgroupTree.create(pids_max) if use_cgroup else None
+        self._closed = False
+        self._hold_mount_ns = hold_mount_ns
+        self._ns_fds: dict[tuple, tuple[int, int, int, int]] = {}
+        self._ns_lock = trio.Lock()
+        # cgroup v1 pids leaves: only where cgroup v2 cannot bound the task count.
+        self._v1: _PidsV1Tree | None = None
+        if use_cgroup and pids_max is not None and (self._cg is None or not self._cg.pids):
+            self._v1 = _PidsV1Tree.create()
+        # The lifeline: every init started through this supervisor holds the
+        # read end and ends its tree at EOF, which comes when the write end
+        # (only ever in this process, close-on-exec) is closed by aclose(),
+        # by the finalizer, or by the death of this process.
+        self._lifeline: list[int] = list(os.pipe2(os.O_CLOEXEC))
+        self._leases: list[_identity.IdentityLease] = []
+        self._lease_lock = threading.Lock()
+        self._leafless = [False]  # a process ran outside a cgroup v2 leaf
+        # A supervisor dropped without aclose() still ends its processes,
+        # removes its cgroup directories, releases its mount namespaces and
+        # gives back its identity.
+        self._finalizer = weakref.finalize(self, _release_resources, self._cg, self._ns_fds, self._v1,
+                                           self._lifeline, self._leases, self._leafless)
+
+    def _auto_identity(self, id_range: tuple[int, int]) -> tuple[int, int]:
+        """The supervisor's leased ``(uid, gid)`` (leased on first use, given back at :meth:`aclose`).
+
+        Blocking (scans ``/proc``): call from a worker thread.
+
+        Raises:
+            ConfinementError: no identity can be leased.
+        """
+        with self._lease_lock:
+            if not self._leases:
+                if self._closed:
+                    raise ConfinementError("the process supervisor is closed")
+                try:
+                    self._leases.append(_identity.lease(*id_range))
+                except (OSError, ValueError) as exc:
+                    raise ConfinementError("no unprivileged identity could be leased for the confined command",
+                                           diagnostic=str(exc)) from None
+            return self._leases[0].ids
+
+    @property
+    def uses_cgroup(self) -> bool:
+        """True when processes start in their own cgroup v2 leaf."""
+        return self._cg is not None
+
+    def __len__(self) -> int:
+        return len(self._tracked)
+
+    def _new_leaf(self, pids_max: int | None) -> str | None:
+        if self._cg is None:
+            return None
+        try:
+            return self._cg.new_leaf(pids_max)
+        except OSError:
+            return None
+
+    def _new_pids_leaf(self, pids_max: int) -> str | None:
+        """A cgroup v1 pids leaf with ``pids.max`` set, or None (no v1 hierarchy, or refused)."""
+        if self._v1 is None:
+            return None
+        try:
+            return self._v1.new_leaf(pids_max)
+        except OSError:
+            return None
+
+    def _lifeline_fd(self) -> int:
+        """A new fd on the lifeline's read end, for one helper's ``--lifeline``."""
+        if self._lifeline[1] < 0:  # used again after aclose(): a fresh lifeline
+            self._lifeline = list(os.pipe2(os.O_CLOEXEC))
+            self._finalizer = weakref.finalize(self, _release_resources, None, {}, None, self._lifeline)
+        return os.dup(self._lifeline[0])
+
+    def _track(self, process: "trio.Process | _ForeignChild", leaf: str | None, argv0: str, *,
+               pids_leaf: str | None = None) -> _Tracked:
+        for old in list(self._tracked):  # forget commands that ended since (keeps the list short)
+            self._release_if_done(old)
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except OSError:
+            pidfd = -1
+        t = _Tracked(process, pidfd, leaf, argv0, pids_leaf, pid_ns=getattr(process, "pid_ns", False))
+        if leaf is None:
+            self._leafless[0] = True
+        self._tracked.append(t)
+        return t
+
+    @staticmethod
+    def _signal(t: _Tracked, sig: int) -> None:
+        """Signal the command's init through its pidfd (never a raw pid or process group).
+
+        The init is our child and not yet reaped (``returncode`` is None), so
+        the pidfd cannot name another process.  The init forwards SIGTERM to
+        its whole tree; SIGKILL ends it and, in a PID namespace, the kernel
+        kills the rest.
+        """
+        if t.process.returncode is None and t.pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(t.pidfd, sig)
+            except OSError:
+                pass
+
+    def _group_alive(self, t: _Tracked) -> bool:
+        if t.pids_leaf is not None and _PidsV1Tree.populated(t.pids_leaf):
+            return True
+        if t.process.returncode is None:
+            return True
+        return t.leaf is not None and _CgroupTree.populated(t.leaf)
+
+    def _untrack(self, t: _Tracked) -> None:
+        if t in self._tracked:
+            self._tracked.remove(t)
+        if t.pidfd >= 0:
+            os.close(t.pidfd)
+            t.pidfd = -1
+        if t.leaf is not None:
+            _CgroupTree.remove(t.leaf)
+        if t.pids_leaf is not None:
+            _PidsV1Tree.remove(t.pids_leaf)
+
+    def _release_if_done(self, t: _Tracked) -> None:
+        """Forget ``t`` once its leader is reaped and nothing of its group/leaf is left."""
+        if t.process.returncode is None:
+            return
+        if t.pidfd >= 0:  # the leader is reaped: its pidfd is no longer needed
+            os.close(t.pidfd)
+            t.pidfd = -1
+        if not self._group_alive(t):
+            self._untrack(t)
+
+    async def _kill_one(self, t: _Tracked, grace_s: float) -> None:
+        """SIGTERM the tree, wait up to ``grace_s`` for the command, then SIGKILL everything and reap."""
+        if grace_s > 0 and t.process.returncode is None:
+            self._signal(t, signal.SIGTERM)
+            with trio.move_on_after(grace_s):
+                await t.process.wait()
+        if t.process.returncode is None and not t.pid_ns:
+            # A subreaper init (no PID namespace): SIGUSR1 makes it kill its
+            # tree before it exits; SIGKILL would orphan the tree instead.
+            self._signal(t, signal.SIGUSR1)
+            with trio.move_on_after(1.0):
+                await t.process.wait()
+        self._signal(t, signal.SIGKILL)
+        if t.leaf is not None:
+            _CgroupTree.kill(t.leaf)
+        await t.process.wait()
+        if t.leaf is not None:
+            for _ in range(200):
+                if not _CgroupTree.populated(t.leaf):
+                    break
+                await trio.sleep(0.005)
+        elif t.pids_leaf is not None:  # v1 has no cgroup.kill: signal what it lists
+            for _ in range(200):
+                _PidsV1Tree.kill(t.pids_leaf)
+                if not _PidsV1Tree.populated(t.pids_leaf):
+                    break
+                await trio.sleep(0.005)
+        self._untrack(t)
+
+    async def _mount_ns(self, rw_roots: list[Root], ro_binds: Sequence[Root] = (),
+                        bind: tuple[list[str], list[int]] = ([], []),
+                        reach: Sequence[Root] = ()) -> tuple[int, int, int, int] | None:
+        """The supervisor's read-only mount namespace for these writable trees and read-only binds (made once).
+
+        ``bind``: the ``--ro-tree``/``--pin-tree`` arguments for ``ro_binds``
+        and their fds (see :func:`_ro_bind_args`; the caller closes them).
+        ``reach``: the read-only trees the command must reach (``--reach-tree``).
+
+        The helper making it also makes a network namespace (no network),
+        which children join when their policy isolates the network (a fresh
+        one per process costs ~2 ms to set up), and an IPC namespace every
+        child joins.
+
+        Returns ``(mntns_fd, userns_fd or -1, netns_fd or -1, ipcns_fd or -1)``
+        owned by the supervisor, or
+        None when holding is off or the namespace cannot be made (the helper
+        then makes one per process).  Making a mount namespace is cheap; its
+        teardown waits for an RCU grace period inside the exiting process,
+        which delays every exit by milliseconds on a loaded machine.
+        """
+        if not self._hold_mount_ns or self._closed:
+            return None
+        key = (tuple(sorted(r.identity for r in rw_roots)), tuple(sorted(r.identity for r in ro_binds)),
+               tuple(sorted(r.identity for r in reach)))
+        async with self._ns_lock:
+            if key in self._ns_fds:
+                return self._ns_fds[key]
+            fds = [r.fileno_dup() for r in rw_roots]
+            ro_fds = [r.fileno_dup() for r in reach]
+            status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            args = [_helper.helper_path(), "--status", str(status_w), "--ro-mounts"]
+            for fd in fds:
+                args += ["--rw-tree", str(fd)]
+            bind_args, bind_fds = bind  # the caller's fds: passed, not closed here
+            args += bind_args
+            for fd in ro_fds:
+                args += ["--reach-tree", str(fd)]
+            for d in _mask_dirs(rw_roots):
+                args += ["--mask", d]
+            args += ["--unshare", str(_NS_FLAGS["net"] | _NS_FLAGS["ipc"]), "--hold-ns", "--", "true"]
+            try:
+                proc = await trio.lowlevel.open_process(
+                    args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    pass_fds=tuple(fds + ro_fds) + tuple(bind_fds) + (status_w,), env=_HELPER_ENV,
+                    close_fds=True)
+            except OSError:
+                os.close(status_r)
+                return None
+            finally:
+                for fd in fds + ro_fds + [status_w]:
+                    os.close(fd)
+            status = _Status(status_r)
+            mnt = user = net = ipc = -1
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.move_on_after(_STATUS_TIMEOUT_S):
+                        if await status.read_line() == b"ready":  # host-access: procfs ns files of our own helper child, held while it waits
+                            mnt = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+                            net = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                            ipc = os.open(f"/proc/{proc.pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+                            if os.geteuid() != 0:
+                                user = os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    for fd in (mnt, net, ipc):
+                        if fd >= 0:
+                            os.close(fd)
+                    mnt = user = net = ipc = -1
+                finally:
+                    assert proc.stdin is not None
+                    await proc.stdin.aclose()
+                    await proc.wait()
+                    await status.aclose()
+            if mnt < 0:
+                return None
+            self._ns_fds[key] = (mnt, user, net, ipc)
+            return mnt, user, net, ipc
+
+    async def kill_all(self, *, grace_s: float = 0.0) -> None:
+        """Kill every command tree and cgroup leaf started through this supervisor, and reap.
+
+        Args:
+            grace_s: seconds to wait after SIGTERM before SIGKILL (0: SIGKILL at once).
+
+        *Cancellation*: the kill runs shielded; a cancel arriving meanwhile is
+        delivered at the next checkpoint after every process is gone.
+        """
+        with trio.CancelScope(shield=True):
+            await trio.lowlevel.checkpoint()
+            for t in list(self._tracked):
+                await self._kill_one(t, grace_s)
+
+    async def aclose(self) -> None:
+        """:meth:`kill_all`, then close the lifeline and remove the cgroup directory.  Idempotent.
+
+        *Cancellation*: shielded like :meth:`kill_all`.
+        """
+        await self.kill_all()
+        with self._lease_lock:
+            self._closed = True
+        self._finalizer()  # runs _release_resources once (the identity goes back after the kill)
+        self._cg = None
+        self._v1 = None
+
+    async def __aenter__(self) -> "ProcessSupervisor":
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _ForeignChild:
+    """The helper's init, forked with ``CLONE_PARENT``: our direct child, not a trio.Process.
+
+    Waited for through a pidfd; reaped with ``waitpid`` (it is our child, so
+    its pid cannot be reused before we reap it).  Its ``returncode`` is the
+    *command's* status, which the init writes on the status pipe ("exit
+    WSTATUS") just before it exits; the init's own status is used only when
+    that line is missing (the init was killed).
+
+    Attributes:
+        pid: the init's pid (in our PID namespace).
+        pid_ns: the init is pid 1 of a PID namespace of its own (else a
+            child subreaper).
+    """
+
+    def __init__(self, pid: int, pid_ns: bool, status: "_Status | None" = None) -> None:
+        self.pid = pid
+        self.pid_ns = pid_ns
+        self._status = status
+        self._pidfd = os.pidfd_open(pid)
+        self._returncode: int | None = None
+        self._lock = trio.Lock()
+
+    def _reap(self, flags: int) -> None:
+        try:
+            wpid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # pragma: no cover - someone else reaped it
+            wpid, status = self.pid, 255 << 8
+        if wpid == self.pid:
+            code = os.waitstatus_to_exitcode(status)
+            reported = None
+            if self._status is not None:
+                reported = self._status.take_exit()
+                self._status.close()  # nothing more can come: every writer is gone
+            self._returncode = os.waitstatus_to_exitcode(reported) if reported is not None else code
+            if self._pidfd >= 0:
+                trio.lowlevel.notify_closing(self._pidfd)
+                os.close(self._pidfd)
+                self._pidfd = -1
+
+    @property
+    def returncode(self) -> int | None:
+        if self._returncode is None:
+            self._reap(os.WNOHANG)
+        return self._returncode
+
+    async def wait(self) -> int:
+        async with self._lock:
+            while self.returncode is None:
+                try:
+                    await trio.lowlevel.wait_readable(self._pidfd)
+                except trio.ClosedResourceError:
+                    pass  # reaped meanwhile by a returncode poll
+        assert self._returncode is not None
+        return self._returncode
