@@ -7,7 +7,7 @@
   out-of-range values as a usage error (exit 2, one line), never exit 70.
 * ``run`` prints the command's output even when the persist after it fails.
 
-The ``sandbox_fs._cli_output`` / ``_cli_args`` imports sit inside the tests so
+The ``sandbox_fs.cli._output`` / ``_args`` imports sit inside the tests so
 the end-to-end regressions also run (and fail) against the code before them.
 """
 
@@ -69,7 +69,7 @@ def unescape(text: str) -> bytes:
 @settings(max_examples=200, deadline=None)
 @given(names)
 def test_escape_text_is_safe_and_unambiguous(raw):
-    from sandbox_fs._cli_output import escape_text
+    from sandbox_fs.cli._output import escape_text
 
     shown = escape_text(os.fsdecode(raw))
     assert_terminal_safe(shown.encode("utf-8"))
@@ -81,7 +81,7 @@ def test_escape_text_is_safe_and_unambiguous(raw):
 
 
 def test_escape_text_examples():
-    from sandbox_fs._cli_output import escape_text
+    from sandbox_fs.cli._output import escape_text
 
     assert escape_text(os.fsdecode(HOSTILE)) == "x\\x1b]0;pwned\\x07\\x1b[2Jy"
     assert escape_text("a\\b") == "a\\\\b" and escape_text("a\\b", keep_backslash=True) == "a\\b"
@@ -98,7 +98,7 @@ def test_escape_text_examples():
 @given(names, names)
 def test_every_text_path_is_terminal_safe_and_json_round_trips(raw, raw2):
     """Each text output helper the subcommands use, fed a hostile name, and the JSON form."""
-    from sandbox_fs._cli_output import error_line, json_text, report_lines
+    from sandbox_fs.cli._output import error_line, json_text, report_lines
     from sandbox_fs.archive import UnsafeArchiveMemberError
     from sandbox_fs.snapshot import UnrestorableEntryError
 
@@ -127,7 +127,7 @@ def unescape_path(line: str) -> bytes:
 def test_command_output_is_escaped_on_a_terminal_only():
     import io
 
-    from sandbox_fs._cli_output import write_command_output
+    from sandbox_fs.cli._output import write_command_output
 
     class Stream(io.TextIOWrapper):
         def __init__(self, tty):
@@ -315,7 +315,7 @@ def _numeric_actions():
 
 
 def test_every_numeric_option_uses_a_checked_type():
-    from sandbox_fs._cli_args import NumericType
+    from sandbox_fs.cli._args import NumericType
 
     acts = _numeric_actions()
     flags = {(" ".join(p), f) for p, f, _a in acts}

@@ -24,14 +24,14 @@ from typing import Any
 
 import trio
 
-from ._cli_output import escape_text, json_text, one_line
-from . import _cli_hostpath
-from ._cli_hostpath import host_path
-from ._cli_session import parse_grant
-from .errors import SandboxError
-from .manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifest
-from .materialize import MaterializeOptions, MaterializeProgress, materialize
-from .root import open_root
+from ._output import escape_text, json_text, one_line
+from . import _hostpath
+from ._hostpath import host_path
+from ._session import parse_grant
+from ..errors import SandboxError
+from ..manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifest
+from ..materialize import MaterializeOptions, MaterializeProgress, materialize
+from ..root import open_root
 
 
 def register(subparsers: Any) -> None:
@@ -48,7 +48,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the result (or error) as JSON on stdout")
     p.add_argument("--no-digest", action="store_true", help="skip sha256 of written files (fd-to-fd copy)")
     p.add_argument("--only-ephemeral", action="store_true", help="apply only the ephemeral entries")
-    _cli_hostpath.add_flag(p)
+    _hostpath.add_flag(p)
     p.set_defaults(func=handler)
 
 
@@ -58,7 +58,7 @@ def _read_manifest(args: argparse.Namespace, path: str) -> bytes:
     else:
         try:
             # the manifest file the operator named, by the host-path rule (a regular file, no symlink)
-            data = _cli_hostpath.read_file(args, path, MAX_MANIFEST_BYTES, "MANIFEST")
+            data = _hostpath.read_file(args, path, MAX_MANIFEST_BYTES, "MANIFEST")
         except SandboxError:
             raise
         except OSError as exc:

@@ -6,9 +6,9 @@ import argparse
 import os
 import tempfile
 
-from ._cli_output import escape_text
-from .errors import SandboxError
-from .root import open_root
+from ._output import escape_text
+from ..errors import SandboxError
+from ..root import open_root
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import features
+    from .. import features
 
     print(f"kernel features: {features()}")
     with tempfile.TemporaryDirectory(prefix="sfs-demo-") as tmp:

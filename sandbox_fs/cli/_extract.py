@@ -16,13 +16,13 @@ import sys
 import threading
 from typing import Any, Iterator
 
-from ._cli_args import INT64_MAX, MAX_SECONDS, NumericType
-from ._cli_output import escape_text, json_text
-from .archive import FORMATS, ArchiveLimits, ExtractPolicy, extract
-from .errors import InvalidArgumentError
-from . import _cli_hostpath
-from ._cli_hostpath import host_path
-from .root import open_host_file_fd, open_root
+from ._args import INT64_MAX, MAX_SECONDS, NumericType
+from ._output import escape_text, json_text
+from ..archive import FORMATS, ArchiveLimits, ExtractPolicy, extract
+from ..errors import InvalidArgumentError
+from . import _hostpath
+from ._hostpath import host_path
+from ..root import open_host_file_fd, open_root
 
 _LIMIT_FLAGS = {
     "max_members": ("--max-members", int),
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-special", action="store_true",
                    help="skip (and report) devices, FIFOs, sockets and unknown types instead of refusing")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a summary line")
-    _cli_hostpath.add_flag(p)
+    _hostpath.add_flag(p)
     p.set_defaults(func=handler)
 
 

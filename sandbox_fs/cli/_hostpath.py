@@ -9,7 +9,7 @@ redirect it.  ``--follow-host-symlinks`` is the opt-in for trusted
 symlinked paths (a ``/tmp -> /private/tmp`` host): each such path is then
 resolved with ``realpath`` first, and the physical result opened by the rule.
 
-Not a subcommand (``cli.py`` registers only ``_SUBCOMMANDS``).
+Not a subcommand (``_main`` registers only ``_SUBCOMMANDS``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from .root import check_host_output_target, open_host_file_fd, write_host_file_atomic
+from ..root import check_host_output_target, open_host_file_fd, write_host_file_atomic
 
 FLAG = "--follow-host-symlinks"
 

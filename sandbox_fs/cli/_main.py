@@ -1,16 +1,16 @@
 """The ``sandbox-fs`` command line.
 
-Each subcommand lives in its own module ``sandbox_fs._cli_<name>`` that
+Each subcommand lives in its own module ``sandbox_fs.cli._<name>`` that
 defines ``register(subparsers)``; the parser it adds sets ``func(args) ->
 int``.  ``main`` guarantees the contract for every input: a refusal prints
 one line on stderr (code, sandbox path, reason) and exits non-zero; no
 traceback ever reaches the terminal.
 
-Every text line goes through :func:`sandbox_fs._cli_output.escape_text`
+Every text line goes through :func:`sandbox_fs.cli._output.escape_text`
 and every JSON document through ``json_text`` (``ensure_ascii``): no name
 chosen by a confined command, an archive or a snapshot can put a raw control
 byte on the operator's terminal.  Numeric options are checked types
-(:mod:`sandbox_fs._cli_args`): nan, inf, out-of-range values are usage errors.
+(:mod:`sandbox_fs.cli._args`): nan, inf, out-of-range values are usage errors.
 
 Exit codes: 0 success; 1 a refusal (SandboxError) or an OS error;
 2 usage error; 70 an internal error (a bug: please report it); 130 interrupted.
@@ -25,8 +25,8 @@ import resource
 import sys
 from typing import NoReturn
 
-from ._cli_output import error_line, escape_text, one_line
-from .errors import SandboxError
+from ._output import error_line, escape_text, one_line
+from ..errors import SandboxError
 
 _SUBCOMMANDS = ("demo", "extract", "apply", "schema", "run", "session", "snapshot")
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sandbox-fs", description="A security-hardened filesystem sandbox.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMANDS:
-        modname = f"sandbox_fs._cli_{name}"
+        modname = f"sandbox_fs.cli._{name}"
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as exc:

@@ -128,7 +128,7 @@ def error_line(exc: BaseException) -> str:
     ``code [sandbox path]: reason``: the path escaped in full, the reason's
     whitespace made single spaces and its controls escaped (backslash kept).
     """
-    from .errors import SandboxError  # noqa: PLC0415
+    from ..errors import SandboxError  # noqa: PLC0415
 
     if isinstance(exc, SandboxError):
         path = exc.sandbox_path

@@ -15,7 +15,7 @@ state is still written when asked for: it names the last good snapshot, so a
 ``--resume`` reaches the workspace and its unsaved work.
 
 The command's output goes to a terminal escaped (controls as ``\\xNN``,
-lines kept, see :func:`sandbox_fs._cli_output.write_command_output`) and to
+lines kept, see :func:`sandbox_fs.cli._output.write_command_output`) and to
 a pipe or file unchanged.
 
 SIGTERM and SIGINT are handled alike: the command's tree gets SIGTERM,
@@ -41,12 +41,12 @@ from typing import Any
 
 import trio
 
-from ._cli_args import int_option, seconds_option
-from ._cli_output import escape_text, json_text, write_command_output
-from . import _cli_hostpath
-from ._cli_hostpath import host_path
-from .root import open_root
-from ._cli_session import CliInputError, _read_input, load_state, parse_grant, write_json_atomic
+from ._args import int_option, seconds_option
+from ._output import escape_text, json_text, write_command_output
+from . import _hostpath
+from ._hostpath import host_path
+from ..root import open_root
+from ._session import CliInputError, _read_input, load_state, parse_grant, write_json_atomic
 
 
 def _default_workspaces_dir() -> str:
@@ -85,13 +85,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON report instead of the command's output")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
-    _cli_hostpath.add_flag(p)
+    _hostpath.add_flag(p)
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .client import ClientOptions, LocalSandboxClient  # noqa: PLC0415
-    from .manifest import load_manifest  # noqa: PLC0415
+    from ..client import ClientOptions, LocalSandboxClient  # noqa: PLC0415
+    from ..manifest import load_manifest  # noqa: PLC0415
 
     argv = list(args.cmd)
     if argv and argv[0] == "--":
@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliInputError("give --manifest (a new session) or --resume FILE", sandbox_path=None)
 
     # a state file that could not be written is refused before the command runs
-    _cli_hostpath.check_output(args, args.state)
+    _hostpath.check_output(args, args.state)
     manifest = None
     root = host_path(args, args.root)
     if args.manifest:
@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             exec_kw["env"] = env
             exec_kw["secret_env"] = secret
 
-    from .exec import ConfinementPolicy, ProcessSupervisor  # noqa: PLC0415
+    from ..exec import ConfinementPolicy, ProcessSupervisor  # noqa: PLC0415
 
     grace_s = ConfinementPolicy().kill_grace_s
     stopped: list[int] = []  # the signal that stopped the run, once one came
@@ -253,9 +253,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _error_dict(exc: BaseException) -> dict[str, Any]:
     """The JSON view of a close failure: a SandboxError's to_dict, else its code only."""
-    from .errors import SandboxError  # noqa: PLC0415
+    from ..errors import SandboxError  # noqa: PLC0415
 
-    from .cli import exception_leaves  # noqa: PLC0415
+    from ._main import exception_leaves  # noqa: PLC0415
 
     leaves = exception_leaves(exc) or [exc]
     first = next((e for e in leaves if isinstance(e, SandboxError)), None)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._cli_args import int_option
-from ._cli_output import json_text
-from .manifest import Manifest
+from ._args import int_option
+from ._output import json_text
+from ..manifest import Manifest
 
 _SCHEMAS = {"manifest": Manifest}
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import trio
 
-from ._cli_output import json_text, report_lines
-from . import _cli_hostpath
-from ._cli_hostpath import host_path
-from .errors import SandboxError
-from .paths import Grant
+from ._output import json_text, report_lines
+from . import _hostpath
+from ._hostpath import host_path
+from ..errors import SandboxError
+from ..paths import Grant
 
 
 class CliInputError(SandboxError):
@@ -42,13 +42,13 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-unrestorable", action="store_true",
                    help="leave out entries a restore would refuse instead of failing the persist")
     p.add_argument("--json", action="store_true", help="print a JSON report on stdout")
-    _cli_hostpath.add_flag(p)
+    _hostpath.add_flag(p)
 
 
 def _read_input(path: str, what: str, max_bytes: int = 64 << 20, args: argparse.Namespace | None = None) -> bytes:
     """Read an operator input file by the host-path rule (no symlink on its path; a regular file)."""
     try:
-        data = _cli_hostpath.read_file(args or argparse.Namespace(), path, max_bytes, what)
+        data = _hostpath.read_file(args or argparse.Namespace(), path, max_bytes, what)
     except SandboxError:
         raise
     except OSError as exc:
@@ -71,7 +71,7 @@ def parse_grant(spec: str, args: argparse.Namespace | None = None) -> Grant:
 
 
 def client_options(args: argparse.Namespace) -> Any:
-    from .client import ClientOptions  # noqa: PLC0415
+    from ..client import ClientOptions  # noqa: PLC0415
 
     key = None
     if args.state_key_file:
@@ -109,13 +109,13 @@ def write_json_atomic(path: str, data: dict[str, Any], args: argparse.Namespace 
         SpecialFileError: something other than a regular file is at ``path``.
         SymlinkRefusedError: a directory on ``path`` is a symlink.
     """
-    _cli_hostpath.write_json(args, path, data)
+    _hostpath.write_json(args, path, data)
 
 
 def _load_manifest(path: str | None, args: argparse.Namespace | None = None) -> Any:
     if not path:
         return None
-    from .manifest import load_manifest  # noqa: PLC0415
+    from ..manifest import load_manifest  # noqa: PLC0415
 
     return load_manifest(_read_input(path, "manifest", args=args), trust="untrusted")
 
@@ -161,9 +161,9 @@ def _summary(client: Any, session: Any, action: str) -> dict[str, Any]:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from .client import LocalSandboxClient  # noqa: PLC0415
+    from ..client import LocalSandboxClient  # noqa: PLC0415
 
-    _cli_hostpath.check_output(args, args.state)
+    _hostpath.check_output(args, args.state)
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
@@ -180,9 +180,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from .client import LocalSandboxClient  # noqa: PLC0415
+    from ..client import LocalSandboxClient  # noqa: PLC0415
 
-    _cli_hostpath.check_output(args, args.state_out or args.state)
+    _hostpath.check_output(args, args.state_out or args.state)
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
@@ -198,7 +198,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    from .client import LocalSandboxClient  # noqa: PLC0415
+    from ..client import LocalSandboxClient  # noqa: PLC0415
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:

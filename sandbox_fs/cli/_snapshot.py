@@ -13,11 +13,11 @@ import sys
 import time
 from typing import Any
 
-from ._cli_output import json_text, report_lines
-from . import _cli_hostpath
-from ._cli_hostpath import host_path
-from .root import open_root
-from .snapshot import LocalSnapshotStore, SnapshotLimits, hydrate, persist
+from ._output import json_text, report_lines
+from . import _hostpath
+from ._hostpath import host_path
+from ..root import open_root
+from ..snapshot import LocalSnapshotStore, SnapshotLimits, hydrate, persist
 
 
 def _report(args: argparse.Namespace, data: Any) -> None:
@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--skip-unrestorable", action="store_true",
                    help="leave out entries a restore would refuse instead of failing")
     s.add_argument("--json", action="store_true", help="print a JSON report on stdout")
-    _cli_hostpath.add_flag(s)
+    _hostpath.add_flag(s)
     s.set_defaults(func=cmd_save)
 
     r = ss.add_parser("restore", help="replace a workspace's contents with a verified snapshot")
@@ -108,11 +108,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--store", required=True, help="snapshot store directory")
     r.add_argument("--name", required=True, help="snapshot name")
     r.add_argument("--json", action="store_true", help="print a JSON report on stdout")
-    _cli_hostpath.add_flag(r)
+    _hostpath.add_flag(r)
     r.set_defaults(func=cmd_restore)
 
     ls = ss.add_parser("ls", help="list the valid snapshots in a store")
     ls.add_argument("--store", required=True, help="snapshot store directory")
     ls.add_argument("--json", action="store_true", help="print a JSON report on stdout")
-    _cli_hostpath.add_flag(ls)
+    _hostpath.add_flag(ls)
     ls.set_defaults(func=cmd_ls)
