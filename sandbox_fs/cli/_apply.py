@@ -24,19 +24,20 @@ from typing import Any
 
 import trio
 
-from ._output import escape_text, json_text, one_line
 from . import _hostpath
-from ._hostpath import host_path
-from ._session import parse_grant
+from ._errors import exception_leaves
+from ._hostpath import host_path, parse_grant, read_input
+from ._output import escape_text, json_text, one_line
 from ..errors import SandboxError
 from ..manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifest
 from ..materialize import MaterializeOptions, MaterializeProgress, materialize
 from ..root import open_root
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("apply", help="materialize a manifest into a workspace directory",
-                              description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``sandbox-fs apply``."""
+    p.description = __doc__.split("\n\n")[1]
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("manifest", help="manifest JSON file ('-' for stdin)")
     p.add_argument("--base", metavar="DIR", default=None,
                    help="trusted base directory that local_file/local_dir/archive sources are read beneath "
@@ -49,24 +50,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-digest", action="store_true", help="skip sha256 of written files (fd-to-fd copy)")
     p.add_argument("--only-ephemeral", action="store_true", help="apply only the ephemeral entries")
     _hostpath.add_flag(p)
-    p.set_defaults(func=handler)
 
 
-def _read_manifest(args: argparse.Namespace, path: str) -> bytes:
-    if path == "-":
-        data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
-    else:
-        try:
-            # the manifest file the operator named, by the host-path rule (a regular file, no symlink)
-            data = _hostpath.read_file(args, path, MAX_MANIFEST_BYTES, "MANIFEST")
-        except SandboxError:
-            raise
-        except OSError as exc:
-            raise ManifestError(f"cannot read the manifest file ({os.strerror(exc.errno or 5)})",
-                                field="MANIFEST") from None
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"manifest is over {MAX_MANIFEST_BYTES} bytes", field="MANIFEST")
-    return data
+def _manifest_error(reason: str) -> ManifestError:
+    return ManifestError(reason, field="MANIFEST")
 
 
 def _workspace_dir(args: argparse.Namespace, manifest_root: str | None) -> str:
@@ -148,9 +135,12 @@ async def _run(args: argparse.Namespace, ws_dir: str, manifest: Any, opts: Mater
         ws.close()
 
 
-def handler(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     try:
-        manifest = load_manifest(_read_manifest(args, args.manifest), trust="untrusted")
+        # the manifest file the operator named, by the host-path rule (a regular file, no symlink)
+        raw = read_input(args, args.manifest, "manifest", MAX_MANIFEST_BYTES, label="MANIFEST",
+                         allow_stdin=True, refuse=_manifest_error)
+        manifest = load_manifest(raw, trust="untrusted")
         ws_dir = _workspace_dir(args, manifest.root)
         base = host_path(args, args.base)  # opened by the host-path rule in materialize
         grants = [parse_grant(spec, args) for spec in args.grant]
@@ -160,7 +150,7 @@ def handler(args: argparse.Namespace) -> int:
         result = trio.run(_run, args, ws_dir, manifest, opts)
     except BaseException as exc:
         if args.json:
-            leaf = _first_sandbox_error(exc)
+            leaf = next((e for e in exception_leaves(exc) if isinstance(e, SandboxError)), None)
             if leaf is not None:
                 print(json_text({"ok": False, "error": leaf.to_dict()}, default=str, sort_keys=False))
                 raise leaf from None
@@ -173,14 +163,3 @@ def handler(args: argparse.Namespace) -> int:
             print(f"skipped [{escape_text(s.sandbox_path)}]: {escape_text(s.rule)}: "
                   f"{escape_text(one_line(s.reason), keep_backslash=True)}")
     return 0
-
-
-def _first_sandbox_error(exc: BaseException) -> SandboxError | None:
-    if isinstance(exc, SandboxError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for e in exc.exceptions:
-            found = _first_sandbox_error(e)
-            if found is not None:
-                return found
-    return None

@@ -11,12 +11,11 @@ from ..errors import SandboxError
 from ..root import open_root
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="show a Root refusing escapes in a throw-away workspace")
-    p.set_defaults(func=run)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``sandbox-fs demo`` takes no options."""
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from .. import features
 
     print(f"kernel features: {features()}")

@@ -16,12 +16,12 @@ import sys
 import threading
 from typing import Any, Iterator
 
+from . import _hostpath
 from ._args import INT64_MAX, MAX_SECONDS, NumericType
+from ._hostpath import host_path
 from ._output import escape_text, json_text
 from ..archive import FORMATS, ArchiveLimits, ExtractPolicy, extract
 from ..errors import InvalidArgumentError
-from . import _hostpath
-from ._hostpath import host_path
 from ..root import open_host_file_fd, open_root
 
 _LIMIT_FLAGS = {
@@ -37,10 +37,10 @@ _LIMIT_FLAGS = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("extract", help="extract a tar or zip archive into a directory, safely",
-                              description="Extract ARCHIVE (a host path, or - for stdin) into DIR with every "
-                                          "write confined beneath DIR; atomic unless --in-place.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``sandbox-fs extract``."""
+    p.description = ("Extract ARCHIVE (a host path, or - for stdin) into DIR with every "
+                     "write confined beneath DIR; atomic unless --in-place.")
     p.add_argument("archive", help="archive host path, or - to read a tar stream from stdin")
     p.add_argument("--into", required=True, metavar="DIR", help="destination directory (created if missing)")
     p.add_argument("--format", default="auto", choices=sorted(FORMATS))
@@ -53,7 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="skip (and report) devices, FIFOs, sockets and unknown types instead of refusing")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a summary line")
     _hostpath.add_flag(p)
-    p.set_defaults(func=handler)
 
 
 def _limit_type(field: str, kind: type) -> NumericType:
@@ -100,7 +99,7 @@ def _sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def handler(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     overrides = {f: getattr(args, f) for f in _LIMIT_FLAGS if getattr(args, f) is not None}
     try:
         limits = ArchiveLimits(**overrides)

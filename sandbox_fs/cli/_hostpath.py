@@ -9,7 +9,10 @@ redirect it.  ``--follow-host-symlinks`` is the opt-in for trusted
 symlinked paths (a ``/tmp -> /private/tmp`` host): each such path is then
 resolved with ``realpath`` first, and the physical result opened by the rule.
 
-Not a subcommand (``_main`` registers only ``_SUBCOMMANDS``).
+Operator input files (manifests, state files, keys) are read by
+:func:`read_input`, the one bounded reader: a regular file by that rule (or
+stdin where a subcommand takes ``-``), at most ``max_bytes``, every failure
+one refusal.
 """
 
 from __future__ import annotations
@@ -17,9 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
+from ..errors import SandboxError
+from ..paths import Grant
 from ..root import check_host_output_target, open_host_file_fd, write_host_file_atomic
+from ._errors import CliInputError
 
 FLAG = "--follow-host-symlinks"
 
@@ -45,7 +52,7 @@ def host_path(args: argparse.Namespace, path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
-def read_file(args: argparse.Namespace, path: str, max_bytes: int, label: str) -> bytes:
+def _read_file(args: argparse.Namespace, path: str, max_bytes: int, label: str) -> bytes:
     """Read at most ``max_bytes + 1`` bytes of an operator input file by the host-path rule."""
     fd = open_host_file_fd(host_path(args, path) or path, label=label)
     try:
@@ -55,8 +62,87 @@ def read_file(args: argparse.Namespace, path: str, max_bytes: int, label: str) -
         os.close(fd)
 
 
+def _cli_input_error(reason: str) -> SandboxError:
+    return CliInputError(reason, sandbox_path=None)
+
+
+def read_input(args: argparse.Namespace | None, path: str, what: str, max_bytes: int = 64 << 20, *,
+               label: str | None = None, allow_stdin: bool = False,
+               refuse: Callable[[str], SandboxError] = _cli_input_error) -> bytes:
+    """Read an operator input file, at most ``max_bytes`` bytes.
+
+    Args:
+        args: the parsed command line (for ``--follow-host-symlinks``), or None.
+        path: the host path the operator gave; ``-`` is stdin when ``allow_stdin``.
+        what: the file's name in messages (``"manifest"``, ``"state"``).
+        max_bytes: the largest input taken, in bytes.
+        label: the name the host-path rule's refusals give the path (default ``what``).
+        allow_stdin: read ``-`` as stdin instead of a file named ``-``.
+        refuse: makes the refusal from its reason (default :class:`CliInputError`).
+
+    Returns:
+        the file's bytes.
+
+    Raises:
+        SandboxError: ``refuse(reason)`` when the file cannot be read or is
+            over ``max_bytes``; the host-path rule's own refusals
+            (``SymlinkRefusedError``, ``SpecialFileError``) as they are.
+    """
+    if allow_stdin and path == "-":
+        data = sys.stdin.buffer.read(max_bytes + 1)
+    else:
+        try:
+            data = _read_file(args or argparse.Namespace(), path, max_bytes, label or what)
+        except SandboxError:
+            raise
+        except OSError as exc:
+            raise refuse(f"cannot read the {what} file ({os.strerror(exc.errno or 5)})") from None
+    if len(data) > max_bytes:
+        raise refuse(f"the {what} file is over {max_bytes} bytes")
+    return data
+
+
+def load_state(args: argparse.Namespace | None, path: str) -> dict[str, Any]:
+    """The session state JSON object in the operator's file ``path`` (at most 64 MiB).
+
+    Raises:
+        CliInputError: the file cannot be read, is too big, is not JSON or not an object.
+        SandboxError: the host-path rule refused ``path`` (see :func:`read_input`).
+    """
+    try:
+        data = json.loads(read_input(args, path, "state"))
+    except ValueError:
+        raise CliInputError("the state file is not valid JSON", sandbox_path=None) from None
+    if not isinstance(data, dict):
+        raise CliInputError("the state file must hold a JSON object", sandbox_path=None)
+    return data
+
+
+def parse_grant(spec: str, args: argparse.Namespace | None = None) -> Grant:
+    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is taken from the cwd.
+
+    With ``--follow-host-symlinks`` the PATH is resolved with ``realpath`` first.
+
+    Raises:
+        InvalidPathError: ``spec`` is no grant (see :meth:`sandbox_fs.paths.Grant.parse`).
+    """
+    g = Grant.parse(spec, relative_to=os.getcwd())
+    if args is not None and getattr(args, "follow_host_symlinks", False):
+        g = Grant(os.path.realpath(g.path), read_only=g.read_only)
+    return g
+
+
 def write_json(args: argparse.Namespace | None, path: str, data: dict[str, Any], label: str = "state") -> None:
-    """Write ``data`` as JSON (mode 0600) atomically; never replaces a special file or follows a symlink."""
+    """Write ``data`` as JSON to the operator-named ``path`` (mode 0600): temp file, fsync, rename.
+
+    By :func:`sandbox_fs.root.write_host_file_atomic`: the directory is
+    opened by the host-path rule and anything but a regular file at the name
+    (a symlink, a device such as ``/dev/full``) is refused, never replaced.
+
+    Raises:
+        SpecialFileError: something other than a regular file is at ``path``.
+        SymlinkRefusedError: a directory on ``path`` is a symlink.
+    """
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     target = host_path(args, path) if args is not None else os.path.abspath(path)
     write_host_file_atomic(target or path, text.encode(), mode=0o600, label=label)

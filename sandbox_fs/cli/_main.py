@@ -1,38 +1,50 @@
-"""The ``sandbox-fs`` command line.
+"""The ``sandbox-fs`` command line: the top-level parser and ``main``.
 
-Each subcommand lives in its own module ``sandbox_fs.cli._<name>`` that
-defines ``register(subparsers)``; the parser it adds sets ``func(args) ->
-int``.  ``main`` guarantees the contract for every input: a refusal prints
-one line on stderr (code, sandbox path, reason) and exits non-zero; no
-traceback ever reaches the terminal.
+Each subcommand NAME lives in its own module ``sandbox_fs.cli._NAME`` that
+defines ``add_arguments(parser)`` (its options, on the parser made here) and
+``handle(args) -> int`` (runs it, returns the exit code).  A subcommand's
+module is imported only when that subcommand is chosen, so a usage error,
+``--help`` or ``--version`` loads none of them (nor pydantic, trio or the
+archive code).  ``main`` guarantees the contract for every input: a refusal
+prints one line on stderr (code, sandbox path, reason) and exits non-zero; no
+traceback ever reaches the terminal (see :mod:`sandbox_fs.cli._errors` for
+the exit codes).
 
 Every text line goes through :func:`sandbox_fs.cli._output.escape_text`
 and every JSON document through ``json_text`` (``ensure_ascii``): no name
 chosen by a confined command, an archive or a snapshot can put a raw control
 byte on the operator's terminal.  Numeric options are checked types
 (:mod:`sandbox_fs.cli._args`): nan, inf, out-of-range values are usage errors.
-
-Exit codes: 0 success; 1 a refusal (SandboxError) or an OS error;
-2 usage error; 70 an internal error (a bug: please report it); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import resource
 import sys
-from typing import NoReturn
+from typing import Collection, NoReturn, Sequence
 
-from ._output import error_line, escape_text, one_line
-from ..errors import SandboxError
+from ._errors import EXIT_USAGE, report
+from ._output import escape_text, one_line
 
-_SUBCOMMANDS = ("demo", "extract", "apply", "schema", "run", "session", "snapshot")
+# name -> the one-line help shown by ``sandbox-fs --help``, in that order
+SUBCOMMANDS = {
+    "demo": "show a Root refusing escapes in a throw-away workspace",
+    "extract": "extract a tar or zip archive into a directory, safely",
+    "apply": "materialize a manifest into a workspace directory",
+    "schema": "print the JSON Schema of the manifest format",
+    "run": "materialize a manifest (or resume), run a command confined, persist a snapshot",
+    "session": "create, resume or remove a sandbox session (state in a JSON file)",
+    "snapshot": "save a workspace into a snapshot store, restore it, list snapshots",
+}
 
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 70
+
+def version_text() -> str:
+    """``sandbox-fs VERSION (native ABI N)``: the package version and its C module's ABI."""
+    from .. import __version__, _native  # noqa: PLC0415
+
+    return f"sandbox-fs {__version__} (native ABI {_native.EXPECTED_ABI})"
 
 
 def _raise_nofile() -> None:
@@ -53,19 +65,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"sandbox-fs: error: usage: {text} (see {escape_text(self.prog)} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _module(name: str) -> object:
+    return importlib.import_module(f"sandbox_fs.cli._{name}")
+
+
+def build_parser(full: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``sandbox-fs`` parser.
+
+    Args:
+        full: the subcommands whose options are added (their modules are
+            imported); the others get their name and help only.  None (the
+            default) builds every subcommand in full.
+
+    Returns:
+        the parser; the subcommand's name parses into ``args.command``.
+    """
     parser = _Parser(prog="sandbox-fs", description="A security-hardened filesystem sandbox.")
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print the package version and the native ABI, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _SUBCOMMANDS:
-        modname = f"sandbox_fs.cli._{name}"
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name == modname:
-                continue  # subcommand not built yet
-            raise
-        mod.register(sub)
+    for name, help_text in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if full is None or name in full:
+            _module(name).add_arguments(p)  # type: ignore[attr-defined]
     return parser
+
+
+def _chosen(argv: Sequence[str]) -> tuple[str, ...]:
+    """The subcommand named in ``argv`` (as a 1-tuple): the first word not an option (the top
+    level takes no option with a value); ``()`` when there is none or it names no subcommand."""
+    for word in argv:
+        if not word.startswith("-"):
+            return (word,) if word in SUBCOMMANDS else ()
+    return ()
 
 
 def _safe_streams() -> None:
@@ -79,50 +111,30 @@ def _safe_streams() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code (also used as console_scripts entry)."""
+    """Run the CLI; returns the process exit code (also used as console_scripts entry).
+
+    Args:
+        argv: the arguments after the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, else the code from :mod:`sandbox_fs.cli._errors`
+        (or the confined command's status for ``run``).
+
+    Raises:
+        SystemExit: from argparse (``--help``, ``--version``, a usage error: code 0 or 2)
+            and from a subcommand ending on a signal.
+    """
     _raise_nofile()
     _safe_streams()
+    words = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if not getattr(args, "func", None):
+        parser = build_parser(_chosen(words))
+        args = parser.parse_args(words)
+        if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
-        return int(args.func(args) or 0)
-    except (SandboxError, OSError) as exc:
-        print(f"sandbox-fs: error: {error_line(exc)}", file=sys.stderr)
-        return EXIT_REFUSED
-    except KeyboardInterrupt:
-        print("sandbox-fs: interrupted", file=sys.stderr)
-        return 130
+        return int(_module(args.command).handle(args) or 0)  # type: ignore[attr-defined]
     except SystemExit:
         raise
     except BaseException as exc:  # never a traceback at the command line
-        if isinstance(exc, BaseExceptionGroup):
-            leaves = exception_leaves(exc)
-            sandbox = ([e for e in leaves if isinstance(e, SandboxError)]
-                       or [e for e in leaves if isinstance(e, OSError)])
-            if sandbox:
-                print(f"sandbox-fs: error: {error_line(sandbox[0])}", file=sys.stderr)
-                return EXIT_REFUSED
-        print(f"sandbox-fs: internal error: {type(exc).__name__} (set SANDBOX_FS_DEBUG=1 for details)",
-              file=sys.stderr)
-        if os.environ.get("SANDBOX_FS_DEBUG") == "1":
-            import traceback
-
-            traceback.print_exception(exc, file=sys.stderr)
-        return EXIT_INTERNAL
-
-
-def exception_leaves(group: BaseException) -> list[BaseException]:
-    """The non-group exceptions inside ``group``, depth first (``[group]`` for a plain exception)."""
-    if isinstance(group, BaseExceptionGroup):
-        out: list[BaseException] = []
-        for e in group.exceptions:
-            out.extend(exception_leaves(e))
-        return out
-    return [group]
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+        return report(exc)

@@ -37,11 +37,14 @@ name is the lone surrogate ``\\udcNN`` (Python's surrogateescape, PEP 383);
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-from typing import Any, Mapping, TextIO
+import sys
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
-__all__ = ["escape_text", "one_line", "json_text", "error_line", "report_lines", "write_command_output"]
+__all__ = ["escape_text", "one_line", "json_text", "error_line", "report_lines", "print_report",
+           "progress_printer", "write_command_output"]
 
 _SAFE: dict[str, str] = {}
 
@@ -120,6 +123,28 @@ def report_lines(data: Mapping[str, Any]) -> list[str]:
     tail = [f"skipped [{escape_text(str(s.get('path')))}]: "
             f"{escape_text(one_line(s.get('reason', '')), keep_backslash=True)}" for s in skipped]
     return [head, *tail]
+
+
+def print_report(args: argparse.Namespace, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+    """Print a report (or a list of them, one per row) on stdout: JSON with ``--json``, else
+    :func:`report_lines`."""
+    if args.json:
+        print(json_text(data))
+    else:
+        for row in data if isinstance(data, list) else [data]:
+            print("\n".join(report_lines(row)))
+
+
+def progress_printer() -> Callable[[int, int], None] | None:
+    """A ``progress(entries, nbytes)`` callback redrawing one ``persisting:`` line on stderr, or
+    None when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(entries: int, nbytes: int) -> None:
+        print(f"\rpersisting: {entries} entries, {nbytes / (1 << 20):.1f} MiB", end="", file=sys.stderr, flush=True)
+
+    return show
 
 
 def error_line(exc: BaseException) -> str:

@@ -41,12 +41,12 @@ from typing import Any
 
 import trio
 
-from ._args import int_option, seconds_option
-from ._output import escape_text, json_text, write_command_output
 from . import _hostpath
-from ._hostpath import host_path
+from ._args import int_option, seconds_option
+from ._errors import CliInputError, exception_leaves, first_refusal
+from ._hostpath import host_path, load_state, parse_grant, read_input
+from ._output import escape_text, json_text, write_command_output
 from ..root import open_root
-from ._session import CliInputError, _read_input, load_state, parse_grant, write_json_atomic
 
 
 def _default_workspaces_dir() -> str:
@@ -54,12 +54,11 @@ def _default_workspaces_dir() -> str:
     return os.path.join(base, "sandbox-fs", "workspaces")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "run", help="materialize a manifest (or resume), run a command confined, persist a snapshot",
-        description="Create or resume a session, run CMD confined to its workspace, persist a snapshot, "
-                    "write the session state.  Exit status: CMD's, or 1 on a refusal "
-                    "(also when the persist after CMD fails: CMD's output is still printed first).")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``sandbox-fs run``."""
+    p.description = ("Create or resume a session, run CMD confined to its workspace, persist a snapshot, "
+                     "write the session state.  Exit status: CMD's, or 1 on a refusal "
+                     "(also when the persist after CMD fails: CMD's output is still printed first).")
     p.add_argument("--manifest", help="manifest JSON file (loaded as untrusted); required unless --resume")
     p.add_argument("--base", help="trusted base directory for the manifest's host sources")
     p.add_argument("--root", help="caller-owned workspace directory (created 0700 if missing; never deleted); "
@@ -86,10 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
     _hostpath.add_flag(p)
-    p.set_defaults(func=cmd_run)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from ..client import ClientOptions, LocalSandboxClient  # noqa: PLC0415
     from ..manifest import load_manifest  # noqa: PLC0415
 
@@ -106,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     manifest = None
     root = host_path(args, args.root)
     if args.manifest:
-        raw = _read_input(args.manifest, "manifest", args=args)
+        raw = read_input(args, args.manifest, "manifest")
         manifest = load_manifest(raw, trust="untrusted")
         # The manifest's own "root" is never used here: where the workspace
         # lives is authority, and only the operator's --root (or a private
@@ -140,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def job(sup: Any, exec_scope: trio.CancelScope) -> tuple[Any, dict[str, Any], Any, bool]:
         with LocalSandboxClient(options) as client:
             if args.resume:
-                session = client.resume(load_state(args.resume, args), root=root, manifest=manifest,
+                session = client.resume(load_state(args, args.resume), root=root, manifest=manifest,
                                         allow_rollback=args.allow_rollback)
             else:
                 session = client.create(manifest=manifest, root=root)
@@ -160,7 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             try:
                 state = client.serialize_state(session)
                 if args.state:
-                    write_json_atomic(args.state, state, args)
+                    _hostpath.write_json(args, args.state, state)
             except Exception as exc:
                 failed = failed or exc
             ran = result is not None
@@ -255,13 +253,11 @@ def _error_dict(exc: BaseException) -> dict[str, Any]:
     """The JSON view of a close failure: a SandboxError's to_dict, else its code only."""
     from ..errors import SandboxError  # noqa: PLC0415
 
-    from ._main import exception_leaves  # noqa: PLC0415
-
-    leaves = exception_leaves(exc) or [exc]
-    first = next((e for e in leaves if isinstance(e, SandboxError)), None)
-    if first is not None:
-        return first.to_dict()
-    return {"code": "os_error" if isinstance(leaves[0], OSError) else "internal", "reason": type(leaves[0]).__name__}
+    refusal = first_refusal(exc)
+    if isinstance(refusal, SandboxError):
+        return refusal.to_dict()
+    leaf = exception_leaves(exc)[0]
+    return {"code": "os_error" if isinstance(leaf, OSError) else "internal", "reason": type(leaf).__name__}
 
 
 def _environment(manifest: Any) -> tuple[dict[str, str], set[str]]:

@@ -16,11 +16,10 @@ from ..manifest import Manifest
 _SCHEMAS = {"manifest": Manifest}
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("schema", help="print the JSON Schema of the manifest format")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``sandbox-fs schema``."""
     p.add_argument("what", nargs="?", default="manifest", choices=sorted(_SCHEMAS))
     p.add_argument("--indent", type=int_option(0, 16), default=2, help="JSON indentation, 0 to 16 (0: compact)")
-    p.set_defaults(func=handler)
 
 
 def schema(what: str = "manifest") -> dict[str, Any]:
@@ -28,6 +27,6 @@ def schema(what: str = "manifest") -> dict[str, Any]:
     return _SCHEMAS[what].model_json_schema()
 
 
-def handler(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     print(json_text(schema(args.what), indent=args.indent or None))
     return 0

@@ -11,24 +11,15 @@ line every time.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
-from ._output import json_text, report_lines
 from . import _hostpath
-from ._hostpath import host_path
-from ..errors import SandboxError
-from ..paths import Grant
-
-
-class CliInputError(SandboxError):
-    """A command-line input file (state, manifest, key) cannot be read or parsed."""
-
-    code = "cli_input"
+from ._errors import CliInputError
+from ._hostpath import host_path, load_state, parse_grant, read_input
+from ._output import print_report, progress_printer
 
 
 def add_client_args(p: argparse.ArgumentParser) -> None:
@@ -45,37 +36,12 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
     _hostpath.add_flag(p)
 
 
-def _read_input(path: str, what: str, max_bytes: int = 64 << 20, args: argparse.Namespace | None = None) -> bytes:
-    """Read an operator input file by the host-path rule (no symlink on its path; a regular file)."""
-    try:
-        data = _hostpath.read_file(args or argparse.Namespace(), path, max_bytes, what)
-    except SandboxError:
-        raise
-    except OSError as exc:
-        raise CliInputError(f"cannot read the {what} file ({os.strerror(exc.errno or 5)})",
-                            sandbox_path=None) from None
-    if len(data) > max_bytes:
-        raise CliInputError(f"the {what} file is over {max_bytes} bytes", sandbox_path=None)
-    return data
-
-
-def parse_grant(spec: str, args: argparse.Namespace | None = None) -> Grant:
-    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is taken from the cwd.
-
-    With ``--follow-host-symlinks`` the PATH is resolved with ``realpath`` first.
-    """
-    g = Grant.parse(spec, relative_to=os.getcwd())
-    if args is not None and getattr(args, "follow_host_symlinks", False):
-        g = Grant(os.path.realpath(g.path), read_only=g.read_only)
-    return g
-
-
 def client_options(args: argparse.Namespace) -> Any:
     from ..client import ClientOptions  # noqa: PLC0415
 
     key = None
     if args.state_key_file:
-        key = _read_input(args.state_key_file, "state key", 4096, args).strip()
+        key = read_input(args, args.state_key_file, "state key", 4096).strip()
         if len(key) < 16:
             raise CliInputError("the state key must be at least 16 bytes", sandbox_path=None)
     return ClientOptions(
@@ -88,57 +54,16 @@ def client_options(args: argparse.Namespace) -> Any:
     )
 
 
-def load_state(path: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
-    try:
-        data = json.loads(_read_input(path, "state", 64 << 20, args))
-    except ValueError:
-        raise CliInputError("the state file is not valid JSON", sandbox_path=None) from None
-    if not isinstance(data, dict):
-        raise CliInputError("the state file must hold a JSON object", sandbox_path=None)
-    return data
-
-
-def write_json_atomic(path: str, data: dict[str, Any], args: argparse.Namespace | None = None) -> None:
-    """Write ``data`` to the operator-named ``path`` (mode 0600): temp file, fsync, rename.
-
-    By :func:`sandbox_fs.root.write_host_file_atomic`: the directory is
-    opened by the host-path rule and anything but a regular file at the name
-    (a symlink, a device such as ``/dev/full``) is refused, never replaced.
-
-    Raises:
-        SpecialFileError: something other than a regular file is at ``path``.
-        SymlinkRefusedError: a directory on ``path`` is a symlink.
-    """
-    _hostpath.write_json(args, path, data)
-
-
 def _load_manifest(path: str | None, args: argparse.Namespace | None = None) -> Any:
     if not path:
         return None
     from ..manifest import load_manifest  # noqa: PLC0415
 
-    return load_manifest(_read_input(path, "manifest", args=args), trust="untrusted")
-
-
-def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
-    if args.json:
-        print(json_text(data))
-    else:
-        print("\n".join(report_lines(data)))
-
-
-def _progress_printer() -> Any:
-    if not sys.stderr.isatty():
-        return None
-
-    def show(entries: int, nbytes: int) -> None:
-        print(f"\rpersisting: {entries} entries, {nbytes / (1 << 20):.1f} MiB", end="", file=sys.stderr, flush=True)
-
-    return show
+    return load_manifest(read_input(args, path, "manifest"), trust="untrusted")
 
 
 async def _close_with_progress(session: Any) -> None:
-    show = _progress_printer()
+    show = progress_printer()
     if show is not None:
         print("persisting...", end="", file=sys.stderr, flush=True)
     try:
@@ -160,7 +85,7 @@ def _summary(client: Any, session: Any, action: str) -> dict[str, Any]:
     }
 
 
-def cmd_create(args: argparse.Namespace) -> int:
+def _create(args: argparse.Namespace) -> int:
     from ..client import LocalSandboxClient  # noqa: PLC0415
 
     _hostpath.check_output(args, args.state)
@@ -172,47 +97,47 @@ def cmd_create(args: argparse.Namespace) -> int:
                                     session_id=args.session_id)
             await session.start()
             await _close_with_progress(session)
-            write_json_atomic(args.state, client.serialize_state(session), args)
+            _hostpath.write_json(args, args.state, client.serialize_state(session))
             return _summary(client, session, "create")
 
-    _report(args, trio.run(main))
+    print_report(args, trio.run(main))
     return 0
 
 
-def cmd_resume(args: argparse.Namespace) -> int:
+def _resume(args: argparse.Namespace) -> int:
     from ..client import LocalSandboxClient  # noqa: PLC0415
 
     _hostpath.check_output(args, args.state_out or args.state)
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
-            session = client.resume(load_state(args.state, args), root=host_path(args, args.root),
+            session = client.resume(load_state(args, args.state), root=host_path(args, args.root),
                                     manifest=_load_manifest(args.manifest, args), allow_rollback=args.allow_rollback)
             await session.start()
             await _close_with_progress(session)
-            write_json_atomic(args.state_out or args.state, client.serialize_state(session), args)
+            _hostpath.write_json(args, args.state_out or args.state, client.serialize_state(session))
             return _summary(client, session, "resume")
 
-    _report(args, trio.run(main))
+    print_report(args, trio.run(main))
     return 0
 
 
-def cmd_rm(args: argparse.Namespace) -> int:
+def _rm(args: argparse.Namespace) -> int:
     from ..client import LocalSandboxClient  # noqa: PLC0415
 
     async def main() -> dict[str, Any]:
         with LocalSandboxClient(client_options(args)) as client:
-            session = client.resume(load_state(args.state, args))
+            session = client.resume(load_state(args, args.state))
             removed = await client.delete(session, snapshot=args.snapshot)
             return {"action": "rm", "session_id": session.id, "workspace_removed": removed,
                     "snapshot_removed": bool(args.snapshot)}
 
-    _report(args, trio.run(main))
+    print_report(args, trio.run(main))
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("session", help="create, resume or remove a sandbox session (state in a JSON file)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``sandbox-fs session ACTION``."""
     ss = p.add_subparsers(dest="session_command", metavar="ACTION")
     ss.required = True
 
@@ -223,7 +148,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--root", help="use this caller-owned directory as the workspace (never deleted)")
     c.add_argument("--session-id", help="plain token to use as the session id (default random)")
     c.add_argument("--state", required=True, help="where to write the session state JSON")
-    c.set_defaults(func=cmd_create)
 
     r = ss.add_parser("resume", help="reattach to (or rebuild) a session from its state, persist, update the state")
     add_client_args(r)
@@ -234,10 +158,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--allow-rollback", action="store_true",
                    help="resume even when the store's snapshot is at another generation than the state recorded "
                         "(a stale or replayed state file, or a store rolled back)")
-    r.set_defaults(func=cmd_resume)
 
     d = ss.add_parser("rm", help="remove the session's private workspace (never a caller-owned one)")
     add_client_args(d)
     d.add_argument("--state", required=True, help="session state JSON file")
     d.add_argument("--snapshot", action="store_true", help="also remove the session's snapshot")
-    d.set_defaults(func=cmd_rm)
+
+
+_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"create": _create, "resume": _resume, "rm": _rm}
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run ``sandbox-fs session ACTION``; 0 when done (a refusal raises, see ``_errors``)."""
+    return _ACTIONS[args.session_command](args)

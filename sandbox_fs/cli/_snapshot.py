@@ -11,35 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import Callable
 
-from ._output import json_text, report_lines
+from ._output import print_report, progress_printer
 from . import _hostpath
 from ._hostpath import host_path
 from ..root import open_root
 from ..snapshot import LocalSnapshotStore, SnapshotLimits, hydrate, persist
 
 
-def _report(args: argparse.Namespace, data: Any) -> None:
-    if args.json:
-        print(json_text(data))
-    else:
-        for row in data if isinstance(data, list) else [data]:
-            print("\n".join(report_lines(row)))
-
-
-def _progress() -> Any:
-    if not sys.stderr.isatty():
-        return None
-
-    def show(entries: int, nbytes: int) -> None:
-        print(f"\rpersisting: {entries} entries, {nbytes / (1 << 20):.1f} MiB", end="", file=sys.stderr, flush=True)
-
-    return show
-
-
-def cmd_save(args: argparse.Namespace) -> int:
-    show = _progress()
+def _save(args: argparse.Namespace) -> int:
+    show = progress_printer()
     t0 = time.monotonic()
     # both host paths by the host-path rule (no symlink on any component)
     with LocalSnapshotStore(host_path(args, args.store)) as store, \
@@ -53,14 +35,14 @@ def cmd_save(args: argparse.Namespace) -> int:
                 print(file=sys.stderr)
     info = rep.info
     assert info is not None
-    _report(args, {"action": "save", "name": info.name, "entries": info.entries,
+    print_report(args, {"action": "save", "name": info.name, "entries": info.entries,
                    "content_bytes": info.content_bytes, "archive_bytes": info.archive_bytes,
                    "fingerprint": info.fingerprint, "seconds": round(time.monotonic() - t0, 3),
                    "skipped": [{"path": p, "reason": r} for p, r in rep.skipped] or None})
     return 0
 
 
-def cmd_restore(args: argparse.Namespace) -> int:
+def _restore(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     tty = sys.stderr.isatty()
     if tty:
@@ -72,23 +54,23 @@ def cmd_restore(args: argparse.Namespace) -> int:
     finally:
         if tty:
             print("\r" + " " * 20 + "\r", end="", file=sys.stderr, flush=True)
-    _report(args, {"action": "restore", "name": rep.info.name, "entries": rep.info.entries,
+    print_report(args, {"action": "restore", "name": rep.info.name, "entries": rep.info.entries,
                    "content_bytes": rep.info.content_bytes, "fingerprint": rep.info.fingerprint,
                    "seconds": round(time.monotonic() - t0, 3)})
     return 0
 
 
-def cmd_ls(args: argparse.Namespace) -> int:
+def _ls(args: argparse.Namespace) -> int:
     with LocalSnapshotStore(host_path(args, args.store), create=False) as store:
         rows = [{"name": i.name, "entries": i.entries, "content_bytes": i.content_bytes,
                  "archive_bytes": i.archive_bytes, "created_ns": i.created_ns, "fingerprint": i.fingerprint}
                 for i in store.list()]
-    _report(args, rows)
+    print_report(args, rows)
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("snapshot", help="save a workspace into a snapshot store, restore it, list snapshots")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``sandbox-fs snapshot ACTION``."""
     ss = p.add_subparsers(dest="snapshot_command", metavar="ACTION")
     ss.required = True
 
@@ -101,7 +83,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave out entries a restore would refuse instead of failing")
     s.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     _hostpath.add_flag(s)
-    s.set_defaults(func=cmd_save)
 
     r = ss.add_parser("restore", help="replace a workspace's contents with a verified snapshot")
     r.add_argument("--workspace", required=True, help="workspace directory (its contents are replaced)")
@@ -109,10 +90,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--name", required=True, help="snapshot name")
     r.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     _hostpath.add_flag(r)
-    r.set_defaults(func=cmd_restore)
 
     ls = ss.add_parser("ls", help="list the valid snapshots in a store")
     ls.add_argument("--store", required=True, help="snapshot store directory")
     ls.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     _hostpath.add_flag(ls)
-    ls.set_defaults(func=cmd_ls)
+
+
+_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"save": _save, "restore": _restore, "ls": _ls}
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run ``sandbox-fs snapshot ACTION``; 0 when done (a refusal raises, see ``_errors``)."""
+    return _ACTIONS[args.snapshot_command](args)
