@@ -58,7 +58,7 @@ __all__ = [
     "STATE_VERSION",
 ]
 
-STATE_VERSION = 2
+STATE_VERSION: Literal[2] = 2
 _MAC_DOMAIN = b"sandbox-fs/session-state/v1\0"  # version 1 states (read only)
 _MAC_DOMAIN_V2 = b"sandbox-fs/session-state/v2\0"
 _READ_VERSIONS = (1, 2)
@@ -207,7 +207,7 @@ def _mac(key: bytes, payload: dict[str, Any]) -> str:
     return hmac.new(key, domain + _canonical(payload), hashlib.sha256).hexdigest()
 
 
-def _default_loader(data: Any, trust: str) -> Any:
+def _default_loader(data: Any, trust: Literal["untrusted", "trusted"]) -> Any:
     try:
         from .manifest import load_manifest  # noqa: PLC0415
     except ImportError:
@@ -230,6 +230,7 @@ def _manifest_data(manifest: Any) -> dict[str, Any] | None:
     if manifest is None:
         return None
     to_json = getattr(manifest, "to_json", None)
+    data: dict[str, Any]
     if callable(to_json):
         data = json.loads(to_json(reveal_secrets=False))
     elif callable(getattr(manifest, "model_dump", None)):
@@ -333,12 +334,13 @@ class LocalSandboxClient:
 
     # -------------------------------------------------------------- sessions
 
-    def _config(self, session_id: str, root: str | os.PathLike | None) -> SessionConfig:
+    def _config(self, session_id: str, root: str | os.PathLike[str] | None) -> SessionConfig:
         o = self.options
+        workspace_dir = os.path.join(os.fspath(o.workspaces_dir), session_id) if root is None else os.fspath(root)
         owned = root is None
         return SessionConfig(
             session_id=session_id,
-            workspace_dir=os.path.join(os.fspath(o.workspaces_dir), session_id) if owned else os.fspath(root),
+            workspace_dir=workspace_dir,
             owned=owned, parent=self._parent if owned else None, store=self.store,
             grants=o.extra_path_grants, workspace_path=o.workspace_path, base_dir=o.base_dir,
             limits=o.limits, archive_limits=o.archive_limits, on_unrestorable=o.on_unrestorable,
@@ -346,7 +348,7 @@ class LocalSandboxClient:
             identity=o.identity, identity_range=o.identity_range)
 
     def create(self, manifest: Any = None, snapshot: str | None = None, *,
-               root: str | os.PathLike | None = None, session_id: str | None = None) -> Session:
+               root: str | os.PathLike[str] | None = None, session_id: str | None = None) -> Session:
         """A new, not yet started session (``async with client.create(...) as s`` starts it).
 
         Args:
@@ -367,7 +369,7 @@ class LocalSandboxClient:
         return Session(self._config(sid, root), manifest=manifest, restore_from=snapshot or sid,
                        require_snapshot=snapshot is not None)
 
-    def resume(self, state: "SessionState | dict[str, Any]", *, root: str | os.PathLike | None = None,
+    def resume(self, state: "SessionState | dict[str, Any]", *, root: str | os.PathLike[str] | None = None,
                manifest: Any = None, allow_rollback: bool = False) -> Session:
         """A session that reconnects to serialized ``state`` (start it to reattach or rebuild).
 

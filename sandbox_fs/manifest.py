@@ -55,7 +55,6 @@ import base64
 import binascii
 import hashlib
 import json
-import posixpath
 import re
 from typing import Annotated, Any, Iterator, Literal, Mapping, Union
 

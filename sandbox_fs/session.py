@@ -47,7 +47,7 @@ import re
 import secrets
 import stat as _stat
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Literal
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal
 
 import trio
 
@@ -313,7 +313,8 @@ class Session:
         """
         ident = self.config.identity
         if self._lease is not None:
-            return self._lease.ids
+            leased: tuple[int, int] = self._lease.ids
+            return leased
         if isinstance(ident, tuple):
             return ident
         return None
@@ -408,6 +409,7 @@ class Session:
         created = [False]
         try:
             mode = await trio.to_thread.run_sync(self._prepare_sync, created)
+            assert self._policy is not None  # set by _prepare_sync
             if self.manifest is not None:
                 mat = self.config.materialize or _materialize_default()
                 if mat is None:
@@ -597,16 +599,17 @@ class Session:
             return None
         for fn in list(self._transient_cleanups):
             await fn(self)
-        cfg = self.config
+        cfg, ws = self.config, self._root
         try:
             report = await trio.to_thread.run_sync(
-                lambda: _snap.persist(self._root, cfg.store, self.id, manifest_digest=self._manifest_digest(),
+                lambda: _snap.persist(ws, cfg.store, self.id, manifest_digest=self._manifest_digest(),
                                       excluded=self._excluded(), mount_points=self._mounts,
                                       skip_identities=self._grant_ids(), on_unrestorable=cfg.on_unrestorable,
                                       limits=cfg.limits))
         except _snap.SnapshotVerifyError as exc:
             if self.snapshot_name == self.id:  # the store's current generation of our snapshot, as it stands now
-                self.generation = exc.context.get("generation") or None
+                current = exc.context.get("generation")
+                self.generation = current if isinstance(current, int) and current > 0 else None
             raise
         self.last_persist = report
         if report.info is not None:
@@ -854,7 +857,8 @@ class Session:
         bound = self.config.max_read_bytes if max_bytes is None else max_bytes
         return await trio.to_thread.run_sync(lambda: root.read_bytes(rel, max_bytes=bound))
 
-    async def read_chunks(self, path: str, *, chunk_bytes: int = 1 << 20, max_bytes: int | None = None):
+    async def read_chunks(self, path: str, *, chunk_bytes: int = 1 << 20,
+                          max_bytes: int | None = None) -> AsyncIterator[bytes]:
         """Yield the file's content in chunks of at most ``chunk_bytes`` (one thread hop per chunk).
 
         Raises:
@@ -1050,7 +1054,7 @@ class Session:
         try:
             from . import archive  # noqa: PLC0415
         except ImportError:
-            archive = None
+            archive = None  # type: ignore[assignment]  # an install without the archive package
         if archive is None or not hasattr(archive, "extract_async"):
             await trio.lowlevel.checkpoint()
             raise FeatureUnavailableError("archive extraction needs sandbox_fs.archive, which is not installed",
@@ -1124,9 +1128,10 @@ class Session:
             stays registered and is terminated at :meth:`shutdown`.
         """
         workspace, policy = self.workspace, self.policy
-        return await self._ptys().pty_exec_start(argv, workspace=workspace,
-                                                 workspace_host_path=self.config.workspace_dir,
-                                                 grants=policy, **self._exec_kwargs(kwargs))
+        started: tuple[str, bytes] = await self._ptys().pty_exec_start(
+            argv, workspace=workspace, workspace_host_path=self.config.workspace_dir, grants=policy,
+            **self._exec_kwargs(kwargs))
+        return started
 
     async def pty_write_stdin(self, pty_id: str, data: bytes) -> None:
         """Write ``data`` (bytes) to PTY ``pty_id``'s input.
@@ -1148,7 +1153,8 @@ class Session:
         Cancellation:
             Nothing is lost: unread output stays buffered.
         """
-        return await self._ptys().pty_read(pty_id, **kwargs)
+        output: bytes = await self._ptys().pty_read(pty_id, **kwargs)
+        return output
 
     async def pty_terminate(self, pty_id: str) -> None:
         """Terminate PTY ``pty_id`` and its process group.

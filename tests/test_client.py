@@ -58,8 +58,6 @@ async def test_tampered_state_cannot_add_authority(client, field, value):
 
 
 def _resign(client, state):
-    import hashlib
-    import hmac
 
     from sandbox_fs import client as client_mod
 
