@@ -37,6 +37,8 @@ pipi -U pip
 # Versions measured to work on this machine kind (PLATFORM.md): pinned for CI.
 pipi "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" "hypothesis==6.170.17"
 pipi -e ".[test]"
+# The lint and type checks scripts/test.sh runs, and the frontend tests/test_packaging.py builds with.
+pipi "ruff==0.17.5" "mypy==2.4.1" "build==1.6.1"
 # The fuzz harnesses (fuzz/run.sh); atheris 3.0.0 is the last release with cp311 wheels.
 pipi "atheris==3.0.0"
 "$VENV/bin/python" -c "import sandbox_fs; print('sandbox-fs installed; kernel features:', sandbox_fs.features())"
