@@ -289,9 +289,7 @@ class Session:
         Raises:
             SessionNotStartedError: before :meth:`start` or after :meth:`aclose`.
         """
-        if self._policy is None or self._closed:
-            raise SessionNotStartedError("the session is not started", sandbox_path=None)
-        return self._policy.workspace
+        return self.policy.workspace
 
     @property
     def policy(self) -> PathPolicy:
