@@ -22,8 +22,14 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
+# pip's cache (for the build's isolated environment and the install) lives beside the test
+# virtualenv, never in the home directory (the suite checks that /root is left unchanged).
+PIP_CACHE = pathlib.Path(sys.prefix) / "pip-cache"
+
+
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PIP_CACHE_DIR"] = str(PIP_CACHE)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
 
 
