@@ -1,0 +1,83 @@
+"""Each public module's ``__all__``, pinned: the public surface changes only on purpose.
+
+A name added or removed here is an API change: record it in CHANGELOG.md.  Every listed name
+must resolve on its module (lazy re-exports included).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PUBLIC = {
+    "sandbox_fs": [
+        "ClientOptions", "DirEntry", "DirectoryReplacedError", "ExecResult", "Grant", "InvalidPathError",
+        "LocalSandboxClient", "LocalSnapshotStore", "Manifest", "ManifestError", "MaterializationResult",
+        "MaterializeOptions", "NativeUnavailableError", "NoSnapshot", "PathEscapeError", "PathPolicy",
+        "ProcessSupervisor", "ReadOnlyError", "Root", "RunState", "SandboxError", "SandboxPath", "Session",
+        "SessionState", "SnapshotStore", "SymlinkRefusedError", "UnsafeModeError", "WorkspaceClosedError",
+        "features", "load_manifest", "materialize", "normalize", "open_root", "open_session", "run_confined",
+    ],
+    "sandbox_fs.errors": [
+        "DirectoryReplacedError", "InvalidArgumentError", "InvalidPathError", "NativeUnavailableError",
+        "PathEscapeError", "ReadOnlyError", "SandboxError", "SandboxOSError", "SymlinkRefusedError",
+        "WorkspaceClosedError", "redact",
+    ],
+    "sandbox_fs.paths": [
+        "Grant", "PathPolicy", "Resolved", "SandboxPath", "normalize",
+    ],
+    "sandbox_fs.root": [
+        "DirEntry", "MAX_NAME_BYTES", "MAX_PATH_BYTES", "Root", "SpecialFileError", "Subtree",
+        "UnsafeModeError", "display_path", "open_host_dir_fd", "open_host_file_fd", "open_root",
+        "write_host_file_atomic",
+    ],
+    "sandbox_fs.manifest": [
+        "Archive", "Dir", "Entry", "EnvValue", "File", "FlatEntry", "LocalDir", "LocalFile", "MAX_ENTRIES",
+        "MAX_INLINE_BYTES", "MAX_MANIFEST_BYTES", "Manifest", "ManifestError", "ManifestTrustError",
+        "REFUSED_ENV_NAMES", "REFUSED_ENV_PREFIXES", "Symlink", "check_destination", "check_link_target",
+        "check_untrusted_environment", "load_manifest",
+    ],
+    "sandbox_fs.materialize": [
+        "LimiterTokensError", "MaterializationResult", "MaterializeError", "MaterializeLimitError",
+        "MaterializeOptions", "MaterializeProgress", "SkippedEntry", "SourceChangedError",
+        "SourceRefusedError", "WrittenFile", "WrittenSymlink", "materialize",
+    ],
+    "sandbox_fs.client": [
+        "ClientOptions", "LocalSandboxClient", "RunState", "STATE_VERSION", "SessionState",
+        "SessionStateError", "SessionStateTamperedError", "SessionStateVersionError", "open_session",
+    ],
+    "sandbox_fs.session": [
+        "CrossRootError", "FeatureUnavailableError", "MountOverlapError", "PersistDisabledError", "Session",
+        "SessionBusyError", "SessionConfig", "SessionError", "SessionNotStartedError",
+        "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
+    ],
+    "sandbox_fs.snapshot": [
+        "HydrateReport", "LocalSnapshotStore", "NoSnapshot", "PersistReport", "SnapshotCorruptError",
+        "SnapshotError", "SnapshotInfo", "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError",
+        "SnapshotPolicy", "SnapshotSourceChangedError", "SnapshotStore", "SnapshotVerifyError",
+        "UnrestorableEntryError", "fingerprint", "hydrate", "persist", "tree_digest", "validate_name",
+    ],
+    "sandbox_fs.exec": [
+        "CommandNotFoundError", "ConfinementError", "ConfinementPolicy", "DEFAULT_MAX_OUTPUT_BYTES",
+        "DEFAULT_PATH", "ENV_ALLOWLIST", "ExecError", "ExecFailedError", "ExecResult", "ExecTimeoutError",
+        "MAX_ENV_BYTES", "MAX_ENV_ENTRIES", "ProcessSupervisor", "PtyManager", "PtyNotFoundError",
+        "build_env", "build_ruleset", "helper_path", "run_confined",
+    ],
+    "sandbox_fs.archive": [
+        "ArchiveFormatError", "ArchiveLimitError", "ArchiveLimits", "ExtractPolicy", "ExtractReport",
+        "FORMATS", "SkippedMember", "UnsafeArchiveMemberError", "extract", "extract_async",
+    ],
+    "sandbox_fs.cli": [
+        "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_USAGE", "build_parser", "exception_leaves", "main",
+    ],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_all_is_pinned(module):
+    mod = importlib.import_module(module)
+    assert sorted(mod.__all__) == PUBLIC[module]
+    assert len(mod.__all__) == len(set(mod.__all__)), "a name is listed twice"
+    missing = [name for name in mod.__all__ if not hasattr(mod, name)]
+    assert missing == []
