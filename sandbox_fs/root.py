@@ -32,8 +32,7 @@ import os
 import secrets as _secrets
 import stat as _stat
 from dataclasses import dataclass
-from hashlib import sha256 as _hashlib_sha256
-from typing import IO, Any, Callable, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple
 
 from . import _native
 from ._root_walk import walk_dirs
@@ -49,7 +48,7 @@ from .errors import (
     DirectoryReplacedError,
 )
 
-__all__ = ["Root", "Subtree", "open_root", "open_host_dir_fd", "open_host_file_fd", "write_host_file_atomic",
+__all__ = ["Root", "Subtree", "CopyItem", "open_root", "open_host_dir_fd", "open_host_file_fd", "write_host_file_atomic",
            "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
            "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
 
@@ -235,6 +234,24 @@ def display_path(text: str, limit: int = 200) -> str:
     escaped, surrogates shown as ``\\udcXX``, truncated to ``limit`` characters."""
     out = text.translate(_CONTROL).encode("utf-8", "backslashreplace").decode("utf-8")
     return out if len(out) <= limit else out[:limit] + "..."
+
+
+class CopyItem(NamedTuple):
+    """One file for :meth:`Root.copy_files_from`.
+
+    A plain 5-tuple in this order is accepted too.
+    """
+
+    src: str
+    """Relative sandbox path in the source Root."""
+    dst: str
+    """Relative sandbox path in the destination Root."""
+    mode: int
+    """Permission bits within 0o777, set exactly (the umask never applies)."""
+    mtime_ns: int | None
+    """The mtime (and atime) to set, nanoseconds since the epoch; None: left as the copy makes it."""
+    ident: tuple[int, int] | None
+    """The source's expected ``(st_dev, st_ino)``; None: no identity check."""
 
 
 def _check_mode(mode: int, sandbox_path: str | None) -> int:
@@ -984,8 +1001,9 @@ class Root:
                 off += os.write(fd, view[off:])
         return total
 
-    def copy_files_from(self, src: "Root", items: Iterable[tuple[str, str, int, int | None, tuple[int, int] | None]],
-                        *, max_bytes: int | None = None, digest: bool = True, fsync: bool = False,
+    def copy_files_from(self, src: "Root",
+                        items: Iterable[CopyItem | tuple[str, str, int, int | None, tuple[int, int] | None]], *,
+                        max_bytes: int | None = None, digest: bool = True, fsync: bool = False,
                         buffer_bytes: int = 1 << 20, buffer: bytearray | None = None,
                         before_each: Callable[[int], None] | None = None,
                         results: list[tuple[int, str | None]] | None = None) -> list[tuple[int, str | None]]:
@@ -1017,7 +1035,8 @@ class Root:
 
         Args:
             src: the Root the sources are read from (may be read-only).
-            items: ``(src_rel, dst_rel, mode, mtime_ns, ident)`` per file:
+            items: a :class:`CopyItem` (or a plain tuple ``(src_rel, dst_rel,
+                mode, mtime_ns, ident)`` in its order) per file:
                 relative sandbox paths in ``src`` and in this Root (``str``),
                 permission bits within 0o777, the mtime (and atime) to set in
                 nanoseconds or None to leave the current time, and the
@@ -1067,182 +1086,10 @@ class Root:
             ValueError: ``buffer_bytes`` (or ``len(buffer)``) below 4096.
             TypeError: ``buffer`` is not a ``bytearray``.
         """
-        if buffer is not None:
-            if type(buffer) is not bytearray:
-                raise TypeError("buffer must be a bytearray")
-            buffer_bytes = len(buffer)
-        if buffer_bytes < 4096:
-            raise ValueError("buffer_bytes must be at least 4096")
-        out: list[tuple[int, str | None]] = [] if results is None else results
-        self._check_writable(b".", "copy")
-        bound = _COPY_UNBOUNDED if max_bytes is None else max_bytes
-        buf = (buffer if buffer is not None else bytearray(buffer_bytes)) if digest else None
-        cbuf = _native.buffer_of(buf) if buf is not None else _native.NULL
-        view = memoryview(buf) if buf is not None else None
-        group_max = 64  # files per native call
-        xs = _native.new_xfers(group_max)
-        ret_box = _native.new_int()
-        base_flags = _native.XFER_FSYNC if fsync else 0
-        sha256 = _hashlib_sha256
-        xfer_files = _native.xfer_files
-        check_ident, set_mtime = _native.XFER_CHECK_IDENT, _native.XFER_SET_MTIME
-        eexist, tmp_create, more = -errno.EEXIST, _native.STAGE_TMP_CREATE, _native.XFER_MORE
-        prefix = b".sfs-tmp-" + _secrets.token_hex(6).encode() + b"-"
-        uid, gid = _native.owner_ids(self.owner)
-        sdirs: dict[str, int] = {}
-        ddirs: dict[str, int] = {}
-        # Files are copied in groups: consecutive items of one directory pair,
-        # one native call per group (its data packed in buf, hashed afterwards).
-        group: list[tuple[str, str, bytes, bytes, int, int | None, tuple[int, int] | None]] = []
-        gfds = [-1, -1]
-        counter = 0
+        from ._root_copy import copy_files  # noqa: PLC0415  (it imports this module)
 
-        def flush() -> None:
-            """Copy the group; raise the error of the first file that fails (those before it are done)."""
-            nonlocal counter
-            attempts = 0
-            while group:
-                n = len(group)
-                names: list[bytes] = []
-                for j, (_s, _d, sleaf, dleaf, mode, mtime_ns, ident) in enumerate(group):
-                    x = xs[j]
-                    flags = base_flags
-                    if ident is not None:
-                        x.dev, x.ino = ident
-                        flags |= check_ident
-                    if mtime_ns is not None:
-                        x.mtime_ns = mtime_ns
-                        flags |= set_mtime
-                    x.flags = flags
-                    x.mode = mode
-                    x.max_bytes = bound
-                    counter += 1
-                    names += (sleaf, prefix + str(counter).encode(), dleaf)
-                blob = b"\0".join(names) + b"\0"
-                done = xfer_files(gfds[0], gfds[1], n, blob, len(blob), xs, cbuf, buffer_bytes, ret_box, uid, gid)
-                off = 0
-                for j in range(done):
-                    size = xs[j].size
-                    out.append((size, sha256(view[off:off + size]).hexdigest() if view is not None else None))
-                    off += size
-                if done == n:
-                    group.clear()
-                    return
-                ret = ret_box[0]
-                srel_s, drel_s, _sl, dleaf = group[done][:4]
-                tmp = names[3 * done + 1]
-                del group[:done]
-                if done:
-                    attempts = 0
-                if ret == more:
-                    out.append(self._copy_rest(xs + done, view, off, gfds[1], tmp, dleaf, bound, drel_s))
-                    del group[0]
-                    attempts = 0
-                elif ret == eexist and xs[done].stage == tmp_create and attempts < 100:
-                    attempts += 1  # a name planted in the destination: again with the next one
-                else:
-                    stage = xs[done].stage
-                    group.clear()
-                    self._copy_error(-ret, stage, src, srel_s, drel_s)
-
-        srootfd = src._acquire()
-        try:
-            drootfd = self._acquire()
-            try:
-                for i, (srel_s, drel_s, mode, mtime_ns, ident) in enumerate(items):
-                    try:
-                        if before_each is not None:
-                            before_each(i)
-                        if type(mode) is not int or mode & ~0o777 or mode < 0:
-                            _check_mode(mode, drel_s)
-                        if type(srel_s) is not str or type(drel_s) is not str or "\0" in srel_s \
-                                or "\0" in drel_s or srel_s[:1] == "/" or drel_s[:1] == "/":
-                            srel_s, drel_s = self._copy_names(src, srel_s, drel_s)
-                        # Directories are validated and opened once (full checks on the first
-                        # path met in each); a leaf is one component by construction, and the
-                        # native call refuses "", "." and ".." (checked fully on that error).
-                        sdir_s, _, sleaf_s = srel_s.rpartition("/")
-                        ddir_s, _, dleaf_s = drel_s.rpartition("/")
-                        sdfd = sdirs.get(sdir_s)
-                        if sdfd is None:
-                            sdir = src._split(src._rel(srel_s), "copy")[0]
-                            sdfd = src._open_fd(srootfd, sdir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
-                            sdirs[sdir_s] = sdfd
-                        ddfd = ddirs.get(ddir_s)
-                        if ddfd is None:
-                            drel = self._rel(drel_s)
-                            ddir = self._split(drel, "copy")[0]
-                            ddfd = self._open_fd(drootfd, ddir, _DIR_FLAGS, 0, "copy", _native.RESOLVE_NO_SYMLINKS)
-                            ddirs[ddir_s] = ddfd
-                            if self._deny:
-                                self._check_write_target(ddfd, None, drel, False)
-                    except BaseException:
-                        flush()  # the items before this one are copied first, as promised
-                        raise
-                    if group and (len(group) >= group_max or sdfd != gfds[0] or ddfd != gfds[1]):
-                        flush()
-                    gfds[0], gfds[1] = sdfd, ddfd
-                    sleaf = sleaf_s.encode("utf-8", "surrogateescape")
-                    dleaf = sleaf if dleaf_s == sleaf_s else dleaf_s.encode("utf-8", "surrogateescape")
-                    group.append((srel_s, drel_s, sleaf, dleaf, mode, mtime_ns, ident))
-                flush()
-            finally:
-                for fd in ddirs.values():
-                    os.close(fd)
-                self._release()
-        finally:
-            for fd in sdirs.values():
-                os.close(fd)
-            src._release()
-        return out
-
-    def _copy_names(self, src: "Root", srel: str | bytes, drel: str | bytes) -> tuple[str, str]:
-        """Validate an unusual pair of :meth:`copy_files_from` paths fully; return them as ``str``."""
-        for root, rel in ((src, srel), (self, drel)):
-            root._split(root._rel(rel), "copy")
-        return os.fsdecode(srel), os.fsdecode(drel)
-
-    def _copy_rest(self, x: Any, view: memoryview, off: int, ddfd: int, tmp: bytes, leaf: bytes, bound: int,
-                   rel: str) -> tuple[int, str]:
-        """Finish a file whose first ``x.size`` bytes (at ``view[off:]``) are written, fds open in ``x``.
-
-        Reads the rest through the whole ``view``, hashes, writes, then renames.
-        """
-        try:
-            h = _hashlib_sha256(view[off:off + x.size])
-            total = x.size
-            src_fd, tmp_fd = x.src_fd, x.tmp_fd
-            while True:
-                n = _retry_eintr(os.readv, src_fd, [view])
-                if not n:
-                    break
-                total += n
-                if total > bound:
-                    _native.raise_errno(errno.EFBIG, "copy", self._show(rel))
-                chunk = view[:n]
-                h.update(chunk)
-                off = 0
-                while off < n:
-                    off += _retry_eintr(os.write, tmp_fd, chunk[off:])
-        except BaseException:
-            _native.xfer_abort(ddfd, tmp, x)
-            raise
-        ret = _native.xfer_finish(ddfd, tmp, leaf, x)
-        if ret < 0:
-            _native.raise_errno(-ret, "copy", self._show(rel))
-        return total, h.hexdigest()
-
-    def _copy_error(self, err: int, stage: int, src: "Root", srel: str, drel: str) -> None:
-        """Raise the error of a failed :meth:`copy_files_from` item (paths checked and formatted only now)."""
-        self._copy_names(src, srel, drel)
-        if stage == _native.STAGE_SRC_OPEN:
-            _native.raise_errno(err, "copy", src._show(srel))
-        if stage == _native.STAGE_SRC_CHANGED:
-            if err == errno.ESTALE:
-                _native.raise_errno(err, "copy: the source was replaced", src._show(srel))
-            raise SpecialFileError("copy: the source is not a regular file; it is never read",
-                                   sandbox_path=src._show(srel), context={"operation": "copy"})
-        _native.raise_errno(err, "copy", self._show(drel))
+        return copy_files(self, src, items, max_bytes=max_bytes, digest=digest, fsync=fsync,
+                          buffer_bytes=buffer_bytes, buffer=buffer, before_each=before_each, results=results)
 
     def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
         """Create a directory with exactly ``mode`` (the umask is not applied).

@@ -419,13 +419,13 @@ async def test_cancellation_leaves_only_complete_files(layout, tmp_path):
 
 async def test_cancel_stops_a_local_dir_mid_chunk(layout, tmp_path, monkeypatch):
     """A cancel reaches worker threads at their next file, not at the end of their chunk."""
-    import sandbox_fs.root as root_mod
+    import sandbox_fs._root_copy as root_copy
 
     b = tmp_path / "one"
     b.mkdir()
     for i in range(400):
         (b / f"f{i:03}").write_bytes(os.urandom(3000))
-    real_sha = root_mod._hashlib_sha256
+    real_sha = root_copy._hashlib_sha256
     seen = {"n": 0}
     with trio.CancelScope() as scope:
         def counting_sha(data):  # runs in the worker threads, once per file copied
@@ -434,7 +434,7 @@ async def test_cancel_stops_a_local_dir_mid_chunk(layout, tmp_path, monkeypatch)
                 trio.from_thread.run_sync(scope.cancel)
             return real_sha(data)
 
-        monkeypatch.setattr(root_mod, "_hashlib_sha256", counting_sha)
+        monkeypatch.setattr(root_copy, "_hashlib_sha256", counting_sha)
         ws = open_root(layout.ws)
         try:
             # one chunk of 400 files: only a per-file check can stop it early
