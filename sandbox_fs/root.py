@@ -68,13 +68,9 @@ def _retry_eintr(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
             return fn(*args, **kw)
         except InterruptedError:
             continue
+
+
 _DIR_FLAGS = _O_PATH | os.O_DIRECTORY
-_CLEAR_RESOLVE = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_XDEV | _native.RESOLVE_NO_SYMLINKS |
-                  _native.RESOLVE_NO_MAGICLINKS)
-
-
-class _MountPoint(Exception):
-    """Internal: a recursive removal met a mount point (kept, never entered)."""
 
 
 def _via_proc(fn: Callable[..., Any], fd: int, *args: Any, **kw: Any) -> None:
@@ -1200,83 +1196,11 @@ class Root:
                 With read-only grants nested in this Root, or with ``expect``,
                 the name is first moved into a private directory and checked
                 there, so a directory swapped in at the name (an empty grant)
-                is never removed (see :meth:`_rmdir_checked`).
+                is never removed (see ``_root_remove.rmdir_checked``).
         """
-        rel = self._rel(path)
-        with self._use() as rootfd:
-            pfd, leaf = self._open_parent(rootfd, rel, "rmdir", write=True, dir_op=True)
-            try:
-                if self._rmdir_checked(pfd, leaf, expect) is False:
-                    raise DirectoryReplacedError("rmdir: the directory at this name is not the one expected "
-                                                 "(left in place)", sandbox_path=self._show(rel))
-            except OSError as exc:
-                if isinstance(exc, SandboxError):
-                    raise
-                self._oserror(exc, "rmdir", rel)
-            finally:
-                os.close(pfd)
+        from . import _root_remove  # noqa: PLC0415  (it imports this module)
 
-    def _rmdir_checked(self, pfd: int, name: bytes, expect: tuple[int, int] | None) -> bool:
-        """``rmdir(name)`` in directory ``pfd``, never of a directory swapped in at that name.
-
-        Without read-only grants and ``expect``: a plain ``rmdir``.  Otherwise
-        ``rmdir`` goes by name, so a process that exchanges the name with an
-        empty grant meanwhile would have the grant removed: the directory is
-        first moved (``renameat2(RENAME_NOREPLACE)``) into a fresh private
-        directory beside it, checked there (``fstatat``: not a grant, and
-        ``expect`` if given), removed there only then, or moved back.
-
-        Moving a directory into another one rewrites its ``..``: that needs
-        write permission on it (its owner's, or root's), which
-        ``clear(make_writable=True)`` gives a non-root owner's read-only
-        directories first.
-
-        Returns:
-            True when removed; False when the directory found was not ours (moved
-            back to its name, or, if that name was taken meanwhile, left in the
-            private ``.sfs-rm-*`` directory, which is then kept).
-
-        Raises:
-            OSError: the ``rmdir`` failed (ENOTEMPTY ...), after moving it back.
-        """
-        if not self._deny and expect is None:
-            os.rmdir(name, dir_fd=pfd)
-            return True
-        trash = b".sfs-rm-" + _secrets.token_hex(8).encode()
-        os.mkdir(trash, 0o700, dir_fd=pfd)
-        # Every later step goes through this fd, never the path ".sfs-rm-*/name": the private
-        # directory sits in a directory others may write, and its name could be exchanged
-        # with a symlink or another directory meanwhile.  Checked to be the empty directory
-        # just made, owned by us and closed to others.
-        tfd = os.open(trash, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
-        try:
-            tst = os.fstat(tfd)
-            if tst.st_uid != os.geteuid() or _stat.S_IMODE(tst.st_mode) & 0o077 or tst.st_nlink != 2:
-                raise DirectoryReplacedError("rmdir: its private directory was replaced by another process",
-                                             sandbox_path=None)
-            _native.renameat2(pfd, name, tfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
-            st = os.stat(name, dir_fd=tfd, follow_symlinks=False)
-            ident = (st.st_dev, st.st_ino)
-            ours = ident not in self._deny and (expect is None or ident == expect)
-            err: OSError | None = None
-            if ours:
-                try:
-                    os.rmdir(name, dir_fd=tfd)
-                except OSError as exc:
-                    err = exc
-            if not ours or err is not None:
-                try:
-                    _native.renameat2(tfd, name, pfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
-                except OSError:
-                    return False  # the name was taken meanwhile: it stays in the private directory, kept
-            left = os.stat(trash, dir_fd=pfd, follow_symlinks=False)
-            if (left.st_dev, left.st_ino) == (tst.st_dev, tst.st_ino):
-                os.rmdir(trash, dir_fd=pfd)  # (only ever an empty directory, in a directory we write)
-            if err is not None:
-                raise err
-            return ours
-        finally:
-            os.close(tfd)
+        _root_remove.rmdir(self, path, expect)
 
     def rmtree(self, path: str | bytes, *, missing_ok: bool = False,
                skip: Callable[[os.stat_result], bool] | None = None) -> None:
@@ -1294,33 +1218,9 @@ class Root:
                 it; True leaves it (and so its ancestors) in place.  Used to
                 keep mount points.
         """
-        rel = self._rel(path)
-        if rel.rstrip(b"/") in (b"", b"."):
-            with self._use():
-                pass
-            self.clear(skip=skip)
-            return
-        with self._use() as rootfd:
-            pfd, leaf = self._open_parent(rootfd, rel, "rmtree", write=True, dir_op=True)
-            try:
-                try:
-                    os.unlink(leaf, dir_fd=pfd)
-                    return
-                except FileNotFoundError:
-                    if missing_ok:
-                        return
-                    raise
-                except IsADirectoryError:
-                    pass
-                st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
-                if skip is not None and skip(st):
-                    return
-                if self._clear_dir(pfd, leaf, rel, skip):
-                    self._rmdir_checked(pfd, leaf, None)
-            except OSError as exc:
-                self._oserror(exc, "rmtree", rel)
-            finally:
-                os.close(pfd)
+        from . import _root_remove  # noqa: PLC0415  (it imports this module)
+
+        _root_remove.rmtree(self, path, missing_ok, skip)
 
     def clear(self, *, skip: Callable[[os.stat_result], bool] | None = None, make_writable: bool = False,
               keep_denied: bool = False) -> None:
@@ -1342,175 +1242,9 @@ class Root:
                 filesystem included; without it, a directory on another
                 device than its parent.
         """
-        self._check_writable(b".", "clear")
-        with self._use() as rootfd:
-            try:
-                self._clear_dir(rootfd, b".", b".", skip, make_writable, keep_denied)
-            except OSError as exc:
-                self._oserror(exc, "clear", b".")
+        from . import _root_remove  # noqa: PLC0415  (it imports this module)
 
-    def _clear_dir(self, parent_fd: int, name: bytes, rel: bytes,
-                   skip: Callable[[os.stat_result], bool] | None, writable: bool = False,
-                   keep_denied: bool = False) -> bool:
-        """Empty directory ``name`` under ``parent_fd``; True when it is empty now (``writable``: see :meth:`clear`)."""
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        # stack of [fd, iterator-of-names, name-in-parent, kept-something, mode-to-restore,
-        # identity (with read-only grants: the directory the rmdir must find at its name)];
-        # every fd is on the stack (owned) from the moment it is opened.  A directory made
-        # writable (``writable``) that is kept in the end gets its own mode back.
-        stack: list[list[Any]] = []
-        emptied = True
-        try:
-            try:
-                top, _ = self._open_dir_entered(parent_fd, name, flags, False)
-            except _MountPoint:
-                return False
-            stack.append([top, iter(()), None, False, None, None])
-            self._check_entered(top, rel)  # the top's own mode is never changed
-            stack[-1][1] = iter(os.listdir(top))
-            while stack:
-                frame = stack[-1]
-                dfd, names = frame[0], frame[1]
-                child = next(names, None)
-                if child is None:
-                    stack.pop()
-                    kept = frame[3]
-                    try:
-                        if kept and frame[4] is not None:
-                            os.fchmod(dfd, frame[4])  # kept (a mount point inside): its mode as it was
-                    finally:
-                        os.close(dfd)
-                    if stack:
-                        if kept:
-                            stack[-1][3] = True
-                        else:
-                            try:
-                                if not self._rmdir_checked(stack[-1][0], frame[2], frame[5]):
-                                    stack[-1][3] = True  # another directory was at the name: kept
-                            except OSError as exc:
-                                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
-                                    raise
-                                stack[-1][3] = exc.errno != errno.ENOENT
-                    else:
-                        emptied = not kept
-                    continue
-                cname = os.fsencode(child)
-                try:
-                    os.unlink(cname, dir_fd=dfd)
-                    continue
-                except FileNotFoundError:
-                    continue
-                except IsADirectoryError:
-                    pass
-                except PermissionError as exc:
-                    if exc.errno != errno.EPERM:  # EPERM from unlink(dir) on some fs
-                        raise
-                try:
-                    if skip is not None and skip(os.stat(cname, dir_fd=dfd, follow_symlinks=False)):
-                        frame[3] = True
-                        continue
-                    cfd, orig = self._open_dir_entered(dfd, cname, flags, writable, keep_denied)
-                except _MountPoint:
-                    frame[3] = True  # never removed through a mount point (bind mounts included)
-                    continue
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        # swapped for a symlink or file since: unlink that instead
-                        try:
-                            os.unlink(cname, dir_fd=dfd)
-                        except FileNotFoundError:
-                            pass
-                        continue
-                    raise
-                if keep_denied and self._deny:
-                    cst = os.fstat(cfd)
-                    if (cst.st_dev, cst.st_ino) in self._deny:  # checked on the fd entered
-                        os.close(cfd)
-                        frame[3] = True
-                        continue
-                cst = os.fstat(cfd) if self._deny else None
-                stack.append([cfd, iter(()), cname, False, orig, (cst.st_dev, cst.st_ino) if cst else None])
-                changed = self._check_entered(cfd, rel, writable)
-                if orig is None:
-                    stack[-1][4] = changed
-                stack[-1][1] = iter(os.listdir(cfd))
-        except BaseException:
-            for frame in stack:
-                os.close(frame[0])
-            raise
-        return emptied
-
-    def _open_dir_entered(self, dfd: int, name: bytes, flags: int, writable: bool,
-                          keep_denied: bool = False) -> tuple[int, int | None]:
-        """:meth:`_open_dir_here`, returning ``(fd, mode it had if this changed it, else None)``.
-
-        With ``writable``, a directory its owner cannot read (EACCES) is first
-        opened ``O_PATH`` (the same checks), given u+rwx through that fd, then
-        opened from it.
-        """
-        try:
-            return self._open_dir_here(dfd, name, flags), None
-        except PermissionError:
-            if not writable:
-                raise
-        pfd = self._open_dir_here(dfd, name, (flags & ~os.O_RDONLY & ~os.O_WRONLY & ~os.O_RDWR) | _O_PATH)
-        try:
-            if keep_denied and self._deny:
-                pst = os.fstat(pfd)
-                if (pst.st_dev, pst.st_ino) in self._deny:
-                    raise _MountPoint()  # kept like a mount point: never made writable
-            self._check_entered(pfd, b".", False)  # never a read-only grant
-            orig = _stat.S_IMODE(os.fstat(pfd).st_mode)
-            fd_chmod(pfd, orig | 0o700)
-            return os.open(".", flags, dir_fd=pfd), orig
-        finally:
-            os.close(pfd)
-
-    def _open_dir_here(self, dfd: int, name: bytes, flags: int) -> int:
-        """Open directory entry ``name`` of ``dfd`` (one component, ``O_NOFOLLOW``) for a recursive removal.
-
-        Whenever the kernel has openat2 (whichever resolver this Root uses for
-        paths), with ``RESOLVE_NO_XDEV``: a mount point, a same-filesystem bind
-        mount included (which ``st_dev`` does not reveal), raises
-        :class:`_MountPoint` and is kept.  Without openat2, a directory on
-        another device than its parent is kept (a same-filesystem bind mount
-        is not seen there).
-
-        Raises:
-            _MountPoint: ``name`` is a mount point.
-            OSError: as ``os.open`` (ELOOP for a symlink, ENOTDIR ...).
-        """
-        if name == b".":
-            return os.open(name, flags, dir_fd=dfd)
-        if not _native.have_openat2():
-            fd = os.open(name, flags, dir_fd=dfd)
-            if os.fstat(fd).st_dev != os.fstat(dfd).st_dev:
-                os.close(fd)
-                raise _MountPoint()
-            return fd
-        ret = _native.openat2_raw(dfd, name, flags, 0, _CLEAR_RESOLVE)
-        if ret >= 0:
-            return ret
-        if -ret == errno.EXDEV:
-            raise _MountPoint()
-        raise OSError(-ret, os.strerror(-ret))
-
-    def _check_entered(self, dfd: int, rel: bytes, writable: bool = False) -> int | None:
-        """A recursive removal never enters a denied (read-only grant) directory; ``writable``: make it u+rwx.
-
-        Returns:
-            The mode the directory had when this made it writable, else None.
-        """
-        if self._deny or writable:
-            st = os.fstat(dfd)
-            if (st.st_dev, st.st_ino) in self._deny:
-                raise ReadOnlyError("removal would enter a read-only grant", sandbox_path=self._show(rel))
-            if writable and st.st_mode & 0o700 != 0o700:
-                os.fchmod(dfd, _stat.S_IMODE(st.st_mode) | 0o700)
-                return _stat.S_IMODE(st.st_mode)
-        return None
+        _root_remove.clear(self, skip, make_writable, keep_denied)
 
     def rename(self, src: str | bytes, dst: str | bytes, *, no_replace: bool = False) -> None:
         """Rename ``src`` to ``dst``, both beneath the root; links are moved, never followed.

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from sandbox_fs import (Grant, InvalidPathError, PathEscapeError, PathPolicy, ReadOnlyError,
                         SymlinkRefusedError, open_root)
 from sandbox_fs import root as root_mod
+from sandbox_fs import _root_remove
 from sandbox_fs.root import SpecialFileError, display_path
 
 
@@ -223,14 +224,14 @@ def test_fds_owned_when_a_walk_or_rmtree_fails(layout, resolver, monkeypatch):
             raise PermissionError(errno.EACCES, "denied")
         return real_open(path, flags, *a, **kw)
 
-    real_here = root_mod.Root._open_dir_here
+    real_here = _root_remove._open_dir_here
 
     def failing_here(self, dfd, name, flags):  # the openat2 path of a recursive removal
         if name in ("b", b"b"):
             raise PermissionError(errno.EACCES, "denied")
         return real_here(self, dfd, name, flags)
 
-    monkeypatch.setattr(root_mod.Root, "_open_dir_here", failing_here)
+    monkeypatch.setattr(_root_remove, "_open_dir_here", failing_here)
     n0 = len(os.listdir("/proc/self/fd"))
     with open_root(layout.ws) as r:
         monkeypatch.setattr(root_mod.os, "open", failing_open)

@@ -830,10 +830,10 @@ def _grant_intact(gfd: int, mode: int) -> bool:
 def test_clear_keeps_a_grant_swapped_in_after_its_name_was_looked_at(layout, store, monkeypatch, resolver):
     """The clear looks at ``decoy`` (not kept), then the racer exchanges it with the grant before the
     clear opens it: the identity is checked on the fd entered, the grant kept, never emptied."""
-    from sandbox_fs.root import Root
+    from sandbox_fs import _root_remove
 
     g, gid, gfd = _grant_with_snapshot(layout, store)
-    real = Root._open_dir_entered
+    real = _root_remove._open_dir_entered
     fired = []
 
     def exchange_then_open(self, dfd, name, flags, writable, keep_denied=False):
@@ -842,7 +842,7 @@ def test_clear_keeps_a_grant_swapped_in_after_its_name_was_looked_at(layout, sto
             _exchange(layout.ws / "decoy", g)
         return real(self, dfd, name, flags, writable, keep_denied)
 
-    monkeypatch.setattr(Root, "_open_dir_entered", exchange_then_open)
+    monkeypatch.setattr(_root_remove, "_open_dir_entered", exchange_then_open)
     try:
         with open_root(layout.ws) as ws:
             try:
