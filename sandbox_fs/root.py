@@ -203,23 +203,13 @@ class DirEntry:
         return self.kind == "symlink"
 
 
+_KIND_NAMES = {_stat.S_IFREG: "file", _stat.S_IFDIR: "dir", _stat.S_IFLNK: "symlink", _stat.S_IFIFO: "fifo",
+               _stat.S_IFSOCK: "socket", _stat.S_IFCHR: "char", _stat.S_IFBLK: "block"}
+
+
 def kind_of(mode: int) -> str:
-    """Map an ``st_mode`` to the names used by :class:`DirEntry`."""
-    if _stat.S_ISREG(mode):
-        return "file"
-    if _stat.S_ISDIR(mode):
-        return "dir"
-    if _stat.S_ISLNK(mode):
-        return "symlink"
-    if _stat.S_ISFIFO(mode):
-        return "fifo"
-    if _stat.S_ISSOCK(mode):
-        return "socket"
-    if _stat.S_ISCHR(mode):
-        return "char"
-    if _stat.S_ISBLK(mode):
-        return "block"
-    return "unknown"
+    """Map an ``st_mode`` to the names used by :class:`DirEntry` (``"unknown"`` for any other type)."""
+    return _KIND_NAMES.get(_stat.S_IFMT(mode), "unknown")
 
 
 _CONTROL = {i: f"\\x{i:02x}" for i in list(range(0x20)) + [0x7F]}
@@ -377,7 +367,11 @@ class Root:
         os.close(fd)
 
     def close(self) -> None:
-        """Release the directory fd.  Idempotent; in-flight calls finish first."""
+        """Release the directory fd.  Idempotent; in-flight calls finish first.
+
+        Raises:
+            OSError(EBADF): other code closed the fd behind the Root's back.
+        """
         self._closing = True
         if not self._inflight:
             self._final_close()
@@ -425,6 +419,9 @@ class Root:
             ReadOnlyError: a read-only Root, or a read-only grant.
             OSError: ``fchown``/``fchmod``/``futimens`` failed (operation
                 ``set_dir_meta``, sandbox path only).
+            FileNotFoundError: ``path`` is missing.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         rel = self._rel(path)
         if mode is not None:
@@ -459,6 +456,8 @@ class Root:
         Raises:
             ReadOnlyError: this Root is read-only, or ``fd`` is (or is beneath)
                 a read-only grant nested in it.
+            OSError: ``fd`` or a directory above it cannot be examined (EBADF ...).
+            InvalidPathError, PathEscapeError: ``path`` is not a valid relative path.
         """
         rel = self._rel(path)
         self._check_writable(rel, "write")
@@ -471,7 +470,12 @@ class Root:
         return bool(self._deny)
 
     def fileno_dup(self) -> int:
-        """Return a new O_CLOEXEC duplicate of the root's O_PATH fd (caller closes it)."""
+        """Return a new O_CLOEXEC duplicate of the root's O_PATH fd (caller closes it).
+
+        Raises:
+            WorkspaceClosedError: the Root is closed.
+            OSError(EMFILE): the process has no free fd.
+        """
         with self._use() as fd:
             return os.dup(fd)
 
@@ -640,7 +644,15 @@ class Root:
         Raises:
             SpecialFileError: ``path`` is a FIFO, socket or device.
             PermissionError: the owner could not be given (EPERM without the
-                privilege); the file this call created is removed.
+                privilege); the file this call created is removed.  Also EACCES.
+            UnsafeModeError: ``mode`` outside 0o777.
+            ReadOnlyError: write or create flags on a read-only Root, or
+                beneath a read-only grant.
+            FileNotFoundError, FileExistsError, IsADirectoryError,
+                NotADirectoryError: as ``open(2)`` for those flags.
+            OSError: any other failure, ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         if type(path) is str and not flags & _WRITE_FLAGS and 0 <= mode <= 0o777:
             # Hot path for reads: validate inline, pin the fd, one native call.
@@ -673,28 +685,34 @@ class Root:
         if mode & ~0o777 or mode < 0:
             _check_mode(mode, self._show(rel))
         if writes:
-            # Writes open the parent beneath the root, check it (read-only
-            # grants), then open the leaf relative to that very fd without
-            # following it: nothing can be swapped between check and use.
-            inplace = bool(flags & (os.O_WRONLY | os.O_RDWR))
-            tmpfile = (flags & _O_TMPFILE) == _O_TMPFILE
-            with self._use() as rootfd:
-                pfd, leaf = self._open_parent(rootfd, rel, "open", write=True, inplace=inplace, dir_op=tmpfile)
-                try:
-                    if self.owner is not None and (flags & os.O_CREAT or tmpfile):
-                        fd = self._open_owned(pfd, leaf, rel, flags, mode, tmpfile)
-                    else:
-                        fd = _retry_eintr(os.open, leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                                          mode, dir_fd=pfd)
-                except OSError as exc:
-                    self._oserror(exc, "open", rel)
-                    raise  # unreachable
-                finally:
-                    os.close(pfd)
-            return self._checked(fd, rel, flags, allow_special)
+            return self._open_write(rel, flags, mode, allow_special)
         if not follow_symlinks:
             flags |= _O_NOFOLLOW
         return self._open_read(rel, flags, mode, allow_special)
+
+    def _open_write(self, rel: bytes, flags: int, mode: int, allow_special: bool) -> int:
+        """:meth:`open_fd` with flags that write or create.
+
+        Opens the parent beneath the root, checks it (read-only grants), then
+        opens the leaf relative to that very fd without following it: nothing
+        can be swapped between check and use.
+        """
+        inplace = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        tmpfile = (flags & _O_TMPFILE) == _O_TMPFILE
+        with self._use() as rootfd:
+            pfd, leaf = self._open_parent(rootfd, rel, "open", write=True, inplace=inplace, dir_op=tmpfile)
+            try:
+                if self.owner is not None and (flags & os.O_CREAT or tmpfile):
+                    fd = self._open_owned(pfd, leaf, rel, flags, mode, tmpfile)
+                else:
+                    fd = _retry_eintr(os.open, leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                                      mode, dir_fd=pfd)
+            except OSError as exc:
+                self._oserror(exc, "open", rel)
+                raise  # unreachable
+            finally:
+                os.close(pfd)
+        return self._checked(fd, rel, flags, allow_special)
 
     def _open_owned(self, pfd: int, leaf: bytes, rel: bytes, flags: int, mode: int, tmpfile: bool) -> int:
         """:meth:`open_fd`'s leaf open for a Root with an owner: a file this call creates gets it through its fd.
@@ -793,8 +811,18 @@ class Root:
             A binary or text file object over the opened fd.
 
         Raises:
+            ValueError: ``mode`` is not one of the modes above.
             IsADirectoryError: ``path`` is a directory.
             UnsafeModeError: ``perm`` is outside 0o777.
+            SpecialFileError: ``path`` is a FIFO, socket or device.
+            FileNotFoundError: ``path`` is missing (reading), or its parent is.
+            FileExistsError: ``"x"`` and ``path`` exists.
+            ReadOnlyError: a writing mode on a read-only Root or beneath a read-only grant.
+            PermissionError: EACCES, or the Root's ``owner`` could not be given
+                (the file this call created is removed).
+            OSError: any other failure, ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         m = set(mode)
         binary = "b" in m
@@ -851,7 +879,14 @@ class Root:
 
         Raises:
             OSError(EFBIG): the file holds more than ``max_bytes``.
-            OSError: the path is not a regular file (EINVAL) or cannot be read.
+            IsADirectoryError: ``path`` is a directory.
+            SpecialFileError: ``path`` is a FIFO, socket or device (never read).
+            FileNotFoundError, NotADirectoryError: ``path`` or a directory on it
+                is missing, or a component is not a directory.
+            PermissionError: EACCES on the file or a directory on its path.
+            OSError: any other open or read failure, ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         fd = self.open_fd(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
@@ -874,18 +909,49 @@ class Root:
             os.close(fd)
 
     def read_text(self, path: str | bytes, *, encoding: str = "utf-8", max_bytes: int | None = None) -> str:
-        """Return the content of a regular file decoded with ``encoding``."""
+        """Return the content of a regular file decoded with ``encoding``.
+
+        Raises:
+            UnicodeDecodeError: the content is not valid ``encoding``.
+            LookupError: ``encoding`` is unknown.
+            OSError(EFBIG), IsADirectoryError, SpecialFileError,
+                FileNotFoundError, NotADirectoryError, PermissionError, OSError,
+                PathEscapeError, SymlinkRefusedError, InvalidPathError,
+                WorkspaceClosedError: as :meth:`read_bytes`.
+        """
         return self.read_bytes(path, max_bytes=max_bytes).decode(encoding)
 
     # ------------------------------------------------------------------ writing
 
     def write_bytes(self, path: str | bytes, data: bytes | bytearray | memoryview, *,
                     mode: int = 0o644, fsync: bool = True) -> int:
-        """Atomically replace ``path`` with ``data`` (see :meth:`atomic_write`); returns bytes written."""
+        """Atomically replace ``path`` with ``data`` (see :meth:`atomic_write`); returns bytes written.
+
+        Raises:
+            UnsafeModeError: ``mode`` outside 0o777.
+            ReadOnlyError: a read-only Root, or ``path`` beneath a read-only grant.
+            IsADirectoryError: ``path`` is an existing directory.
+            FileNotFoundError, NotADirectoryError: the parent directory is
+                missing or not a directory.
+            PermissionError: EACCES on the parent, or the Root's ``owner``
+                could not be given (nothing is left behind).
+            OSError: any other failure (ENOSPC ...), ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
+        """
         return self.atomic_write(path, data, mode=mode, fsync=fsync)
 
     def write_text(self, path: str | bytes, text: str, *, encoding: str = "utf-8", mode: int = 0o644) -> int:
-        """Atomically replace ``path`` with ``text`` encoded as ``encoding``."""
+        """Atomically replace ``path`` with ``text`` encoded as ``encoding``; returns bytes written.
+
+        Raises:
+            UnicodeEncodeError: ``text`` cannot be encoded as ``encoding``.
+            LookupError: ``encoding`` is unknown.
+            UnsafeModeError, ReadOnlyError, IsADirectoryError,
+                FileNotFoundError, NotADirectoryError, PermissionError, OSError,
+                PathEscapeError, SymlinkRefusedError, InvalidPathError,
+                WorkspaceClosedError: as :meth:`write_bytes`.
+        """
         return self.atomic_write(path, text.encode(encoding), mode=mode)
 
     def atomic_write(self, path: str | bytes,
@@ -921,7 +987,14 @@ class Root:
             UnsafeModeError: ``mode`` outside 0o777.
             OSError(EFBIG): the source exceeds ``max_bytes``.
             PermissionError: the owner could not be given (EPERM without the
-                privilege); nothing is left behind.
+                privilege); nothing is left behind.  Also EACCES on the parent.
+            ReadOnlyError: a read-only Root, or ``path`` beneath a read-only grant.
+            FileNotFoundError, NotADirectoryError: the parent directory is
+                missing or not a directory, or ``path`` ends in ``/``.
+            OSError: any other failure (ENOSPC, a read error of ``data`` ...),
+                ``filename`` the sandbox path; the temporary name is removed.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
@@ -1081,6 +1154,8 @@ class Root:
             OSError: any other failure, ``filename`` the sandbox path.
             ValueError: ``buffer_bytes`` (or ``len(buffer)``) below 4096.
             TypeError: ``buffer`` is not a ``bytearray``.
+            WorkspaceClosedError: either Root is closed.
+            Any exception ``before_each`` raises (the items before it are copied).
         """
         from ._root_copy import copy_files  # noqa: PLC0415  (it imports this module)
 
@@ -1110,7 +1185,13 @@ class Root:
             DirectoryReplacedError: another process replaced the new
                 directory before its mode and owner were set (left alone).
             PermissionError: the owner could not be given (EPERM without the
-                privilege); the directory made is removed.
+                privilege); the directory made is removed.  Also EACCES on the parent.
+            UnsafeModeError: ``mode`` outside 0o777.
+            ReadOnlyError: a read-only Root, or ``path`` beneath a read-only grant.
+            NotADirectoryError: a component of the parent is not a directory.
+            OSError: any other failure (ENOSPC ...), ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
@@ -1174,6 +1255,14 @@ class Root:
 
         Raises:
             IsADirectoryError: ``path`` is a directory (use rmdir / rmtree).
+            FileNotFoundError: nothing is at ``path``, or a directory on it is missing.
+            NotADirectoryError: a component of the parent is not a directory,
+                or ``path`` ends in ``/``.
+            ReadOnlyError: a read-only Root, or ``path`` beneath a read-only grant.
+            PermissionError: EACCES / EPERM on the parent (a sticky directory ...).
+            OSError: any other failure (EBUSY ...), ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         rel = self._rel(path)
         with self._use() as rootfd:
@@ -1197,6 +1286,21 @@ class Root:
                 the name is first moved into a private directory and checked
                 there, so a directory swapped in at the name (an empty grant)
                 is never removed (see ``_root_remove.rmdir_checked``).
+
+        Raises:
+            DirectoryReplacedError: the directory at the name is not ``expect``
+                (or, with read-only grants, was swapped for one); it is left in place.
+            OSError(ENOTEMPTY): the directory is not empty.
+            NotADirectoryError: ``path`` is not a directory (a symlink included).
+            FileNotFoundError: nothing is at ``path``, or a directory on it is missing.
+            ReadOnlyError: a read-only Root, or ``path`` is (or is beneath) a
+                read-only grant.
+            InvalidPathError: ``path`` names the root itself or ends in ``.`` / ``..``.
+            OSError(EBUSY): ``path`` is a mount point.
+            PermissionError: EACCES / EPERM on the parent.
+            OSError: any other failure, ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         from . import _root_remove  # noqa: PLC0415  (it imports this module)
 
@@ -1217,6 +1321,21 @@ class Root:
             skip: called with the ``lstat`` of each directory before entering
                 it; True leaves it (and so its ancestors) in place.  Used to
                 keep mount points.
+
+        ``""`` or ``"."`` empties the root (:meth:`clear`) and keeps it.
+        Entries removed before an error stay removed.
+
+        Raises:
+            FileNotFoundError: ``path`` is missing (unless ``missing_ok``), or a
+                directory on it is.
+            ReadOnlyError: a read-only Root, ``path`` beneath a read-only
+                grant, or the removal would enter one nested in the tree.
+            InvalidPathError: ``path`` ends in ``..``.
+            PermissionError: an entry cannot be removed or a directory entered
+                (EACCES, EPERM).
+            OSError: any other failure (EBUSY ...), ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         from . import _root_remove  # noqa: PLC0415  (it imports this module)
 
@@ -1241,6 +1360,16 @@ class Root:
                 openat2 (``RESOLVE_NO_XDEV``) a bind mount of the same
                 filesystem included; without it, a directory on another
                 device than its parent.
+
+        Entries removed before an error stay removed.
+
+        Raises:
+            ReadOnlyError: a read-only Root, or the clear would enter a
+                read-only grant nested in it (unless ``keep_denied``).
+            PermissionError: an entry cannot be removed or a directory entered
+                (EACCES without ``make_writable``, EPERM).
+            OSError: any other failure (EBUSY ...), ``filename`` the Root's own sandbox path.
+            WorkspaceClosedError: the Root is closed.
         """
         from . import _root_remove  # noqa: PLC0415  (it imports this module)
 
@@ -1252,6 +1381,24 @@ class Root:
         Args:
             no_replace: refuse to replace an existing ``dst`` (renameat2
                 ``RENAME_NOREPLACE``): raises FileExistsError.
+
+        Raises:
+            OSError(EXDEV): ``src`` and ``dst`` are on different mounts beneath
+                the root (a plain OSError, not a PathEscapeError).
+            FileExistsError: ``no_replace`` and ``dst`` exists.
+            FileNotFoundError: ``src`` is missing, or a directory on either path.
+            NotADirectoryError: a path ends in ``/`` and ``src`` is not a
+                directory, or a directory is moved over a non-directory.
+            IsADirectoryError: a non-directory is moved over a directory.
+            OSError(ENOTEMPTY): ``dst`` is a non-empty directory.
+            OSError(EINVAL): a directory is moved into itself.
+            ReadOnlyError: a read-only Root, or either name is (or is beneath)
+                a read-only grant.
+            InvalidPathError: either path names the root itself or ends in ``.`` / ``..``.
+            PermissionError: EACCES / EPERM on a parent (a sticky directory ...).
+            OSError: any other failure (EBUSY ...), ``filename`` the sandbox path of ``src``.
+            PathEscapeError, SymlinkRefusedError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         srel, drel = self._rel(src), self._rel(dst)
         with self._use() as rootfd:
@@ -1305,7 +1452,12 @@ class Root:
                 the new link before its owner was set (what is at the name is
                 left alone).
             PermissionError: the owner could not be given (EPERM without the
-                privilege); the link made is removed.
+                privilege); the link made is removed.  Also EACCES on the parent.
+            ReadOnlyError: a read-only Root, or ``path`` beneath a read-only grant.
+            FileNotFoundError, NotADirectoryError: the parent is missing or not
+                a directory.
+            OSError: any other failure, ``filename`` the sandbox path.
+            SymlinkRefusedError, WorkspaceClosedError: as for every method (see :class:`Root`).
         """
         rel = self._rel(path)
         tb = os.fsencode(target) if isinstance(target, str) else bytes(target)
@@ -1381,6 +1533,18 @@ class Root:
 
         A hard link makes no new inode: its owner (the Root's ``owner``
         included) is left as it is.
+
+        Raises:
+            FileExistsError: ``dst`` exists.
+            FileNotFoundError: ``src`` is missing, or a directory on either path.
+            OSError(EXDEV): ``src`` and ``dst`` are on different mounts beneath the root.
+            PermissionError: ``src`` is a directory (EPERM), or the kernel's
+                ``protected_hardlinks`` refuses it; EACCES on a parent.
+            NotADirectoryError: a path ends in ``/``, or a component is not a directory.
+            ReadOnlyError: a read-only Root, or either name beneath a read-only grant.
+            OSError: any other failure (EMLINK ...), ``filename`` the sandbox path of ``dst``.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         srel, drel = self._rel(src), self._rel(dst)
         with self._use() as rootfd:
@@ -1405,7 +1569,14 @@ class Root:
 
         Raises:
             UnsafeModeError: ``mode`` has bits outside 0o777.
-            SymlinkRefusedError: ``path`` is a symlink.
+            SymlinkRefusedError: ``path`` is a symlink (or became one).
+            FileNotFoundError: nothing is at ``path``.
+            ReadOnlyError: a read-only Root, ``path`` beneath a read-only grant,
+                or (with grants nested) a regular file with more than one link.
+            PermissionError: EPERM: the caller does not own ``path``.
+            InvalidPathError: ``path`` names the root itself or ends in ``..``.
+            OSError: any other failure, ``filename`` the sandbox path.
+            PathEscapeError, WorkspaceClosedError: as for every method (see :class:`Root`).
         """
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
@@ -1428,7 +1599,18 @@ class Root:
                 os.close(pfd)
 
     def utime(self, path: str | bytes, *, ns: tuple[int, int] | None = None) -> None:
-        """Set (atime_ns, mtime_ns) of ``path`` (now if None); a leaf symlink's own times are set, never its target's."""
+        """Set (atime_ns, mtime_ns) of ``path`` (now if None); a leaf symlink's own times are set, never its target's.
+
+        Raises:
+            FileNotFoundError: nothing is at ``path``, or a directory on it is missing.
+            ReadOnlyError: a read-only Root, ``path`` beneath a read-only grant,
+                or (with grants nested) a regular file with more than one link.
+            PermissionError: the caller does not own ``path`` (EPERM / EACCES).
+            InvalidPathError: ``path`` names the root itself or ends in ``.`` / ``..``.
+            OSError: any other failure, ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
+        """
         rel = self._rel(path)
         with self._use() as rootfd:
             pfd, leaf = self._open_parent(rootfd, rel, "utime", write=True, dir_op=True, inplace=True)
@@ -1442,7 +1624,17 @@ class Root:
     # ------------------------------------------------------------------ reading
 
     def stat(self, path: str | bytes = ".", *, follow_symlinks: bool = True) -> os.stat_result:
-        """``stat`` (or ``lstat`` with follow_symlinks=False) of ``path`` beneath the root."""
+        """``stat`` (or ``lstat`` with follow_symlinks=False) of ``path`` beneath the root.
+
+        Raises:
+            FileNotFoundError: nothing is at ``path`` (a dangling symlink
+                followed included).
+            NotADirectoryError: a component of ``path`` is not a directory.
+            PermissionError: EACCES: no search permission on a directory on the path.
+            PathEscapeError: ``path``, or a symlink followed on it, resolves outside the root.
+            SymlinkRefusedError: a symlink where the Root refuses them, or over 40 hops.
+            InvalidPathError, WorkspaceClosedError: as for every method (see :class:`Root`).
+        """
         rel = self._rel(path)
         flags = _O_PATH | (0 if follow_symlinks else os.O_NOFOLLOW)
         with self._use() as rootfd:
@@ -1453,11 +1645,23 @@ class Root:
                 os.close(fd)
 
     def lstat(self, path: str | bytes) -> os.stat_result:
-        """``lstat`` of ``path``: a leaf symlink is described, not followed."""
+        """``lstat`` of ``path``: a leaf symlink is described, not followed.
+
+        Raises:
+            FileNotFoundError, NotADirectoryError, PermissionError,
+                PathEscapeError, SymlinkRefusedError, InvalidPathError,
+                WorkspaceClosedError: as :meth:`stat` (the leaf never followed).
+        """
         return self.stat(path, follow_symlinks=False)
 
     def exists(self, path: str | bytes) -> bool:
-        """True when ``path`` exists beneath the root (a leaf symlink counts itself)."""
+        """True when ``path`` exists beneath the root (a leaf symlink counts itself).
+
+        Raises:
+            NotADirectoryError, PermissionError, PathEscapeError,
+                SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as
+                :meth:`lstat` (only FileNotFoundError becomes False).
+        """
         try:
             self.lstat(path)
             return True
@@ -1469,6 +1673,11 @@ class Root:
 
         Raises:
             OSError(EINVAL): ``path`` is not a symlink.
+            FileNotFoundError: nothing is at ``path``, or a directory on it is missing.
+            NotADirectoryError: a component is not a directory, or ``path`` ends in ``/``.
+            PermissionError: EACCES on a directory on the path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         rel = self._rel(path)
         with self._use() as rootfd:
@@ -1482,11 +1691,31 @@ class Root:
                 os.close(pfd)
 
     def open_dir_fd(self, path: str | bytes = ".") -> int:
-        """Open directory ``path`` for reading (O_RDONLY|O_DIRECTORY); caller closes the fd."""
+        """Open directory ``path`` for reading (O_RDONLY|O_DIRECTORY); caller closes the fd.
+
+        Raises:
+            NotADirectoryError: ``path`` is not a directory.
+            FileNotFoundError: ``path`` is missing.
+            PermissionError: EACCES: no read permission on it, or no search
+                permission on a directory on the path.
+            OSError(EMFILE): the process has no free fd.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
+        """
         return self.open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
 
     def scandir(self, path: str | bytes = ".") -> list[DirEntry]:
-        """List directory ``path`` with an ``lstat`` of each entry (sorted by name)."""
+        """List directory ``path`` with an ``lstat`` of each entry (sorted by name).
+
+        An entry removed between the listing and its ``lstat`` is left out.
+
+        Raises:
+            NotADirectoryError, FileNotFoundError, PermissionError,
+                OSError(EMFILE): as :meth:`open_dir_fd`.
+            OSError: the listing failed, ``filename`` the sandbox path.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
+        """
         rel = self._rel(path)
         dfd = self.open_dir_fd(rel)
         try:
@@ -1509,7 +1738,15 @@ class Root:
         return out
 
     def listdir(self, path: str | bytes = ".") -> list[str]:
-        """Sorted entry names of directory ``path``."""
+        """Sorted entry names of directory ``path``.
+
+        Raises:
+            NotADirectoryError, FileNotFoundError, PermissionError,
+                OSError(EMFILE): as :meth:`open_dir_fd`.
+            OSError: the listing failed.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
+        """
         rel = self._rel(path)
         dfd = self.open_dir_fd(rel)
         try:
@@ -1526,6 +1763,15 @@ class Root:
         of every non-directory (symlinks included, never followed).  Each
         directory is opened ``O_NOFOLLOW`` relative to its parent's fd, so a
         directory swapped for a symlink mid-walk is skipped, never entered.
+
+        Raises (at the first step for ``path``, later for a directory met):
+            NotADirectoryError, FileNotFoundError: ``path`` is not a directory
+                or is missing (a subdirectory removed or swapped mid-walk is
+                skipped instead).
+            PermissionError: EACCES: a directory cannot be read or entered.
+            OSError: any other failure (EMFILE ...).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         for dpath, dents, nondirs in walk_dirs(self, path):
             names = [e.name for e in dents]
@@ -1546,6 +1792,14 @@ class Root:
 
         A child of a read-only Root is read-only whatever ``read_only`` says;
         it inherits this Root's ``owner`` and read-only grants.
+
+        Raises:
+            NotADirectoryError: ``path`` is not a directory.
+            FileNotFoundError: ``path`` is missing.
+            PermissionError: EACCES: no search permission on a directory on the path.
+            OSError(EMFILE): the process has no free fd.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
+                every method (see :class:`Root`).
         """
         rel = self._rel(path)
         ro = self.read_only or bool(read_only)
@@ -1580,6 +1834,8 @@ class Root:
         Raises:
             InvalidArgumentError: ``owner`` is not None or two ints in
                 0 .. 2**32 - 2.
+            WorkspaceClosedError: this Root is closed.
+            OSError(EMFILE): the process has no free fd.
         """
         owner = check_owner(owner)
         with self._use() as rootfd:
@@ -1655,6 +1911,12 @@ class Subtree:
 
         Raises:
             DirectoryReplacedError: another directory is at ``path``.
+            FileNotFoundError: nothing is at ``path`` now.
+            NotADirectoryError: a non-directory is at ``path`` now.
+            SymlinkRefusedError, PathEscapeError: a symlink is at ``path`` now
+                (refused, or pointing outside the Root).
+            WorkspaceClosedError: the Root is closed.
+            OSError(EMFILE): the process has no free fd.
         """
         r = self.root.open_root(self.path)
         if r.identity != self.identity:
@@ -1663,32 +1925,64 @@ class Subtree:
         return r
 
     def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> None:
-        """:meth:`Root.mkdir` of ``path`` beneath the directory."""
+        """:meth:`Root.mkdir` of ``path`` beneath the directory.
+
+        Raises:
+            FileExistsError, FileNotFoundError, PermissionError,
+                UnsafeModeError, ReadOnlyError, OSError: as :meth:`Root.mkdir`; and those of :meth:`enter`.
+        """
         with self.enter() as r:
             r.mkdir(path, mode, parents=parents, exist_ok=exist_ok)
 
     def open_fd(self, path: str | bytes, flags: int = os.O_RDONLY, mode: int = 0o644, **kw: Any) -> int:
-        """:meth:`Root.open_fd` of ``path`` beneath the directory."""
+        """:meth:`Root.open_fd` of ``path`` beneath the directory.
+
+        Raises:
+            SpecialFileError, FileNotFoundError, PermissionError,
+                ReadOnlyError, OSError: as :meth:`Root.open_fd`; and those of :meth:`enter`.
+        """
         with self.enter() as r:
             return r.open_fd(path, flags, mode, **kw)
 
     def remove(self, path: str | bytes) -> None:
-        """:meth:`Root.remove` of ``path`` beneath the directory."""
+        """:meth:`Root.remove` of ``path`` beneath the directory.
+
+        Raises:
+            IsADirectoryError, FileNotFoundError, ReadOnlyError,
+                PermissionError, OSError: as :meth:`Root.remove`; and those of :meth:`enter`.
+        """
         with self.enter() as r:
             r.remove(path)
 
     def atomic_write(self, path: str | bytes, data: Any, **kw: Any) -> int:
-        """:meth:`Root.atomic_write` of ``path`` beneath the directory."""
+        """:meth:`Root.atomic_write` of ``path`` beneath the directory.
+
+        Raises:
+            IsADirectoryError, UnsafeModeError, ReadOnlyError,
+                PermissionError, OSError: as :meth:`Root.atomic_write`; and those of :meth:`enter`.
+        """
         with self.enter() as r:
             return r.atomic_write(path, data, **kw)
 
     def link(self, src: str | bytes, dst: str | bytes) -> None:
-        """:meth:`Root.link`: both names beneath the directory."""
+        """:meth:`Root.link`: both names beneath the directory.
+
+        Raises:
+            FileExistsError, FileNotFoundError, PermissionError,
+                ReadOnlyError, OSError: as :meth:`Root.link`; and those of :meth:`enter`.
+        """
         with self.enter() as r:
             r.link(src, dst)
 
     def symlink(self, target: str | bytes, path: str | bytes) -> None:
-        """:meth:`Root.symlink` at ``path``: ``target`` may not climb above the directory."""
+        """:meth:`Root.symlink` at ``path``: ``target`` may not climb above the directory.
+
+        Raises:
+            PathEscapeError: ``target`` is absolute or climbs above the directory
+                (the link would point out of it).
+            FileExistsError, ReadOnlyError, PermissionError, InvalidPathError,
+                OSError: as :meth:`Root.symlink`; and those of :meth:`enter`.
+        """
         with self.enter() as r:
             r.symlink(target, path)
 
@@ -1697,6 +1991,12 @@ class Subtree:
 
         Raises:
             UnsafeModeError: ``mode`` has bits outside 0o777.
+            ReadOnlyError: a read-only Root, or the directory is (or is
+                beneath) a read-only grant.
+            PermissionError: EPERM: the caller does not own the directory.
+            DirectoryReplacedError, FileNotFoundError, NotADirectoryError,
+                SymlinkRefusedError: see :meth:`enter`.
+            FileNotFoundError, SymlinkRefusedError, OSError: as :meth:`Root.chmod`.
         """
         if path in ("", ".", b"", b"."):
             _check_mode(mode, self._shown())
@@ -1713,12 +2013,23 @@ class Subtree:
             r.chmod(path, mode)
 
     def lstat(self, path: str | bytes) -> os.stat_result:
-        """:meth:`Root.lstat` of ``path`` beneath the directory."""
+        """:meth:`Root.lstat` of ``path`` beneath the directory.
+
+        Raises:
+            FileNotFoundError, NotADirectoryError, PermissionError,
+                PathEscapeError, SymlinkRefusedError, InvalidPathError: as :meth:`Root.lstat`;
+                and those of :meth:`enter`.
+        """
         with self.enter() as r:
             return r.lstat(path)
 
     def listdir(self, path: str | bytes = ".") -> list[str]:
-        """:meth:`Root.listdir` of ``path`` beneath the directory."""
+        """:meth:`Root.listdir` of ``path`` beneath the directory.
+
+        Raises:
+            NotADirectoryError, FileNotFoundError, PermissionError,
+                OSError: as :meth:`Root.listdir`; and those of :meth:`enter`.
+        """
         with self.enter() as r:
             return r.listdir(path)
 
@@ -1739,7 +2050,9 @@ class Subtree:
 
         Raises:
             ReadOnlyError: a read-only grant was moved into the tree (kept).
+            PermissionError: an entry cannot be removed (EPERM ...).
             OSError: a removal failed (EBUSY ...).
+            WorkspaceClosedError: the Root is closed.
         """
         try:
             r = self.enter()
