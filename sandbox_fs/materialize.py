@@ -1,67 +1,48 @@
 """Materialization: apply a :class:`~sandbox_fs.manifest.Manifest` to a workspace.
 
-``await materialize(workspace, manifest, options)`` writes every entry
-through the workspace :class:`~sandbox_fs.root.Root` and returns a
-:class:`MaterializationResult` listing each written file (sandbox path,
-size in bytes, sha256, mode, source kind).
+``await materialize(workspace, manifest, options)`` writes every entry through the
+workspace :class:`~sandbox_fs.root.Root` and returns a :class:`MaterializationResult`
+listing each written file (sandbox path, size in bytes, sha256, mode, source kind).
 
-Host access comes only from the application: ``MaterializeOptions.base_dir``
-(the *trusted base directory*, opened once as a read-only Root) and
-``MaterializeOptions.extra_path_grants`` (each opened as a read-only Root,
-even a read-write grant: sources are only ever read).  There is no default
-base directory, never the process cwd.  A relative ``src`` is resolved
-beneath the base Root, an absolute ``src`` beneath the grant that contains
-it, at use time and in the kernel (``RESOLVE_BENEATH``), so a symlink in the
-source tree, a parent directory swapped for a symlink mid-copy, or a
-``/proc/self/root``-style alias cannot read outside (CVE-2017-1002101,
-CVE-2018-15664 class).
+Host access comes only from the application: ``MaterializeOptions.base_dir`` (the
+*trusted base directory*) and ``MaterializeOptions.extra_path_grants``, each opened as a
+read-only Root (sources are only ever read).  There is no default base directory, never
+the process cwd.  A relative ``src`` is resolved beneath the base Root, an absolute one
+beneath the grant that contains it, at use time and in the kernel (``RESOLVE_BENEATH``),
+so a symlink in the source tree, a parent swapped for a symlink mid-copy, or a
+``/proc/self/root``-style alias cannot read outside (CVE-2017-1002101, CVE-2018-15664).
 
-Symlink-safe copying:
+Copying:
 
-* a ``local_file`` source is first opened ``O_PATH|O_NOFOLLOW`` and
-  ``fstat``-ed, so a FIFO, socket or device is refused without ever being
-  opened for reading (no hang, no device side effect; PEP 706's rule for
-  special files); then it is opened ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK`` and
-  its identity compared with the first look;
-* a ``local_dir`` is walked with :meth:`Root.walk` on a child Root opened
-  with ``no_symlinks=True`` (``RESOLVE_NO_SYMLINKS``): directories are
-  entered ``O_NOFOLLOW`` by fd, every file is opened with no symlink allowed
-  on any component, and its ``(st_dev, st_ino)`` must match the walk's
-  ``lstat`` (else :class:`SourceChangedError`).  A symlink inside the tree
-  is reproduced only when its target stays inside the copied tree
-  (:func:`~sandbox_fs.manifest.check_link_target`), otherwise it is refused
-  (default) or skipped and reported.  Hard links become separate files;
-  modes are copied with setuid/setgid/sticky cleared; mtimes are kept;
-* data is written with :meth:`Root.atomic_write` through a view of the
-  workspace Root that refuses every symlink (``no_symlinks=True``): a
-  destination is never written through a symlink, and a symlink planted at
-  a destination is replaced, not followed.  A local_dir's files go through
-  :meth:`Root.copy_files_from` (same rules, batched: each source and
-  destination directory opened once per chunk with ``RESOLVE_NO_SYMLINKS``,
-  one native call per group of up to 64 files, sha256 computed from the
-  bytes written); a file
-  it cannot copy is done again by the per-file path, which repairs the
-  destination or raises the precise error.
+* a ``local_file`` source is opened ``O_PATH|O_NOFOLLOW`` and ``fstat``-ed first, so a
+  FIFO, socket or device is refused without being opened for reading; then it is opened
+  ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK`` and its identity compared with the first look;
+* a ``local_dir`` is walked on a child Root opened with ``no_symlinks=True``: every file
+  is opened with no symlink on any component and must have the ``(st_dev, st_ino)`` the
+  walk saw (else :class:`SourceChangedError`).  A symlink inside the tree is reproduced
+  only when its target stays inside the copied tree, otherwise refused (default) or
+  skipped and reported.  Hard links become separate files; setuid/setgid/sticky are
+  cleared; mtimes are kept.  Files go through :meth:`Root.copy_files_from` in batches;
+  a file it cannot copy is done again one by one, which repairs it or raises the precise
+  error;
+* data is written with :meth:`Root.atomic_write` through a view of the workspace that
+  refuses every symlink: a destination is never written through a symlink, and one
+  planted at a destination is replaced, not followed.
 
-Concurrency (trio): entries run concurrently under *one* pair of
-``trio.CapacityLimiter`` objects shared by every entry, nested ``dir``
-children included (they are flattened first, so nesting never multiplies
-the fan-out): ``limiter_entries`` bounds entries in flight,
-``limiter_files`` bounds worker threads copying files.  Blocking work runs
-in worker threads, never on the trio thread and never one hop per file: a
-local_dir is walked by one thread, then copied by it and up to
-``min(limiter_files tokens, cpus) - 1`` more, each a single hop that takes
-chunks (one directory, at most ``batch_files`` files) from a shared queue
-until it is empty; simple entries go 64 to a hop.
+Concurrency (trio): every entry, nested ``dir`` children included (flattened first),
+runs under *one* pair of shared ``trio.CapacityLimiter``: ``limiter_entries`` bounds
+entries in flight, ``limiter_files`` the worker threads copying files.  Blocking work
+runs in worker threads, never one hop per file: a local_dir is walked by one thread,
+then copied by it and up to ``min(limiter_files tokens, cpus) - 1`` more, each taking
+chunks (one directory, at most ``batch_files`` files) from a shared queue; simple
+entries go 64 to a hop.
 
-Partial failure: the first error stops every other entry at its next file
-boundary; it is re-raised with ``context["written"]`` (up to 50 sandbox
-paths) and ``context["written_count"]``.  Each written file is complete
-(atomic write), and applying the manifest again repairs the workspace:
-files are replaced, a non-directory standing where a directory belongs
-(or a directory where a file belongs) is removed first.
+Partial failure: the first error stops every other entry at its next file boundary and
+is re-raised with ``context["written"]`` (up to 50 sandbox paths) and
+``context["written_count"]``.  Each written file is complete (atomic write), and
+applying the manifest again repairs the workspace: files are replaced, and a
+non-directory where a directory belongs (or the reverse) is removed first.
 """
-
 from __future__ import annotations
 
 import collections
