@@ -39,11 +39,11 @@ from ..errors import InvalidPathError, SandboxError
 from ..root import Root
 from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
 from ._models import SnapshotLimits, SnapshotPolicy
-from ._tar import _header, _tarinfo, _TarWriter, _ustar_fits
+from ._tar import _header, _tarinfo, _TarStream, _ustar_fits
 from ._walk import (
-    _Item,
+    _ListedEntry,
+    _Prune,
     _lstat_listed,
-    _norm_set,
     _open_member,
     _readlink_listed,
     _source_changed,
@@ -55,6 +55,8 @@ __all__ = ["tree_digest", "fingerprint"]
 
 
 class _Digest:
+    """The tree digest: SHA-256 over one record per kept entry, in walk order."""
+
     def __init__(self) -> None:
         self.sha = hashlib.sha256()
 
@@ -114,101 +116,8 @@ def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | N
     return "symlink chain is longer than 40 links"
 
 
-def _policy_check(ws: Root, src: Root, item: _Item, on_unrestorable: str, skipped: list[tuple[str, str]],
-                  alimits: Any, dfd: int | None = None) -> tuple[bool, str | None, os.stat_result | None]:
-    """``(True, symlink target or None, lstat)`` when the item may be persisted; refuses or records it otherwise.
-
-    The rules are the archive extractor's own (:func:`~sandbox_fs.archive.normalize_member_name`
-    and :func:`~sandbox_fs.archive.symlink_target_walk`), applied here so a saved snapshot always hydrates:
-    names (zip slip, CVE-2007-4559; backslash ``..``, CVE-2021-37713; drive
-    letters; over PATH_MAX), symlink targets (absolute, escaping, or passing
-    through another symlink: CVE-2025-4517), and special files.  The name is
-    checked first, so a path the Root could not even address is refused or
-    skipped like any other unrestorable entry.
-
-    What the snapshot records of a symlink (its target, its mtime) or a
-    directory (mode, mtime), and what a refusal of a special file names,
-    comes from the entry opened by its path beneath the workspace Root now
-    (``src``, :func:`_readlink_listed`, :func:`_lstat_listed`) and checked to
-    be the listed inode, never from the held listing directory ``dfd``
-    alone (used only to tell a vanished entry from a moved one).  The
-    returned ``lstat`` is that checked one (for a regular file, the
-    listing's: the file is checked when it is opened).  An entry that
-    vanished is ``(False, None, None)``, like a deleted file.
-
-    Raises:
-        UnrestorableEntryError: with ``on_unrestorable="refuse"``.
-        SnapshotSourceChangedError: the entry changed type, or moved or
-            vanished from under a parent while it was examined (retryable).
-    """
-    reason = None
-    target = None
-    st: os.stat_result | None = item.st
-    raw = item.path.encode("utf-8", "surrogateescape")
-    try:
-        normalize_member_name(name=raw, limits=alimits)
-        if item.kind == "symlink":
-            with _source_changed(item.path):
-                got = _readlink_listed(src, item, dfd)
-                if got is None:
-                    return False, None, None  # removed since the listing, like a vanished file
-                target, st = got
-                reason = _symlink_reason(ws, raw, target, alimits)
-        elif item.kind != "file":
-            st = _lstat_listed(src, item, dfd)
-            if st is None:
-                return False, None, None
-            if item.kind != "dir":
-                reason = f"{item.kind} entries are not restorable"
-    except UnsafeArchiveMemberError as exc:
-        reason = {"symlink_target": "symlink is absolute or resolves outside the workspace"}.get(
-            exc.rule, f"name is refused by hydrate ({exc.rule})")
-    except ArchiveLimitError as exc:
-        reason = f"path exceeds {exc.limit}"
-    if reason is None:
-        return True, target, st
-    if on_unrestorable == "skip":
-        skipped.append((item.path, reason))
-        return False, None, None
-    raise UnrestorableEntryError(f"{reason}; hydrate would refuse it, so persist refuses it too",
-                                 sandbox_path=item.path, context={"kind": item.kind})
-
-
-def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
-                skip_identities: Iterable[tuple[int, int]] = (),
-                on_unrestorable: Literal["refuse", "skip"] = "skip",
-                limits: SnapshotLimits | None = None) -> str:
-    """SHA-256 tree digest of the workspace, exactly as :func:`persist` would compute it.
-
-    Blocking: call from a worker thread.
-
-    Args:
-        ws: the workspace Root.
-        excluded: sandbox paths (relative) left out, with everything under them.
-        mount_points: sandbox paths of mount points (also detected by ``st_dev``).
-        skip_identities: ``(st_dev, st_ino)`` of directories never entered
-            (extra path grants nested in the workspace).
-        on_unrestorable: ``"skip"`` leaves unrestorable entries out of the
-            digest (the default here: a digest is a comparison, not a save).
-        limits: bound on entries and bytes hashed.
-
-    Raises:
-        UnrestorableEntryError: ``on_unrestorable="refuse"`` and such an entry exists.
-        SnapshotLimitError: the tree exceeds ``limits``.
-        SnapshotSourceChangedError: the tree changed under the walk (an
-            entry replaced, a directory moved out while held; retryable).
-    """
-    digest = _Digest()
-    _walk_into(ws, _norm_set(excluded), _norm_set(mount_points), on_unrestorable,
-               limits or SnapshotLimits(), [], digest, None, None, frozenset(skip_identities))
-    return digest.hexdigest()
-
-
-def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_unrestorable: str,
-               limits: SnapshotLimits, skipped: list[tuple[str, str]], digest: _Digest,
-               tar: _TarWriter | None, progress: Callable[[int, int], None] | None,
-               skip_ids: frozenset[tuple[int, int]] = frozenset(),
-               fixups: list[tuple[str, int]] | None = None) -> tuple[int, int]:
+def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable: str, tar: _TarStream,
+               progress: Callable[[int, int], None] | None = None) -> _WalkState:
     """Walk the workspace once and stream every kept entry into ``digest`` (and ``tar``).
 
     Ordinary entries stream as they are listed (O(1) memory).  Listings
@@ -226,90 +135,34 @@ def _walk_into(ws: Root, excluded: frozenset[str], mounts: frozenset[str], on_un
     the others as hard-link members); otherwise it is linked to a file
     outside the workspace (or to an excluded path) and its content is
     never read: refused, or skipped and reported.
+
+    Args:
+        ws: the workspace Root.
+        prune: what the walk leaves out (:class:`~._walk._Prune`).
+        policy: the restore rules and limits.
+        on_unrestorable: ``"refuse"`` or ``"skip"`` an entry hydrate would refuse.
+        tar: the stream members are written to (``_TarStream(None)``: hash only).
+        progress: called with ``(entries, content bytes)`` at most every 0.2 s, and once at the end.
+
+    Returns:
+        The walk's state: counts, digest, skipped entries, mode fix-ups.
     """
-    policy = SnapshotPolicy(limits)
-    writes = tar is not None
-    files = tar if tar is not None else _TarWriter(None)
     with _source_view(ws) as src:
-        state = _WalkState(src, policy, digest, files, writes, fixups, on_unrestorable, skipped)
-        return _walk_entries(ws, src, state, excluded, mounts, on_unrestorable, skipped, policy.archive,
-                             progress, skip_ids)
-
-
-def _walk_entries(ws: Root, src: Root, state: "_WalkState", excluded: frozenset[str], mounts: frozenset[str],
-                  on_unrestorable: str, skipped: list[tuple[str, str]], alimits: Any,
-                  progress: Callable[[int, int], None] | None,
-                  skip_ids: frozenset[tuple[int, int]]) -> tuple[int, int]:
-    """The body of :func:`_walk_into`, with the source view ``src`` open."""
-    digest, files, writes, fixups = state.digest, state.files, state.write, state.fixups
-    multi: dict[tuple[int, int], _Linked] = {}  # (dev, ino) -> names seen, for st_nlink > 1 only
-    last_report = time.monotonic()
-
-    def admit_dir(item: _Item, dfd: int) -> bool:
-        ok, _target, st = _policy_check(ws, src, item, on_unrestorable, skipped, alimits, dfd)
-        if ok:
-            assert st is not None  # checked by its path beneath the Root: mode and mtime are the workspace's
-            mode = SnapshotPolicy.mode(st.st_mode)
-            admitted, ti, hdr = state.header(item.path, tarfile.DIRTYPE, mode, st.st_mtime)
-            if not admitted:
-                return False
-            state.count(item)
-            digest.add(item.path, "dir", 0, mode, "")
-            if fixups is not None and mode != extracted_dir_mode(mode=mode):
-                fixups.append((item.path, mode))
-            if writes:
-                files.add(ti, hdr)
-            return True
-        return False
-
-    with contextlib.closing(_walk(ws, src, excluded, skipped, mounts, skip_ids, admit_dir)) as walk:
-        for dfd, nondirs in walk:
-            for item in nondirs:
-                ok, target, checked = _policy_check(ws, src, item, on_unrestorable, skipped, alimits, dfd)
-                if not ok:
-                    continue
-                st = item.st
-                if item.kind == "symlink":
-                    assert target is not None and checked is not None
-                    st = checked  # the symlink opened by its path and identity-checked
-                    admitted, ti, hdr = state.header(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime, link=target)
-                    if not admitted:
-                        continue
-                    state.count(item)
-                    digest.add(item.path, "symlink", 0, 0o777, target)
-                    if writes:
-                        files.add(ti, hdr)
-                elif st.st_nlink > 1:
-                    state.count(item)
-                    key = (st.st_dev, st.st_ino)
-                    linked = multi.get(key)
-                    if linked is None:
-                        multi[key] = _Linked(st.st_nlink, [item])
-                    else:
-                        linked.items.append(item)
-                        if st.st_nlink != linked.nlink:
-                            linked.changed = True
-                else:
-                    state.count(item)
-                    fd = _open_member(src, item, dfd)
-                    if fd is None:
-                        state.entries -= 1
-                        continue
-                    try:
-                        if state.add_file(item, fd, []) is None:
-                            state.entries -= 1  # its header is refused by the policy and skipped
-                    finally:
-                        os.close(fd)
-                if progress is not None:
-                    now = time.monotonic()
-                    if now - last_report >= 0.2:
-                        last_report = now
-                        progress(state.entries, state.content)
-    for linked in multi.values():
-        _add_linked(src, state, linked, on_unrestorable, skipped)
-    if progress is not None:
-        progress(state.entries, state.content)
-    return state.entries, state.content
+        state = _WalkState(ws, src, policy, tar, on_unrestorable)
+        last_report = time.monotonic()
+        with contextlib.closing(_walk(ws, src, prune, state.skipped, state.admit_dir)) as walk:
+            for dfd, nondirs in walk:
+                for item in nondirs:
+                    if state.add_nondir(item, dfd) and progress is not None:
+                        now = time.monotonic()
+                        if now - last_report >= 0.2:
+                            last_report = now
+                            progress(state.entries, state.content)
+        for linked in state.multi_linked.values():
+            state.add_linked(linked)
+        if progress is not None:
+            progress(state.entries, state.content)
+    return state
 
 
 @dataclass
@@ -317,28 +170,173 @@ class _Linked:
     """The names of one multi-linked inode seen by the walk, with its link count at listing time."""
 
     nlink: int
-    items: list[_Item]
+    items: list[_ListedEntry]
     changed: bool = False
 
 
 class _WalkState:
-    """Counters and sinks shared by the streaming walk and the deferred hard-linked files."""
+    """What one walk records: counters, the digest, the tar stream, skipped entries and mode fix-ups.
 
-    def __init__(self, src: Root, policy: SnapshotPolicy, digest: _Digest, files: _TarWriter, write: bool,
-                 fixups: list[tuple[str, int]] | None, on_unrestorable: str = "refuse",
-                 skipped: list[tuple[str, str]] | None = None) -> None:
-        self.src = src  # the source view: every entry is opened by its path beneath the workspace Root
+    Args:
+        ws: the workspace Root (symlink chains are looked up through it).
+        src: its source view: every entry is opened by its path beneath the workspace Root.
+        policy: the restore rules and limits both persist and hydrate apply.
+        tar: where members go; one without a sink only hashes (``writes`` False).
+        on_unrestorable: ``"refuse"`` raises on an entry hydrate would refuse; ``"skip"`` records it.
+    """
+
+    def __init__(self, ws: Root, src: Root, policy: SnapshotPolicy, tar: _TarStream, on_unrestorable: str) -> None:
+        self.ws = ws
+        self.src = src
         self.policy = policy
         self.limits = policy.limits
         self.headers = policy.header_check()
         self.on_unrestorable = on_unrestorable
-        self.skipped = skipped if skipped is not None else []
-        self.digest = digest
-        self.files = files
-        self.write = write
-        self.fixups = fixups
+        self.tar = tar
+        self.write = tar.writes
+        self.digest = _Digest()
+        self.skipped: list[tuple[str, str]] = []
+        #: ``(path, exact mode)`` of members the extractor would give another mode (recorded when writing)
+        self.fixups: list[tuple[str, int]] | None = [] if self.write else None
+        #: (st_dev, st_ino) -> the names seen, for regular files with st_nlink > 1 only
+        self.multi_linked: dict[tuple[int, int], _Linked] = {}
         self.entries = 0
         self.content = 0
+
+    def restorable(self, item: _ListedEntry,
+                   dfd: int | None = None) -> tuple[bool, str | None, os.stat_result | None]:
+        """``(True, symlink target or None, lstat)`` when the item may be persisted; refuses or records it otherwise.
+
+        The rules are the archive extractor's own (:func:`~sandbox_fs.archive.normalize_member_name`
+        and :func:`~sandbox_fs.archive.symlink_target_walk`), applied here so a saved snapshot always hydrates:
+        names (zip slip, CVE-2007-4559; backslash ``..``, CVE-2021-37713; drive
+        letters; over PATH_MAX), symlink targets (absolute, escaping, or passing
+        through another symlink: CVE-2025-4517), and special files.  The name is
+        checked first, so a path the Root could not even address is refused or
+        skipped like any other unrestorable entry.
+
+        What the snapshot records of a symlink (its target, its mtime) or a
+        directory (mode, mtime), and what a refusal of a special file names,
+        comes from the entry opened by its path beneath the workspace Root now
+        (the source view, :func:`_readlink_listed`, :func:`_lstat_listed`) and checked to
+        be the listed inode, never from the held listing directory ``dfd``
+        alone (used only to tell a vanished entry from a moved one).  The
+        returned ``lstat`` is that checked one (for a regular file, the
+        listing's: the file is checked when it is opened).  An entry that
+        vanished is ``(False, None, None)``, like a deleted file.
+
+        Raises:
+            UnrestorableEntryError: with ``on_unrestorable="refuse"``.
+            SnapshotSourceChangedError: the entry changed type, or moved or
+                vanished from under a parent while it was examined (retryable).
+        """
+        reason = None
+        target = None
+        st: os.stat_result | None = item.st
+        raw = item.path.encode("utf-8", "surrogateescape")
+        alimits = self.policy.archive
+        try:
+            normalize_member_name(name=raw, limits=alimits)
+            if item.kind == "symlink":
+                with _source_changed(item.path):
+                    got = _readlink_listed(self.src, item, dfd)
+                    if got is None:
+                        return False, None, None  # removed since the listing, like a vanished file
+                    target, st = got
+                    reason = _symlink_reason(self.ws, raw, target, alimits)
+            elif item.kind != "file":
+                st = _lstat_listed(self.src, item, dfd)
+                if st is None:
+                    return False, None, None
+                if item.kind != "dir":
+                    reason = f"{item.kind} entries are not restorable"
+        except UnsafeArchiveMemberError as exc:
+            reason = {"symlink_target": "symlink is absolute or resolves outside the workspace"}.get(
+                exc.rule, f"name is refused by hydrate ({exc.rule})")
+        except ArchiveLimitError as exc:
+            reason = f"path exceeds {exc.limit}"
+        if reason is None:
+            return True, target, st
+        if self.on_unrestorable == "skip":
+            self.skipped.append((item.path, reason))
+            return False, None, None
+        raise UnrestorableEntryError(f"{reason}; hydrate would refuse it, so persist refuses it too",
+                                     sandbox_path=item.path, context={"kind": item.kind})
+
+    def admit_dir(self, item: _ListedEntry, dfd: int) -> bool:
+        """Record a listed subdirectory if the policy keeps it; True: the walk enters it.
+
+        Raises:
+            UnrestorableEntryError, SnapshotSourceChangedError: see :meth:`restorable`.
+            SnapshotLimitError: more than ``max_entries``.
+        """
+        ok, _target, st = self.restorable(item, dfd)
+        if not ok:
+            return False
+        assert st is not None  # checked by its path beneath the Root: mode and mtime are the workspace's
+        mode = SnapshotPolicy.mode(st.st_mode)
+        admitted, ti, hdr = self.header(item.path, tarfile.DIRTYPE, mode, st.st_mtime)
+        if not admitted:
+            return False
+        self.count(item)
+        self.digest.add(item.path, "dir", 0, mode, "")
+        if self.fixups is not None and mode != extracted_dir_mode(mode=mode):
+            self.fixups.append((item.path, mode))
+        if self.write:
+            self.tar.add(ti, hdr)
+        return True
+
+    def add_nondir(self, item: _ListedEntry, dfd: int) -> bool:
+        """Record a listed non-directory (a multi-linked file is deferred); True when it was counted.
+
+        Raises:
+            UnrestorableEntryError, SnapshotSourceChangedError: see :meth:`restorable` and :meth:`add_file`.
+            SnapshotLimitError: a limit is exceeded.
+            OSError: reading the file or writing the sink failed.
+        """
+        ok, target, checked = self.restorable(item, dfd)
+        if not ok:
+            return False
+        if item.kind == "symlink":
+            assert target is not None and checked is not None
+            return self._add_symlink(item, target, checked)
+        self.count(item)
+        if item.st.st_nlink > 1:
+            self._defer_linked(item)
+            return True
+        fd = _open_member(self.src, item, dfd)
+        if fd is None:
+            self.entries -= 1
+            return False
+        try:
+            if self.add_file(item, fd, []) is None:
+                self.entries -= 1  # its header is refused by the policy and skipped
+        finally:
+            os.close(fd)
+        return True
+
+    def _add_symlink(self, item: _ListedEntry, target: str, st: os.stat_result) -> bool:
+        """Record a symlink (``st``: its ``lstat`` opened by its path and identity-checked); False if skipped."""
+        admitted, ti, hdr = self.header(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime, link=target)
+        if not admitted:
+            return False
+        self.count(item)
+        self.digest.add(item.path, "symlink", 0, 0o777, target)
+        if self.write:
+            self.tar.add(ti, hdr)
+        return True
+
+    def _defer_linked(self, item: _ListedEntry) -> None:
+        """Remember one name of a multi-linked file until the walk has seen all the names it will see."""
+        st = item.st
+        key = (st.st_dev, st.st_ino)
+        linked = self.multi_linked.get(key)
+        if linked is None:
+            self.multi_linked[key] = _Linked(st.st_nlink, [item])
+        else:
+            linked.items.append(item)
+            if st.st_nlink != linked.nlink:
+                linked.changed = True
 
     def header(self, path: str, kind: bytes, mode: int, mtime: float, size: int = 0,
                link: str = "") -> tuple[bool, tarfile.TarInfo | None, bytes | None]:
@@ -374,13 +372,13 @@ class _WalkState:
             self.headers.admit(cost=cost)
         return True, ti, hdr
 
-    def count(self, item: _Item) -> None:
+    def count(self, item: _ListedEntry) -> None:
         self.entries += 1
         if self.entries > self.limits.max_entries:
             raise SnapshotLimitError("workspace has more entries than max_entries", sandbox_path=item.path,
                                      context={"max_entries": self.limits.max_entries})
 
-    def add_file(self, item: _Item, fd: int, links: list[_Item]) -> os.stat_result | None:
+    def add_file(self, item: _ListedEntry, fd: int, links: list[_ListedEntry]) -> os.stat_result | None:
         """Archive the file open on ``fd`` as ``item``, then ``links`` as hard links to it.
 
         Each name in ``links`` is looked up by its path beneath the workspace
@@ -420,7 +418,7 @@ class _WalkState:
         if ti is None:  # no sink: the digest needs no header
             ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
             ti.size = st.st_size
-        sha_hex = self.files.add_file(ti, fd, item.path, hdr)
+        sha_hex = self.tar.add_file(ti, fd, item.path, hdr)
         self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
         for other in links:
             admitted, lti, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
@@ -429,43 +427,75 @@ class _WalkState:
                 continue
             self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
             if self.write:
-                self.files.add(lti, lhdr)
+                self.tar.add(lti, lhdr)
         return st
 
+    def add_linked(self, linked: _Linked) -> None:
+        """Archive one multi-linked inode if all its links are inside the walk, else refuse or skip it.
 
-def _add_linked(src: Root, state: _WalkState, linked: _Linked, on_unrestorable: str,
-                skipped: list[tuple[str, str]]) -> None:
-    """Archive one multi-linked inode if all its links are inside the walk, else refuse or skip it."""
-    items = linked.items
-    if linked.changed or len(items) > linked.nlink:
-        raise SnapshotSourceChangedError("hard links of this file changed while the workspace was persisted",
-                                         sandbox_path=items[0].path)
-    if len(items) < linked.nlink:
-        reason = (f"file has {linked.nlink} hard links but only {len(items)} in the persisted workspace "
-                  "(linked to a file outside it or to an excluded path); its content is never read")
-        if on_unrestorable == "skip":
-            skipped.extend((it.path, reason) for it in items)
-            state.entries -= len(items)
+        Raises:
+            UnrestorableEntryError: a link is outside the walk and ``on_unrestorable="refuse"``.
+            SnapshotSourceChangedError: its links changed during the walk (retryable).
+        """
+        items = linked.items
+        if linked.changed or len(items) > linked.nlink:
+            raise SnapshotSourceChangedError("hard links of this file changed while the workspace was persisted",
+                                             sandbox_path=items[0].path)
+        if len(items) < linked.nlink:
+            reason = (f"file has {linked.nlink} hard links but only {len(items)} in the persisted workspace "
+                      "(linked to a file outside it or to an excluded path); its content is never read")
+            if self.on_unrestorable == "skip":
+                self.skipped.extend((it.path, reason) for it in items)
+                self.entries -= len(items)
+                return
+            raise UnrestorableEntryError(reason, sandbox_path=items[0].path, context={"kind": "file"})
+        for i, first in enumerate(items):
+            fd = _open_member(self.src, first)
+            if fd is None:
+                self.entries -= 1  # removed since the listing: its other names still hold the inode
+                continue
+            try:
+                st = os.fstat(fd)
+                if st.st_nlink != linked.nlink:
+                    raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
+                                                     "persisted", sandbox_path=first.path)
+                if self.add_file(first, fd, items[i + 1:]) is None:
+                    self.entries -= len(items) - i  # refused by the policy and skipped, with all its names
+            finally:
+                os.close(fd)
             return
-        raise UnrestorableEntryError(reason, sandbox_path=items[0].path, context={"kind": "file"})
-    for i, first in enumerate(items):
-        fd = _open_member(src, first)
-        if fd is None:
-            state.entries -= 1  # removed since the listing: its other names still hold the inode
-            continue
-        try:
-            st = os.fstat(fd)
-            if st.st_nlink != linked.nlink:
-                raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
-                                                 "persisted", sandbox_path=first.path)
-            if state.add_file(first, fd, items[i + 1:]) is None:
-                state.entries -= len(items) - i  # refused by the policy and skipped, with all its names
-        finally:
-            os.close(fd)
-        return
 
 
-def _member_stat(fd: int, item: _Item) -> os.stat_result:
+def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
+                skip_identities: Iterable[tuple[int, int]] = (),
+                on_unrestorable: Literal["refuse", "skip"] = "skip",
+                limits: SnapshotLimits | None = None) -> str:
+    """SHA-256 tree digest of the workspace, exactly as :func:`persist` would compute it.
+
+    Blocking: call from a worker thread.
+
+    Args:
+        ws: the workspace Root.
+        excluded: sandbox paths (relative) left out, with everything under them.
+        mount_points: sandbox paths of mount points (also detected by ``st_dev``).
+        skip_identities: ``(st_dev, st_ino)`` of directories never entered
+            (extra path grants nested in the workspace).
+        on_unrestorable: ``"skip"`` leaves unrestorable entries out of the
+            digest (the default here: a digest is a comparison, not a save).
+        limits: bound on entries and bytes hashed.
+
+    Raises:
+        UnrestorableEntryError: ``on_unrestorable="refuse"`` and such an entry exists.
+        SnapshotLimitError: the tree exceeds ``limits``.
+        SnapshotSourceChangedError: the tree changed under the walk (an
+            entry replaced, a directory moved out while held; retryable).
+    """
+    walked = _walk_into(ws, _Prune.of(excluded, mount_points, skip_identities),
+                        SnapshotPolicy(limits or SnapshotLimits()), on_unrestorable, _TarStream(None))
+    return walked.digest.hexdigest()
+
+
+def _member_stat(fd: int, item: _ListedEntry) -> os.stat_result:
     """``fstat`` of a member just opened: still a regular file, and the very inode the walk listed.
 
     Raises:

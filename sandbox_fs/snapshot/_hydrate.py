@@ -24,7 +24,7 @@ import stat as _stat
 from typing import IO, Callable, Iterable
 
 from .._root_walk import walk_dirs
-from ..archive import ArchiveFormatError, ArchiveLimits, extract_stream
+from ..archive import ArchiveFormatError, extract_stream
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
 from ._errors import SnapshotCorruptError, SnapshotError, SnapshotSourceChangedError
@@ -270,11 +270,6 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
         return
     if final_mode is not None:
         ws.set_dir_meta(dst, mode=final_mode)
-
-
-def _archive_limits(limits: SnapshotLimits, archive_bytes: int | None = None) -> ArchiveLimits:
-    """The extractor's limits for a snapshot (:meth:`SnapshotPolicy.archive_limits`)."""
-    return SnapshotPolicy(limits).archive_limits(archive_bytes)
 
 
 def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits,

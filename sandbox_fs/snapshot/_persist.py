@@ -15,11 +15,11 @@ import time
 from typing import Callable, Iterable, Literal
 
 from ..root import Root
-from ._entries import _Digest, _walk_into, fingerprint
+from ._entries import _walk_into, fingerprint
 from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._store import SnapshotStore
-from ._tar import _TarWriter
-from ._walk import _norm_set
+from ._tar import _TarStream
+from ._walk import _Prune
 
 __all__ = ["persist"]
 
@@ -33,7 +33,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
     """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: call from one worker thread.
 
     Uses one more thread of its own (the archive writer, see
-    :class:`_Writer`), always joined before this returns or raises.
+    :class:`_WriterThread`), always joined before this returns or raises.
 
     Args:
         ws: the workspace Root (read through it only; never follows a symlink).
@@ -66,33 +66,28 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             case the previous snapshot of ``name`` stays current and intact.
     """
     validate_name(name)
-    limits = limits or SnapshotLimits()
-    excl = _norm_set(excluded)
-    mounts = _norm_set(mount_points)
-    skipped: list[tuple[str, str]] = []
+    policy = SnapshotPolicy(limits or SnapshotLimits())
+    prune = _Prune.of(excluded, mount_points, skip_identities)
     if not store.enabled:
-        return PersistReport(None, skipped)
+        return PersistReport(None, [])
     pending = store.begin(name)
     try:
-        digest = _Digest()
-        fixups: list[tuple[str, int]] = []
-        tar = _TarWriter(pending.sink)
+        tar = _TarStream(pending.sink)
         try:
-            entries, content = _walk_into(ws, excl, mounts, on_unrestorable, limits, skipped,
-                                          digest, tar, progress, frozenset(skip_identities), fixups)
+            walked = _walk_into(ws, prune, policy, on_unrestorable, tar, progress)
             tar.close()
         finally:
             tar.stop()  # the writer thread is joined before the archive's fd can be closed
-        SnapshotPolicy(limits).check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
-        tree = digest.hexdigest()
+        policy.check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
+        tree = walked.digest.hexdigest()
         info = SnapshotInfo(
             name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,
             archive_crc32=pending.sink.hexdigest(), fingerprint=fingerprint(manifest_digest, tree),
-            manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(excl), mode_fixups=fixups,
-            entries=entries,
-            content_bytes=content, created_ns=time.time_ns())
+            manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(prune.excluded),
+            mode_fixups=walked.fixups or [], entries=walked.entries, content_bytes=walked.content,
+            created_ns=time.time_ns())
         committed = store.commit(pending, info)
-        return PersistReport(committed if isinstance(committed, SnapshotInfo) else info, skipped)
+        return PersistReport(committed if isinstance(committed, SnapshotInfo) else info, walked.skipped)
     except BaseException:
         store.abort(pending)
         raise

@@ -58,20 +58,18 @@ def _header(ti: tarfile.TarInfo) -> bytes:
     return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-class _Writer:
+class _WriterThread:
     """The persist writer thread: writes filled buffers to the sink, in order.
 
-    Double buffering: :class:`_TarWriter` fills one buffer while this thread
+    Double buffering: :class:`_TarStream` fills one buffer while this thread
     writes the other to the sink (``os.write`` and the sink's ``zlib.crc32``
     of 1 MiB, both release the GIL, so they run on the second core while
     the caller walks, builds headers, reads and hashes files).  Buffers go
     round through two queues (filled -> written -> free again), and there
     are only two, so :meth:`swap` waits until the other one is written and
-    memory stays two buffers however large the workspace.  (Moving the
-    SHA-256 of file data here as well was measured: for every file it was
-    slower, the many small per-file hash steps each needing the GIL; for
-    files of 64 KiB and more only it gained nothing, this thread then
-    being the slower one while large files stream.)
+    memory stays two buffers however large the workspace.  The SHA-256 of
+    file data stays in the caller's thread: per-file hash steps each need
+    the GIL, so moving them here makes small files slower.
 
     The first error (ENOSPC ...) is kept and raised in the caller's thread
     by the next :meth:`swap` or :meth:`drain`; buffers after it are
@@ -153,7 +151,7 @@ class _Writer:
         self._thread.join()
 
 
-class _TarWriter:
+class _TarStream:
     """Streams tar members through fixed buffers of ``_WRITE_BUF_BYTES`` (1 MiB - 512) bytes into a sink.
 
     Headers come from :meth:`tarfile.TarInfo.tobuf` (POSIX.1-2001 / PAX, UTF-8
@@ -161,7 +159,7 @@ class _TarWriter:
     data is read from the member's fd straight into the buffer with
     ``readv`` (no per-chunk ``bytes`` objects, no second copy) and
     SHA-256-hashed there for the fingerprint.  With a sink, there are two
-    buffers and a :class:`_Writer` thread: while this thread walks, builds
+    buffers and a :class:`_WriterThread`: while this thread walks, builds
     headers and reads files into one buffer, the writer writes the other
     to the sink (which CRC-32s and counts every byte).  So each file byte
     is read once, hashed once and written once, and memory stays two
@@ -182,9 +180,14 @@ class _TarWriter:
         self.view = memoryview(bytearray(_WRITE_BUF_BYTES))
         self.pos = 0
         self.total = 0  # bytes handed to the sink so far
-        self._writer: _Writer | None = None
+        self._writer: _WriterThread | None = None
         if sink is not None:
-            self._writer = _Writer(sink, memoryview(bytearray(_WRITE_BUF_BYTES)))
+            self._writer = _WriterThread(sink, memoryview(bytearray(_WRITE_BUF_BYTES)))
+
+    @property
+    def writes(self) -> bool:
+        """True when members go to a sink; False when file data is only hashed."""
+        return self._writer is not None
 
     def flush(self) -> None:
         """Hand the buffered bytes to the writer thread and switch buffers.
@@ -292,6 +295,7 @@ class _TarWriter:
 
 
 def _tarinfo(path: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
+    """A member header for ``path``: no owners (uid/gid 0, no names), mtime in whole seconds."""
     ti = tarfile.TarInfo(path + "/" if kind == tarfile.DIRTYPE else path)
     ti.type = kind
     ti.mode = mode

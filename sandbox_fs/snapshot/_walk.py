@@ -27,7 +27,8 @@ import contextlib
 import errno
 import os
 import stat as _stat
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 from .. import _native
 from ..archive import ArchiveLimitError, UnsafeArchiveMemberError
@@ -45,14 +46,17 @@ _IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-", ".sfs-hydrate-", ".sfs-rm-"
 WORKSPACE_ID_NAME = ".sfs-workspace-id"
 
 
-class _Item(NamedTuple):
+class _ListedEntry(NamedTuple):
+    """An entry as its directory's listing saw it (nothing read through it is trusted until checked)."""
+
     path: str  # workspace-relative sandbox path
     kind: str  # file | dir | symlink | fifo | socket | char | block | unknown
-    st: os.stat_result
+    st: os.stat_result  # its lstat, taken relative to the listed directory's fd
     name: str = ""  # its name in its parent directory (fd-relative calls)
 
 
 def _excluded(path: str, excluded: frozenset[str]) -> bool:
+    """True when ``path`` or one of its ancestors is in ``excluded``."""
     if not excluded:
         return False
     if path in excluded:
@@ -66,6 +70,7 @@ def _excluded(path: str, excluded: frozenset[str]) -> bool:
 
 
 def _norm_set(paths: Iterable[str]) -> frozenset[str]:
+    """The normalized sandbox paths of ``paths`` (the root itself left out)."""
     out = set()
     for p in paths:
         sp = normalize(p)
@@ -121,7 +126,7 @@ def _still_listed(dfd: int, name: str) -> bool:
         return True  # cannot tell: treat as changed (retryable), never as vanished
 
 
-def _open_listed(src: Root, item: _Item, flags: int, dfd: int | None = None) -> int | None:
+def _open_listed(src: Root, item: _ListedEntry, flags: int, dfd: int | None = None) -> int | None:
     """Open a listed entry by its path beneath the workspace Root, now; None when it has vanished.
 
     The path is resolved from the workspace Root's own fd (``src``, see
@@ -170,7 +175,7 @@ def _open_listed(src: Root, item: _Item, flags: int, dfd: int | None = None) -> 
         raise  # unreachable
 
 
-def _check_identity(fd: int, item: _Item) -> os.stat_result:
+def _check_identity(fd: int, item: _ListedEntry) -> os.stat_result:
     """``fstat`` of an entry just opened by path: the very inode (and type) the listing's ``lstat`` saw.
 
     Raises:
@@ -184,7 +189,7 @@ def _check_identity(fd: int, item: _Item) -> os.stat_result:
     return st
 
 
-def _lstat_listed(src: Root, item: _Item, dfd: int | None = None) -> os.stat_result | None:
+def _lstat_listed(src: Root, item: _ListedEntry, dfd: int | None = None) -> os.stat_result | None:
     """The ``lstat`` of a listed entry taken by its path beneath the workspace Root now, identity-checked.
 
     What the snapshot records of a directory (mode, mtime) or a symlink
@@ -203,7 +208,7 @@ def _lstat_listed(src: Root, item: _Item, dfd: int | None = None) -> os.stat_res
         os.close(fd)
 
 
-def _readlink_listed(src: Root, item: _Item, dfd: int | None = None) -> tuple[str, os.stat_result] | None:
+def _readlink_listed(src: Root, item: _ListedEntry, dfd: int | None = None) -> tuple[str, os.stat_result] | None:
     """``(target, lstat)`` of a listed symlink, read through an ``O_PATH|O_NOFOLLOW`` fd opened by its path.
 
     The link is opened beneath the workspace Root (:func:`_open_listed`),
@@ -225,9 +230,42 @@ def _readlink_listed(src: Root, item: _Item, dfd: int | None = None) -> tuple[st
         os.close(fd)
 
 
-def _walk(ws: Root, src: Root, excluded: frozenset[str], skipped: list[tuple[str, str]],
-          mount_points: frozenset[str], skip_ids: frozenset[tuple[int, int]],
-          admit_dir: Callable[[_Item, int], bool]) -> Iterator[tuple[int, list[_Item]]]:
+@dataclass(frozen=True)
+class _Prune:
+    """What the walk never enters nor records, besides in-flight names and the workspace id file.
+
+    Attributes:
+        excluded: normalized sandbox paths left out, with everything under them.
+        mount_points: normalized sandbox paths of mount points (others are found by ``st_dev``).
+        skip_ids: ``(st_dev, st_ino)`` of directories never entered (extra path grants).
+    """
+
+    excluded: frozenset[str] = frozenset()
+    mount_points: frozenset[str] = frozenset()
+    skip_ids: frozenset[tuple[int, int]] = frozenset()
+
+    @classmethod
+    def of(cls, excluded: Iterable[str], mount_points: Iterable[str],
+           skip_ids: Iterable[tuple[int, int]]) -> _Prune:
+        """Normalize the sandbox paths (see :func:`sandbox_fs.paths.normalize`).
+
+        Raises:
+            InvalidPathError: a path is not a valid sandbox path.
+        """
+        return cls(_norm_set(excluded), _norm_set(mount_points), frozenset(skip_ids))
+
+
+@dataclass
+class _DirFrame:
+    """A directory the walk holds open: its fd (owned by the walk) and the admitted subdirectories to enter."""
+
+    dfd: int
+    subdirs: list[_ListedEntry]
+    next: int = 0  # index in ``subdirs`` of the next one to enter
+
+
+def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
+          admit_dir: Callable[[_ListedEntry, int], bool]) -> Iterator[tuple[int, list[_ListedEntry]]]:
     """Deterministic top-down walk over directory fds, pruning excluded paths, mount points and grant roots.
 
     Yields ``(dfd, nondirs)`` once per directory: its open fd (valid until
@@ -235,7 +273,7 @@ def _walk(ws: Root, src: Root, excluded: frozenset[str], skipped: list[tuple[str
     entry it reads by its path beneath the workspace Root, see
     :func:`_open_listed`, and may use ``dfd`` only to tell a vanished entry
     from a moved one) and its non-directory entries.  Subdirectories are
-    offered to ``admit_dir(item, dfd)`` (the persist policy, which records
+    offered to ``admit_dir(entry, dfd)`` (the persist policy, which records
     them) in name order while their parent is listed, and the admitted ones
     are entered after the parent's non-directories, depth first: the order
     of :meth:`Root.walk`.
@@ -264,72 +302,107 @@ def _walk(ws: Root, src: Root, excluded: frozenset[str], skipped: list[tuple[str
         OSError: a directory cannot be read (with its sandbox path, never a host path).
     """
     root_dev = ws.stat(".").st_dev
-    frames: list[list[Any]] = []  # [dfd, admitted subdirectories, index of the next one]; each dfd owned here
+    frames: list[_DirFrame] = []
     cur: tuple[int, str] | None = (ws.open_dir_fd("."), "")
     try:
-        while True:
-            if cur is not None:
-                dfd, dpath = cur
-                frames.append([dfd, (), 0])
-                cur = None
-                prefix = dpath + "/" if dpath else ""
-                try:
-                    listing = _list_dir(dfd)
-                except OSError as exc:
-                    _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
-                dirs = []
-                nondirs = []
-                for name, st in listing:
-                    p = prefix + name
-                    if excluded and _excluded(p, excluded):
-                        skipped.append((p, "excluded"))
-                        continue
-                    isdir = _stat.S_ISDIR(st.st_mode)
-                    if name.startswith(_IN_FLIGHT_PREFIXES):
-                        skipped.append((p, "in-flight staging" if isdir else "in-flight atomic write"))
-                        continue
-                    if not dpath and name == WORKSPACE_ID_NAME:
-                        continue  # the session's binding to this workspace, not workspace content
-                    if not isdir:
-                        nondirs.append(_Item(p, kind_of(st.st_mode), st, name))
-                        continue
-                    if st.st_dev != root_dev or p in mount_points:
-                        skipped.append((p, "mount point"))
-                        continue
-                    if (st.st_dev, st.st_ino) in skip_ids:
-                        skipped.append((p, "extra path grant"))
-                        continue
-                    item = _Item(p, "dir", st, name)
-                    if admit_dir(item, dfd):
-                        dirs.append(item)
-                frames[-1][1] = dirs
-                yield dfd, nondirs
-            if not frames:
-                return
-            frame = frames[-1]
-            dfd, dirs, i = frame
-            if i >= len(dirs):
-                frames.pop()
-                os.close(dfd)
-                continue
-            frame[2] = i + 1
-            item = dirs[i]
-            cfd = _open_listed(src, item, _SUBDIR_FLAGS, dfd)  # by path beneath the Root, now
-            if cfd is None:
-                continue  # removed since the listing: skipped, like a vanished file
-            cur = (cfd, item.path)
-            if i + 1 >= len(dirs):  # its last subdirectory: the parent's fd is no longer needed
-                frames.pop()
-                os.close(dfd)
-            _check_identity(cfd, item)
+        while cur is not None:
+            dfd, dpath = cur
+            frame = _DirFrame(dfd, [])
+            frames.append(frame)
+            cur = None
+            frame.subdirs, nondirs = _split_listing(dfd, dpath, root_dev, prune, skipped, admit_dir)
+            yield dfd, nondirs
+            cur = _enter_next(src, frames)
     finally:
         if cur is not None:
             os.close(cur[0])
         for frame in frames:
-            os.close(frame[0])
+            os.close(frame.dfd)
 
 
-def _open_member(src: Root, item: _Item, dfd: int | None = None) -> int | None:
+def _split_listing(dfd: int, dpath: str, root_dev: int, prune: _Prune, skipped: list[tuple[str, str]],
+                   admit_dir: Callable[[_ListedEntry, int], bool]) -> tuple[list[_ListedEntry], list[_ListedEntry]]:
+    """``(admitted subdirectories, other entries)`` of the directory open on ``dfd`` (sandbox path ``dpath``).
+
+    Leaves out, recording why in ``skipped``: excluded paths, in-flight
+    names, mount points (another device than ``root_dev``, or listed) and
+    grant directories; and, at the top, the session's workspace id file.
+    Every other subdirectory is offered to ``admit_dir``, in name order.
+
+    Raises:
+        OSError: the directory cannot be read (with its sandbox path).
+        What ``admit_dir`` raises.
+    """
+    prefix = dpath + "/" if dpath else ""
+    try:
+        listing = _list_dir(dfd)
+    except OSError as exc:
+        _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
+    excluded = prune.excluded
+    dirs = []
+    nondirs = []
+    for name, st in listing:
+        p = prefix + name
+        if excluded and _excluded(p, excluded):
+            skipped.append((p, "excluded"))
+            continue
+        isdir = _stat.S_ISDIR(st.st_mode)
+        if name.startswith(_IN_FLIGHT_PREFIXES):
+            skipped.append((p, "in-flight staging" if isdir else "in-flight atomic write"))
+            continue
+        if not dpath and name == WORKSPACE_ID_NAME:
+            continue  # the session's binding to this workspace, not workspace content
+        if not isdir:
+            nondirs.append(_ListedEntry(p, kind_of(st.st_mode), st, name))
+            continue
+        if st.st_dev != root_dev or p in prune.mount_points:
+            skipped.append((p, "mount point"))
+            continue
+        if (st.st_dev, st.st_ino) in prune.skip_ids:
+            skipped.append((p, "extra path grant"))
+            continue
+        entry = _ListedEntry(p, "dir", st, name)
+        if admit_dir(entry, dfd):
+            dirs.append(entry)
+    return dirs, nondirs
+
+
+def _enter_next(src: Root, frames: list[_DirFrame]) -> tuple[int, str] | None:
+    """Open the next admitted subdirectory, depth first: ``(its fd, its sandbox path)``; None: the walk is over.
+
+    Opened by its path beneath the workspace Root now and identity-checked
+    (see :func:`_walk`); one that vanished since its listing is skipped.
+    A frame's fd is closed once its last subdirectory is opened (or it has
+    none left).
+
+    Raises:
+        SnapshotSourceChangedError: the subdirectory was replaced after its listing (retryable).
+        OSError: it cannot be opened (with its sandbox path).
+    """
+    while frames:
+        frame = frames[-1]
+        if frame.next >= len(frame.subdirs):
+            frames.pop()
+            os.close(frame.dfd)
+            continue
+        entry = frame.subdirs[frame.next]
+        frame.next += 1
+        cfd = _open_listed(src, entry, _SUBDIR_FLAGS, frame.dfd)  # by path beneath the Root, now
+        if cfd is None:
+            continue  # removed since the listing: skipped, like a vanished file
+        if frame.next >= len(frame.subdirs):  # its last subdirectory: the parent's fd is no longer needed
+            frames.pop()
+            os.close(frame.dfd)
+        try:
+            _check_identity(cfd, entry)
+        except BaseException:
+            os.close(cfd)
+            raise
+        return cfd, entry.path
+    return None
+
+
+def _open_member(src: Root, item: _ListedEntry, dfd: int | None = None) -> int | None:
     """Open a listed regular file for reading by its path beneath the workspace Root; None when it vanished.
 
     Opened through the source view (:func:`_open_listed`: from the Root's
