@@ -16,7 +16,7 @@ the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
 
 from __future__ import annotations
 
-# Public names outside ``__all__`` (as before the package split) are re-exported with ``as``:
+# Names importable from here but outside ``__all__`` (the session and hosts use them), re-exported with ``as``:
 # SNAPSHOT_FORMAT, SNAPSHOT_VERSION, WORKSPACE_ID_NAME, PendingArchive, is_mount_point_of.
 from ._entries import fingerprint, tree_digest
 from ._errors import (

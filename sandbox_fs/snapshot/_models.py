@@ -76,7 +76,26 @@ class SnapshotLimits:
 
 
 class SnapshotInfo(BaseModel):
-    """Metadata stored next to each snapshot (``<name>.json`` in a local store)."""
+    """Metadata stored next to each snapshot (``<name>.json`` in a local store).
+
+    Attributes:
+        format, version: ``"sandbox-fs-snapshot"`` and 1.
+        name: the snapshot name (a plain token).
+        archive: the store's name for the archive (``<name>.g<generation>.<token>.tar`` locally).
+        archive_bytes: the archive's size, in bytes.
+        archive_crc32: its CRC-32, 8 lowercase hex digits.
+        fingerprint: :func:`fingerprint` of ``manifest_digest`` and ``tree_digest`` (64 hex digits).
+        manifest_digest: the digest of the manifest the session ran with ("" when none).
+        tree_digest: :func:`tree_digest` of what was persisted (64 hex digits).
+        excluded: the normalized sandbox paths left out.
+        mode_fixups: ``(sandbox path, mode)`` of members whose permission bits the
+            extractor would otherwise change; hydrate applies them exactly.
+        entries: members in the archive.
+        content_bytes: bytes of regular-file content.
+        created_ns: when persist finished the walk (``time.time_ns()``).
+        generation: 1, 2, ... per name, assigned by the store at commit (0: none, e.g. a store without
+            generations).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,7 +113,7 @@ class SnapshotInfo(BaseModel):
     entries: int = Field(ge=0)
     content_bytes: int = Field(ge=0)
     created_ns: int = 0
-    generation: int = Field(0, ge=0)  # 1, 2, ... per name, assigned by the store at commit; 0: before generations
+    generation: int = Field(0, ge=0)
 
 
 class SnapshotPolicy:

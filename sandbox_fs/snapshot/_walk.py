@@ -28,7 +28,7 @@ import errno
 import os
 import stat as _stat
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Generator, Iterable, Iterator, NamedTuple
 
 from .. import _native
 from ..archive import ArchiveLimitError, UnsafeArchiveMemberError
@@ -265,7 +265,7 @@ class _DirFrame:
 
 
 def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
-          admit_dir: Callable[[_ListedEntry, int], bool]) -> Iterator[tuple[int, list[_ListedEntry]]]:
+          admit_dir: Callable[[_ListedEntry, int], bool]) -> Generator[tuple[int, list[_ListedEntry]], None, None]:
     """Deterministic top-down walk over directory fds, pruning excluded paths, mount points and grant roots.
 
     Yields ``(dfd, nondirs)`` once per directory: its open fd (valid until
