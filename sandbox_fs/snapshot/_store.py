@@ -619,46 +619,21 @@ class LocalSnapshotStore:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             prev_raw, prev = self._current(name)
-            gen = 1 + max(prev.generation if prev is not None else 0, self._archived_generation(name))
+            prev_gen = prev.generation if prev is not None else 0
+            gen = 1 + max(prev_gen, self._archived_generation(name))
             info = info.model_copy(update={"generation": gen,
                                            "archive": f"{name}.g{gen}.{secrets.token_hex(8)}.tar"})
-            if pending.partial is None:
-                dfd = self.root.open_dir_fd(".")
-                try:
-                    os.link(f"/proc/self/fd/{pending.fd}", info.archive, dst_dir_fd=dfd, follow_symlinks=True)
-                finally:
-                    os.close(dfd)
-            else:
-                self.root.rename(pending.partial, info.archive, no_replace=True)
-                pending.partial = None
-            self._fsync_dir()
-            prev_gen = prev.generation if prev is not None else 0
+            self._link_archive(pending, info.archive)
+            verify_context = {"snapshot": name, "generation": prev_gen, "failed_generation": gen}
             if not self._verify_committed(info):
                 with contextlib.suppress(OSError):
                     self.root.remove(info.archive)
                 raise SnapshotVerifyError("the new snapshot archive did not read back with its CRC-32; it was "
                                           "withdrawn and the previous generation stays current", sandbox_path=None,
-                                          context={"snapshot": name, "generation": prev_gen,
-                                                   "failed_generation": gen})
-            self.root.atomic_write(f"{name}.json", _info_to_json(info), mode=0o600)
-            self._fsync_dir()
-            try:
-                ok = self.info(name) == info
-            except SnapshotCorruptError:
-                ok = False
-            if not ok:
-                if prev_raw is not None:
-                    self.root.atomic_write(f"{name}.json", prev_raw, mode=0o600)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        self.root.remove(f"{name}.json")
-                self._fsync_dir()
-                with contextlib.suppress(OSError):
-                    self.root.remove(info.archive)
+                                          context=verify_context)
+            if not self._replace_metadata(info, prev_raw):
                 raise SnapshotVerifyError("the new snapshot metadata did not read back; the store fell back to the "
-                                          "previous generation", sandbox_path=None,
-                                          context={"snapshot": name, "generation": prev_gen,
-                                                   "failed_generation": gen})
+                                          "previous generation", sandbox_path=None, context=verify_context)
             for fname in self.root.listdir("."):
                 if fname.startswith(f"{name}.") and fname.endswith(".tar") and fname != info.archive:
                     with contextlib.suppress(FileNotFoundError):
@@ -667,6 +642,51 @@ class LocalSnapshotStore:
         finally:
             os.close(lock_fd)
             self.abort(pending)
+
+    def _link_archive(self, pending: PendingArchive, archive: str) -> None:
+        """Give the written archive its name ``archive`` in the store (never replacing a file), durably.
+
+        Raises:
+            OSError: the link or rename failed (EEXIST: the name exists).
+        """
+        if pending.partial is None:
+            dfd = self.root.open_dir_fd(".")
+            try:
+                os.link(f"/proc/self/fd/{pending.fd}", archive, dst_dir_fd=dfd, follow_symlinks=True)
+            finally:
+                os.close(dfd)
+        else:
+            self.root.rename(pending.partial, archive, no_replace=True)
+            pending.partial = None
+        self._fsync_dir()
+
+    def _replace_metadata(self, info: SnapshotInfo, prev_raw: bytes | None) -> bool:
+        """Atomically replace the metadata of ``info.name`` with ``info`` (the commit point) and read it back.
+
+        When it does not read back as ``info``, the previous metadata
+        (``prev_raw``; None: there was none) is put back and the new archive
+        removed: False.
+
+        Raises:
+            OSError: the store cannot be written.
+        """
+        meta = f"{info.name}.json"
+        self.root.atomic_write(meta, _info_to_json(info), mode=0o600)
+        self._fsync_dir()
+        try:
+            if self.info(info.name) == info:
+                return True
+        except SnapshotCorruptError:
+            pass
+        if prev_raw is not None:
+            self.root.atomic_write(meta, prev_raw, mode=0o600)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.root.remove(meta)
+        self._fsync_dir()
+        with contextlib.suppress(OSError):
+            self.root.remove(info.archive)
+        return False
 
     def _current(self, name: str) -> tuple[bytes | None, SnapshotInfo | None]:
         """The current metadata of ``name`` as stored and parsed (``(None, None)``: none, or unreadable)."""
