@@ -118,7 +118,7 @@ def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | N
 
 def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable: str, tar: _TarStream,
                progress: Callable[[int, int], None] | None = None) -> _WalkState:
-    """Walk the workspace once and stream every kept entry into ``digest`` (and ``tar``).
+    """Walk the workspace once and record every kept entry in the digest (and write it to ``tar``).
 
     Ordinary entries stream as they are listed (O(1) memory).  Listings
     come from directory fds the walk holds (see :func:`_walk`), but every
@@ -146,14 +146,20 @@ def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable:
 
     Returns:
         The walk's state: counts, digest, skipped entries, mode fix-ups.
+
+    Raises:
+        UnrestorableEntryError: with ``on_unrestorable="refuse"``, an entry hydrate would refuse.
+        SnapshotLimitError: the workspace exceeds the policy's limits.
+        SnapshotSourceChangedError: the workspace changed under the walk (retryable).
+        OSError: a directory or file cannot be read, or the sink cannot be written.
     """
     with _source_view(ws) as src:
         state = _WalkState(ws, src, policy, tar, on_unrestorable)
         last_report = time.monotonic()
         with contextlib.closing(_walk(ws, src, prune, state.skipped, state.admit_dir)) as walk:
             for dfd, nondirs in walk:
-                for item in nondirs:
-                    if state.add_nondir(item, dfd) and progress is not None:
+                for entry in nondirs:
+                    if state.add_nondir(entry, dfd) and progress is not None:
                         now = time.monotonic()
                         if now - last_report >= 0.2:
                             last_report = now
