@@ -37,6 +37,7 @@ SUBCOMMANDS = {
     "run": "materialize a manifest (or resume), run a command confined, persist a snapshot",
     "session": "create, resume or remove a sandbox session (state in a JSON file)",
     "snapshot": "save a workspace into a snapshot store, restore it, list snapshots",
+    "features": "what the kernel offers here and what confinement a run would get",
 }
 
 

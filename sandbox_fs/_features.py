@@ -1,0 +1,138 @@
+"""What this host offers a sandbox, and what confinement a confined run would get here.
+
+:func:`host_features` probes, without changing anything on the host, what
+``sandbox-fs features`` reports: the resolver (``openat2``), Landlock's ABI,
+seccomp filters, user / PID / mount namespaces, the process-count bound a
+run would get (cgroup v2 ``pids``, ``RLIMIT_NPROC``, cgroup v1 ``pids``, in
+the order :mod:`sandbox_fs.exec` tries them), FUSE and the identity a
+command runs as.  Every value is read from the kernel: ``/proc``, cgroupfs,
+and for the namespaces an ``unshare(2)`` in a forked child that exits at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+__all__ = ["host_features", "cgroup_dirs", "can_unshare"]
+
+# <linux/sched.h>
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:  # host-access: a kernel interface file under /proc or cgroupfs
+            return f.read()
+    except OSError:
+        return None
+
+
+def cgroup_dirs() -> tuple[str | None, str | None]:
+    """This process's cgroup directories: ``(cgroup v2 dir, cgroup v1 pids dir)``, each None when
+    that hierarchy is not mounted (host paths under cgroupfs, from ``/proc/self/mountinfo``)."""
+    mountinfo, own = _read("/proc/self/mountinfo"), _read("/proc/self/cgroup")
+    if mountinfo is None or own is None:
+        return None, None
+    v2_own = v1_own = None
+    for line in own.splitlines():
+        hier, _sep, rest = line.partition(":")
+        controllers, _sep, path = rest.partition(":")
+        if hier == "0" and controllers == "":
+            v2_own = path
+        elif "pids" in controllers.split(","):
+            v1_own = path
+    v2 = v1 = None
+    for line in mountinfo.splitlines():
+        parts = line.split()
+        if "-" not in parts:
+            continue
+        sep = parts.index("-")
+        fstype = parts[sep + 1] if len(parts) > sep + 1 else ""
+        if fstype == "cgroup2" and v2_own is not None and v2 is None:
+            v2 = _beneath(parts[3], parts[4], v2_own)
+        elif (fstype == "cgroup" and v1_own is not None and v1 is None and len(parts) > sep + 3
+              and "pids" in parts[sep + 3].split(",")):
+            v1 = _beneath(parts[3], parts[4], v1_own)
+    return v2, v1
+
+
+def _beneath(mount_root: str, mount_point: str, own: str) -> str:
+    """The host path of cgroup ``own`` in a hierarchy mounted at ``mount_point`` (its ``mount_root``)."""
+    rel = own[len(mount_root):] if mount_root != "/" and own.startswith(mount_root) else own
+    return (mount_point.replace("\\040", " ").rstrip("/") + "/" + rel.strip("/")).rstrip("/")
+
+
+def can_unshare(flags: int) -> bool:
+    """Can this process make the namespaces ``flags`` (``CLONE_NEW*``)?  Tried in a forked child
+    (``unshare(2)``, then ``_exit``), so this process's own namespaces never change."""
+    try:
+        unshare = ctypes.CDLL(None, use_errno=True).unshare
+    except (OSError, AttributeError):
+        return False
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only reports and exits
+        os._exit(0 if unshare(ctypes.c_int(flags)) == 0 else 1)
+    _pid, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _seccomp_filters() -> bool:
+    """The kernel takes seccomp filters (``SECCOMP_RET_ERRNO``, what the exec helper's allow-list uses)."""
+    actions = _read("/proc/sys/kernel/seccomp/actions_avail")
+    return actions is not None and "errno" in actions.split()
+
+
+def _process_bounds(root: bool, leased: bool) -> dict[str, Any]:
+    """Which process-count bounds a run can have here, and the one it gets (``bound``)."""
+    v2, v1 = cgroup_dirs()
+    v2_pids = (v2 is not None and os.access(v2, os.W_OK)  # host-access: cgroupfs (kernel interface)
+               and "pids" in (_read(f"{v2}/cgroup.subtree_control") or "").split())
+    v1_pids = v1 is not None and os.access(v1, os.W_OK)  # host-access: cgroupfs (kernel interface)
+    nproc = not root or leased  # RLIMIT_NPROC never binds uid 0
+    bound = ("cgroup2.pids" if v2_pids else "rlimit.nproc" if nproc else "cgroup1.pids" if v1_pids else "none")
+    return {"cgroup2_pids": v2_pids, "cgroup1_pids": v1_pids, "rlimit_nproc": nproc, "bound": bound,
+            "cgroup2_dir": v2, "cgroup1_pids_dir": v1}
+
+
+def host_features() -> dict[str, Any]:
+    """Probe this host (nothing is changed; the namespace probes fork a child each).
+
+    Returns:
+        a JSON-ready ``dict``: ``openat2`` (bool), ``resolver`` (``"openat2"`` or
+        ``"fallback"``), ``landlock_abi`` (int, 0 without Landlock), ``seccomp``
+        (bool), ``user_namespace`` / ``pid_namespace`` / ``mount_namespace``
+        (bool: can this process make one; unprivileged, inside a user
+        namespace as the exec helper does), ``processes`` (``cgroup2_pids``,
+        ``cgroup1_pids``, ``rlimit_nproc``: bool each; ``bound``: the one a run
+        gets, ``"cgroup2.pids"``, ``"rlimit.nproc"``, ``"cgroup1.pids"`` or
+        ``"none"``; ``cgroup2_dir``, ``cgroup1_pids_dir``: str or None),
+        ``fuse`` (bool), ``identity`` (``root``, ``leasable``: bool; ``base``,
+        ``count``: the range leased from, ints; ``runs_as``: ``"leased"`` or
+        ``"host"``).
+    """
+    from . import features  # noqa: PLC0415
+    from .exec import ConfinementPolicy  # noqa: PLC0415
+
+    kernel = features()
+    root = os.geteuid() == 0
+    policy = ConfinementPolicy()
+    base, count = policy.identity_range
+    leased = root and policy.identity == "auto"
+    userns = 0 if root else CLONE_NEWUSER
+    return {
+        "openat2": bool(kernel["openat2"]),
+        "resolver": kernel["resolver"],
+        "landlock_abi": int(kernel["landlock_abi"]),  # type: ignore[call-overload]
+        "seccomp": _seccomp_filters(),
+        "user_namespace": can_unshare(CLONE_NEWUSER),
+        "pid_namespace": can_unshare(userns | CLONE_NEWPID),
+        "mount_namespace": can_unshare(userns | CLONE_NEWNS),
+        "processes": _process_bounds(root, leased),
+        "fuse": bool(kernel["fuse"]),
+        "identity": {"root": root, "leasable": root, "base": base, "count": count,
+                     "runs_as": "leased" if leased else "host"},
+    }
