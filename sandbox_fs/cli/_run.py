@@ -37,6 +37,7 @@ import argparse
 import os
 import signal
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -87,10 +88,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _hostpath.add_flag(p)
 
 
-def handle(args: argparse.Namespace) -> int:
-    from ..client import ClientOptions, LocalSandboxClient  # noqa: PLC0415
-    from ..manifest import load_manifest  # noqa: PLC0415
+@dataclass
+class _Run:
+    """One ``sandbox-fs run``: what the command line asked for, and how it ended."""
 
+    args: argparse.Namespace
+    argv: list[str]  # the command to run confined
+    manifest: Any  # a loaded Manifest, or None (resume from the state's copy)
+    root: str | None  # the operator's --root, or None (a private workspace)
+    options: Any  # ClientOptions
+    exec_kw: dict[str, Any]  # keyword arguments of Session.exec
+    grace_s: float  # SIGTERM to SIGKILL, seconds
+    stopped: list[int] = field(default_factory=list)  # the signal that stopped the run, once one came
+    running_at_signal: list[int] = field(default_factory=list)  # commands tracked when it came
+    result: Any = None  # the ExecResult, once the command ran to its end
+    report: dict[str, Any] = field(default_factory=dict)  # the --json report (without the output)
+    failed: Exception | None = None  # a refusal after the command ran (printed after its output)
+    persisted: bool = True  # closing the session (persist) succeeded
+
+
+def _command(args: argparse.Namespace) -> list[str]:
     argv = list(args.cmd)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -98,7 +115,16 @@ def handle(args: argparse.Namespace) -> int:
         raise CliInputError("no command given: sandbox-fs run ... -- CMD [ARGS...]", sandbox_path=None)
     if not args.manifest and not args.resume:
         raise CliInputError("give --manifest (a new session) or --resume FILE", sandbox_path=None)
+    return argv
 
+
+def _prepare(args: argparse.Namespace) -> _Run:
+    """Check the command line, load the manifest, make --root: everything before the session starts."""
+    from ..client import ClientOptions  # noqa: PLC0415
+    from ..exec import ConfinementPolicy  # noqa: PLC0415
+    from ..manifest import load_manifest  # noqa: PLC0415
+
+    argv = _command(args)
     # a state file that could not be written is refused before the command runs
     _hostpath.check_output(args, args.state)
     manifest = None
@@ -128,98 +154,101 @@ def handle(args: argparse.Namespace) -> int:
         if env:
             exec_kw["env"] = env
             exec_kw["secret_env"] = secret
+    return _Run(args, argv, manifest, root, options, exec_kw, ConfinementPolicy().kill_grace_s)
 
-    from ..exec import ConfinementPolicy, ProcessSupervisor  # noqa: PLC0415
 
-    grace_s = ConfinementPolicy().kill_grace_s
-    stopped: list[int] = []  # the signal that stopped the run, once one came
-    running_at_signal: list[int] = []  # commands tracked when it came
+async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None:
+    """Start (or resume) the session, run the command, close it, write the state; fill ``run``."""
+    from ..client import LocalSandboxClient  # noqa: PLC0415
 
-    async def job(sup: Any, exec_scope: trio.CancelScope) -> tuple[Any, dict[str, Any], Any, bool]:
-        with LocalSandboxClient(options) as client:
-            if args.resume:
-                session = client.resume(load_state(args, args.resume), root=root, manifest=manifest,
-                                        allow_rollback=args.allow_rollback)
-            else:
-                session = client.create(manifest=manifest, root=root)
-            session.attach_supervisor(sup)
-            result = None
-            failed: Exception | None = None
-            persisted = True
-            try:
-                async with session:
-                    with exec_scope:  # cancelled only when a signal stops the run
-                        result = await session.exec(argv, **exec_kw)
-            except Exception as exc:
-                if result is None and not stopped:
-                    raise  # the command did not run to the end: nothing of it to print
-                failed, persisted = exc, False  # it ran: print its output first, then refuse
-            state: dict[str, Any] = {}
-            try:
-                state = client.serialize_state(session)
-                if args.state:
-                    _hostpath.write_json(args, args.state, state)
-            except Exception as exc:
-                failed = failed or exc
-            ran = result is not None
-            report = {
-                "session_id": session.id,
-                "start_mode": session.start_mode,
-                "snapshot": state.get("snapshot"),
-                "exit_code": result.exit_code if ran else None,
-                "confinement": result.confinement if ran else None,
-                "landlock_abi": result.landlock_abi if ran else 0,
-                "process_bounds": list(result.process_bounds) if ran else [],
-                "duration_s": round(result.duration_s, 3) if ran else 0.0,
-                "stdout_truncated": result.stdout_truncated if ran else False,
-                "stderr_truncated": result.stderr_truncated if ran else False,
-            }
-            return result, report, failed, persisted
-
-    async def main() -> tuple[Any, dict[str, Any], Any, bool]:
-        sup = ProcessSupervisor()
-        exec_scope = trio.CancelScope()
-        error: Exception | None = None
+    args = run.args
+    with LocalSandboxClient(run.options) as client:
+        if args.resume:
+            session = client.resume(load_state(args, args.resume), root=run.root, manifest=run.manifest,
+                                    allow_rollback=args.allow_rollback)
+        else:
+            session = client.create(manifest=run.manifest, root=run.root)
+        session.attach_supervisor(sup)
         try:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async with trio.open_nursery() as nursery:
-                    async def stop_command() -> None:
-                        # SIGTERM, grace, SIGKILL for what runs; then give the
-                        # exec a moment to return its result, and cancel it
-                        # (a command not started yet never starts).
-                        await sup.kill_all(grace_s=grace_s)
-                        exec_scope.deadline = min(exec_scope.deadline, trio.current_time() + grace_s)
-                        await sup.kill_all()
+            async with session:
+                with exec_scope:  # cancelled only when a signal stops the run
+                    run.result = await session.exec(run.argv, **run.exec_kw)
+        except Exception as exc:
+            if run.result is None and not run.stopped:
+                raise  # the command did not run to the end: nothing of it to print
+            run.failed, run.persisted = exc, False  # it ran: print its output first, then refuse
+        state: dict[str, Any] = {}
+        try:
+            state = client.serialize_state(session)
+            if args.state:
+                _hostpath.write_json(args, args.state, state)
+        except Exception as exc:
+            run.failed = run.failed or exc
+        result = run.result
+        ran = result is not None
+        run.report = {
+            "session_id": session.id,
+            "start_mode": session.start_mode,
+            "snapshot": state.get("snapshot"),
+            "exit_code": result.exit_code if ran else None,
+            "confinement": result.confinement if ran else None,
+            "landlock_abi": result.landlock_abi if ran else 0,
+            "process_bounds": list(result.process_bounds) if ran else [],
+            "duration_s": round(result.duration_s, 3) if ran else 0.0,
+            "stdout_truncated": result.stdout_truncated if ran else False,
+            "stderr_truncated": result.stderr_truncated if ran else False,
+        }
 
-                    async def watch() -> None:
-                        async for signum in signals:
-                            if not stopped:
-                                stopped.append(signum)
-                                running_at_signal.append(len(sup))
-                                nursery.start_soon(stop_command)
 
-                    nursery.start_soon(watch)
-                    try:
-                        out = await job(sup, exec_scope)
-                    except Exception as exc:  # re-raised bare below (not in an ExceptionGroup)
-                        error = exc
-                    finally:
-                        nursery.cancel_scope.cancel()
-            if error is not None:
-                raise error
-            return out
-        finally:
-            with trio.CancelScope(shield=True):
-                await sup.aclose()
+async def _supervised(run: _Run) -> None:
+    """:func:`_in_session` under a supervisor, with SIGTERM and SIGINT stopping the command."""
+    from ..exec import ProcessSupervisor  # noqa: PLC0415
 
-    result, report, failed, persisted = trio.run(main)
+    sup = ProcessSupervisor()
+    exec_scope = trio.CancelScope()
+    error: Exception | None = None
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                async def stop_command() -> None:
+                    # SIGTERM, grace, SIGKILL for what runs; then give the
+                    # exec a moment to return its result, and cancel it
+                    # (a command not started yet never starts).
+                    await sup.kill_all(grace_s=run.grace_s)
+                    exec_scope.deadline = min(exec_scope.deadline, trio.current_time() + run.grace_s)
+                    await sup.kill_all()
+
+                async def watch() -> None:
+                    async for signum in signals:
+                        if not run.stopped:
+                            run.stopped.append(signum)
+                            run.running_at_signal.append(len(sup))
+                            nursery.start_soon(stop_command)
+
+                nursery.start_soon(watch)
+                try:
+                    await _in_session(run, sup, exec_scope)
+                except Exception as exc:  # re-raised bare below (not in an ExceptionGroup)
+                    error = exc
+                finally:
+                    nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+    finally:
+        with trio.CancelScope(shield=True):
+            await sup.aclose()
+
+
+def _print_outcome(run: _Run) -> None:
+    """The command's output and the notes on stderr (or the --json report) of a finished run."""
+    args, result, report = run.args, run.result, run.report
     if args.json:
         report["stdout"] = result.stdout.decode("utf-8", "replace") if result is not None else ""
         report["stderr"] = result.stderr.decode("utf-8", "replace") if result is not None else ""
-        if failed is not None:
-            report["error"] = _error_dict(failed)
-        if stopped:
-            report["stopped_by_signal"] = stopped[0]
+        if run.failed is not None:
+            report["error"] = _error_dict(run.failed)
+        if run.stopped:
+            report["stopped_by_signal"] = run.stopped[0]
         print(json_text(report))
     elif result is not None:
         write_command_output(result.stdout, sys.stdout)
@@ -230,22 +259,34 @@ def handle(args: argparse.Namespace) -> int:
               f"{result.exit_code} under {escape_text(str(result.confinement))}"
               f"{' (Landlock ABI %d)' % result.landlock_abi if result.landlock_abi else ''}"
               f"{'; snapshot ' + escape_text(str(snap)) if snap else ''}"
-              f"{'' if persisted else '; closing the session failed, nothing new persisted'}", file=sys.stderr)
+              f"{'' if run.persisted else '; closing the session failed, nothing new persisted'}",
+              file=sys.stderr)
     sys.stdout.flush()
-    if stopped:
-        name = signal.Signals(stopped[0]).name
-        ended = ("was not started" if result is None and not running_at_signal[0]
-                 else f"was stopped (SIGTERM, then SIGKILL after {grace_s:g} s)")
+    if run.stopped:
+        name = signal.Signals(run.stopped[0]).name
+        ended = ("was not started" if result is None and not run.running_at_signal[0]
+                 else f"was stopped (SIGTERM, then SIGKILL after {run.grace_s:g} s)")
         snap = report["snapshot"]
         print(f"sandbox-fs: {name} received: the command {ended}; session "
               f"{escape_text(str(report['session_id']))} stopped"
-              f"{' with snapshot ' + escape_text(str(snap)) if snap and persisted else ''}"
-              f"{' and its state written' if args.state and failed is None else ''}", file=sys.stderr)
-    if failed is not None:
-        raise failed  # sandbox_fs.cli prints the one error line, exit 1
-    if stopped:
-        return 128 + stopped[0]
-    code = result.exit_code
+              f"{' with snapshot ' + escape_text(str(snap)) if snap and run.persisted else ''}"
+              f"{' and its state written' if args.state and run.failed is None else ''}", file=sys.stderr)
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run ``sandbox-fs run``: the command's exit status (128 + N after signal N).
+
+    Raises:
+        SandboxError: a refusal (before the command, or when closing the session after it).
+    """
+    run = _prepare(args)
+    trio.run(_supervised, run)
+    _print_outcome(run)
+    if run.failed is not None:
+        raise run.failed  # sandbox_fs.cli prints the one error line, exit 1
+    if run.stopped:
+        return 128 + run.stopped[0]
+    code = run.result.exit_code
     return code if 0 <= code <= 255 else 128 + (-code if code < 0 else 0)
 
 
