@@ -44,10 +44,16 @@ def sandbox_fs_cmd() -> list[str]:
     return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "sandbox_fs"]
 
 
+# As installed: byte code is written and then read (PYTHONDONTWRITEBYTECODE would make every
+# run compile the package's modules again, ~40 ms); each tool runs once unmeasured first.
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def timed(argv: list[str]) -> tuple[float, float]:
     """Run ``argv`` (output discarded; a failure stops the bench): (wall s, child cpu s)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=CHILD_ENV)
     _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -68,12 +74,13 @@ class Case:
     def run(self, rounds: int, scratch: str) -> None:
         walls: dict[str, list[float]] = {t: [] for t in self.tools}
         cpus: dict[str, list[float]] = {t: [] for t in self.tools}
-        for i in range(rounds):
+        for i in range(-1, rounds):  # round -1 warms up (byte code, page cache), not counted
             for tool, argv in self.tools.items():
-                out = os.path.join(scratch, f"out-{tool}-{i}")
+                out = os.path.join(scratch, "out-" + "".join(c if c.isalnum() else "-" for c in tool) + f"-{i}")
                 wall, cpu = timed([a.replace("{out}", out) for a in argv])
-                walls[tool].append(wall)
-                cpus[tool].append(cpu)
+                if i >= 0:
+                    walls[tool].append(wall)
+                    cpus[tool].append(cpu)
                 shutil.rmtree(out, ignore_errors=True)
         ref = statistics.median(walls[self.reference])
         print(f"{self.name} ({rounds} runs, medians; goal {self.goal})")
