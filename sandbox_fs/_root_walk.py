@@ -1,10 +1,16 @@
 """The fd-based directory walk beneath a :class:`~sandbox_fs.root.Root`.
 
-:func:`walk_dirs` is the internal contract for the package's bulk callers
-(``Root.walk``, ``materialize``, ``snapshot``, exec's identity re-owning):
-they get each directory's subdirectory entries with their ``lstat`` (so
-they can prune by device, inode or kind without a second stat) and may
-prune that list in place.
+The internal contract for the package's bulk callers (``Root.walk``,
+``materialize``, ``snapshot``, exec's identity re-owning):
+
+* :func:`walk_dirs` gives each directory's subdirectory entries with their
+  ``lstat`` (so a caller can prune by device, inode or kind without a second
+  stat), which the caller may prune in place;
+* :func:`open_on_same_mount` opens an entry the walk listed again, by its
+  path beneath the root, never across a mount point.
+
+Callers outside the root modules use these instead of ``Root``'s private
+methods.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import errno
 import os
 from typing import TYPE_CHECKING, Iterator, NamedTuple
 
+from . import _native
+
 if TYPE_CHECKING:
     from .root import DirEntry, Root
 
-__all__ = ["walk_dirs"]
+__all__ = ["walk_dirs", "open_on_same_mount"]
 
 
 class _Frame(NamedTuple):
@@ -102,3 +110,29 @@ def walk_dirs(root: Root, path: str | bytes = ".") -> Iterator[tuple[str, list[D
             os.close(cur[0])
         for frame in frames:
             os.close(frame.fd)
+
+
+def open_on_same_mount(root: Root, path: str | bytes, flags: int, op: str) -> int:
+    """Open ``path`` beneath ``root`` with ``RESOLVE_NO_XDEV`` added: never through a mount point.
+
+    Args:
+        root: the Root to resolve in (its own resolve flags apply too).
+        path: relative sandbox path.
+        flags: ``os.O_*`` flags (``O_CLOEXEC`` is added); for example
+            ``O_PATH | O_NOFOLLOW`` to reach an entry without opening it.
+        op: the operation named in an error.
+
+    Returns:
+        A new fd (the caller closes it).
+
+    Raises:
+        PathEscapeError: ``path`` resolves outside the root, or crosses a mount
+            point (EXDEV).
+        SymlinkRefusedError: a refused symlink on ``path``.
+        WorkspaceClosedError: ``root`` is closed.
+        InvalidPathError: ``path`` is not a valid relative path.
+        OSError: the open failed (ENOENT ...), ``filename`` the sandbox path.
+    """
+    rel = root._rel(path)
+    with root._use() as rootfd:
+        return root._open_fd(rootfd, rel, flags | os.O_CLOEXEC, 0, op, _native.RESOLVE_NO_XDEV)

@@ -300,7 +300,7 @@ class Root:
             ``filename`` set to the sandbox path, never a host path.
     """
 
-    __slots__ = ("_closing", "_deny", "_fallback", "_fdbox", "_inflight", "_label",
+    __slots__ = ("_closing", "_deny", "_fallback", "_fd_while_open", "_inflight", "_label",
                  "_resolve", "_root_id", "no_symlinks", "owner", "read_only", "resolver", "__weakref__")
 
     def __init__(self, _fd: int, *, read_only: bool, no_symlinks: bool, resolver: str,
@@ -309,8 +309,9 @@ class Root:
         # fd pinning without a lock on the hot path (relies on the GIL making
         # list.append / list.pop atomic): a call appends to _inflight *before*
         # reading the fd; close() sets _closing *before* looking at _inflight;
-        # the fd is taken out of _fdbox by exactly one pop, then closed.
-        self._fdbox = [_fd]
+        # the fd is taken out of _fd_while_open (the one-element list holding it
+        # until the close) by exactly one pop, then closed.
+        self._fd_while_open = [_fd]
         self._inflight: list[None] = []
         self._closing = False
         self.read_only = read_only
@@ -337,18 +338,23 @@ class Root:
 
     @property
     def closed(self) -> bool:
-        return self._closing or not self._fdbox
+        return self._closing or not self._fd_while_open
+
+    @property
+    def label(self) -> str:
+        """The sandbox path this Root was opened at, as errors show it (``""`` for a top-level Root)."""
+        return self._label
 
     @property
     def _fd(self) -> int:
-        box = self._fdbox
+        box = self._fd_while_open
         return box[0] if box else -1
 
     def _acquire(self) -> int:
         self._inflight.append(None)
         if not self._closing:
             try:
-                return self._fdbox[0]
+                return self._fd_while_open[0]
             except IndexError:
                 pass
         self._release()
@@ -361,7 +367,7 @@ class Root:
 
     def _final_close(self) -> None:
         try:
-            fd = self._fdbox.pop()
+            fd = self._fd_while_open.pop()
         except IndexError:
             return
         os.close(fd)
@@ -665,7 +671,7 @@ class Root:
                 inflight = self._inflight
                 inflight.append(None)
                 try:
-                    box = self._fdbox
+                    box = self._fd_while_open
                     if self._closing or not box:
                         raise WorkspaceClosedError("this Root is closed", sandbox_path=self._label or ".")
                     ret = _open_file(box[0], rel, flags, mode, self._resolve, self._fallback, allow_special)
@@ -1779,10 +1785,6 @@ class Root:
             if len(names) != len(dents) or any(n != e.name for n, e in zip(names, dents)):
                 by_name = {e.name: e for e in dents}  # the caller pruned or reordered dirnames
                 dents[:] = [by_name[n] for n in names if n in by_name]
-
-    def _walk_dirs(self, path: str | bytes = ".") -> Iterator[tuple[str, list[DirEntry], list[DirEntry]]]:
-        """Internal: :func:`sandbox_fs._root_walk.walk_dirs` of this root (kept for callers not yet moved to it)."""
-        return walk_dirs(self, path)
 
     # --------------------------------------------------------------- sub-roots
 

@@ -291,7 +291,7 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
         OSError: the root itself cannot be changed; entries that vanish
             meanwhile are skipped.
     """
-    from .. import _native  # noqa: PLC0415
+    from .._root_walk import open_on_same_mount, walk_dirs  # noqa: PLC0415
     from ..root import fd_chown  # noqa: PLC0415
 
     uid, gid = owner
@@ -312,9 +312,7 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
     def open_here(path: str) -> int | None:
         """O_PATH|O_NOFOLLOW beneath the root, never through a mount point (RESOLVE_NO_XDEV)."""
         try:
-            with root._use() as rootfd:
-                return root._open_fd(rootfd, root._rel(path), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0,
-                                     "chown", _native.RESOLVE_NO_XDEV)
+            return open_on_same_mount(root, path, os.O_PATH | os.O_NOFOLLOW, "chown")
         except OSError:
             return None  # removed, swapped or beyond a mount point
 
@@ -334,7 +332,7 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
         finally:
             os.close(fd)
 
-    for _dpath, dirs, nondirs in root._walk_dirs("."):
+    for _dpath, dirs, nondirs in walk_dirs(root, "."):
         keep = []
         for e in dirs:
             if e.stat.st_dev != dev or (e.stat.st_dev, e.stat.st_ino) in skip_identities:
