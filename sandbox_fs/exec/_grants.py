@@ -73,12 +73,12 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
                     continue
                 if ident == root.identity:
                     raise ConfinementError(f"a read-only grant is also {what}: give each directory one mode",
-                                           sandbox_path=root._label or None)
+                                           sandbox_path=root.label or None)
                 if not binds:
                     raise ConfinementError(
                         f"a read-only grant inside {what} cannot be enforced by Landlock (its rules only add "
                         "rights) and the read-only mount layer is off or unavailable; move the grant out, "
-                        "or make the outer tree read-only", sandbox_path=root._label or None)
+                        "or make the outer tree read-only", sandbox_path=root.label or None)
                 nested.append(root)
                 break
         finally:
@@ -92,7 +92,7 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
                 if _is_beneath(rfd, g.identity):
                     raise ConfinementError(
                         "a read-write grant inside a read-only grant that is itself inside a writable tree "
-                        "cannot be enforced", sandbox_path=r._label or None)
+                        "cannot be enforced", sandbox_path=r.label or None)
         finally:
             os.close(rfd)
     return nested

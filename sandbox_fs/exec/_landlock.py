@@ -93,7 +93,7 @@ def scope_mask(abi: int) -> int:
 
 def abi() -> int:
     """The running kernel's Landlock ABI version, 0 when Landlock is unavailable."""
-    v = _native.lib.sfs_landlock_abi()
+    v = _native.landlock_abi()
     return v if v > 0 else 0
 
 
@@ -376,7 +376,7 @@ class Ruleset:
         self.fs = fs_mask(abi_version)
         self.net = net_mask(abi_version) if handle_net else 0
         self.scoped = scope_mask(abi_version) & (scope_mask(abi_version) if scopes is None else scopes)
-        self.fd = _check(_native.lib.sfs_landlock_create(self.fs, self.net, self.scoped),
+        self.fd = _check(_native.landlock_create(self.fs, self.net, self.scoped),
                          "landlock_create_ruleset")
 
     def add_fd(self, fd: int, access: int) -> None:
@@ -389,14 +389,14 @@ class Ruleset:
             access &= ~FS_DIR_ONLY
         access &= self.fs
         if access:
-            _check(_native.lib.sfs_landlock_add_path(self.fd, fd, access), "landlock_add_rule")
+            _check(_native.landlock_add_path(self.fd, fd, access), "landlock_add_rule")
 
     def add_system_set(self) -> None:
         """Add the documented system set (cached fds; see :class:`_SystemFds`)."""
         for fd, access, _is_dir in system_fds():
             access &= self.fs
             if access:
-                _check(_native.lib.sfs_landlock_add_path(self.fd, fd, access), "landlock_add_rule")
+                _check(_native.landlock_add_path(self.fd, fd, access), "landlock_add_rule")
 
     def add_host_path(self, host_path: str, access: int) -> bool:
         """Open a fixed system path ``O_PATH`` and add it; False when it does not exist."""
@@ -419,7 +419,7 @@ class Ruleset:
         for port in ports:
             if not 0 <= int(port) <= 65535:
                 raise RulesetError(errno.EINVAL, f"TCP port out of range: {port}")
-            _check(_native.lib.sfs_landlock_add_port(self.fd, int(port), access), "landlock_add_rule")
+            _check(_native.landlock_add_port(self.fd, int(port), access), "landlock_add_rule")
 
     def close(self) -> None:
         if self.fd >= 0:
