@@ -59,7 +59,7 @@ _O_PATH = _native.O_PATH
 _O_NOFOLLOW = os.O_NOFOLLOW
 _O_NONBLOCK = os.O_NONBLOCK
 _EINTR = errno.EINTR
-_open_file = _native.open_file
+_open_file: Callable[..., int] = _native.open_file
 
 
 def _retry_eintr(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -494,13 +494,13 @@ class Root:
             text = f"{self._label}/{text}"
         return display_path(text or self._label or ".")
 
-    def _rel(self, path: str | bytes | os.PathLike) -> bytes:
+    def _rel(self, path: str | bytes | os.PathLike[Any]) -> bytes:
         """Validate a relative path and return it as bytes (fast path first)."""
         t = type(path)
         if t is str:
             b = path.encode("utf-8", "surrogateescape")  # type: ignore[union-attr]
         elif t is bytes:
-            b = path  # type: ignore[assignment]
+            b = path
         else:
             return self._rel_slow(path)
         if not b:
@@ -509,7 +509,7 @@ class Root:
             return self._rel_slow(b)
         return b
 
-    def _rel_slow(self, path: str | bytes | os.PathLike) -> bytes:
+    def _rel_slow(self, path: str | bytes | os.PathLike[Any]) -> bytes:
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
         if isinstance(path, str):
@@ -729,6 +729,7 @@ class Root:
         """
         assert self.owner is not None
         base = flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        fd: int
         for _ in range(100):
             if tmpfile or flags & os.O_EXCL:
                 fd, made = _retry_eintr(os.open, leaf, base, mode, dir_fd=pfd), True
@@ -831,7 +832,6 @@ class Root:
                 every method (see :class:`Root`).
         """
         m = set(mode)
-        binary = "b" in m
         plus = "+" in m
         if "r" in m:
             flags = os.O_RDWR if plus else os.O_RDONLY
@@ -1423,9 +1423,9 @@ class Root:
                     flags = _native.RENAME_NOREPLACE if no_replace else 0
                     ret = _native.renameat2_raw(spfd, sleaf, dpfd, dleaf, flags)
                     if ret == -errno.EXDEV:  # both parents are beneath: a mount boundary
-                        exc = OSError(errno.EXDEV, "Invalid cross-device link (rename)", self._show(srel))
-                        exc.operation = "rename"  # type: ignore[attr-defined]
-                        raise exc
+                        cross = OSError(errno.EXDEV, "Invalid cross-device link (rename)", self._show(srel))
+                        cross.operation = "rename"  # type: ignore[attr-defined]
+                        raise cross
                     _native.check(ret, "rename", self._show(srel))
                 finally:
                     os.close(dpfd)
@@ -2076,7 +2076,7 @@ _HOST_SYMLINK_REASON = ("the host path, or a directory on it, is a symlink (a sa
 _HOST_DIR_FLAGS = _DIR_FLAGS | os.O_CLOEXEC  # no O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a final symlink too
 
 
-def _host_components(host_dir: str | os.PathLike | bytes, shown: str) -> tuple[bool, int, list[bytes]]:
+def _host_components(host_dir: str | os.PathLike[Any] | bytes, shown: str) -> tuple[bool, int, list[bytes]]:
     """Split a host path lexically into ``(absolute, leading '..' count, components)``.
 
     ``.`` and empty components are dropped and ``..`` cancels the component
@@ -2134,7 +2134,7 @@ def _open_host_step(resolver: str, dirfd: int, rel: bytes, shown: str) -> int:
                                   context={"operation": "open_root"}) from None
 
 
-def open_host_dir_fd(host_dir: str | os.PathLike | bytes, *, create: bool = False, mode: int = 0o700,
+def open_host_dir_fd(host_dir: str | os.PathLike[Any] | bytes, *, create: bool = False, mode: int = 0o700,
                      follow_symlinks: bool = False, label: str = "") -> int:
     """Open a trusted host directory by the host-path rule; returns an ``O_PATH|O_DIRECTORY`` fd.
 
@@ -2202,7 +2202,7 @@ def open_host_dir_fd(host_dir: str | os.PathLike | bytes, *, create: bool = Fals
             os.close(cur)
 
 
-def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlinks: bool = False,
+def open_root(host_dir: str | os.PathLike[Any], *, read_only: bool = False, no_symlinks: bool = False,
               label: str = "", follow_symlinks: bool = False, create: bool = False, mode: int = 0o700,
               owner: tuple[int, int] | None = None) -> Root:
     """Open the trusted host directory ``host_dir`` as a :class:`Root`.  The explicit host-access constructor.
@@ -2242,7 +2242,7 @@ def open_root(host_dir: str | os.PathLike, *, read_only: bool = False, no_symlin
     return Root(fd, read_only=read_only, no_symlinks=no_symlinks, resolver=resolver, label=label, owner=owner)
 
 
-def _host_parent(path: str | os.PathLike | bytes, follow_symlinks: bool, label: str) -> tuple[int, bytes]:
+def _host_parent(path: str | os.PathLike[Any] | bytes, follow_symlinks: bool, label: str) -> tuple[int, bytes]:
     """``(O_PATH fd of the parent directory, leaf name)`` of a host *file* path, by the host-path rule."""
     shown = label or "."
     absolute, up, comps = _host_components(path, shown)
@@ -2252,7 +2252,7 @@ def _host_parent(path: str | os.PathLike | bytes, follow_symlinks: bool, label: 
     return open_host_dir_fd(parent or b".", follow_symlinks=follow_symlinks, label=label), comps[-1]
 
 
-def open_host_file_fd(path: str | os.PathLike | bytes, *, follow_symlinks: bool = False, label: str = "") -> int:
+def open_host_file_fd(path: str | os.PathLike[Any] | bytes, *, follow_symlinks: bool = False, label: str = "") -> int:
     """Open a trusted host *file* for reading by the host-path rule; returns an ``O_RDONLY`` fd.
 
     The parent directory is opened as :func:`open_host_dir_fd` does (no
@@ -2293,7 +2293,7 @@ def open_host_file_fd(path: str | os.PathLike | bytes, *, follow_symlinks: bool 
     return fd
 
 
-def write_host_file_atomic(path: str | os.PathLike | bytes, data: bytes, *, mode: int = 0o600,
+def write_host_file_atomic(path: str | os.PathLike[Any] | bytes, data: bytes, *, mode: int = 0o600,
                            follow_symlinks: bool = False, label: str = "") -> None:
     """Write an operator-output file (a state file, a report) atomically, never replacing a special file.
 
@@ -2350,7 +2350,7 @@ def write_host_file_atomic(path: str | os.PathLike | bytes, data: bytes, *, mode
         os.close(pfd)
 
 
-def check_host_output_target(path: str | os.PathLike | bytes, *, follow_symlinks: bool = False,
+def check_host_output_target(path: str | os.PathLike[Any] | bytes, *, follow_symlinks: bool = False,
                              label: str = "") -> None:
     """Refuse early what :func:`write_host_file_atomic` would refuse at ``path``; writes nothing.
 
