@@ -1621,7 +1621,10 @@ class Root:
         with self._use() as rootfd:
             pfd, leaf = self._open_parent(rootfd, rel, "utime", write=True, dir_op=True, inplace=True)
             try:
-                os.utime(leaf, ns=ns, dir_fd=pfd, follow_symlinks=False)
+                if ns is None:  # os.utime refuses ns=None: no times means now
+                    os.utime(leaf, dir_fd=pfd, follow_symlinks=False)
+                else:
+                    os.utime(leaf, ns=ns, dir_fd=pfd, follow_symlinks=False)
             except OSError as exc:
                 self._oserror(exc, "utime", rel)
             finally:

@@ -7,6 +7,7 @@ import io
 import os
 import stat
 import threading
+import time
 
 import pytest
 
@@ -243,6 +244,14 @@ def test_chmod_and_utime(root):
     root.utime("l", ns=(10**9, 3 * 10**9))  # the link itself
     assert root.lstat("l").st_mtime_ns == 3 * 10**9
     assert root.stat("f").st_mtime_ns == 2 * 10**9
+
+
+def test_utime_without_ns_sets_now(root):
+    root.write_bytes("f", b"x")
+    root.utime("f", ns=(10**9, 2 * 10**9))
+    before = time.time_ns()
+    root.utime("f")  # ns=None: now (os.utime refuses ns=None, so Root passes none)
+    assert root.stat("f").st_mtime_ns >= before - 10**9
 
 
 def test_scandir_listdir_walk(root):
