@@ -46,7 +46,6 @@ non-directory where a directory belongs (or the reverse) is removed first.
 from __future__ import annotations
 
 import collections
-import errno
 import hashlib
 import os
 import stat as _stat

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import resource
 import subprocess
 import sys
 import tarfile

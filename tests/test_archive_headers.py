@@ -12,7 +12,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_archive_builders import tar_bytes, ti
 

@@ -8,7 +8,6 @@ behaviour) succeeds, so the tests fail on the code before the change.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import pwd
@@ -21,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-import trio
 
 import sandbox_fs
 from sandbox_fs import open_root

@@ -9,7 +9,6 @@ namespace that must be gone after every exit path.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import gc
 import os

@@ -10,7 +10,6 @@ import os
 import threading
 import time
 
-import pytest
 
 from sandbox_fs import SandboxError, open_root
 

@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandbox_fs import open_root
-from sandbox_fs.root import Root
 from sandbox_fs.snapshot import (
     LocalSnapshotStore,
     NoSnapshot,
@@ -1067,7 +1066,7 @@ def test_property_hard_link_groups(groups, tmp_path_factory):
             os.link(first, out / f"g{g}")
     s = LocalSnapshotStore(base / "store")
     with s, open_root(ws) as w, open_root(dst) as d:
-        rep = persist(w, s, "p", on_unrestorable="skip")
+        persist(w, s, "p", on_unrestorable="skip")
         hydrate(d, s, "p")
     data = _archive_bytes(base / "store")
     assert b"-OUT-" not in data
