@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run every test: the pytest suite with both
-# resolvers, then the shared attack cases through the CLI when ../shared/cases
+# Set up (scripts/setup.sh) and run every test: ruff and mypy, the pytest suite
+# with both resolvers, then the shared attack cases through the CLI when ../shared/cases
 # is present.  Exit status is non-zero if anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${VENV:-$PWD/.venv}
 export PATH="$VENV/bin:$PATH"
+
+# Lint and type check (ruff and mypy, configured in pyproject.toml): a few seconds.
+"$VENV/bin/ruff" check --quiet .
+"$VENV/bin/mypy"
 
 BASETEMP=$(mktemp -d /tmp/sfs-pytest-XXXXXX)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$BASETEMP" tests
