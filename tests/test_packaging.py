@@ -1,5 +1,6 @@
 """``python -m build`` makes an sdist and a wheel that holds the native module, the exec
-helper and the typing markers; the wheel installs into a fresh venv and its command runs.
+helper and the typing markers; the wheel installs into a fresh venv, where
+``sandbox-fs features`` runs and the exec helper is found.
 
 Slow (about 25-40 s: an isolated build, then an install that takes the dependencies from
 pip's cache or the package index).
@@ -8,6 +9,7 @@ pip's cache or the package index).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import stat
@@ -16,6 +18,8 @@ import sys
 import zipfile
 
 import pytest
+
+import sandbox_fs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -49,8 +53,8 @@ def test_wheel_holds_the_native_parts_and_installs_into_a_fresh_venv(tmp_path):
         members = {i.filename: i for i in whl.infolist()}
         entry_points = whl.read(next(n for n in members if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert any(n.startswith("sandbox_fs/_sfs_native") and n.endswith(".so") for n in members)
-    helper = members["sandbox_fs/sfs-exec"]
-    assert stat.S_IMODE(helper.external_attr >> 16) == 0o755
+    exec_helper = members["sandbox_fs/sfs-exec"]
+    assert stat.S_IMODE(exec_helper.external_attr >> 16) == 0o755
     assert "sandbox_fs/py.typed" in members and "sandbox_fs/_sfs_native.pyi" in members
     assert "sandbox-fs = sandbox_fs.cli:main" in entry_points
 
@@ -64,12 +68,14 @@ def test_wheel_holds_the_native_parts_and_installs_into_a_fresh_venv(tmp_path):
     _check(where, "import sandbox_fs")
     assert pathlib.Path(where.stdout.strip()).is_relative_to(venv), "the installed wheel was not the one imported"
     cli = str(venv / "bin" / "sandbox-fs")
-    usage = _run([cli, "--help"], cwd=tmp_path, timeout=60)
-    _check(usage, "sandbox-fs --help")
-    if "features" in usage.stdout:
-        feats = _run([cli, "features"], cwd=tmp_path, timeout=60)
-        _check(feats, "sandbox-fs features")
-        assert "landlock" in feats.stdout.lower()
-    else:  # until the features subcommand lands: the installed command and its native module run
-        _check(_run([str(py), "-c", "import sandbox_fs; print(sandbox_fs.features())"], cwd=tmp_path, timeout=60),
-               "sandbox_fs.features()")
+    feats = _run([cli, "features", "--json"], cwd=tmp_path, timeout=60)
+    _check(feats, "sandbox-fs features --json")
+    report = json.loads(feats.stdout)
+    assert report["version"] == sandbox_fs.__version__
+    assert report["native_abi"] == sandbox_fs._native.EXPECTED_ABI
+    assert report["landlock_abi"] == sandbox_fs.features()["landlock_abi"]
+    helper = _run([str(py), "-c", "from sandbox_fs.exec import helper_path; print(helper_path())"], cwd=tmp_path,
+                  timeout=60)
+    _check(helper, "sandbox_fs.exec.helper_path()")
+    found = pathlib.Path(helper.stdout.strip())
+    assert found.is_relative_to(venv) and os.access(found, os.X_OK), "the installed exec helper is not the wheel's"
