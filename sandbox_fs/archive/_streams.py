@@ -284,6 +284,12 @@ class StreamCounter:
     While tarfile parses a header (``header_depth > 0``) the bytes it reads
     are bounded too: a PAX sparse map or an old-GNU sparse extension chain
     can never pull more than ``max_header_bytes`` (plus slack) into memory.
+
+    An uncompressed tar in a regular file (``splice_fd``) is read at
+    explicit offsets (``pread``, ``sendfile`` with an offset) once the
+    sniffed prefix is consumed: stepping over member data then needs no
+    ``lseek``.  The source's file offset is put back where reads would have
+    left it by :meth:`restore_source_offset`.
     """
 
     def __init__(self, stream: Any, meter: Meter, splice_fd: int = -1) -> None:
@@ -293,7 +299,7 @@ class StreamCounter:
         self.header_depth = 0
         self.header_start = 0
         self._splice_fd = splice_fd  # a regular, unbuffered, uncompressed source: member data may be sendfile'd
-        self._file_base: int | None = None  # source file offset of stream position 0 (see has_data)
+        self._file_base: int | None = None  # source file offset of stream position 0, once reads are direct
         self._source_size = -1  # the source file's size when last asked (fstat)
         self._pushback = b""  # bytes already read (and counted) by peek(), returned again by the next read
 
@@ -301,6 +307,27 @@ class StreamCounter:
     def splice_fd(self) -> int:
         """The source's fd when member data may be copied kernel-side from it, else -1."""
         return self._splice_fd
+
+    def _source_base(self) -> int | None:
+        """The source file offset of stream position 0 when reads go straight to the source fd, else None.
+
+        Fixed the first time it is asked with the sniffed prefix consumed and
+        nothing pushed back: the source's file offset is then the stream
+        position plus that base, and every later read is at an explicit offset.
+        """
+        base = self._file_base
+        if base is None and self._splice_fd >= 0 and not self._pushback and \
+                not getattr(self._stream, "_prefix", b""):
+            base = self._file_base = os.lseek(self._splice_fd, 0, os.SEEK_CUR) - self.position
+        return base
+
+    def restore_source_offset(self) -> None:
+        """Put the source's file offset where forward reads would have left it (after direct reads)."""
+        if self._file_base is not None:
+            try:
+                os.lseek(self._splice_fd, self._file_base + self.position + len(self._pushback), os.SEEK_SET)
+            except OSError:
+                pass
 
     def has_data(self, offset_data: int, size: int) -> bool:
         """True when the source file holds a member's ``size`` data bytes at ``offset_data`` and their padding.
@@ -321,8 +348,7 @@ class StreamCounter:
         if size < 0:
             raise ValueError("StreamCounter.has_data: negative size")
         base = self._file_base
-        if base is None:  # at offset_data with no pushback: the file offset is position + base, for good
-            base = self._file_base = os.lseek(self._splice_fd, 0, os.SEEK_CUR) - self.position
+        assert base is not None  # can_splice() was true
         end = base + offset_data + ((size + 511) & ~511)
         if end <= self._source_size:
             return True
@@ -336,8 +362,8 @@ class StreamCounter:
         :meth:`has_data` said the bytes exist.  The bytes are counted (input
         and stream bytes, limits checked) as reads of them would be, and
         ``size`` as written bytes (:meth:`Meter.add_skipped`), then the
-        source's file offset moves past them with one ``lseek``: the caller
-        copies them later at an explicit offset.
+        stream position moves past them: the caller copies them later at an
+        explicit offset.
 
         Returns:
             ``(source offset of the data, source offset of the padding's last
@@ -353,13 +379,14 @@ class StreamCounter:
             raise ValueError("StreamCounter.skip_data: negative size")
         blk = (size + 511) & ~511  # tarfile's TarInfo._block
         self._meter.add_skipped(blk, size)
-        end = os.lseek(self._splice_fd, blk, os.SEEK_CUR)
         self.position = offset_data + blk
-        return end - blk, (end - 1 if blk > size else -1)
+        assert self._file_base is not None  # can_splice() was true
+        start = self._file_base + offset_data
+        return start, (start + blk - 1 if blk > size else -1)
 
     def can_splice(self) -> bool:
         """True when the next bytes can be copied kernel-side from the source fd."""
-        return self._splice_fd >= 0 and not self._pushback and not getattr(self._stream, "_prefix", b"")
+        return not self._pushback and (self._file_base is not None or self._source_base() is not None)
 
     def splice(self, dst_fd: int, n: int) -> int:
         """Copy the next ``n`` (or fewer) stream bytes to ``dst_fd`` with ``sendfile``; counted like reads.
@@ -367,8 +394,10 @@ class StreamCounter:
         Raises:
             ArchiveFormatError: the source ended early.
         """
+        base = self._source_base()
+        assert base is not None  # can_splice() was true
         try:
-            got = os.sendfile(dst_fd, self._splice_fd, None, n)
+            got = os.sendfile(dst_fd, self._splice_fd, base + self.position, n)
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 data = self.read(n)  # fall back to a copy through memory (already counted)
@@ -435,17 +464,23 @@ class StreamCounter:
                 data += more
             return data
         try:
-            data = self._stream.read(n)
-            if data and len(data) < n:  # pipes and the sniffed prefix give short reads: tarfile wants full ones
-                parts = [data]
-                got = len(data)
-                while got < n:
-                    more = self._stream.read(n - got)
-                    if not more:
-                        break
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
+            base = self._file_base if self._file_base is not None else self._source_base()
+            if base is not None:  # the source file itself, at an explicit offset (counted as InputCounter would)
+                data = os.pread(self._splice_fd, n, base + self.position)
+                if data and len(data) < n:  # tarfile wants full reads; a regular file reads short at its end
+                    parts = [data]
+                    got = len(data)
+                    while got < n:
+                        more = os.pread(self._splice_fd, n - got, base + self.position + got)
+                        if not more:
+                            break
+                        parts.append(more)
+                        got += len(more)
+                    data = b"".join(parts)
+                if data:
+                    self._meter.add_input(len(data))
+            else:
+                data = self._read_stream(n)
         except (OSError, *PARSE_ERRORS) as exc:
             raise ArchiveFormatError(f"corrupt compressed data: {type(exc).__name__}", member=self._meter.member,
                                      diagnostic=str(exc)) from None
@@ -456,6 +491,21 @@ class StreamCounter:
                 raise ArchiveLimitError("max_header_bytes", self._meter.limits.max_header_bytes,
                                         self.position - self.header_start, self._meter.member,
                                         reason="tar header data (PAX, GNU long name or sparse map) is too large")
+        return data
+
+    def _read_stream(self, n: int) -> bytes:
+        """Read ``n`` bytes (fewer only at the end) from the decompressor or the source's reader."""
+        data = self._stream.read(n)
+        if data and len(data) < n:  # pipes and the sniffed prefix give short reads: tarfile wants full ones
+            parts = [data]
+            got = len(data)
+            while got < n:
+                more = self._stream.read(n - got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
         return data
 
     def close(self) -> None:

@@ -222,6 +222,15 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
     batch = splice_fd >= 0 and ex.can_batch()  # new plain files go to Extractor.add_new_file_from
     info_cls = _guarded_tarinfo(limits, counter, meter)
     try:
+        _read_members(counter, info_cls, ex, meter, check_cancel, batch)
+    finally:
+        counter.restore_source_offset()
+
+
+def _read_members(counter: StreamCounter, info_cls: type[tarfile.TarInfo], ex: Extractor, meter: Meter,
+                  check_cancel: Callable[[], None] | None, batch: bool) -> None:
+    """Open tarfile over ``counter`` and apply every member, one header at a time."""
+    try:
         tf = tarfile.open(fileobj=counter, mode="r:", tarinfo=info_cls)
     except (tarfile.TarError, OSError, *PARSE_ERRORS) as exc:
         raise _format_error(exc, meter) from None
