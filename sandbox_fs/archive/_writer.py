@@ -134,7 +134,8 @@ class _Batch:
     ``pre`` (the staging directory's name and a slash) then the member path, resolved beneath
     ``stage_fd`` (the directory the staging directory was made in)."""
 
-    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "owner", "result")
+    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "owner", "result",
+                 "after", "withdrawn")
 
     def __init__(self, stage_fd: int, resolver: str, pre: bytes, owner: tuple[int, int] | None) -> None:
         self.nums = array("q")
@@ -146,7 +147,21 @@ class _Batch:
         self.resolver = resolver
         self.pre = pre
         self.owner = owner  # the Root's owner, given to each new file through its fd (None: as made)
+        #: (done, errno, stage) once run, or the exception it raised; None: never run
         self.result: tuple[int, int, int] | BaseException | None = None
+        #: the batch handed to the helper thread just before this one: this one runs only if all of it was made
+        self.after: _Batch | None = None
+        #: set by the calling thread when it stops batching: a batch not started by then never runs
+        self.withdrawn = False
+
+    def made_all(self) -> bool:
+        """True when the helper thread made every file of this batch."""
+        res = self.result
+        return isinstance(res, tuple) and res[0] >= self.n
+
+    def runnable(self) -> bool:
+        """True when the helper thread may start this batch: not withdrawn, and the one before it all made."""
+        return not self.withdrawn and (self.after is None or self.after.made_all())
 
     def run(self, src_fd: int) -> None:
         try:
@@ -157,7 +172,15 @@ class _Batch:
 
 
 class _CopyWorker:
-    """The one helper thread of an extraction: runs queued batches, one at a time, in order."""
+    """The one helper thread of an extraction: runs the batches handed to it, one at a time, in order.
+
+    A batch is handed over before the calling thread waits for the one
+    before it, so the thread goes from one batch to the next while the
+    calling thread is blocked (it needs the GIL only then), and makes a
+    batch only when every file of the one before it was made
+    (:meth:`_Batch.runnable`); a batch it does not make comes back with no
+    result.
+    """
 
     def __init__(self, src_fd: int) -> None:
         self._src_fd = src_fd
@@ -172,7 +195,8 @@ class _CopyWorker:
             b = jobs.get()
             if b is None:
                 return
-            b.run(fd)
+            if b.runnable():
+                b.run(fd)
             done.put(b)
 
     def put(self, b: _Batch) -> None:
@@ -341,12 +365,13 @@ class Extractor:
             self._stage_resolver = self.work.resolver
         # batched new files (see the module docstring)
         self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
-        self._inflight: _Batch | None = None
+        self._inflight: list[_Batch] = []  # handed to the helper thread and not yet taken back, oldest first
         self._worker: _CopyWorker | None = None
         self._src_fd = -1
         self._threaded = limits.max_cpu_seconds is None
         self._batch_failed = False  # a batch error was raised: later queued files are never made
         self._fmode_cache: dict[int, tuple[int, int]] = {}
+        self._last_parent = b""  # the last member parent found to be a directory of this run (see _parents)
         self._exact = exact_modes or None
 
     # ----------------------------------------------------------------- setup
@@ -431,8 +456,17 @@ class Extractor:
                                            "a symlink on the path was refused (writes never follow symlinks)") from None
 
     def _parents(self, path: bytes, member: str | bytes) -> None:
+        """Make the missing parents of ``path``; refuse a parent that is a file or a symlink member.
+
+        A path recorded as a directory stays one for the whole extraction
+        (no member replaces a directory), so the last parent found to be one
+        is remembered and a run of members in one directory costs one compare.
+        """
         parent = path.rpartition(b"/")[0]
-        if not parent or self._kinds.get(_key(parent)) == _DIR:
+        if not parent or parent == self._last_parent:
+            return
+        if self._kinds.get(_key(parent)) == _DIR:
+            self._last_parent = parent
             return
         comps = parent.split(b"/")
         for i in range(1, len(comps) + 1):
@@ -452,6 +486,7 @@ class Extractor:
                 raise UnsafeArchiveMemberError("conflict", member,
                                                "a parent of this member exists and is not a directory") from None
             self._kinds[kpre] = _DIR
+        self._last_parent = parent
 
     # ----------------------------------------------------------------- members
 
@@ -535,7 +570,7 @@ class Extractor:
                                     reason=f"declared size {declared_size} > max_member_bytes {lim}")
         key = _key(path)
         kind = self._kinds.get(key)
-        if kind is not None and (self._batch.n or self._inflight is not None):
+        if kind is not None and (self._batch.n or self._inflight):
             self.flush()  # a queued file may hold this name; a new name depends on no queued file
         if kind == _DIR:
             raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory")
@@ -707,6 +742,11 @@ class Extractor:
                     return _ident(st)
                 raise
             owner = self._fs_owner
+            if owner is None and mode & ~self._umask == mode:
+                # nothing to set through an fd: the identity of the directory at the name, as made
+                st = os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
+                if _stat.S_ISDIR(st.st_mode):
+                    return _ident(st)
             made = _ident(os.stat(leaf, dir_fd=dfd, follow_symlinks=False)) if owner is not None else None
             fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             try:
@@ -818,8 +858,11 @@ class Extractor:
         return True
 
     def _submit(self) -> None:
-        """Hand the queued batch to the helper thread (after the one in flight completes)."""
-        self._wait()
+        """Hand the queued batch to the helper thread, then wait for the one before it.
+
+        At most one batch is made at a time: the helper thread starts this one
+        once the one before it is done, and only if all of its files were made.
+        """
         if self._threaded and self._worker is None:
             try:
                 self._worker = _CopyWorker(self._src_fd)
@@ -827,27 +870,40 @@ class Extractor:
                 self._threaded = False
         b, self._batch = self._batch, _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
         if not self._threaded:
-            self._inflight = b
             b.run(self._src_fd)
-            self._inflight = None
             self._complete(b)
             return
         assert self._worker is not None
-        self._inflight = b
+        b.after = self._inflight[-1] if self._inflight else None
+        self._inflight.append(b)
         self._worker.put(b)
+        while len(self._inflight) > 1:
+            prev = self._take_back()
+            self._complete(prev)  # raises its error; b is then never made
+            if not prev.made_all():
+                # a name of prev existed and was replaced in this thread: the helper thread
+                # skips b (it comes back unmade); hand it over again, now after nothing
+                self._take_back()
+                b.after = None
+                self._inflight.append(b)
+                self._worker.put(b)
+
+    def _take_back(self) -> _Batch:
+        """Wait for the oldest batch handed to the helper thread (they come back in order, made or not)."""
+        assert self._worker is not None
+        b = self._worker.wait()
+        assert b is self._inflight[0]
+        del self._inflight[0]
+        b.after = None  # decided: keep no chain of earlier batches
+        return b
 
     def _wait(self) -> None:
-        """Wait for the batch in flight; raise its error (see :meth:`_complete`)."""
-        b = self._inflight
-        if b is None:
-            return
-        assert self._worker is not None
-        self._worker.wait()  # one batch in flight: this is b
-        self._inflight = None
-        self._complete(b)
+        """Wait for every batch handed to the helper thread; raise the first error (see :meth:`_complete`)."""
+        while self._inflight:
+            self._complete(self._take_back())
 
     def _complete(self, b: _Batch) -> None:
-        """Check a finished batch."""
+        """Check a finished batch (one never run holds nothing to check)."""
         try:
             self._check_result(b)
         except BaseException:
@@ -856,6 +912,8 @@ class Extractor:
 
     def _check_result(self, b: _Batch) -> None:
         res = b.result
+        if res is None:
+            return  # never run (withdrawn): nothing was made
         while True:
             if isinstance(res, BaseException):
                 raise res
@@ -947,18 +1005,17 @@ class Extractor:
         try:
             if run_queued and not self._batch_failed:
                 self.flush()
-            elif self._inflight is not None and self._worker is not None:
-                b = self._inflight
-                self._worker.wait()
-                self._inflight = None
-                self._complete(b)
+            else:
+                for b in self._inflight:
+                    b.withdrawn = True  # the batch being made completes; none starts after it
+                self._wait()
         except BaseException as exc:  # reported to the caller, raised there
             err = exc
         finally:
-            if self._inflight is not None:  # the wait itself was interrupted: the thread still owns it
-                assert self._worker is not None
-                self._worker.wait()
-                self._inflight = None
+            for b in self._inflight:
+                b.withdrawn = True
+            while self._inflight:  # a wait was interrupted or an error raised: the thread still owns them
+                self._take_back()
             self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
         return err
 
@@ -1003,7 +1060,7 @@ class Extractor:
         if self.policy.hardlinks != "create":
             self._skip_or_refuse(self.policy.hardlinks, "hardlink_refused", name, "hard link members are not allowed")
             return
-        if self._batch.n or self._inflight is not None:
+        if self._batch.n or self._inflight:
             self.flush()  # the target may be a queued file
         path = self.name(name)
         if not path:
