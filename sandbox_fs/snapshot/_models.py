@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import stat as _stat
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,8 +37,8 @@ __all__ = [
     "validate_name",
 ]
 
-SNAPSHOT_FORMAT = "sandbox-fs-snapshot"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_FORMAT: Final = "sandbox-fs-snapshot"
+SNAPSHOT_VERSION: Final = 1
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
@@ -113,7 +113,7 @@ class SnapshotInfo(BaseModel):
     entries: int = Field(ge=0)
     content_bytes: int = Field(ge=0)
     created_ns: int = 0
-    generation: int = Field(0, ge=0)
+    generation: int = Field(default=0, ge=0)
 
 
 class SnapshotPolicy:

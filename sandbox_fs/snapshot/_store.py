@@ -222,7 +222,7 @@ class _HashingSink(io.RawIOBase):
     def tell(self) -> int:
         return self.count
 
-    def write(self, b: Any) -> int:  # type: ignore[override]
+    def write(self, b: Any) -> int:
         view = memoryview(b).cast("B")
         total = len(view)
         off = 0
@@ -443,7 +443,7 @@ class LocalSnapshotStore:
 
     enabled = True
 
-    def __init__(self, directory: str | os.PathLike, *, create: bool = True) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, create: bool = True) -> None:
         # made when missing (0700) and opened by the host-path rule: no symlink on any component
         self.root = open_root(os.fspath(directory), label="snapshot-store", create=create)
 

@@ -38,7 +38,7 @@ _WRITE_BUF_BYTES = (1 << 20) - _BLOCK_BYTES
 _USTAR_MAX_NUMBER = 8 ** 11  # size and mtime fields: 11 octal digits
 
 
-def _ustar_fits(name: str, link: str, size: int, mtime: int) -> bool:
+def _ustar_fits(name: str, link: str, size: int, mtime: float) -> bool:
     """True when a member needs no PAX header (the condition of :func:`_header`'s fast path)."""
     return len(name) <= 100 and len(link) <= 100 and name.isascii() and link.isascii() \
         and 0 <= size < _USTAR_MAX_NUMBER and 0 <= mtime < _USTAR_MAX_NUMBER
@@ -81,7 +81,7 @@ class _WriterThread:
     def __init__(self, sink: "_HashingSink", spare: memoryview) -> None:
         self._sink = sink
         self._filled: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
         self._free.put(spare)
         self._error: BaseException | None = None
         self._stopped = False
@@ -216,10 +216,13 @@ class _TarStream:
         self.view[self.pos:self.pos + n] = data
         self.pos += n
 
-    def add(self, ti: tarfile.TarInfo, hdr: bytes | None = None) -> None:
+    def add(self, ti: tarfile.TarInfo | None, hdr: bytes | None = None) -> None:
         """Append a member header without data (directory, symlink, hard link); ``hdr``: its bytes, if built."""
         if self._writer is not None:
-            self._put(hdr if hdr is not None else _header(ti))
+            if hdr is None:
+                assert ti is not None, "a member needs its TarInfo or its header bytes"
+                hdr = _header(ti)
+            self._put(hdr)
 
     def add_file(self, ti: tarfile.TarInfo, fd: int, path: str, hdr: bytes | None = None) -> str:
         """Append a regular file's header and exactly ``ti.size`` bytes read from ``fd``, then padding.
