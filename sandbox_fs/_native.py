@@ -55,7 +55,7 @@ STAGE_SRC_OPEN = lib.SFS_STAGE_SRC_OPEN
 STAGE_SRC_CHANGED = lib.SFS_STAGE_SRC_CHANGED
 STAGE_TMP_CREATE = lib.SFS_STAGE_TMP_CREATE
 # The raw per-file copy functions (return 0 / XFER_MORE / -errno; no mapping):
-# see native/sfs.c and Root.copy_files_from, their one caller.
+# see native/ and sandbox_fs._root_copy, their one caller.
 xfer_file = lib.sfs_xfer_file
 xfer_finish = lib.sfs_xfer_finish
 xfer_abort = lib.sfs_xfer_abort
@@ -74,7 +74,7 @@ XF_STAGE_META = lib.SFS_XF_STAGE_META
 #: ``open_file(dirfd, rel, flags, mode, resolve, fallback, allow_special)``:
 #: open beneath ``dirfd`` (the resolver picked by ``fallback``, 0 or 1), then
 #: refuse a FIFO, socket or device with -ENXIO unless ``allow_special``;
-#: returns the new fd or -errno (see native/sfs.c).
+#: returns the new fd or -errno (see ``sfs_open_file`` in native/).
 open_file = lib.sfs_open_file
 
 

@@ -1,17 +1,21 @@
 """``Root``: the capability object, the one door to a directory tree.
 
 A :class:`Root` holds one ``O_PATH|O_DIRECTORY`` file descriptor.  Every
-method takes a *relative* POSIX path and resolves it beneath that fd in the
-kernel with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` (or the
-fallback walker that gives the same answers).  Operations on a *name*
-(mkdir, remove, rename, symlink, link, chmod, utime) open the *parent*
-beneath the root and act on the last component without following it.
+method resolves its *relative* POSIX path beneath that fd in the kernel
+(``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)``, or the fallback
+walker that gives the same answers); operations on a *name* act on the last
+component through an fd of its parent, without following it.  So ``..``,
+absolute paths, symlinks pointing out, magic links and directories swapped
+for symlinks between two calls cannot reach outside: an escape raises
+:class:`PathEscapeError` (EXDEV), a refused symlink
+:class:`SymlinkRefusedError` (ELOOP); escapes are never silently clamped.
 
-So ``..``, absolute paths, symlinks pointing out, ``/proc/self/root``-style
-magic links and directories swapped for symlinks between two calls (TOCTOU)
-cannot reach outside: an escape raises :class:`PathEscapeError` (EXDEV),
-a refused symlink raises :class:`SymlinkRefusedError` (ELOOP).  Escapes are
-errors, never silently clamped.
+This module is the public face (:class:`Root`, :class:`Subtree`, the
+host-path functions).  The engines sit beside it: ``_root_copy`` (the
+batched :meth:`Root.copy_files_from`), ``_root_remove`` (``rmdir`` checks,
+``rmtree``, ``clear``) and ``_root_walk`` (the fd walk, the internal
+contract for the package's bulk callers).  ``Root``'s ``_``-prefixed members
+are internal to these modules (``tests/test_layering.py`` checks it).
 
 Rule for the whole codebase: nothing outside this module and ``_native.py``
 passes a workspace or host-source path string to ``os``, ``shutil``,
@@ -2149,7 +2153,7 @@ def open_host_dir_fd(host_dir: str | os.PathLike[Any] | bytes, *, create: bool =
     ``openat2(RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)``, or the fallback
     walker with the same flags: no component, the last included, may be a
     symlink, so a link a confined command planted in a directory it can write
-    cannot redirect the path (issue 11, E).
+    cannot redirect the path.
 
     Args:
         host_dir: absolute or relative host path (``str``, ``bytes`` or path-like).
