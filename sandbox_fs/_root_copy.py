@@ -59,8 +59,8 @@ class _Batch:
         buf = (buffer if buffer is not None else bytearray(buffer_bytes)) if digest else None
         self.cbuf = _native.buffer_of(buf) if buf is not None else _native.NULL
         self.view = memoryview(buf) if buf is not None else None
-        self.xfers = _native.new_xfers(GROUP_MAX)
-        self.ret_box = _native.new_int()
+        self.xfers: Any = _native.new_xfers(GROUP_MAX)  # struct sfs_xfer[GROUP_MAX]
+        self.ret_box: Any = _native.new_int()  # int *: the failed file's return
         self.base_flags = _native.XFER_FSYNC if fsync else 0
         self.tmp_prefix = b".sfs-tmp-" + _secrets.token_hex(6).encode() + b"-"
         self.tmp_counter = 0
@@ -236,7 +236,7 @@ def _checked_names(dst: Root, src: Root, srel: str | bytes, drel: str | bytes) -
     return os.fsdecode(srel), os.fsdecode(drel)
 
 
-def _finish_large(dst: Root, x: Any, view: memoryview, off: int, ddfd: int, tmp: bytes, leaf: bytes, bound: int,
+def _finish_large(dst: Root, x: Any, view: memoryview | None, off: int, ddfd: int, tmp: bytes, leaf: bytes, bound: int,
                   rel: str) -> CopyResult:
     """Finish a file whose first ``x.size`` bytes (at ``view[off:]``) are written, its fds open in ``x``.
 
@@ -247,6 +247,7 @@ def _finish_large(dst: Root, x: Any, view: memoryview, off: int, ddfd: int, tmp:
         OSError(EFBIG): the source holds more than ``bound`` bytes (the temporary name is removed).
         OSError: a read, write or the rename failed.
     """
+    assert view is not None  # XFER_MORE: only a file packed in the digest buffer is left unfinished
     try:
         h = _hashlib_sha256(view[off:off + x.size])
         total = x.size

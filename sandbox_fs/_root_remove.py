@@ -273,8 +273,8 @@ def _remove_entry(root: Root, frame: _Frame, cname: bytes, rel: bytes, stack: li
             os.close(cfd)
             frame.kept = True
             return
-    cst = os.fstat(cfd) if root._deny else None
-    child = _Frame(cfd, iter(()), cname, (cst.st_dev, cst.st_ino) if cst else None, orig)
+    entered = os.fstat(cfd) if root._deny else None
+    child = _Frame(cfd, iter(()), cname, (entered.st_dev, entered.st_ino) if entered else None, orig)
     stack.append(child)
     changed = _check_entered(root, cfd, rel, writable)
     if orig is None:
