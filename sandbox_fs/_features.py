@@ -73,7 +73,10 @@ def can_unshare(flags: int) -> bool:
         unshare = ctypes.CDLL(None, use_errno=True).unshare
     except (OSError, AttributeError):
         return False
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        return False
     if pid == 0:  # pragma: no cover - the child only reports and exits
         os._exit(0 if unshare(ctypes.c_int(flags)) == 0 else 1)
     _pid, status = os.waitpid(pid, 0)

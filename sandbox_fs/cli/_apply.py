@@ -136,6 +136,7 @@ async def _run(args: argparse.Namespace, ws_dir: str, manifest: Any, opts: Mater
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Run ``sandbox-fs apply``: 0 when applied (a refusal raises, see ``_errors``)."""
     try:
         # the manifest file the operator named, by the host-path rule (a regular file, no symlink)
         raw = read_input(args, args.manifest, "manifest", MAX_MANIFEST_BYTES, label="MANIFEST",

@@ -16,6 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Run the demo: 0 when every escape was refused, else 1."""
     from .. import features
 
     print(f"kernel features: {features()}")

@@ -100,6 +100,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Run ``sandbox-fs extract``: 0 when extracted (a refusal raises, see ``_errors``)."""
     overrides = {f: getattr(args, f) for f in _LIMIT_FLAGS if getattr(args, f) is not None}
     try:
         limits = ArchiveLimits(**overrides)

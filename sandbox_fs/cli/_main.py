@@ -58,6 +58,18 @@ def _raise_nofile() -> None:
         pass
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_text` on stdout and exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kw: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the package version and the native ABI, and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kw: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with usage errors on one stderr line (exit 2), like every other refusal."""
 
@@ -82,8 +94,7 @@ def build_parser(full: Collection[str] | None = None) -> argparse.ArgumentParser
         the parser; the subcommand's name parses into ``args.command``.
     """
     parser = _Parser(prog="sandbox-fs", description="A security-hardened filesystem sandbox.")
-    parser.add_argument("--version", action="version", version=version_text(),
-                        help="print the package version and the native ABI, and exit")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)

@@ -37,11 +37,13 @@ name is the lone surrogate ``\\udcNN`` (Python's surrogateescape, PEP 383);
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
+
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = ["escape_text", "one_line", "json_text", "error_line", "report_lines", "print_report",
            "progress_printer", "write_command_output"]

@@ -28,5 +28,6 @@ def schema(what: str = "manifest") -> dict[str, Any]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Print the JSON Schema asked for; 0."""
     print(json_text(schema(args.what), indent=args.indent or None))
     return 0

@@ -73,7 +73,7 @@ async def _close_with_progress(session: Any) -> None:
             print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
 
 
-def _summary(client: Any, session: Any, action: str) -> dict[str, Any]:
+def _summary(session: Any, action: str) -> dict[str, Any]:
     rep = session.last_persist
     return {
         "action": action,
@@ -98,7 +98,7 @@ def _create(args: argparse.Namespace) -> int:
             await session.start()
             await _close_with_progress(session)
             _hostpath.write_json(args, args.state, client.serialize_state(session))
-            return _summary(client, session, "create")
+            return _summary(session, "create")
 
     print_report(args, trio.run(main))
     return 0
@@ -116,7 +116,7 @@ def _resume(args: argparse.Namespace) -> int:
             await session.start()
             await _close_with_progress(session)
             _hostpath.write_json(args, args.state_out or args.state, client.serialize_state(session))
-            return _summary(client, session, "resume")
+            return _summary(session, "resume")
 
     print_report(args, trio.run(main))
     return 0
