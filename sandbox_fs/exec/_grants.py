@@ -45,11 +45,10 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
     """One nesting rule against every writable tree (the workspace and each read-write grant).
 
     Landlock rules only add rights, so a read-only grant at or beneath a
-    tree the child may write would be writable through that tree's rule
-    (issue 11, F).  Where the read-only mount layer applies (``binds``), each
-    such grant is covered by a read-only bind of itself in the child's mount
-    namespace (the helper's ``--ro-tree``) and returned; otherwise it is
-    refused.  Refused either way: a read-only grant that *is* a writable tree,
+    tree the child may write would be writable through that tree's rule.
+    Where the read-only mount layer applies (``binds``), each such grant is
+    covered by a read-only bind of itself in the child's mount namespace
+    (the helper's ``--ro-tree``) and returned; otherwise it is refused.  Refused either way: a read-only grant that *is* a writable tree,
     and a read-write grant beneath a grant that gets a read-only bind (the
     recursive bind would cover it).  Checked on the rule fds (``..`` walked by
     fd), so a symlink or a path alias cannot hide a nesting.

@@ -29,8 +29,8 @@ class ConfinementPolicy:
         core_dump_bytes: ``RLIMIT_CORE`` (0: no core dumps that could hold secrets).
         pids_max: cgroup ``pids.max`` of each process's leaf: the cgroup v2
             leaf when v2 has the ``pids`` controller, else a cgroup v1
-            ``pids`` leaf when ``processes`` is no bound (see the module
-            docstring, *Process-count bounds*).
+            ``pids`` leaf when ``processes`` is no bound (see SECURITY.md,
+            "Other rules and limits").
         allow_tcp_connect: TCP ports the child may connect to (Landlock ABI >= 4).
         allow_tcp_bind: TCP ports the child may bind (Landlock ABI >= 4).
         unrestricted_tcp: do not handle TCP at all (every port allowed).

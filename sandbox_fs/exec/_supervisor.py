@@ -65,8 +65,7 @@ class ProcessSupervisor:
 
     Give one to :func:`run_confined` / :class:`PtyManager` per session;
     call :meth:`kill_all` (or ``await aclose()``) at shutdown.  What is
-    guaranteed where is described in the module docstring ("Supervision
-    guarantees"): each command runs under an init of the helper (in its own
+    guaranteed where is described in SECURITY.md ("Supervision"): each command runs under an init of the helper (in its own
     PID namespace where one can be made) that ends the whole tree when the
     command exits, when this supervisor is closed or collected, and when the
     host process dies; signals go only through pidfds of our own unreaped
