@@ -539,6 +539,28 @@ async def test_bad_arguments(layout, ws):
         await run(layout, ws, ["definitely-not-a-program-sfs"])
 
 
+
+@pytest.mark.parametrize("timeout_s", [0, 0.0, -1, -0.5, float("nan"), float("inf"), float("-inf"), True, "5"])
+async def test_timeout_must_be_a_finite_number_above_zero(layout, ws, timeout_s):
+    """timeout_s is checked where the call starts: 0 or less would end the command at once, the rest fail in trio."""
+    with pytest.raises(sfs_exec.ExecError, match="timeout_s") as info:
+        await run(layout, ws, ["true"], timeout_s=timeout_s)
+    assert info.value.code == "exec_error"
+
+
+@needs_landlock
+async def test_bad_arguments_are_refused_before_anything_starts(layout, ws):
+    """The request is validated once, before a namespace, identity or process exists."""
+    async with ProcessSupervisor() as sup:
+        for kw in (dict(confinement="maybe"), dict(timeout_s=0), dict(shell=[]),
+                   dict(policy=ConfinementPolicy(namespaces=frozenset({"bogus"}))),
+                   dict(policy=ConfinementPolicy(identity=(0, 0)))):
+            with pytest.raises(sfs_exec.ExecError):
+                await run(layout, ws, ["true"], supervisor=sup, **kw)
+        assert len(sup) == 0 and sup._ns_fds == {} and sup._leases == []
+        r = await run(layout, ws, ["true"], supervisor=sup, timeout_s=30)
+        assert r.exit_code == 0
+
 # ------------------------------------------------------------------ timeouts, output, supervision
 
 async def test_timeout_kills_child_and_grandchildren(layout, ws):

@@ -1,11 +1,28 @@
-"""What a confined run is asked and what it returns: :class:`ConfinementPolicy`, :class:`ExecResult`."""
+"""What a confined run is asked and what it returns.
+
+:class:`ConfinementPolicy` (limits and network rules), :class:`ExecResult`
+(what a command did), and :class:`ExecRequest`: one call's arguments,
+validated once where the call starts and passed down as one object.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
+import shlex
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, AsyncIterable, Iterable, Literal, Mapping, Sequence
 
+from ..errors import redact
 from . import _identity, _seccomp
+from ._env import build_env
+from ._errors import ConfinementError, ExecError
+from ._output import DEFAULT_MAX_OUTPUT_BYTES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..root import Root
+    from ._grants import Grants
 
 #: The confinement levels a caller may ask for (see :func:`sandbox_fs.exec.run_confined`).
 Confinement = Literal["required", "best_effort", "none"]
@@ -203,4 +220,146 @@ class ExecResult:
         return (f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes"
                 f"{', truncated' if self.stdout_truncated else ''}>, stderr=<{len(self.stderr)} bytes"
                 f"{', truncated' if self.stderr_truncated else ''}>, duration_s={self.duration_s:.3f}, "
+                f"confinement={self.confinement!r})")
+
+
+def _command(argv: Sequence[str], shell: bool | Sequence[str]) -> list[str]:
+    """The argv the helper executes: ``argv``, or ``argv`` joined behind a shell prefix.
+
+    Raises:
+        ExecError: ``argv`` is a string or empty, an argument holds NUL, or
+            a custom shell prefix is empty.
+    """
+    if isinstance(argv, (str, bytes)) or not argv:
+        raise ExecError("argv must be a non-empty list of strings")
+    argv = [str(a) for a in argv]
+    if any("\0" in a for a in argv):
+        raise ExecError("an argument holds a NUL byte")
+    if shell is False:
+        return argv
+    cmd = argv[0] if len(argv) == 1 else shlex.join(argv)
+    prefix = ["/bin/sh", "-c"] if shell is True else [str(p) for p in shell]
+    if not prefix:
+        raise ExecError("a custom shell prefix must not be empty")
+    return prefix + [cmd]
+
+
+def _explicit_identity(ident: object) -> tuple[int, int]:
+    """``ConfinementPolicy.identity`` given as ``(uid, gid)``, checked.
+
+    Raises:
+        ExecError: not two ints with 0 < id < 2^32-1.
+    """
+    if isinstance(ident, (tuple, list)) and len(ident) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in ident):
+        uid, gid = int(ident[0]), int(ident[1])
+        if 0 < uid < 0xFFFFFFFF and 0 < gid < 0xFFFFFFFF:
+            return uid, gid
+    raise ExecError("identity must be 'auto', 'host' or (uid, gid) with 0 < uid, gid < 2^32-1")
+
+
+def _check_timeout(timeout_s: float | None, secrets: tuple[str, ...]) -> float | None:
+    """``timeout_s`` itself once it is None or a finite number of seconds > 0.
+
+    Raises:
+        ExecError: not a number, not finite, or not > 0.
+    """
+    if timeout_s is None:
+        return None
+    is_number = isinstance(timeout_s, numbers.Real) and not isinstance(timeout_s, bool)
+    if not is_number or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ExecError("timeout_s must be a finite number of seconds > 0, or None",
+                        context={"timeout_s": repr(timeout_s)[:32]}, secrets=secrets)
+    return timeout_s
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ExecRequest:
+    """One confined run as asked: built and validated once (:meth:`build`), then passed down.
+
+    Attributes:
+        command: the argv the helper executes (``shell`` applied).
+        workspace: the workspace Root.
+        workspace_host_path: its host path (``HOME``/``TMPDIR`` only).
+        grants: ``[(Root, read_only), ...]``, a :class:`~sandbox_fs.paths.PathPolicy` or None.
+        cwd: working directory as a sandbox path (``""``: the workspace).
+        child_env: the command's whole environment (:func:`build_env`;
+            ``TERM`` defaults to ``xterm`` for a PTY).
+        secrets: values of ``env`` named in ``secret_env``: never shown.
+        confinement: ``"required"``, ``"best_effort"`` or ``"none"``.
+        policy: the :class:`ConfinementPolicy`.
+        tty: the command runs on a PTY (:class:`~sandbox_fs.exec.PtyManager`).
+        stdin: bytes, an async iterable of chunks, or None (``/dev/null``).
+        timeout_s: seconds before the tree is ended (None: no limit).
+        max_output_bytes: bytes kept per stream.
+        check: a non-zero exit raises :class:`~sandbox_fs.exec.ExecFailedError`.
+    """
+
+    command: tuple[str, ...]
+    workspace: Root
+    workspace_host_path: str
+    grants: Grants
+    cwd: str
+    child_env: Mapping[str, str]
+    secrets: tuple[str, ...]
+    confinement: Confinement
+    policy: ConfinementPolicy
+    tty: bool = False
+    stdin: bytes | AsyncIterable[bytes] | None = None
+    timeout_s: float | None = None
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    check: bool = False
+
+    @classmethod
+    def build(cls, argv: Sequence[str], *, workspace: Root, workspace_host_path: str, grants: Grants,
+              cwd: str, env: Mapping[str, str] | None, secret_env: Iterable[str],
+              shell: bool | Sequence[str], confinement: str, policy: ConfinementPolicy, tty: bool = False,
+              stdin: bytes | AsyncIterable[bytes] | None = None, timeout_s: float | None = None,
+              max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, check: bool = False) -> ExecRequest:
+        """Check the arguments of :func:`~sandbox_fs.exec.run_confined` (or a PTY start) and build the request.
+
+        Nothing is opened or started here; every argument error is raised
+        before any process, namespace, lease or fd exists.
+
+        Raises:
+            ExecError: bad ``argv``/``shell``, an unknown ``confinement`` or
+                namespace name, a malformed ``policy.identity``, or a
+                ``timeout_s`` that is not a finite number > 0.
+            ConfinementError: ``policy.namespaces`` on a non-root host.
+            InvalidEnvError: a malformed ``env`` entry.
+        """
+        caller_env = dict(env or {})
+        secret_names = set(secret_env)
+        secrets = tuple(v for k, v in caller_env.items() if k in secret_names and v)
+        if confinement not in ("required", "best_effort", "none"):
+            raise ExecError("confinement must be 'required', 'best_effort' or 'none'", secrets=secrets)
+        bad_ns = set(policy.namespaces) - set(_NS_FLAGS)
+        if bad_ns:
+            raise ExecError(f"unknown namespaces: {sorted(bad_ns)}", secrets=secrets)
+        command = _command(argv, shell)
+        child_env = build_env(caller_env, workspace_host_path=workspace_host_path)
+        if tty:
+            child_env.setdefault("TERM", "xterm")
+        if policy.namespaces and os.geteuid() != 0:
+            raise ConfinementError("namespaces are only offered when running as root", secrets=secrets)
+        if policy.identity not in ("auto", "host"):
+            _explicit_identity(policy.identity)
+        return cls(command=tuple(command), workspace=workspace, workspace_host_path=workspace_host_path,
+                   grants=grants, cwd=cwd, child_env=child_env, secrets=secrets,
+                   confinement=confinement,  # type: ignore[arg-type]
+                   policy=policy, tty=tty, stdin=stdin, timeout_s=_check_timeout(timeout_s, secrets),
+                   max_output_bytes=max_output_bytes, check=check)
+
+    @property
+    def argv0(self) -> str:
+        """The program as shown in errors (redacted there)."""
+        return self.command[0]
+
+    @property
+    def cwd_shown(self) -> str:
+        """The working directory as a sandbox path for errors (``"."``: the workspace)."""
+        return self.cwd or "."
+
+    def __repr__(self) -> str:  # never the environment: it may hold secrets
+        return (f"ExecRequest(argv0={redact(self.argv0, self.secrets)!r}, cwd={self.cwd_shown!r}, "
                 f"confinement={self.confinement!r})")

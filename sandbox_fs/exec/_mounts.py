@@ -5,19 +5,18 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from ._grants import _grant_roots, _nested_read_only, _rw_trees
+from ._grants import Grants, _grant_roots, _nested_read_only, _rw_trees
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..paths import PathPolicy
     from ..root import Root
 
 
-def _ro_binds(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> list[Root]:
+def _ro_binds(workspace: Root, grants: Grants) -> list[Root]:
     """The read-only grants the mount layer covers with a read-only bind (see :func:`_nested_read_only`)."""
     return _nested_read_only(workspace, _grant_roots(grants), binds=True)
 
 
-def _ro_bind_args(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None,
+def _ro_bind_args(workspace: Root, grants: Grants,
                   nested: list[Root] | None = None) -> tuple[list[str], list[int]]:
     """Helper arguments (and the new fds they name, the caller's to close) for the read-only binds.
 

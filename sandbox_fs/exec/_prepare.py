@@ -1,46 +1,59 @@
-"""Preparing one run: the helper's command line and the fds it is handed (:class:`_Prepared`)."""
+"""Preparing one run: the helper's command line and the fds it is handed (:class:`_Prepared`).
+
+:func:`prepare_run` is the one path of :func:`~sandbox_fs.exec.run_confined`
+and :meth:`~sandbox_fs.exec.PtyManager.pty_exec_start`: the supervisor's
+held mount namespace, the identity (and the workspace given to it), then
+:func:`_prepare`, which builds the helper's arguments step by step, in the
+order the helper documents them.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
-import shlex
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+
+import trio
 
 from ..paths import PathPolicy
-from ..root import Root
 from . import _helper, _identity, _landlock
 from ._bounds import _process_bounds
 from ._cgroups import _CgroupTree, _PidsV1Tree
-from ._env import _ensure_dirs, _env_blob_fd, build_env
-from ._errors import ConfinementError, ExecError
+from ._env import _ensure_dirs, _env_blob_fd
+from ._errors import ConfinementError
 from ._grants import _check_rw_grants, _grant_roots, _ro_trees, _rw_trees
 from ._helper import _helper_or_raise, _ro_mounts_available
-from ._models import _CLONE_NEWCGROUP, _NS_FLAGS, ConfinementPolicy
+from ._models import _CLONE_NEWCGROUP, _NS_FLAGS, ExecRequest, _explicit_identity
 from ._mounts import _mask_dirs, _ro_bind_args, _ro_binds
 from ._ruleset import build_ruleset
 from ._seccomp import _SECCOMP_KEYS, _SECCOMP_TCP
 from ._supervisor import ProcessSupervisor
 
-
-def _command(argv: Sequence[str], shell: bool | Sequence[str]) -> list[str]:
-    if isinstance(argv, (str, bytes)) or not argv:
-        raise ExecError("argv must be a non-empty list of strings")
-    argv = [str(a) for a in argv]
-    if any("\0" in a for a in argv):
-        raise ExecError("an argument holds a NUL byte")
-    if shell is False:
-        return argv
-    cmd = argv[0] if len(argv) == 1 else shlex.join(argv)
-    prefix = ["/bin/sh", "-c"] if shell is True else [str(p) for p in shell]
-    if not prefix:
-        raise ExecError("a custom shell prefix must not be empty")
-    return prefix + [cmd]
+#: The supervisor's held namespaces: ``(mntns_fd, userns_fd, netns_fd, ipcns_fd)``, -1 when absent.
+HeldNamespaces = tuple[int, int, int, int]
 
 
 @dataclass
 class _Prepared:
+    """The helper's argv and the fds it gets, and what the run will report.
+
+    Attributes:
+        helper_argv: the helper's whole command line (the command after ``--``).
+        env: the command's environment (handed over as a memfd).
+        pass_fds: fds the helper inherits (closed here once it started).
+        status_r: the read end of the helper's status pipe (-1 once taken).
+        level: the confinement applied, ``"landlock"`` or ``"none"``.
+        abi: the Landlock ABI used (0: none).
+        leaf: the command's cgroup v2 leaf, if any.
+        secrets: values never shown in errors.
+        cwd_shown: the working directory as shown in errors.
+        ro_mounts: the read-only mount layer applies.
+        net_isolated: the command gets its own network namespace.
+        pids_leaf: its cgroup v1 pids leaf, if any.
+        process_bounds: see :attr:`ExecResult.process_bounds`.
+        identity: ``(uid, gid)`` the command runs as (None: the host's own).
+    """
+
     helper_argv: list[str]
     env: dict[str, str]
     pass_fds: list[int]
@@ -54,6 +67,12 @@ class _Prepared:
     net_isolated: bool = False
     pids_leaf: str | None = None
     process_bounds: tuple[str, ...] = ()
+    identity: tuple[int, int] | None = None
+
+    def pass_fd(self, fd: int) -> str:
+        """Hand ``fd`` to the helper (closed here after the spawn); returns it as an argument."""
+        self.pass_fds.append(fd)
+        return str(fd)
 
     def close_child_fds(self) -> None:
         for fd in self.pass_fds:
@@ -69,11 +88,37 @@ class _Prepared:
             os.close(self.status_r)
             self.status_r = -1
 
+    def discard(self) -> None:
+        """Undo a preparation that will not be spawned: its fds and cgroup leaves."""
+        self.close_all()
+        if self.leaf is not None:
+            _CgroupTree.remove(self.leaf)
+        if self.pids_leaf is not None:
+            _PidsV1Tree.remove(self.pids_leaf)
 
-async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confinement: str,
-                         policy: ConfinementPolicy) -> tuple[int, int, int, int] | None:
-    if confinement == "none" or not policy.read_only_mounts or not _ro_mounts_available(_helper.helper_path()):
+
+async def prepare_run(request: ExecRequest, supervisor: ProcessSupervisor) -> _Prepared:
+    """Everything before the spawn: held namespaces, the identity (in a worker thread), the arguments.
+
+    Raises:
+        ConfinementError, ExecError, InvalidEnvError: as for :func:`_ready_identity` and :func:`_prepare`.
+        PathEscapeError, FileNotFoundError, NotADirectoryError: the cwd is not a directory beneath the workspace.
+    """
+    mount_ns = await _held_mount_ns(supervisor, request)
+    ids = await trio.to_thread.run_sync(_ready_identity, supervisor, request)
+    return _prepare(request, supervisor, mount_ns=mount_ns, identity=ids)
+
+
+def _mount_layer_applies(request: ExecRequest, helper: str) -> bool:
+    return (request.confinement != "none" and request.policy.read_only_mounts
+            and _ro_mounts_available(helper))
+
+
+async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNamespaces | None:
+    """The supervisor's read-only mount namespace for this run's trees (None: the helper makes one)."""
+    if not _mount_layer_applies(request, _helper.helper_path()):
         return None
+    workspace, grants = request.workspace, request.grants
     ro = _ro_binds(workspace, grants)
     bind = _ro_bind_args(workspace, grants, ro)
     try:
@@ -83,30 +128,21 @@ async def _held_mount_ns(sup: ProcessSupervisor, workspace: Root, grants, confin
             os.close(fd)
 
 
-def _explicit_identity(ident: object) -> tuple[int, int]:
-    if isinstance(ident, (tuple, list)) and len(ident) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in ident):
-        uid, gid = int(ident[0]), int(ident[1])
-        if 0 < uid < 0xFFFFFFFF and 0 < gid < 0xFFFFFFFF:
-            return uid, gid
-    raise ExecError("identity must be 'auto', 'host' or (uid, gid) with 0 < uid, gid < 2^32-1")
-
-
-def _ready_identity(sup: ProcessSupervisor, policy: ConfinementPolicy, confinement: str, workspace: Root,
-                    grants: Sequence[tuple[Root, bool]] | PathPolicy | None) -> tuple[int, int] | None:
+def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[int, int] | None:
     """The ``(uid, gid)`` the child runs as (None: the host's own), with the workspace given to it.
 
     Blocking (lease, ownership walk): runs in a worker thread, once per run.
     On a root host the workspace root, ``.home``, ``.tmp`` and every entry
     beneath them not yet owned by the identity are re-owned (for the host's
-    own uid 0: those an id of ``identity_range`` owns) (:func:`sandbox_fs.exec._identity.reown_tree`; nested grants are
-    left alone).  A read-only workspace is left as it is.
+    own uid 0: those an id of ``identity_range`` owns;
+    :func:`sandbox_fs.exec._identity.reown_tree`, nested grants left alone).
+    A read-only workspace is left as it is.
 
     Raises:
-        ExecError: a malformed ``policy.identity``.
         ConfinementError: an explicit identity on a non-root host, no id to
             lease, or the workspace cannot be re-owned.
     """
+    policy, confinement, workspace, grants = request.policy, request.confinement, request.workspace, request.grants
     ident = policy.identity
     is_root = os.geteuid() == 0
     ids: tuple[int, int] | None
@@ -136,152 +172,178 @@ def _ready_identity(sup: ProcessSupervisor, policy: ConfinementPolicy, confineme
     return ids
 
 
-def _prepare(argv: Sequence[str], *, workspace: Root, workspace_host_path: str,
-             grants: Sequence[tuple[Root, bool]] | PathPolicy | None, cwd: str,
-             env: Mapping[str, str] | None, secret_env: Iterable[str], shell: bool | Sequence[str],
-             confinement: str, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
-             tty: bool, mount_ns: tuple[int, int, int, int] | None = None,
+def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: HeldNamespaces | None = None,
              identity: tuple[int, int] | None = None) -> _Prepared:
-    caller_env = dict(env or {})
-    secrets = tuple(v for k, v in caller_env.items() if k in set(secret_env) and v)
-    if confinement not in ("required", "best_effort", "none"):
-        raise ExecError("confinement must be 'required', 'best_effort' or 'none'", secrets=secrets)
-    bad_ns = set(policy.namespaces) - set(_NS_FLAGS)
-    if bad_ns:
-        raise ExecError(f"unknown namespaces: {sorted(bad_ns)}", secrets=secrets)
-    command = _command(argv, shell)
-    helper = _helper_or_raise(secrets)
-    child_env = build_env(caller_env, workspace_host_path=workspace_host_path)
-    if tty:
-        child_env.setdefault("TERM", "xterm")
-    _ensure_dirs(workspace)
+    """The helper's command line for ``request``, with the fds it names (all closed again on failure).
 
-    pass_fds: list[int] = []
-    prep = _Prepared([], child_env, pass_fds, -1, "none", 0, None, secrets, cwd or ".")
+    Args:
+        request: the validated request.
+        supervisor: makes the cgroup leaves and holds the lifeline.
+        mount_ns: the supervisor's held namespaces (:func:`_held_mount_ns`), or None.
+        identity: ``(uid, gid)`` from :func:`_ready_identity` (None: the host's own).
+
+    Raises:
+        ConfinementError: the helper is missing; ``confinement="required"``
+            and Landlock or every process-count bound is unavailable; a
+            read-write grant the identity does not own; a nesting of grants
+            that cannot be enforced.
+        InvalidEnvError: the environment is over its bounds.
+        ValueError: a negative rlimit, or a bad ``extra_sockets`` entry.
+        PathEscapeError, FileNotFoundError, NotADirectoryError: the cwd.
+    """
+    helper = _helper_or_raise(request.secrets)
+    _ensure_dirs(request.workspace)
+    prep = _Prepared([], dict(request.child_env), [], -1, "none", 0, None, request.secrets, request.cwd_shown,
+                     identity=identity)
     try:
         args = [helper]
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        prep.status_r = status_r
-        pass_fds.append(status_w)
-        args += ["--status", str(status_w)]
-        env_fd = _env_blob_fd(child_env, secrets)
-        pass_fds.append(env_fd)
-        args += ["--env-fd", str(env_fd)]
-
-        if isinstance(grants, PathPolicy) and cwd.startswith("/"):
-            resolved = grants.resolve(cwd)
-            cwd_fd = resolved.root.open_dir_fd(resolved.rel or ".")
-        else:
-            cwd_fd = workspace.open_dir_fd(cwd or ".")
-        pass_fds.append(cwd_fd)
-        args += ["--cwd", str(cwd_fd)]
-
-        leaf = supervisor._new_leaf(policy.pids_max) if policy.use_cgroup else None
-        if leaf is not None:
-            prep.leaf = leaf
-            cg_fd = os.open(leaf, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # host-access: cgroupfs (kernel interface)
-            pass_fds.append(cg_fd)
-            args += ["--cgroup", str(cg_fd)]
-        args += _process_bounds(prep, supervisor, policy, confinement, identity)
-
+        args += _io_args(prep, request)
+        args += _cgroup_args(prep, request, supervisor)
+        args += _process_bounds(prep, supervisor, request.policy, request.confinement, identity)
         # Supervision: the command runs under the helper's init (a PID
         # namespace of its own when one can be made), which the supervisor's
         # lifeline ends when the supervisor or this process goes away.
-        life_fd = supervisor._lifeline_fd()
-        pass_fds.append(life_fd)
-        args += ["--init", "--lifeline", str(life_fd)]
-
-        args += policy.rlimit_args()
-        if tty:
-            args.append("--tty")
-        is_root = os.geteuid() == 0
+        args += ["--init", "--lifeline", prep.pass_fd(supervisor._lifeline_fd())]
+        args += _privilege_args(prep, request)
         flags = 0
-        if policy.namespaces:
-            if not is_root:
-                raise ConfinementError("namespaces are only offered when running as root", secrets=secrets)
-            for ns in policy.namespaces:
-                flags |= _NS_FLAGS[ns]
-        if policy.drop_capabilities and is_root:
-            args.append("--drop-caps")
-        if identity is not None:
-            _check_rw_grants(grants, identity, secrets)
-            args += ["--uid", str(identity[0]), "--gid", str(identity[1])]
-
-        if confinement != "none":
-            version = _landlock.abi()
-            if version <= 0:
-                if confinement == "required":
-                    raise ConfinementError("Landlock is not available on this kernel; "
-                                           "confinement='required' fails closed", secrets=secrets)
-            else:
-                rs = build_ruleset(workspace, grants, policy, tty=tty, abi=version,
-                                   read_only_binds=policy.read_only_mounts and _ro_mounts_available(helper))
-                pass_fds.append(rs.fd)
-                args += ["--ruleset", str(rs.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
-                prep.level, prep.abi = "landlock", version
-            isolate = (policy.isolate_network and not policy.unrestricted_tcp
-                       and not policy.allow_tcp_connect and not policy.allow_tcp_bind)
-            held_net = held_ipc = False
-            if policy.read_only_mounts and _ro_mounts_available(helper):
-                if mount_ns is not None:
-                    mfd = os.dup(mount_ns[0])
-                    pass_fds.append(mfd)
-                    args += ["--mntns", str(mfd)]
-                    if mount_ns[1] >= 0:
-                        ufd = os.dup(mount_ns[1])
-                        pass_fds.append(ufd)
-                        args += ["--userns", str(ufd)]
-                    if isolate and mount_ns[2] >= 0 and not flags & _NS_FLAGS["net"]:
-                        nfd = os.dup(mount_ns[2])
-                        pass_fds.append(nfd)
-                        args += ["--netns", str(nfd)]
-                        held_net = True
-                    if mount_ns[3] >= 0 and not flags & _NS_FLAGS["ipc"]:
-                        ifd = os.dup(mount_ns[3])
-                        pass_fds.append(ifd)
-                        args += ["--ipcns", str(ifd)]
-                        held_ipc = True
-                else:
-                    args.append("--ro-mounts")
-                    trees = _rw_trees(workspace, grants)
-                    for tree in trees:
-                        tfd = tree.fileno_dup()
-                        pass_fds.append(tfd)
-                        args += ["--rw-tree", str(tfd)]
-                    bind_args, bind_fds = _ro_bind_args(workspace, grants)
-                    pass_fds.extend(bind_fds)
-                    args += bind_args
-                    for tree in _ro_trees(workspace, grants):
-                        tfd = tree.fileno_dup()
-                        pass_fds.append(tfd)
-                        args += ["--reach-tree", str(tfd)]
-                    for d in _mask_dirs(trees):
-                        args += ["--mask", d]
-                prep.ro_mounts = True
-            # Namespaces are made after the mount layer: on an unprivileged
-            # host, inside its user namespace.  IPC: the host's System V
-            # segments, semaphores and message queues; cgroup: the child sees
-            # its leaf as the root (with cgroupfs hidden by --mask above).
-            if is_root or prep.ro_mounts:
-                if not held_ipc:
-                    flags |= _NS_FLAGS["ipc"]
-                if isolate and not held_net:
-                    flags |= _NS_FLAGS["net"]
-                if prep.leaf is not None:
-                    flags |= _CLONE_NEWCGROUP
-            prep.net_isolated = held_net or bool(flags & _NS_FLAGS["net"])
-            bits = _SECCOMP_KEYS
-            if not prep.net_isolated and not policy.unrestricted_tcp:
-                bits |= _SECCOMP_TCP
-            args += ["--seccomp", str(bits)] + policy.socket_args()
+        for ns in request.policy.namespaces:
+            flags |= _NS_FLAGS[ns]
+        if request.confinement != "none":
+            args += _landlock_args(prep, request, helper)
+            layer_args, flags = _mount_layer(prep, request, helper, mount_ns, flags)
+            args += layer_args
+            args += _seccomp_args(prep, request)
         if flags:
             args += ["--unshare", str(flags)]
-        prep.helper_argv = args + ["--"] + command
+        prep.helper_argv = args + ["--", *request.command]
         return prep
     except BaseException:
-        prep.close_all()
-        if prep.leaf is not None:
-            _CgroupTree.remove(prep.leaf)
-        if prep.pids_leaf is not None:
-            _PidsV1Tree.remove(prep.pids_leaf)
+        prep.discard()
         raise
+
+
+def _io_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+    """The status pipe, the environment memfd, the working directory's fd."""
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    prep.status_r = status_r
+    args = ["--status", prep.pass_fd(status_w)]
+    args += ["--env-fd", prep.pass_fd(_env_blob_fd(prep.env, prep.secrets))]
+    cwd, grants = request.cwd, request.grants
+    if isinstance(grants, PathPolicy) and cwd.startswith("/"):
+        resolved = grants.resolve(cwd)
+        cwd_fd = resolved.root.open_dir_fd(resolved.rel or ".")
+    else:
+        cwd_fd = request.workspace.open_dir_fd(cwd or ".")
+    return args + ["--cwd", prep.pass_fd(cwd_fd)]
+
+
+def _cgroup_args(prep: _Prepared, request: ExecRequest, supervisor: ProcessSupervisor) -> list[str]:
+    """The command's cgroup v2 leaf (none without a cgroup tree or with ``use_cgroup=False``)."""
+    policy = request.policy
+    leaf = supervisor._new_leaf(policy.pids_max) if policy.use_cgroup else None
+    if leaf is None:
+        return []
+    prep.leaf = leaf
+    leaf_fd = os.open(leaf, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # host-access: cgroupfs (kernel interface)
+    return ["--cgroup", prep.pass_fd(leaf_fd)]
+
+
+def _privilege_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+    """rlimits, the PTY, capabilities, and the identity switch."""
+    policy = request.policy
+    args = policy.rlimit_args()
+    if request.tty:
+        args.append("--tty")
+    if policy.drop_capabilities and os.geteuid() == 0:
+        args.append("--drop-caps")
+    if prep.identity is not None:
+        _check_rw_grants(request.grants, prep.identity, prep.secrets)
+        args += ["--uid", str(prep.identity[0]), "--gid", str(prep.identity[1])]
+    return args
+
+
+def _landlock_args(prep: _Prepared, request: ExecRequest, helper: str) -> list[str]:
+    """The Landlock ruleset's fd (and ``/proc/self``), or nothing where the kernel has no Landlock."""
+    version = _landlock.abi()
+    if version <= 0:
+        if request.confinement == "required":
+            raise ConfinementError("Landlock is not available on this kernel; "
+                                   "confinement='required' fails closed", secrets=prep.secrets)
+        return []
+    ruleset = build_ruleset(request.workspace, request.grants, request.policy, tty=request.tty, abi=version,
+                            read_only_binds=request.policy.read_only_mounts and _ro_mounts_available(helper))
+    prep.level, prep.abi = "landlock", version
+    return ["--ruleset", prep.pass_fd(ruleset.fd),
+            "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
+
+
+def _mount_layer(prep: _Prepared, request: ExecRequest, helper: str, mount_ns: HeldNamespaces | None,
+                 flags: int) -> tuple[list[str], int]:
+    """The read-only mount layer's arguments, and the ``--unshare`` flags grown by what it allows.
+
+    Namespaces are made after the mount layer: on an unprivileged host,
+    inside its user namespace.  IPC: the host's System V segments,
+    semaphores and message queues; cgroup: the child sees its leaf as the
+    root (with cgroupfs hidden by ``--mask``).
+    """
+    policy = request.policy
+    isolate = (policy.isolate_network and not policy.unrestricted_tcp
+               and not policy.allow_tcp_connect and not policy.allow_tcp_bind)
+    held_net = held_ipc = False
+    args: list[str] = []
+    if policy.read_only_mounts and _ro_mounts_available(helper):
+        if mount_ns is not None:
+            args, held_net, held_ipc = _held_ns_args(prep, mount_ns, isolate, flags)
+        else:
+            args = _fresh_mount_layer_args(prep, request)
+        prep.ro_mounts = True
+    if os.geteuid() == 0 or prep.ro_mounts:
+        if not held_ipc:
+            flags |= _NS_FLAGS["ipc"]
+        if isolate and not held_net:
+            flags |= _NS_FLAGS["net"]
+        if prep.leaf is not None:
+            flags |= _CLONE_NEWCGROUP
+    prep.net_isolated = held_net or bool(flags & _NS_FLAGS["net"])
+    return args, flags
+
+
+def _held_ns_args(prep: _Prepared, mount_ns: HeldNamespaces, isolate: bool,
+                  flags: int) -> tuple[list[str], bool, bool]:
+    """Join the supervisor's held namespaces; returns ``(args, joined its net ns, joined its IPC ns)``."""
+    mnt_fd, user_fd, net_fd, ipc_fd = mount_ns
+    args = ["--mntns", prep.pass_fd(os.dup(mnt_fd))]
+    if user_fd >= 0:
+        args += ["--userns", prep.pass_fd(os.dup(user_fd))]
+    held_net = isolate and net_fd >= 0 and not flags & _NS_FLAGS["net"]
+    if held_net:
+        args += ["--netns", prep.pass_fd(os.dup(net_fd))]
+    held_ipc = ipc_fd >= 0 and not flags & _NS_FLAGS["ipc"]
+    if held_ipc:
+        args += ["--ipcns", prep.pass_fd(os.dup(ipc_fd))]
+    return args, held_net, held_ipc
+
+
+def _fresh_mount_layer_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+    """A mount layer of the command's own: its writable trees, read-only binds, reachable trees, masks."""
+    workspace, grants = request.workspace, request.grants
+    args = ["--ro-mounts"]
+    trees = _rw_trees(workspace, grants)
+    for tree in trees:
+        args += ["--rw-tree", prep.pass_fd(tree.fileno_dup())]
+    bind_args, bind_fds = _ro_bind_args(workspace, grants)
+    prep.pass_fds.extend(bind_fds)
+    args += bind_args
+    for tree in _ro_trees(workspace, grants):
+        args += ["--reach-tree", prep.pass_fd(tree.fileno_dup())]
+    for d in _mask_dirs(trees):
+        args += ["--mask", d]
+    return args
+
+
+def _seccomp_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+    """The seccomp bits and the socket allow-list (see :mod:`sandbox_fs.exec._seccomp`)."""
+    bits = _SECCOMP_KEYS
+    if not prep.net_isolated and not request.policy.unrestricted_tcp:
+        bits |= _SECCOMP_TCP
+    return ["--seccomp", str(bits)] + request.policy.socket_args()

@@ -16,12 +16,11 @@ import trio
 
 from ..paths import PathPolicy
 from ..root import Root
-from . import _prepare
 from ._errors import ExecError, PtyNotFoundError
 from ._helper import _STATUS_TIMEOUT_S, _status_error
-from ._models import Confinement, ConfinementPolicy
+from ._models import Confinement, ConfinementPolicy, ExecRequest
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES
-from ._prepare import _command, _held_mount_ns, _ready_identity
+from ._prepare import _Prepared, prepare_run
 from ._spawn import _abort_spawn, _spawn
 from ._supervisor import ProcessSupervisor, _Tracked
 
@@ -119,15 +118,24 @@ class PtyManager:
         :meth:`pty_terminate` / :meth:`pty_terminate_all`.
         """
         await trio.lowlevel.checkpoint()
+        request = ExecRequest.build(argv, workspace=workspace, workspace_host_path=workspace_host_path,
+                                    grants=grants, cwd=cwd, env=env, secret_env=secret_env, shell=shell,
+                                    confinement=confinement, policy=policy, tty=True)
         if len(self._ptys) >= self.max_live:
             await self._prune_one()
-        caller_env = dict(env or {})
-        mount_ns = await _held_mount_ns(self.supervisor, workspace, grants, confinement, policy)
-        ids = await trio.to_thread.run_sync(_ready_identity, self.supervisor, policy, confinement, workspace, grants)
-        prep = _prepare._prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
-                        cwd=cwd, env=caller_env, secret_env=secret_env, shell=shell, confinement=confinement,
-                        supervisor=self.supervisor, policy=policy, tty=True, mount_ns=mount_ns, identity=ids)
-        argv0 = _command(argv, shell)[0]
+        prep = await prepare_run(request, self.supervisor)
+        tracked, master = await self._spawn_on_pty(request, prep, rows, cols)
+        now = time.monotonic()
+        pty_id = f"pty-{next(self._ids)}-{os.urandom(4).hex()}"
+        p = _Pty(pty_id, tracked, trio.lowlevel.FdStream(master), now, now)
+        self._ptys[pty_id] = p
+        first = await self.pty_read(pty_id, timeout_s=first_output_timeout_s)
+        return pty_id, first
+
+    async def _spawn_on_pty(self, request: ExecRequest, prep: _Prepared, rows: int,
+                            cols: int) -> tuple[_Tracked, int]:
+        """Spawn on a new PTY and wait for the command's start; returns (tracked init, PTY master fd)."""
+        argv0 = request.argv0
         master, slave = os.openpty()
         try:
             os.set_inheritable(master, False)
@@ -148,12 +156,7 @@ class PtyManager:
                 raise _status_error(failure, argv0, prep)
             if tracked.process is not proc:
                 await proc.wait()
-        now = time.monotonic()
-        pty_id = f"pty-{next(self._ids)}-{os.urandom(4).hex()}"
-        p = _Pty(pty_id, tracked, trio.lowlevel.FdStream(master), now, now)
-        self._ptys[pty_id] = p
-        first = await self.pty_read(pty_id, timeout_s=first_output_timeout_s)
-        return pty_id, first
+        return tracked, master
 
     async def _prune_one(self) -> None:
         def key(p: _Pty) -> tuple[int, float]:

@@ -13,13 +13,12 @@ import trio
 from ..errors import redact
 from ..paths import PathPolicy
 from ..root import Root
-from . import _prepare
 from ._cgroups import _CgroupTree
 from ._errors import ExecFailedError, ExecTimeoutError
 from ._helper import _HELPER_ENV, _STATUS_TIMEOUT_S, _Status, _status_error
-from ._models import Confinement, ConfinementPolicy, ExecResult
+from ._models import Confinement, ConfinementPolicy, ExecRequest, ExecResult
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES, _HeadTail
-from ._prepare import _command, _held_mount_ns, _Prepared, _ready_identity
+from ._prepare import _Prepared, prepare_run
 from ._supervisor import ProcessSupervisor, _ForeignChild, _Tracked
 
 
@@ -116,8 +115,9 @@ async def run_confined(
         shell: False (run ``argv``), True (``/bin/sh -c``) or a custom prefix
             such as ``["bash", "-lc"]``; a multi-element ``argv`` is joined with
             :func:`shlex.join`.
-        timeout_s: wall-clock seconds before SIGTERM to the command's tree,
-            ``policy.kill_grace_s`` of grace, then SIGKILL (None: no limit).
+        timeout_s: wall-clock seconds (finite, > 0) before SIGTERM to the
+            command's tree, ``policy.kill_grace_s`` of grace, then SIGKILL
+            (None: no limit).
         max_output_bytes: bytes kept per stream (head half and tail half);
             memory does not grow with what the child prints.
         confinement: ``"required"`` fails closed without Landlock;
@@ -145,8 +145,9 @@ async def run_confined(
         ExecFailedError: ``check`` and the exit status is non-zero.
         InvalidEnvError: a malformed ``env`` entry, or an environment over
             :data:`MAX_ENV_BYTES` bytes or :data:`MAX_ENV_ENTRIES` entries.
-        ExecError: bad ``argv``/``shell``/``confinement`` values, or the cwd
-            cannot be entered.
+        ExecError: bad ``argv``/``shell``/``confinement`` values, a
+            ``timeout_s`` that is not a finite number of seconds > 0, a
+            malformed ``policy.identity``, or the cwd cannot be entered.
         PathEscapeError, FileNotFoundError, NotADirectoryError: ``cwd`` does
             not resolve to a directory beneath the workspace.
 
@@ -155,41 +156,60 @@ async def run_confined(
     no fd is left open.
     """
     await trio.lowlevel.checkpoint()
+    request = ExecRequest.build(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
+                                cwd=cwd, env=env, secret_env=secret_env, shell=shell, confinement=confinement,
+                                policy=policy, stdin=stdin, timeout_s=timeout_s,
+                                max_output_bytes=max_output_bytes, check=check)
     own = supervisor is None
     sup = supervisor if supervisor is not None else ProcessSupervisor(use_cgroup=policy.use_cgroup,
                                                                      pids_max=policy.pids_max,
                                                                      hold_mount_ns=False)
     try:
-        return await _run(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
-                          cwd=cwd, env=env, secret_env=secret_env, stdin=stdin, shell=shell,
-                          timeout_s=timeout_s, max_output_bytes=max_output_bytes, confinement=confinement,
-                          sup=sup, policy=policy, check=check)
+        return await _run(request, sup)
     finally:
         if own:
             with trio.CancelScope(shield=True):
                 await sup.aclose()
 
 
-async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret_env, stdin, shell, timeout_s,
-               max_output_bytes, confinement, sup, policy, check) -> ExecResult:
-    mount_ns = await _held_mount_ns(sup, workspace, grants, confinement, policy)
-    ids = await trio.to_thread.run_sync(_ready_identity, sup, policy, confinement, workspace, grants)
-    prep = _prepare._prepare(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants, cwd=cwd,
-                    env=env, secret_env=secret_env, shell=shell, confinement=confinement, supervisor=sup,
-                    policy=policy, tty=False, mount_ns=mount_ns, identity=ids)
-    argv0 = _command(argv, shell)[0]
+async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResult:
+    """Prepare, spawn, feed and read the command, end it at the deadline; the result or its error."""
+    prep = await prepare_run(request, supervisor)
     start = time.monotonic()
-    proc, tracked, status = await _spawn(prep, sup, argv0,
-                                         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc, tracked, status = await _spawn(
+        prep, supervisor, request.argv0, stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    capture = _Capture(request.max_output_bytes)
+    try:
+        timed_out = await _wait_and_read(request, supervisor, proc, tracked, status, capture)
+    finally:
+        await _end_run(supervisor, proc, tracked, status, capture)
+    if capture.failure:
+        raise _status_error(capture.failure, request.argv0, prep)
     target = tracked.process
-    failure = b""
-    started = False
-    out, err = _HeadTail(max_output_bytes), _HeadTail(max_output_bytes)
-    out_eof, err_eof = trio.Event(), trio.Event()
-    timed_out = False
+    out, err = capture.out, capture.err
+    result = ExecResult(
+        exit_code=target.returncode if target.returncode is not None else -signal.SIGKILL,
+        stdout=out.value(), stderr=err.value(),
+        stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+        duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
+        read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
+        stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds,
+        identity=prep.identity)
+    _raise_if_timed_out_or_failed(request, prep, result, timed_out)
+    return result
 
-    async def pump(stream: trio.abc.ReceiveStream, buf: _HeadTail, done: trio.Event) -> None:
+
+class _Capture:
+    """What the run's reader tasks collect: bounded stdout/stderr, and the command's start status."""
+
+    def __init__(self, max_output_bytes: int) -> None:
+        self.out, self.err = _HeadTail(max_output_bytes), _HeadTail(max_output_bytes)
+        self.out_eof, self.err_eof = trio.Event(), trio.Event()
+        self.failure = b""  # the helper's failure line, b"" once the command reached execve
+        self.started = False  # the start status was read
+
+    async def pump(self, stream: trio.abc.ReceiveStream, buf: _HeadTail, done: trio.Event) -> None:
         try:
             while True:
                 try:
@@ -202,72 +222,81 @@ async def _run(argv, *, workspace, workspace_host_path, grants, cwd, env, secret
         finally:
             done.set()
 
-    async def feed(stream: trio.abc.SendStream) -> None:
-        try:
-            if isinstance(stdin, (bytes, bytearray, memoryview)):
-                if stdin:
-                    await stream.send_all(bytes(stdin))
-            else:
-                async for chunk in stdin:  # type: ignore[union-attr]
-                    await stream.send_all(bytes(chunk))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+    async def read_status(self, status: _Status) -> None:
+        self.failure = await status.startup()
+        self.started = True
 
-    async def read_status() -> None:
-        nonlocal failure, started
-        failure = await status.startup()
-        started = True
 
+async def _feed(stream: trio.abc.SendStream, stdin: bytes | AsyncIterable[bytes]) -> None:
+    """Write ``stdin`` to the command, then close its input (a closed pipe ends the feed quietly)."""
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read_status)
-            nursery.start_soon(pump, proc.stdout, out, out_eof)
-            nursery.start_soon(pump, proc.stderr, err, err_eof)
-            if proc.stdin is not None:
-                nursery.start_soon(feed, proc.stdin)
-            deadline = trio.current_time() + timeout_s if timeout_s is not None else math.inf
-            with trio.move_on_at(deadline) as cs:
-                await target.wait()
-            if cs.cancelled_caught:
-                timed_out = True
-                await sup._kill_one(tracked, policy.kill_grace_s)
-            with trio.move_on_after(policy.eof_grace_s):
-                await out_eof.wait()
-                await err_eof.wait()
-            nursery.cancel_scope.cancel()
+        if isinstance(stdin, (bytes, bytearray, memoryview)):
+            if stdin:
+                await stream.send_all(bytes(stdin))
+        else:
+            async for chunk in stdin:
+                await stream.send_all(bytes(chunk))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
     finally:
         with trio.CancelScope(shield=True):
-            if target.returncode is None:
-                await sup._kill_one(tracked, 0)
-            if target is not proc:
-                await proc.wait()  # the helper exited right after forking the target
-            if not started:
-                with trio.move_on_after(1.0):
-                    failure = await status.startup()
-            await status.aclose()
-            for s in (proc.stdin, proc.stdout, proc.stderr):
-                if s is not None:
-                    await s.aclose()
-            sup._release_if_done(tracked)
-    if failure:
-        raise _status_error(failure, argv0, prep)
-    result = ExecResult(
-        exit_code=target.returncode if target.returncode is not None else -signal.SIGKILL,
-        stdout=out.value(), stderr=err.value(),
-        stdout_truncated=out.truncated, stderr_truncated=err.truncated,
-        duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
-        read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
-        stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds, identity=ids)
-    shown = redact(argv0, prep.secrets)
+            await stream.aclose()
+
+
+async def _wait_and_read(request: ExecRequest, supervisor: ProcessSupervisor, proc: trio.Process,
+                         tracked: _Tracked, status: _Status, capture: _Capture) -> bool:
+    """Read the output until the command exits (or its deadline ends it); True when it timed out."""
+    timed_out = False
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(capture.read_status, status)
+        nursery.start_soon(capture.pump, proc.stdout, capture.out, capture.out_eof)
+        nursery.start_soon(capture.pump, proc.stderr, capture.err, capture.err_eof)
+        if proc.stdin is not None:
+            nursery.start_soon(_feed, proc.stdin, request.stdin)
+        deadline = trio.current_time() + request.timeout_s if request.timeout_s is not None else math.inf
+        with trio.move_on_at(deadline) as cs:
+            await tracked.process.wait()
+        if cs.cancelled_caught:
+            timed_out = True
+            await supervisor._kill_one(tracked, request.policy.kill_grace_s)
+        with trio.move_on_after(request.policy.eof_grace_s):
+            await capture.out_eof.wait()
+            await capture.err_eof.wait()
+        nursery.cancel_scope.cancel()
+    return timed_out
+
+
+async def _end_run(supervisor: ProcessSupervisor, proc: trio.Process, tracked: _Tracked, status: _Status,
+                   capture: _Capture) -> None:
+    """Shielded: the tree killed if still running, the helper reaped, the start status read, streams closed."""
+    target = tracked.process
+    with trio.CancelScope(shield=True):
+        if target.returncode is None:
+            await supervisor._kill_one(tracked, 0)
+        if target is not proc:
+            await proc.wait()  # the helper exited right after forking the target
+        if not capture.started:
+            with trio.move_on_after(1.0):
+                capture.failure = await status.startup()
+        await status.aclose()
+        for s in (proc.stdin, proc.stdout, proc.stderr):
+            if s is not None:
+                await s.aclose()
+        supervisor._release_if_done(tracked)
+
+
+def _raise_if_timed_out_or_failed(request: ExecRequest, prep: _Prepared, result: ExecResult,
+                                  timed_out: bool) -> None:
+    """Raises:
+        ExecTimeoutError: the run timed out.
+        ExecFailedError: ``check`` and a non-zero exit status.
+    """
+    shown = redact(request.argv0, prep.secrets)
     if timed_out:
-        raise ExecTimeoutError(f"{shown} ran past {timeout_s} s; its process tree was killed",
+        raise ExecTimeoutError(f"{shown} ran past {request.timeout_s} s; its process tree was killed",
                                result=result, sandbox_path=prep.cwd_shown,
-                               context={"timeout_s": timeout_s}, secrets=prep.secrets)
-    if check and result.exit_code != 0:
+                               context={"timeout_s": request.timeout_s}, secrets=prep.secrets)
+    if request.check and result.exit_code != 0:
         raise ExecFailedError(f"{shown} exited with status {result.exit_code}", result=result,
                               sandbox_path=prep.cwd_shown, context={"exit_code": result.exit_code},
                               secrets=prep.secrets)
-    return result
