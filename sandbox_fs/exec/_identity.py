@@ -291,64 +291,80 @@ def reown_tree(root: "Root", owner: tuple[int, int], *,
         OSError: the root itself cannot be changed; entries that vanish
             meanwhile are skipped.
     """
-    from .._root_walk import open_on_same_mount, walk_dirs  # noqa: PLC0415
-    from ..root import fd_chown  # noqa: PLC0415
+    from .._root_walk import walk_dirs  # noqa: PLC0415
 
-    uid, gid = owner
-
-    def wanted(st: os.stat_result) -> bool:
-        return (st.st_uid, st.st_gid) != (uid, gid) and (only_uids is None or st.st_uid in only_uids)
-    top = root.open_fd(".", os.O_PATH | os.O_DIRECTORY)
-    try:
-        st = os.fstat(top)
-        dev = st.st_dev
-        changed = 0
-        if wanted(st):
-            fd_chown(top, owner)
-            changed += 1
-    finally:
-        os.close(top)
-
-    def open_here(path: str) -> int | None:
-        """O_PATH|O_NOFOLLOW beneath the root, never through a mount point (RESOLVE_NO_XDEV)."""
-        try:
-            return open_on_same_mount(root, path, os.O_PATH | os.O_NOFOLLOW, "chown")
-        except OSError:
-            return None  # removed, swapped or beyond a mount point
-
-    def fix(path: str, listed: os.stat_result, fd: int | None = None) -> int:
-        fd = open_here(path) if fd is None else fd
-        if fd is None:
-            return 0
-        try:
-            cur = os.fstat(fd)
-            if ((cur.st_dev, cur.st_ino) != (listed.st_dev, listed.st_ino) or cur.st_dev != dev
-                    or stat.S_IFMT(cur.st_mode) not in _REOWN_KINDS
-                    or (stat.S_ISREG(cur.st_mode) and cur.st_nlink > 1)
-                    or not wanted(cur)):
-                return 0
-            fd_chown(fd, owner)
-            return 1
-        finally:
-            os.close(fd)
-
+    reown = _Reown(root, owner, only_uids)
     for _dpath, dirs, nondirs in walk_dirs(root, "."):
         keep = []
         for e in dirs:
-            if e.stat.st_dev != dev or (e.stat.st_dev, e.stat.st_ino) in skip_identities:
+            if e.stat.st_dev != reown.dev or (e.stat.st_dev, e.stat.st_ino) in skip_identities:
                 continue  # another filesystem (a mount) or a nested grant: never entered
-            fd = open_here(e.path)  # every directory: a same-filesystem bind mount is pruned here
+            fd = reown.open_here(e.path)  # every directory: a same-filesystem bind mount is pruned here
             if fd is None:
                 continue
             keep.append(e)
-            if wanted(e.stat):
-                changed += fix(e.path, e.stat, fd)
+            if reown.wanted(e.stat):
+                reown.fix(e.path, e.stat, fd)
             else:
                 os.close(fd)
         dirs[:] = keep
         for e in nondirs:
-            s = e.stat
-            if (wanted(s) and stat.S_IFMT(s.st_mode) in _REOWN_KINDS
-                    and s.st_dev == dev and not (stat.S_ISREG(s.st_mode) and s.st_nlink > 1)):
-                changed += fix(e.path, s)
-    return changed
+            if reown.wanted(e.stat) and reown.changeable(e.stat):
+                reown.fix(e.path, e.stat)
+    return reown.changed
+
+
+class _Reown:
+    """One :func:`reown_tree` run: the owner wanted, the root's device, and what it changed.
+
+    The root itself is changed (when wanted) on construction.
+    """
+
+    def __init__(self, root: "Root", owner: tuple[int, int], only_uids: range | None) -> None:
+        from ..root import fd_chown  # noqa: PLC0415
+
+        self.root, self.owner, self.only_uids = root, (owner[0], owner[1]), only_uids
+        self._chown = fd_chown
+        self.changed = 0
+        top = root.open_fd(".", os.O_PATH | os.O_DIRECTORY)
+        try:
+            st = os.fstat(top)
+            self.dev = st.st_dev
+            if self.wanted(st):
+                fd_chown(top, owner)
+                self.changed += 1
+        finally:
+            os.close(top)
+
+    def wanted(self, st: os.stat_result) -> bool:
+        """Not yet owned by the owner, and (with ``only_uids``) owned by one of those uids."""
+        return (st.st_uid, st.st_gid) != self.owner and (self.only_uids is None or st.st_uid in self.only_uids)
+
+    def changeable(self, st: os.stat_result) -> bool:
+        """A kind that is re-owned, on the root's filesystem, and not a regular file with other links."""
+        return (stat.S_IFMT(st.st_mode) in _REOWN_KINDS and st.st_dev == self.dev
+                and not (stat.S_ISREG(st.st_mode) and st.st_nlink > 1))
+
+    def open_here(self, path: str) -> int | None:
+        """O_PATH|O_NOFOLLOW beneath the root, never through a mount point (RESOLVE_NO_XDEV)."""
+        from .._root_walk import open_on_same_mount  # noqa: PLC0415
+
+        try:
+            return open_on_same_mount(self.root, path, os.O_PATH | os.O_NOFOLLOW, "chown")
+        except OSError:
+            return None  # removed, swapped or beyond a mount point
+
+    def fix(self, path: str, listed: os.stat_result, fd: int | None = None) -> None:
+        """Re-own ``path`` (or ``fd``, then closed) when it is still the listed entry and changeable."""
+        fd = self.open_here(path) if fd is None else fd
+        if fd is None:
+            return
+        try:
+            cur = os.fstat(fd)
+            if ((cur.st_dev, cur.st_ino) != (listed.st_dev, listed.st_ino)
+                    or not self.changeable(cur) or not self.wanted(cur)):
+                return
+            self._chown(fd, self.owner)
+            self.changed += 1
+        finally:
+            os.close(fd)

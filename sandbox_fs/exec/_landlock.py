@@ -165,20 +165,43 @@ def _etc_rules(top: str = "/etc") -> list[SystemRule]:
     would otherwise grant more than the system set.  Symlinks do not make a
     directory "unclean": Landlock checks their target, not the link.
     """
-    rules: list[SystemRule] = []
-    budget = [ETC_MAX_ENTRIES]
     top = top.rstrip("/") or "/"
-    excluded = {f"{top}/{e}" for e in ETC_EXCLUDED}
+    walk = _EtcWalk(top)
+    root = _EtcNode(top, "dir", True)
+    walk.scan(root)
+    walk.emit(root)
+    walk.add_links()
+    return walk.rules[:ETC_MAX_RULES]
 
-    class Node:
-        __slots__ = ("path", "kind", "ok", "clean", "children")
 
-        def __init__(self, path: str, kind: str, ok: bool) -> None:
-            self.path, self.kind, self.ok = path, kind, ok
-            self.clean = ok and kind != "other"
-            self.children: list[Node] = []
+class _EtcNode:
+    """An entry of the /etc walk: ``kind`` is "dir", "file", "link" or "other".
 
-    def scan(node: Node) -> None:
+    ``ok``: world-readable (a directory: ``o+rx``).  ``clean``: it and
+    everything beneath it is world-readable and allowed, so one rule covers it.
+    """
+
+    __slots__ = ("path", "kind", "ok", "clean", "children")
+
+    def __init__(self, path: str, kind: str, ok: bool) -> None:
+        self.path, self.kind, self.ok = path, kind, ok
+        self.clean = ok and kind != "other"
+        self.children: list[_EtcNode] = []
+
+
+class _EtcWalk:
+    """One walk of /etc (see :func:`_etc_rules`): the entries left to look at, and the rules made."""
+
+    def __init__(self, top: str) -> None:
+        self.top = top
+        self.budget = ETC_MAX_ENTRIES
+        self.excluded = {f"{top}/{e}" for e in ETC_EXCLUDED}
+        self.rules: list[SystemRule] = []
+        self.granted_dirs: list[str] = []
+        self.granted_files: set[str] = set()
+        self.links: list[str] = []
+
+    def scan(self, node: _EtcNode) -> None:
         """Fill node.children; node.clean = everything beneath is world-readable and allowed."""
         try:
             # host-access: system set: walking /etc to grant only world-readable files (fixed host paths, never a workspace)
@@ -188,12 +211,12 @@ def _etc_rules(top: str = "/etc") -> list[SystemRule]:
             node.clean = False
             return
         for e in entries:
-            budget[0] -= 1
-            if budget[0] < 0:
+            self.budget -= 1
+            if self.budget < 0:
                 node.clean = False
                 return
             path = f"{node.path}/{e.name}"
-            if path in excluded:
+            if path in self.excluded:
                 node.clean = False
                 continue
             try:
@@ -203,60 +226,54 @@ def _etc_rules(top: str = "/etc") -> list[SystemRule]:
                 continue
             mode = st.st_mode
             if _stat.S_ISLNK(mode):
-                node.children.append(Node(path, "link", True))
+                node.children.append(_EtcNode(path, "link", True))
                 continue
             if _stat.S_ISDIR(mode):
-                child = Node(path, "dir", mode & 0o005 == 0o005)
+                child = _EtcNode(path, "dir", mode & 0o005 == 0o005)
                 if child.ok:
-                    scan(child)
+                    self.scan(child)
             elif _stat.S_ISREG(mode):
-                child = Node(path, "file", bool(mode & 0o004))
+                child = _EtcNode(path, "file", bool(mode & 0o004))
             else:
-                child = Node(path, "other", False)
+                child = _EtcNode(path, "other", False)
             node.children.append(child)
             if not child.clean:
                 node.clean = False
 
-    granted_dirs: list[str] = []
-    granted_files: set[str] = set()
-    links: list[str] = []
-
-    def emit(node: Node) -> None:
+    def emit(self, node: _EtcNode) -> None:
+        """Rules for node's children: one per clean directory or readable file; links kept for later."""
         for c in node.children:
             if c.kind == "link":
-                links.append(c.path)
+                self.links.append(c.path)
             elif not c.ok or c.kind == "other":
                 continue
             elif c.kind == "file":
-                rules.append(SystemRule(c.path, FS_READ_FILE | FS_EXECUTE))
-                granted_files.add(c.path)
+                self.rules.append(SystemRule(c.path, FS_READ_FILE | FS_EXECUTE))
+                self.granted_files.add(c.path)
             elif c.clean:
-                rules.append(SystemRule(c.path, FS_READ_EXEC))
-                granted_dirs.append(c.path)
+                self.rules.append(SystemRule(c.path, FS_READ_EXEC))
+                self.granted_dirs.append(c.path)
             else:
-                emit(c)
+                self.emit(c)
 
-    root = Node(top, "dir", True)
-    scan(root)
-    emit(root)
+    def granted(self, real: str) -> bool:
+        return real in self.granted_files or any(real == d or real.startswith(d + "/") for d in self.granted_dirs)
 
-    def granted(real: str) -> bool:
-        return real in granted_files or any(real == d or real.startswith(d + "/") for d in granted_dirs)
-
-    for path in links:
-        try:
-            real = os.path.realpath(path)
-            st = os.stat(real)  # host-access: system set: where an /etc symlink lands (fixed host paths)
-        except OSError:
-            continue
-        if not (real.startswith("/usr/") or (real.startswith(top + "/") and granted(real))):
-            continue  # e.g. mtab -> /proc/<our pid>/mounts, a stray link to "/", a private file
-        if _stat.S_ISDIR(st.st_mode):
-            if st.st_mode & 0o005 == 0o005:
-                rules.append(SystemRule(path, FS_READ_EXEC))
-        elif _stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:
-            rules.append(SystemRule(path, FS_READ_FILE | FS_EXECUTE))
-    return rules[:ETC_MAX_RULES]
+    def add_links(self) -> None:
+        """A rule for each symlink that lands under ``/usr`` or on something this walk granted."""
+        for path in self.links:
+            try:
+                real = os.path.realpath(path)
+                st = os.stat(real)  # host-access: system set: where an /etc symlink lands (fixed host paths)
+            except OSError:
+                continue
+            if not (real.startswith("/usr/") or (real.startswith(self.top + "/") and self.granted(real))):
+                continue  # e.g. mtab -> /proc/<our pid>/mounts, a stray link to "/", a private file
+            if _stat.S_ISDIR(st.st_mode):
+                if st.st_mode & 0o005 == 0o005:
+                    self.rules.append(SystemRule(path, FS_READ_EXEC))
+            elif _stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:
+                self.rules.append(SystemRule(path, FS_READ_FILE | FS_EXECUTE))
 
 
 _SYSTEM_CACHE: list[SystemRule] | None = None
