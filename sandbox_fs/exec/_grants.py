@@ -47,14 +47,15 @@ def _is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
 def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, binds: bool) -> list[Root]:
     """One nesting rule against every writable tree (the workspace and each read-write grant).
 
-    Landlock rules only add rights, so a read-only grant at or beneath a
-    tree the child may write would be writable through that tree's rule.
-    Where the read-only mount layer applies (``binds``), each such grant is
-    covered by a read-only bind of itself in the child's mount namespace
-    (the helper's ``--ro-tree``) and returned; otherwise it is refused.  Refused either way: a read-only grant that *is* a writable tree,
-    and a read-write grant beneath a grant that gets a read-only bind (the
-    recursive bind would cover it).  Checked on the rule fds (``..`` walked by
-    fd), so a symlink or a path alias cannot hide a nesting.
+    Landlock rules only add rights, so a read-only grant at or beneath a tree
+    the child may write would be writable through that tree's rule. Where the
+    read-only mount layer applies (``binds``), each such grant is covered by a
+    read-only bind of itself in the child's mount namespace (the helper's
+    ``--ro-tree``) and returned; otherwise it is refused. Refused either way:
+    a read-only grant that *is* a writable tree, and a read-write grant
+    beneath a grant that gets a read-only bind (the recursive bind would cover
+    it). Checked on the rule fds (``..`` walked by fd), so a symlink or a path
+    alias cannot hide a nesting.
 
     Returns:
         The read-only grants to bind read-only (empty unless ``binds``).
@@ -68,10 +69,10 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
     for root, read_only in roots:
         if not read_only:
             continue
-        gfd = root.fileno_dup()
+        grant_fd = root.fileno_dup()
         try:
             for what, ident in writable:
-                if not _is_beneath(gfd, ident):
+                if not _is_beneath(grant_fd, ident):
                     continue
                 if ident == root.identity:
                     raise ConfinementError(f"a read-only grant is also {what}: give each directory one mode",
@@ -84,19 +85,19 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
                 nested.append(root)
                 break
         finally:
-            os.close(gfd)
+            os.close(grant_fd)
     for r, ro in roots:
         if ro or not nested:
             continue
-        rfd = r.fileno_dup()
+        rw_fd = r.fileno_dup()
         try:
             for g in nested:
-                if _is_beneath(rfd, g.identity):
+                if _is_beneath(rw_fd, g.identity):
                     raise ConfinementError(
                         "a read-write grant inside a read-only grant that is itself inside a writable tree "
                         "cannot be enforced", sandbox_path=r.label or None)
         finally:
-            os.close(rfd)
+            os.close(rw_fd)
     return nested
 
 

@@ -55,35 +55,35 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
     try:
         scopes = ((_landlock.SCOPE_SIGNAL if policy.scope_signals else 0)
                   | (_landlock.SCOPE_ABSTRACT_UNIX_SOCKET if policy.scope_abstract_unix else 0))
-        rs = _landlock.Ruleset(version, handle_net=not policy.unrestricted_tcp, scopes=scopes)
+        ruleset = _landlock.Ruleset(version, handle_net=not policy.unrestricted_tcp, scopes=scopes)
     except OSError as exc:
         raise ConfinementError("the kernel refused to create a Landlock ruleset",
                                diagnostic=str(exc)) from None
     try:
-        rw = _landlock.fs_read_write(version)
+        read_write = _landlock.fs_read_write(version)
         ws_fd = workspace.fileno_dup()
         try:
-            rs.add_fd(ws_fd, _landlock.FS_READ_EXEC if workspace.read_only else rw)
+            ruleset.add_fd(ws_fd, _landlock.FS_READ_EXEC if workspace.read_only else read_write)
         finally:
             os.close(ws_fd)
         _nested_read_only(workspace, roots, binds=read_only_binds)
         for root, read_only in roots:
-            gfd = root.fileno_dup()
+            grant_fd = root.fileno_dup()
             try:
-                rs.add_fd(gfd, _landlock.FS_READ_EXEC if read_only else rw)
+                ruleset.add_fd(grant_fd, _landlock.FS_READ_EXEC if read_only else read_write)
             finally:
-                os.close(gfd)
-        rs.add_system_set()
+                os.close(grant_fd)
+        ruleset.add_system_set()
         if tty:
-            rs.add_host_path("/dev/tty", _landlock.FS_READ_FILE | _landlock.FS_WRITE_FILE | _landlock.FS_IOCTL_DEV)
-        rs.allow_tcp(sorted(policy.allow_tcp_connect), _landlock.NET_CONNECT_TCP)
-        rs.allow_tcp(sorted(policy.allow_tcp_bind), _landlock.NET_BIND_TCP)
+            ruleset.add_host_path("/dev/tty", _landlock.FS_READ_FILE | _landlock.FS_WRITE_FILE | _landlock.FS_IOCTL_DEV)
+        ruleset.allow_tcp(sorted(policy.allow_tcp_connect), _landlock.NET_CONNECT_TCP)
+        ruleset.allow_tcp(sorted(policy.allow_tcp_bind), _landlock.NET_BIND_TCP)
     except ConfinementError:
-        rs.close()
+        ruleset.close()
         raise
     except OSError as exc:
-        rs.close()
+        ruleset.close()
         raise ConfinementError("a Landlock rule was refused by the kernel",
                                context={"errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))},
                                diagnostic=str(exc)) from None
-    return rs
+    return ruleset

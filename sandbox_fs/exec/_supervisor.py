@@ -24,8 +24,8 @@ from ._models import _NS_FLAGS
 from ._mounts import _mask_dirs
 
 
-def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]],
-                       v1: "_PidsV1Tree | None" = None, lifeline: list[int] | None = None,
+def _release_resources(cgroup_tree: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]],
+                       pids_v1_tree: "_PidsV1Tree | None" = None, lifeline: list[int] | None = None,
                        leases: "list[_identity.IdentityLease] | None" = None,
                        leafless: list[bool] | None = None) -> None:
     """Finalizer of a ProcessSupervisor: close its lifeline (every init it started then
@@ -36,9 +36,9 @@ def _release_resources(cg: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, 
         if fd >= 0:
             os.close(fd)
             lifeline[i] = -1  # type: ignore[index]
-    emptied = (cg.close() if cg is not None else False) and not (leafless or [True])[0]
-    if v1 is not None:
-        v1.close()
+    emptied = (cgroup_tree.close() if cgroup_tree is not None else False) and not (leafless or [True])[0]
+    if pids_v1_tree is not None:
+        pids_v1_tree.close()
     for fds in ns_fds.values():
         for fd in fds:
             if fd >= 0:
@@ -63,13 +63,14 @@ class _Tracked:
 class ProcessSupervisor:
     """Tracks every command started through it (its init, and cgroup leaf) and kills them all.
 
-    Give one to :func:`run_confined` / :class:`PtyManager` per session;
-    call :meth:`kill_all` (or ``await aclose()``) at shutdown.  What is
-    guaranteed where is described in SECURITY.md ("Supervision"): each command runs under an init of the helper (in its own
-    PID namespace where one can be made) that ends the whole tree when the
-    command exits, when this supervisor is closed or collected, and when the
-    host process dies; signals go only through pidfds of our own unreaped
-    children; cgroup v2 leaves (:attr:`uses_cgroup`) are killed too.
+    Give one to :func:`run_confined` / :class:`PtyManager` per session; call
+    :meth:`kill_all` (or ``await aclose()``) at shutdown. What is guaranteed
+    where is described in SECURITY.md ("Supervision"): each command runs under
+    an init of the helper (in its own PID namespace where one can be made)
+    that ends the whole tree when the command exits, when this supervisor is
+    closed or collected, and when the host process dies; signals go only
+    through pidfds of our own unreaped children; cgroup v2 leaves
+    (:attr:`uses_cgroup`) are killed too.
 
     Args:
         use_cgroup: try a cgroup v2 leaf per process (needs a writable
@@ -168,14 +169,14 @@ class ProcessSupervisor:
             pidfd = os.pidfd_open(process.pid)
         except OSError:
             pidfd = -1
-        t = _Tracked(process, pidfd, leaf, argv0, pids_leaf, pid_ns=getattr(process, "pid_ns", False))
+        tracked = _Tracked(process, pidfd, leaf, argv0, pids_leaf, pid_ns=getattr(process, "pid_ns", False))
         if leaf is None:
             self._leafless[0] = True
-        self._tracked.append(t)
-        return t
+        self._tracked.append(tracked)
+        return tracked
 
     @staticmethod
-    def _signal(t: _Tracked, sig: int) -> None:
+    def _signal(tracked: _Tracked, sig: int) -> None:
         """Signal the command's init through its pidfd (never a raw pid or process group).
 
         The init is our child and not yet reaped (``returncode`` is None), so
@@ -183,68 +184,68 @@ class ProcessSupervisor:
         its whole tree; SIGKILL ends it and, in a PID namespace, the kernel
         kills the rest.
         """
-        if t.process.returncode is None and t.pidfd >= 0:
+        if tracked.process.returncode is None and tracked.pidfd >= 0:
             try:
-                signal.pidfd_send_signal(t.pidfd, sig)
+                signal.pidfd_send_signal(tracked.pidfd, sig)
             except OSError:
                 pass
 
-    def _group_alive(self, t: _Tracked) -> bool:
-        if t.pids_leaf is not None and _PidsV1Tree.populated(t.pids_leaf):
+    def _group_alive(self, tracked: _Tracked) -> bool:
+        if tracked.pids_leaf is not None and _PidsV1Tree.populated(tracked.pids_leaf):
             return True
-        if t.process.returncode is None:
+        if tracked.process.returncode is None:
             return True
-        return t.leaf is not None and _CgroupTree.populated(t.leaf)
+        return tracked.leaf is not None and _CgroupTree.populated(tracked.leaf)
 
-    def _untrack(self, t: _Tracked) -> None:
-        if t in self._tracked:
-            self._tracked.remove(t)
-        if t.pidfd >= 0:
-            os.close(t.pidfd)
-            t.pidfd = -1
-        if t.leaf is not None:
-            _CgroupTree.remove(t.leaf)
-        if t.pids_leaf is not None:
-            _PidsV1Tree.remove(t.pids_leaf)
+    def _untrack(self, tracked: _Tracked) -> None:
+        if tracked in self._tracked:
+            self._tracked.remove(tracked)
+        if tracked.pidfd >= 0:
+            os.close(tracked.pidfd)
+            tracked.pidfd = -1
+        if tracked.leaf is not None:
+            _CgroupTree.remove(tracked.leaf)
+        if tracked.pids_leaf is not None:
+            _PidsV1Tree.remove(tracked.pids_leaf)
 
-    def _release_if_done(self, t: _Tracked) -> None:
-        """Forget ``t`` once its leader is reaped and nothing of its group/leaf is left."""
-        if t.process.returncode is None:
+    def _release_if_done(self, tracked: _Tracked) -> None:
+        """Forget ``tracked`` once its leader is reaped and nothing of its group/leaf is left."""
+        if tracked.process.returncode is None:
             return
-        if t.pidfd >= 0:  # the leader is reaped: its pidfd is no longer needed
-            os.close(t.pidfd)
-            t.pidfd = -1
-        if not self._group_alive(t):
-            self._untrack(t)
+        if tracked.pidfd >= 0:  # the leader is reaped: its pidfd is no longer needed
+            os.close(tracked.pidfd)
+            tracked.pidfd = -1
+        if not self._group_alive(tracked):
+            self._untrack(tracked)
 
-    async def _kill_one(self, t: _Tracked, grace_s: float) -> None:
+    async def _kill_one(self, tracked: _Tracked, grace_s: float) -> None:
         """SIGTERM the tree, wait up to ``grace_s`` for the command, then SIGKILL everything and reap."""
-        if grace_s > 0 and t.process.returncode is None:
-            self._signal(t, signal.SIGTERM)
+        if grace_s > 0 and tracked.process.returncode is None:
+            self._signal(tracked, signal.SIGTERM)
             with trio.move_on_after(grace_s):
-                await t.process.wait()
-        if t.process.returncode is None and not t.pid_ns:
+                await tracked.process.wait()
+        if tracked.process.returncode is None and not tracked.pid_ns:
             # A subreaper init (no PID namespace): SIGUSR1 makes it kill its
             # tree before it exits; SIGKILL would orphan the tree instead.
-            self._signal(t, signal.SIGUSR1)
+            self._signal(tracked, signal.SIGUSR1)
             with trio.move_on_after(1.0):
-                await t.process.wait()
-        self._signal(t, signal.SIGKILL)
-        if t.leaf is not None:
-            _CgroupTree.kill(t.leaf)
-        await t.process.wait()
-        if t.leaf is not None:
+                await tracked.process.wait()
+        self._signal(tracked, signal.SIGKILL)
+        if tracked.leaf is not None:
+            _CgroupTree.kill(tracked.leaf)
+        await tracked.process.wait()
+        if tracked.leaf is not None:
             for _ in range(200):
-                if not _CgroupTree.populated(t.leaf):
+                if not _CgroupTree.populated(tracked.leaf):
                     break
                 await trio.sleep(0.005)
-        elif t.pids_leaf is not None:  # v1 has no cgroup.kill: signal what it lists
+        elif tracked.pids_leaf is not None:  # v1 has no cgroup.kill: signal what it lists
             for _ in range(200):
-                _PidsV1Tree.kill(t.pids_leaf)
-                if not _PidsV1Tree.populated(t.pids_leaf):
+                _PidsV1Tree.kill(tracked.pids_leaf)
+                if not _PidsV1Tree.populated(tracked.pids_leaf):
                     break
                 await trio.sleep(0.005)
-        self._untrack(t)
+        self._untrack(tracked)
 
     async def _mount_ns(self, rw_roots: list[Root], ro_binds: Sequence[Root] = (),
                         bind: tuple[list[str], list[int]] = ([], []),
@@ -335,8 +336,8 @@ class ProcessSupervisor:
         """
         with trio.CancelScope(shield=True):
             await trio.lowlevel.checkpoint()
-            for t in list(self._tracked):
-                await self._kill_one(t, grace_s)
+            for tracked in list(self._tracked):
+                await self._kill_one(tracked, grace_s)
 
     async def aclose(self) -> None:
         """:meth:`kill_all`, then close the lifeline and remove the cgroup directory.  Idempotent.
