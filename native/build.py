@@ -75,7 +75,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "sandbox_fs._sfs_native",
     '#include <fcntl.h>\n#include <stdio.h>\n#include <linux/openat2.h>\n#include "sfs.h"\n',
-    sources=[os.path.relpath(os.path.join(HERE, "sfs.c"))],
+    sources=[os.path.relpath(os.path.join(HERE, "resolve.c"))],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-Wall", "-Wextra", "-Werror", "-O2", "-std=gnu11"],
 )
