@@ -1,7 +1,7 @@
 """cffi build script (API mode, out-of-line) for sandbox_fs._sfs_native.
 
 Constants come through the cdef as ``...`` so the C compiler fills them in
-from the system headers; the Landlock structs are defined in sfs.c because
+from the system headers; the Landlock structs are defined in landlock.c because
 Debian 12's linux-libc-dev (6.1) only describes Landlock ABI <= 2.
 """
 import os
@@ -9,6 +9,7 @@ import os
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = ("resolve.c", "copy.c", "extract.c", "landlock.c")
 
 CDEF = """
 #define SFS_ABI_VERSION ...
@@ -75,7 +76,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "sandbox_fs._sfs_native",
     '#include <fcntl.h>\n#include <stdio.h>\n#include <linux/openat2.h>\n#include "sfs.h"\n',
-    sources=[os.path.relpath(os.path.join(HERE, "resolve.c"))],
+    sources=[os.path.relpath(os.path.join(HERE, name)) for name in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-Wall", "-Wextra", "-Werror", "-O2", "-std=gnu11"],
 )
