@@ -1,82 +1,66 @@
 """cffi build script (API mode, out-of-line) for sandbox_fs._sfs_native.
 
-Constants come through the cdef as ``...`` so the C compiler fills them in
-from the system headers; the Landlock structs are defined in landlock.c because
-Debian 12's linux-libc-dev (6.1) only describes Landlock ABI <= 2.
+The module is split by topic, one C file and one header each (resolve, copy,
+extract, landlock; sfs.h holds the ABI version and includes them).  The cdef
+is those same headers, read as they are, so each prototype and constant is
+written once; their ``#pragma once`` and ``#include`` lines are for the C
+compiler and are left out.  The system constants Python reads come through
+the cdef as ``#define NAME ...`` so the compiler fills them in from the system
+headers.  The Landlock structs are defined in landlock.c because Debian 12's
+linux-libc-dev (6.1) only describes Landlock ABI <= 2.
 """
 import os
 
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("resolve.c", "copy.c", "extract.c", "landlock.c")
 
-CDEF = """
-#define SFS_ABI_VERSION ...
-#define SFS_MAX_SYMLINK_HOPS ...
-#define RESOLVE_NO_XDEV ...
-#define RESOLVE_NO_MAGICLINKS ...
-#define RESOLVE_NO_SYMLINKS ...
-#define RESOLVE_BENEATH ...
-#define RESOLVE_IN_ROOT ...
-#define RENAME_NOREPLACE ...
-#define RENAME_EXCHANGE ...
-#define O_PATH ...
-#define O_TMPFILE ...
-int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
-int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
-int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve, int fallback, int allow_special);
-int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
-int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
-int sfs_set_times_fd(int fd, int64_t ns);
-int sfs_fchown_fd(int fd, int64_t uid, int64_t gid);
-#define SFS_XFER_CHECK_IDENT ...
-#define SFS_XFER_FSYNC ...
-#define SFS_XFER_SET_MTIME ...
-#define SFS_XFER_MORE ...
-#define SFS_STAGE_SRC_OPEN ...
-#define SFS_STAGE_SRC_CHANGED ...
-#define SFS_STAGE_TMP_CREATE ...
-#define SFS_STAGE_COPY ...
-#define SFS_STAGE_META ...
-#define SFS_STAGE_RENAME ...
-struct sfs_xfer {
-    uint64_t dev, ino;
-    int64_t max_bytes;
-    int64_t mtime_ns;
-    uint32_t mode;
-    int flags;
-    int64_t size;
-    int stage;
-    int src_fd, tmp_fd;
-};
-int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char *tmp_name,
-                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen, int64_t uid, int64_t gid);
-int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x);
-void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
-#define SFS_XF_FIELDS ...
-#define SFS_XF_CHMOD ...
-#define SFS_XF_MTIME ...
-#define SFS_XF_STAGE_CREATE ...
-#define SFS_XF_STAGE_COPY ...
-#define SFS_XF_STAGE_SHORT ...
-#define SFS_XF_STAGE_META ...
-int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
-                      int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid);
-int sfs_landlock_abi(void);
-int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
-int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);
-int sfs_landlock_add_port(int ruleset_fd, uint64_t port, uint64_t access);
-int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64_t names_len,
-                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out, int64_t uid, int64_t gid);
-"""
+# Each topic: NAME.c and NAME.h, and the system constants Python reads with its functions.
+TOPICS = (
+    ("resolve", ("RESOLVE_NO_XDEV", "RESOLVE_NO_MAGICLINKS", "RESOLVE_NO_SYMLINKS", "RESOLVE_BENEATH",
+                 "RESOLVE_IN_ROOT", "RENAME_NOREPLACE", "RENAME_EXCHANGE", "O_PATH", "O_TMPFILE")),
+    ("copy", ()),
+    ("extract", ()),
+    ("landlock", ()),
+)
+SOURCES = [name + ".c" for name, _ in TOPICS]
+
+
+def header_cdef(name):
+    """The cdef text of the header native/``name``: its lines without ``#pragma once`` and ``#include``.
+
+    Raises:
+        ValueError: the header holds another preprocessor line than ``#define`` (cffi cannot read it).
+    """
+    kept = []
+    with open(os.path.join(HERE, name)) as f:
+        for line in f.read().splitlines():
+            directive = line.lstrip()
+            if directive.startswith(("#pragma once", "#include ")):
+                continue
+            if directive.startswith("#") and not directive.startswith("#define "):
+                raise ValueError(f"native/{name}: cffi cannot read {line!r}; keep it out of the header")
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def cdef():
+    """The whole cdef: sfs.h, then per topic its system constants and its header."""
+    parts = [header_cdef("sfs.h")]
+    for name, system_constants in TOPICS:
+        parts += [f"#define {constant} ..." for constant in system_constants]
+        parts.append(header_cdef(name + ".h"))
+    return "\n".join(parts)
+
 
 ffibuilder = FFI()
-ffibuilder.cdef(CDEF)
+ffibuilder.cdef(cdef())
 ffibuilder.set_source(
     "sandbox_fs._sfs_native",
-    '#include <fcntl.h>\n#include <stdio.h>\n#include <linux/openat2.h>\n#include "sfs.h"\n',
+    '#include "sfs.h"\n',
     sources=[os.path.relpath(os.path.join(HERE, name)) for name in SOURCES],
+    depends=[os.path.relpath(os.path.join(HERE, name)) for name in ["sfs.h", "internal.h"] +
+             [topic + ".h" for topic, _ in TOPICS]],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-Wall", "-Wextra", "-Werror", "-O2", "-std=gnu11"],
 )

@@ -29,6 +29,8 @@
 #include "sfs.h"
 #include "internal.h"
 
+#define SFS_EAGAIN_RETRIES 128   /* tries while a concurrent rename makes openat2 or the walk return EAGAIN */
+
 #ifndef SYS_openat2
 #define SYS_openat2 437
 #endif

@@ -1,66 +1,20 @@
-#ifndef SFS_H
-#define SFS_H
-#include <stdint.h>
+/*
+ * The interface of the sandbox-fs native module (sandbox_fs._sfs_native), one
+ * header per topic, each beside its C file.  native/build.py hands these same
+ * headers to cffi as the cdef, so every prototype and constant is written
+ * once: a header holds only what cffi reads (declarations, #define NAME VALUE)
+ * plus #pragma once and #include lines, which build.py leaves out.
+ *
+ * Every function returns a non-negative result (fd, count, ABI number) or a
+ * negative errno; errno itself is never the error channel.  Syscalls only:
+ * policy lives in Python (sandbox_fs/_native.py and its callers).
+ */
+#pragma once
 
-/* Bumped whenever a signature below changes; checked by sandbox_fs/_native.py. */
+/* Bumped whenever a signature changes; checked by sandbox_fs/_native.py. */
 #define SFS_ABI_VERSION 7
-#define SFS_MAX_SYMLINK_HOPS 40   /* MAXSYMLINKS in the kernel */
-#define SFS_EAGAIN_RETRIES 128
-#define SFS_COPY_BUF 65536
 
-int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
-int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
-int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
-                  int fallback, int allow_special);
-int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
-int64_t sfs_copy(int in_fd, int out_fd, int64_t max_bytes);
-int sfs_set_times_fd(int fd, int64_t ns);
-int sfs_fchown_fd(int fd, int64_t uid, int64_t gid);
-/* One file copied into a temporary name and renamed into place: see sfs.c. */
-#define SFS_XFER_CHECK_IDENT 1   /* the source's (dev, ino) must equal x->dev, x->ino */
-#define SFS_XFER_FSYNC 2         /* fsync the temporary file before the rename */
-#define SFS_XFER_SET_MTIME 4     /* set atime and mtime to x->mtime_ns */
-#define SFS_XFER_MORE 1          /* return value: buf is full, fds left open (see sfs_xfer_file) */
-enum sfs_xfer_stage {
-    SFS_STAGE_NONE = 0,
-    SFS_STAGE_SRC_OPEN = 1,      /* opening the source name */
-    SFS_STAGE_SRC_CHANGED = 2,   /* not a regular file, or not the expected identity */
-    SFS_STAGE_TMP_CREATE = 3,    /* creating the temporary name */
-    SFS_STAGE_COPY = 4,          /* reading or writing data (EFBIG: over max_bytes) */
-    SFS_STAGE_META = 5,          /* fchown, fchmod, futimens, fsync, close */
-    SFS_STAGE_RENAME = 6         /* renaming the temporary name over the destination */
-};
-struct sfs_xfer {
-    uint64_t dev, ino;           /* in: expected source identity */
-    int64_t max_bytes;           /* in: refuse sources over this many bytes */
-    int64_t mtime_ns;            /* in: with SFS_XFER_SET_MTIME */
-    uint32_t mode;               /* in: permission bits, set with fchmod */
-    int flags;                   /* in: SFS_XFER_* */
-    int64_t size;                /* out: bytes written */
-    int stage;                   /* out: enum sfs_xfer_stage of a failure */
-    int src_fd, tmp_fd;          /* out: open only after SFS_XFER_MORE */
-};
-int sfs_xfer_file(int src_dirfd, const char *src_name, int dst_dirfd, const char *tmp_name,
-                  const char *dst_name, struct sfs_xfer *x, char *buf, int64_t buflen, int64_t uid, int64_t gid);
-int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x);
-void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x);
-/* A batch of new files from an uncompressed tar source, each created by its path beneath
- * stage_fd at the moment it is made: see sfs.c.  Per entry SFS_XF_FIELDS int64s:
- * src_off, size, probe_off (-1: none), mode, mtime_ns, SFS_XF_* flags. */
-#define SFS_XF_FIELDS 6
-#define SFS_XF_CHMOD 1           /* fchmod to mode after the copy (the umask took bits away) */
-#define SFS_XF_MTIME 2           /* set atime and mtime to mtime_ns */
-#define SFS_XF_STAGE_CREATE 1    /* err_out[1]: creating the name (EINVAL: a bad entry) */
-#define SFS_XF_STAGE_COPY 2      /* reading or writing data */
-#define SFS_XF_STAGE_SHORT 3     /* the source ended before the member's data (or its padding) */
-#define SFS_XF_STAGE_META 4      /* fchown, fchmod, futimens, close */
-int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
-                      int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid);
-int sfs_landlock_abi(void);
-int sfs_landlock_create(uint64_t fs, uint64_t net, uint64_t scoped);
-int sfs_landlock_add_path(int ruleset_fd, int parent_fd, uint64_t access);
-int sfs_landlock_add_port(int ruleset_fd, uint64_t port, uint64_t access);
-/* Many files of one directory pair in one call, data packed in buf: see sfs.c. */
-int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64_t names_len,
-                   struct sfs_xfer *xs, char *buf, int64_t buflen, int *ret_out, int64_t uid, int64_t gid);
-#endif
+#include "resolve.h"
+#include "copy.h"
+#include "extract.h"
+#include "landlock.h"
