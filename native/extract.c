@@ -11,7 +11,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -59,10 +58,11 @@ void sfs_xfer_abort(int dst_dirfd, const char *tmp_name, struct sfs_xfer *x)
 
 int sfs_xfer_finish(int dst_dirfd, const char *tmp_name, const char *dst_name, struct sfs_xfer *x)
 {
+    int r;
     if (fchmod(x->tmp_fd, (mode_t)(x->mode & 0777)) < 0)
         return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
-    if ((x->flags & SFS_XFER_SET_MTIME) && sfs_set_times_ns(x->tmp_fd, x->mtime_ns) < 0)
-        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
+    if ((x->flags & SFS_XFER_SET_MTIME) && (r = sfs_set_times_ns(x->tmp_fd, x->mtime_ns)) < 0)
+        return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, -r);
     if ((x->flags & SFS_XFER_FSYNC) && fsync(x->tmp_fd) < 0)
         return xfer_fail(dst_dirfd, tmp_name, x, SFS_STAGE_META, errno);
     int tfd = x->tmp_fd;
@@ -100,7 +100,7 @@ static int one_component(const char *name)
  * SFS_XFER_MORE when buf filled up: buflen bytes are written, x->src_fd and
  * x->tmp_fd are left open for the caller to continue, then it calls
  * sfs_xfer_finish (or sfs_xfer_abort).  Without buf (NULL): fd-to-fd copy
- * bounded by max_bytes (copy_file_range, read/write fallback).
+ * bounded by max_bytes (sfs_copy).
  * uid, gid >= 0: the temporary file is given that owner with fchown of its
  * fd right after it is created (-1: that id is left as made).
  * Returns -errno on failure, x->stage telling which step failed; -EFBIG
@@ -285,55 +285,12 @@ static int xf_fail(int stage_fd, int fallback, const char *path, int fd, int64_t
     return -1;
 }
 
-static int xf_copy(int src_fd, int fd, int64_t off, int64_t size, int *stage)
-{
-    char buf[SFS_COPY_BUF];
-    int use_rw = 0;
-    *stage = SFS_XF_STAGE_COPY;
-    while (size > 0) {
-        size_t want = (size_t)(size < (1 << 30) ? size : (1 << 30));
-        ssize_t n;
-        if (!use_rw) {
-            off_t o = (off_t)off;
-            n = sendfile(fd, src_fd, &o, want);
-            if (n < 0) {
-                if (errno == EINTR)
-                    continue;
-                if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
-                    use_rw = 1;
-                    continue;
-                }
-                return errno;
-            }
-        } else {
-            if (want > sizeof buf)
-                want = sizeof buf;
-            n = pread(src_fd, buf, want, (off_t)off);
-            if (n < 0) {
-                if (errno == EINTR)
-                    continue;
-                return errno;
-            }
-            if (n > 0) {
-                int w = sfs_write_all(fd, buf, (size_t)n);
-                if (w < 0)
-                    return -w;
-            }
-        }
-        if (n == 0) {
-            *stage = SFS_XF_STAGE_SHORT;
-            return ENODATA;
-        }
-        off += n;
-        size -= n;
-    }
-    return 0;
-}
-
+/* Make the one new file entry e describes at path; copy_way is the batch's (see sfs_copy_range). */
 static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, const char *path, int64_t *err_out,
-                  int64_t uid, int64_t gid)
+                  int64_t uid, int64_t gid, int *copy_way)
 {
-    int fd, err, stage;
+    int fd, err;
+    int64_t off = e[0], copied;
     /* Offsets and sizes come from an archive header: never trust them to be sane here either. */
     if (e[0] < 0 || e[1] < 0 || e[1] > INT64_MAX - e[0] || e[2] < -1 || path[0] == '\0' || path[0] == '/')
         return xf_fail(stage_fd, fallback, path, -1, err_out, SFS_XF_STAGE_CREATE, EINVAL);
@@ -343,9 +300,11 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
         return xf_fail(stage_fd, fallback, path, -1, err_out, SFS_XF_STAGE_CREATE, -fd);
     if ((err = sfs_own_fd(fd, uid, gid)) < 0)
         return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, -err);
-    err = xf_copy(src_fd, fd, e[0], e[1], &stage);
-    if (err)
-        return xf_fail(stage_fd, fallback, path, fd, err_out, stage, err);
+    copied = sfs_copy_range(src_fd, &off, fd, e[1], copy_way);
+    if (copied < 0)
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_COPY, (int)-copied);
+    if (copied < e[1])
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_SHORT, ENODATA);
     if (e[2] >= 0) {  /* the last byte of the block padding must exist, as tar readers check */
         char c;
         ssize_t n;
@@ -358,8 +317,8 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
     }
     if ((e[5] & SFS_XF_CHMOD) && fchmod(fd, (mode_t)(e[3] & 0777)) < 0)
         return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
-    if ((e[5] & SFS_XF_MTIME) && sfs_set_times_ns(fd, e[4]) < 0)
-        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
+    if ((e[5] & SFS_XF_MTIME) && (err = sfs_set_times_ns(fd, e[4])) < 0)
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, -err);
     if (close(fd) < 0 && errno != EINTR) {
         int e2 = errno;
         xf_unlink(stage_fd, fallback, path);
@@ -386,6 +345,7 @@ int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *num
                       int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid)
 {
     const char *p = names, *end = names + (names_len > 0 ? names_len : 0);
+    int copy_way = SFS_COPY_FILE_RANGE;
     err_out[0] = err_out[1] = 0;
     for (int i = 0; i < n; i++) {
         const char *nul = memchr(p, '\0', (size_t)(end - p));
@@ -394,7 +354,8 @@ int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *num
             err_out[1] = SFS_XF_STAGE_CREATE;
             return i;
         }
-        if (xf_one(src_fd, stage_fd, fallback, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out, uid, gid) < 0)
+        if (xf_one(src_fd, stage_fd, fallback, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out, uid, gid,
+                   &copy_way) < 0)
             return i;
         p = nul + 1;
     }

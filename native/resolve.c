@@ -545,12 +545,14 @@ static void ns_to_times(int64_t ns, struct timespec ts[2])
     ts[1] = ts[0];
 }
 
-/* Set atime and mtime of fd to ns nanoseconds since the epoch.  0 or -1 with errno. */
+/* Set atime and mtime of fd to ns nanoseconds since the epoch.  0 or -errno. */
 int sfs_set_times_ns(int fd, int64_t ns)
 {
     struct timespec ts[2];
     ns_to_times(ns, ts);
-    return futimens(fd, ts);
+    if (futimens(fd, ts) < 0)
+        return -errno;
+    return 0;
 }
 
 /* The same for the inode an O_PATH fd refers to (a symlink's own times through an fd that
