@@ -524,7 +524,8 @@ int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, ui
 }
 
 /* ------------------------------------------------------------------ */
-/* Calls the os module cannot make with dir_fd                         */
+/* Calls the os module cannot make with dir_fd or an O_PATH fd, and    */
+/* the times and owner of a file through its fd (extract.c uses those) */
 /* ------------------------------------------------------------------ */
 
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)
@@ -533,6 +534,7 @@ int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *n
         return -errno;
     return 0;
 }
+
 /* atime = mtime = ns nanoseconds since the epoch (negative: before it). */
 static void ns_to_times(int64_t ns, struct timespec ts[2])
 {
