@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import tempfile
 
 import pytest
@@ -90,6 +91,21 @@ def attempt(fn, rootfd, path, flags, resolve):
     try:
         st = os.fstat(ret)
         return ("ok", st.st_dev, st.st_ino)
+    finally:
+        os.close(ret)
+
+
+def attempt_named(fn, rootfd, path, flags, resolve):
+    """Like attempt, but names what was opened by its device, type and the kernel's path
+    for the fd, not its inode number: a file one call creates, and the test unlinks
+    before the other call creates it again, need not get the same inode back (on ext4
+    under load it does not)."""
+    ret = fn(rootfd, path.encode(), flags, 0, resolve | _native.RESOLVE_BENEATH | _native.RESOLVE_NO_MAGICLINKS)
+    if ret < 0:
+        return ("err", -ret)
+    try:
+        st_ = os.fstat(ret)
+        return ("ok", st_.st_dev, stat.S_IFMT(st_.st_mode), os.readlink(f"/proc/self/fd/{ret}"))
     finally:
         os.close(ret)
 
@@ -185,7 +201,7 @@ def test_edge_cases_agree(tmp_path, flags):
         for fn in (_native.lib.sfs_openat2, _native.lib.sfs_open_fallback):
             rootfd = os.open(ws, os.O_PATH | os.O_DIRECTORY)
             try:
-                results.append(attempt(fn, rootfd, path, flags, 0))
+                results.append(attempt_named(fn, rootfd, path, flags, 0))
             finally:
                 os.close(rootfd)
             for created in ("nope", "new", "new2", "dir/new"):  # undo creations between the two
