@@ -75,9 +75,9 @@ def int_option(low: int = 0, high: int = INT64_MAX, *, unit: str = "") -> Callab
 def float_option(low: float = 0.0, high: float = float(INT64_MAX), *, low_open: bool = False,
                  unit: str = "") -> Callable[[str], float]:
     """A finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
-    return NumericType(float, low, high, low_open=low_open, unit=unit)  # type: ignore[return-value]
+    return NumericType(float, low, high, low_open=low_open, unit=unit)
 
 
 def seconds_option(high: float = MAX_SECONDS) -> Callable[[str], float]:
     """A duration in seconds: finite, > 0, at most ``high`` (default one year)."""
-    return NumericType(float, 0.0, high, low_open=True, unit="s")  # type: ignore[return-value]
+    return NumericType(float, 0.0, high, low_open=True, unit="s")

@@ -47,9 +47,8 @@ def first_refusal(exc: BaseException) -> SandboxError | OSError | None:
     """The refusal ``exc`` stands for: the first ``SandboxError`` among its leaves, else the first
     ``OSError``, else None (``exc`` is a bug, an interrupt or an exit)."""
     leaves = exception_leaves(exc)
-    found = (next((e for e in leaves if isinstance(e, SandboxError)), None)
-             or next((e for e in leaves if isinstance(e, OSError)), None))
-    return found  # type: ignore[return-value]
+    return (next((e for e in leaves if isinstance(e, SandboxError)), None)
+            or next((e for e in leaves if isinstance(e, OSError)), None))
 
 
 def report(exc: BaseException) -> int:

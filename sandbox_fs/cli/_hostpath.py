@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 from ..errors import SandboxError
 from ..paths import Grant
@@ -37,6 +37,14 @@ def add_flag(p: argparse.ArgumentParser) -> None:
                    help="follow symlinks in the host paths given here (only for trusted paths: by default "
                         "a host path with a symlink on it is refused, since a sandboxed command may have "
                         "planted it)")
+
+
+@overload
+def host_path(args: argparse.Namespace, path: str) -> str: ...
+@overload
+def host_path(args: argparse.Namespace, path: None) -> None: ...
+@overload
+def host_path(args: argparse.Namespace, path: str | None) -> str | None: ...
 
 
 def host_path(args: argparse.Namespace, path: str | None) -> str | None:

@@ -133,7 +133,8 @@ def print_report(args: argparse.Namespace, data: Mapping[str, Any] | Sequence[Ma
     if args.json:
         print(json_text(data))
     else:
-        for row in data if isinstance(data, list) else [data]:
+        rows: Sequence[Mapping[str, Any]] = data if isinstance(data, list) else [data]  # type: ignore[list-item]
+        for row in rows:
             print("\n".join(report_lines(row)))
 
 
