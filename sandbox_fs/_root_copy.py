@@ -103,21 +103,24 @@ class _Batch:
     def _fill_xfers(self) -> list[bytes]:
         """Describe the group in ``self.xfers``; returns the ``(src leaf, tmp name, dst leaf)`` names of each."""
         names: list[bytes] = []
-        base_flags, bound, xs = self.base_flags, self.bound, self.xfers
-        for j, p in enumerate(self.group):
+        base_flags, bound, xs, prefix = self.base_flags, self.bound, self.xfers, self.tmp_prefix
+        check_ident, set_mtime = _native.XFER_CHECK_IDENT, _native.XFER_SET_MTIME
+        counter = self.tmp_counter
+        for j, (_src, _dst, src_leaf, dst_leaf, mode, mtime_ns, ident) in enumerate(self.group):
             x = xs[j]
             flags = base_flags
-            if p.ident is not None:
-                x.dev, x.ino = p.ident
-                flags |= _native.XFER_CHECK_IDENT
-            if p.mtime_ns is not None:
-                x.mtime_ns = p.mtime_ns
-                flags |= _native.XFER_SET_MTIME
+            if ident is not None:
+                x.dev, x.ino = ident
+                flags |= check_ident
+            if mtime_ns is not None:
+                x.mtime_ns = mtime_ns
+                flags |= set_mtime
             x.flags = flags
-            x.mode = p.mode
+            x.mode = mode
             x.max_bytes = bound
-            self.tmp_counter += 1
-            names += (p.src_leaf, self.tmp_prefix + str(self.tmp_counter).encode(), p.dst_leaf)
+            counter += 1
+            names += (src_leaf, prefix + str(counter).encode(), dst_leaf)
+        self.tmp_counter = counter
         return names
 
     def _record(self, done: int) -> int:
@@ -201,6 +204,8 @@ def _copy_items(batch: _Batch, items: Iterable[Any], before_each: Callable[[int]
                 srootfd: int, drootfd: int) -> None:
     """Check each item, open its directories, and add it to the group (copied when the group is full or ends)."""
     dst, src, group = batch.dst, batch.src, batch.group
+    src_dirs, dst_dirs = batch.src_dirs, batch.dst_dirs
+    make_pending = _Pending._make
     for i, (srel_s, drel_s, mode, mtime_ns, ident) in enumerate(items):
         try:
             if before_each is not None:
@@ -212,16 +217,23 @@ def _copy_items(batch: _Batch, items: Iterable[Any], before_each: Callable[[int]
                 srel_s, drel_s = _checked_names(dst, src, srel_s, drel_s)
             sdir_s, _, sleaf_s = srel_s.rpartition("/")
             ddir_s, _, dleaf_s = drel_s.rpartition("/")
-            sdfd, ddfd = batch.dir_fds(srootfd, drootfd, srel_s, sdir_s, drel_s, ddir_s)
+            sdfd = src_dirs.get(sdir_s)
+            ddfd = dst_dirs.get(ddir_s)
+            if sdfd is None or ddfd is None:  # a directory met for the first time: opened and checked
+                sdfd, ddfd = batch.dir_fds(srootfd, drootfd, srel_s, sdir_s, drel_s, ddir_s)
         except BaseException:
             batch.flush()  # the items before this one are copied first, as promised
             raise
-        if group and (len(group) >= GROUP_MAX or sdfd != batch.group_fds[0] or ddfd != batch.group_fds[1]):
+        group_fds = batch.group_fds
+        if sdfd != group_fds[0] or ddfd != group_fds[1]:  # another directory pair: a new group
+            if group:
+                batch.flush()
+            batch.group_fds = (sdfd, ddfd)
+        elif len(group) >= GROUP_MAX:
             batch.flush()
-        batch.group_fds = (sdfd, ddfd)
         sleaf = sleaf_s.encode("utf-8", "surrogateescape")
         dleaf = sleaf if dleaf_s == sleaf_s else dleaf_s.encode("utf-8", "surrogateescape")
-        group.append(_Pending(srel_s, drel_s, sleaf, dleaf, mode, mtime_ns, ident))
+        group.append(make_pending((srel_s, drel_s, sleaf, dleaf, mode, mtime_ns, ident)))
     batch.flush()
 
 
