@@ -26,7 +26,7 @@ from test_archive_builders import cancel_once_started, tar_bytes, ti
 from sandbox_fs import SandboxError, open_root
 from sandbox_fs.archive import (ArchiveFormatError, ArchiveLimitError, ArchiveLimits, ExtractPolicy,
                                 UnsafeArchiveMemberError, extract)
-from sandbox_fs.archive import _writer
+from sandbox_fs.archive import _batch, _writer
 
 _THREAD = "sandbox-fs-extract-copy"
 
@@ -77,7 +77,7 @@ def test_file_source_is_batched_and_matches_stream(layout, tmp_path, monkeypatch
     monkeypatch.setattr(_writer._native, "extract_files", lambda *a: calls.append(a[5]) or real(*a))
     with open_root(layout.ws) as root:
         rep_file = extract(root, "from_file", _write(tmp_path, data))
-        assert calls and sum(calls) == 301 and max(calls) <= _writer.BATCH_FILES
+        assert calls and sum(calls) == 301 and max(calls) <= _batch.BATCH_FILES
         calls.clear()
         rep_stream = extract(root, "from_stream", io.BytesIO(data))
         assert calls == []  # a stream source is never batched
@@ -180,7 +180,7 @@ def test_earlier_batch_error_wins_over_a_later_member_error(layout, tmp_path, mo
 def test_name_appearing_in_staging_is_replaced_like_one_by_one(layout, tmp_path, monkeypatch):
     """A queued name that exists when the batch runs (a racing process, a case-folding filesystem)
     is replaced atomically, as the one-by-one path does; the rest of the batch is still made."""
-    real_run = _writer._Batch.run
+    real_run = _batch.FileBatch.run
 
     def run(self, src_fd):
         assert self.n
@@ -190,7 +190,7 @@ def test_name_appearing_in_staging_is_replaced_like_one_by_one(layout, tmp_path,
         os.close(fd)
         real_run(self, src_fd)
 
-    monkeypatch.setattr(_writer._Batch, "run", run)
+    monkeypatch.setattr(_batch.FileBatch, "run", run)
     data = tar_bytes([ti("d/a", data=b"archive"), ti("d/b", data=b"bbb"), ti("d/c", data=b"ccc")])
     with open_root(layout.ws) as root:
         rep = extract(root, "dest", _write(tmp_path, data))
@@ -217,13 +217,13 @@ def test_no_fd_or_thread_left(layout, tmp_path, fail):
 
 def test_cpu_limit_runs_batches_in_the_calling_thread(layout, tmp_path, monkeypatch):
     seen = set()
-    real_run = _writer._Batch.run
+    real_run = _batch.FileBatch.run
 
     def run(self, src_fd):
         seen.add(threading.get_ident())
         real_run(self, src_fd)
 
-    monkeypatch.setattr(_writer._Batch, "run", run)
+    monkeypatch.setattr(_batch.FileBatch, "run", run)
     data = tar_bytes(_many(200))
     with open_root(layout.ws) as root:
         extract(root, "dest", _write(tmp_path, data), limits=ArchiveLimits(max_cpu_seconds=60))
@@ -235,14 +235,14 @@ def test_cpu_limit_runs_batches_in_the_calling_thread(layout, tmp_path, monkeypa
 
 async def test_cancel_with_a_batch_in_flight(layout, tmp_path, monkeypatch):
     started = threading.Event()
-    real_run = _writer._Batch.run
+    real_run = _batch.FileBatch.run
 
     def slow_run(self, src_fd):
         started.set()
         threading.Event().wait(0.05)
         real_run(self, src_fd)
 
-    monkeypatch.setattr(_writer._Batch, "run", slow_run)
+    monkeypatch.setattr(_batch.FileBatch, "run", slow_run)
     path = _write(tmp_path, tar_bytes(_many(3000, size=10)))
     with open_root(layout.ws) as root:
         await cancel_once_started(root, path, started, timeout=30, settle=0.02)
@@ -495,7 +495,7 @@ def test_staging_subdirectory_moved_out_before_the_batch(layout, tmp_path, monke
     staging subdirectory out of the workspace.  No queued file may land there."""
     data = tar_bytes([ti("a/x1", data=b"payload 1"), ti("a/x2", data=b"payload 2"), ti("a/x3", data=b"payload 3")])
     moved = layout.outside / "moved"
-    real_run = _writer._Batch.run
+    real_run = _batch.FileBatch.run
 
     def run(self, src_fd):
         for name in os.listdir(layout.ws / "dest"):
@@ -503,7 +503,7 @@ def test_staging_subdirectory_moved_out_before_the_batch(layout, tmp_path, monke
                 os.rename(layout.ws / "dest" / name / "a", moved)
         real_run(self, src_fd)
 
-    monkeypatch.setattr(_writer._Batch, "run", run)
+    monkeypatch.setattr(_batch.FileBatch, "run", run)
     (layout.ws / "dest").mkdir()
     before = layout.snapshot()
     base = _nfds()

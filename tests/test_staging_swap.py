@@ -31,7 +31,7 @@ from test_archive_builders import tar_bytes, ti
 
 from sandbox_fs import SandboxError, open_root
 from sandbox_fs.archive import ArchiveLimits, ExtractPolicy, UnsafeArchiveMemberError, extract
-from sandbox_fs.archive import _writer
+from sandbox_fs.archive import _batch, _writer
 from sandbox_fs.errors import DirectoryReplacedError, InvalidPathError, PathEscapeError
 from sandbox_fs.root import Subtree
 from sandbox_fs.snapshot import LocalSnapshotStore, SnapshotError, hydrate, persist
@@ -143,13 +143,13 @@ def test_staging_swapped_before_a_batch_runs_the_batch_writes_by_name(layout, tm
     data = tar_bytes(_members(40))
     (tmp_path / "a.tar").write_bytes(data)
     swapper = _Swapper(layout, layout.ws)
-    real_run = _writer._Batch.run
+    real_run = _batch.FileBatch.run
 
     def run(self, src_fd):
         swapper.swap()
         real_run(self, src_fd)
 
-    monkeypatch.setattr(_writer._Batch, "run", run)
+    monkeypatch.setattr(_batch.FileBatch, "run", run)
     with open_root(layout.ws) as root, pytest.raises(UnsafeArchiveMemberError) as ei:
         extract(root, "dest", tmp_path / "a.tar")
     assert "staging directory was replaced" in str(ei.value)

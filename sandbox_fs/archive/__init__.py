@@ -44,7 +44,7 @@ call, while the calling thread parses the next headers; every rule above is
 checked before a file is queued, each queued file is created by its path
 resolved beneath the staging directory when it is made (no directory fd is
 kept across members), and a member is queued only when the source file holds
-all of its data (see ``_writer``).
+all of its data (see ``_batching``).
 Header numbers used as sizes or offsets are never trusted to be non-negative:
 a negative size (a GNU base-256 field, a PAX record) or sparse map entry is an
 :class:`ArchiveFormatError`, before the member is counted or anything is made.

@@ -22,7 +22,8 @@ from typing import Any, BinaryIO
 from ._errors import ArchiveFormatError, ArchiveLimitError
 from ._models import ArchiveLimits
 
-__all__ = ["Meter", "InputCounter", "SeekCounter", "StreamCounter", "sniff", "decompressor", "PARSE_ERRORS"]
+__all__ = ["CHUNK_BYTES", "Meter", "InputCounter", "SeekCounter", "StreamCounter", "sniff", "decompressor",
+           "PARSE_ERRORS"]
 
 # Exceptions the parsers (tarfile, zipfile, gzip, bz2, lzma) raise on bad input.
 PARSE_ERRORS: tuple[type[BaseException], ...] = (
@@ -30,6 +31,8 @@ PARSE_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError, OverflowError, ValueError, KeyError, IndexError, TypeError,
 )
 
+#: the most member data bytes one read or write moves (a long member stays cancellable once a chunk)
+CHUNK_BYTES = 1 << 20
 #: bytes tarfile may read past a header in one go (one 512-byte block of a sparse map): slack for the header bound.
 HEADER_SLACK_BYTES = 4096
 

@@ -54,58 +54,32 @@ A member path is at most :data:`STAGED_PATH_MAX` bytes (PATH_MAX less the
 staging name), and ``max_path_bytes`` is lowered to that for atomic
 extractions.
 
-Batched new files (atomic mode, uncompressed tar read from a regular file):
-a plain file member with a new name is *queued* (:meth:`Extractor.add_new_file_from`)
-after every check the one-by-one path makes (name rules, ``_parents``, limits
-counted from the declared size before any byte is copied, and only once the
-source file is known to hold the member's data and padding: a short source
-goes one by one, so both paths give the same error for the same archive).
-Batches of up to :data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes are
-created and filled by ONE native call in one helper thread per extraction,
-while the calling thread parses the next headers: each file is created by its
-path (``<staging>/<member path>``), resolved *when it is made*
-(``openat2`` ``O_CREAT|O_EXCL|O_NOFOLLOW`` with ``RESOLVE_BENEATH|
-RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS``, or the fallback walker with the
-same flags), data copied at explicit source offsets, mode, mtime, close; a
-failed file is unlinked.  No directory fd is kept across members: a
-subdirectory that a racing process moves out of the staging tree is simply
-not found (the extraction fails), never written into.  At most one batch is
-in flight.  Ordering: the queue is flushed (waited for) before any member
-that could depend on a queued file (a hard link, a repeated name), before
-:meth:`~Extractor.finish`, and on any error, where the error of the earliest
-failing member wins, as in one-by-one order (a cancellation only waits for the
-batch in flight).  New names written one by one (over :data:`BATCH_BYTES`),
-directories and symlink records need no flush: they never touch a queued name
-(the per-path kinds are updated when a file is queued, so a later member
-naming it sees it).  With ``max_cpu_seconds`` set, batches run in the calling thread, so
-the CPU limit still counts every syscall.
+Batched new files (atomic mode, an uncompressed tar in a regular file): see
+``_batching``.  Pending symlinks: ``_symlinks``.  Directory metadata: ``_dirmeta``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
-import queue
 import secrets
 import stat as _stat
-import struct
-import tempfile
-import threading
-from array import array
-from typing import IO, TYPE_CHECKING, Callable, Iterator
+from typing import IO, Callable, Iterator
 
 from .. import _native
 from ..errors import PathEscapeError, SandboxError, SymlinkRefusedError
 from ..root import MAX_PATH_BYTES, Root, Subtree
 from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError, show_name
+from ._batch import CopyThread, FileBatch
+from ._batching import BatchedFiles
+from ._dirmeta import DirMetadata
 from ._models import ArchiveLimits, ExtractPolicy, SkippedMember
-from ._names import normalize_member, target_parts
-from ._streams import Meter
-
-if TYPE_CHECKING:
-    from ._streams import StreamCounter
+from ._meta import (DIR, FILE, LINK, check_owner, dir_mode, file_mode, identity, mtime_ns_of, path_key,
+                    process_umask)
+from ._names import normalize_member
+from ._streams import CHUNK_BYTES, Meter
+from ._symlinks import PendingSymlinks
 
 __all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX", "STAGED_PATH_MAX"]
 
@@ -113,178 +87,47 @@ STAGING_PREFIX = ".sfs-extract-"
 #: the longest member path (bytes) an atomic extraction can stage: every staged path is
 #: resolved as ``<staging name>/<member path>`` (a 30-byte prefix) within PATH_MAX
 STAGED_PATH_MAX = MAX_PATH_BYTES - len(STAGING_PREFIX) - 16 - 1
-CHUNK_BYTES = 1 << 20
 #: skipped members listed in the report (the count is always exact)
 MAX_SKIPPED_LISTED = 1000
-_REC = struct.Struct("<HHHq?")  # path len, target len, member len, mtime_ns, has mtime
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _STAGE_FLAGS = _CREATE_FLAGS | os.O_CLOEXEC
 _PDIR_FLAGS = _native.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NO_SYMLINKS = _native.RESOLVE_NO_SYMLINKS
-_FILE, _DIR, _LINK = "file", "dir", "symlink"
-#: a batch of queued new files is handed to the helper thread at this many files ...
-BATCH_FILES = 64
-#: ... or this many data bytes; a larger member is written one by one (cancellable once a MiB)
-BATCH_BYTES = 8 << 20
-_XF = _native.XF_FIELDS
-
-
-class _Batch:
-    """New files queued for one native call: ``XF_FIELDS`` ints and a NUL-terminated path each,
-    ``pre`` (the staging directory's name and a slash) then the member path, resolved beneath
-    ``stage_fd`` (the directory the staging directory was made in)."""
-
-    __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "owner", "result",
-                 "after", "withdrawn")
-
-    def __init__(self, stage_fd: int, resolver: str, pre: bytes, owner: tuple[int, int] | None) -> None:
-        self.nums = array("q")
-        self.names = bytearray()
-        self.members: list[str | bytes] = []  # member names
-        self.n = 0
-        self.nbytes = 0
-        self.stage_fd = stage_fd  # owned by the Extractor, open until the helper thread is idle
-        self.resolver = resolver
-        self.pre = pre
-        self.owner = owner  # the Root's owner, given to each new file through its fd (None: as made)
-        #: (done, errno, stage) once run, or the exception it raised; None: never run
-        self.result: tuple[int, int, int] | BaseException | None = None
-        #: the batch handed to the helper thread just before this one: this one runs only if all of it was made
-        self.after: _Batch | None = None
-        #: set by the calling thread when it stops batching: a batch not started by then never runs
-        self.withdrawn = False
-
-    def made_all(self) -> bool:
-        """True when the helper thread made every file of this batch."""
-        res = self.result
-        return isinstance(res, tuple) and res[0] >= self.n
-
-    def runnable(self) -> bool:
-        """True when the helper thread may start this batch: not withdrawn, and the one before it all made."""
-        return not self.withdrawn and (self.after is None or self.after.made_all())
-
-    def run(self, src_fd: int) -> None:
-        try:
-            self.result = _native.extract_files(src_fd, self.stage_fd, self.resolver, self.nums, self.names,
-                                                self.n, self.owner)
-        except BaseException as exc:  # reported in the calling thread
-            self.result = exc
-
-
-class _CopyWorker:
-    """The one helper thread of an extraction: runs the batches handed to it, one at a time, in order.
-
-    A batch is handed over before the calling thread waits for the one
-    before it, so the thread goes from one batch to the next while the
-    calling thread is blocked (it needs the GIL only then), and makes a
-    batch only when every file of the one before it was made
-    (:meth:`_Batch.runnable`); a batch it does not make comes back with no
-    result.
-    """
-
-    def __init__(self, src_fd: int) -> None:
-        self._src_fd = src_fd
-        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[_Batch] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="sandbox-fs-extract-copy", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        jobs, done, fd = self._jobs, self._done, self._src_fd
-        while True:
-            b = jobs.get()
-            if b is None:
-                return
-            if b.runnable():
-                b.run(fd)
-            done.put(b)
-
-    def put(self, b: _Batch) -> None:
-        self._jobs.put(b)
-
-    def wait(self) -> _Batch:
-        return self._done.get()
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-
-def file_mode(mode: int | None) -> int:
-    """Permission bits for an extracted file: setuid/setgid/sticky and group/other
-    write cleared, owner read/write added, executable only when the archive says so
-    (PEP 706 ``data`` filter rules)."""
-    if mode is None:
-        return 0o644
-    return (mode & 0o755) | 0o600
-
-
-def dir_mode(mode: int | None) -> int:
-    """Permission bits for an extracted directory: as :func:`file_mode`, plus owner rwx."""
-    if mode is None:
-        return 0o755
-    return (mode & 0o755) | 0o700
 
 
 def _eof(_n: int) -> bytes:
     return b""
 
 
-def _key(path: bytes) -> bytes:
-    """A 16-byte BLAKE2b digest of a member path: per-member state stays small
-    (about 150 bytes a member) however long the names are."""
-    return hashlib.blake2b(path, digest_size=16).digest()
+class _FileMember:
+    """A regular-file member on the one-by-one path, as :meth:`Extractor.add_file` checked it.
 
-
-def _umask() -> int:
-    """The process umask, read without changing it (``/proc/self/status``)."""
-    try:
-        with open("/proc/self/status", "rb") as fh:  # host-access: procfs of this process (kernel interface)
-            for line in fh:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
-#: the largest uid/gid fchown accepts as an id: 2**32 - 1 is (uid_t)-1, "leave unchanged"
-MAX_OWNER_ID = (1 << 32) - 2
-
-
-def _check_owner(owner: tuple[int, int], member: str | bytes) -> None:
-    """Refuse archive owner ids fchown cannot take as ids (a header number is never used unchecked).
-
-    tar uid/gid fields are octal or GNU base-256 numbers, so they can be
-    negative or wider than ``uid_t``; -1 and 2**32 - 1 would mean "leave
-    unchanged" to fchown(2), and anything outside 32 bits raises
-    ``OverflowError`` in ``os.fchown``.
-
-    Raises:
-        ArchiveFormatError: an id outside 0 .. :data:`MAX_OWNER_ID`.
+    Attributes:
+        name: the member name (for errors); path: its normalized path.
+        read: ``read(n) -> bytes`` of its data (``b""`` at the end).
+        splice: ``splice(dst_fd, n) -> copied`` kernel-side copy of the next
+            data bytes, or None.
+        declared_size: the header's size (bytes, checked non-negative), or None.
+        mode: the permission bits to give it; mtime_ns: its mtime (ns) or None.
+        owner: ``(uid, gid)`` to give it through its fd, or None.
     """
-    uid, gid = owner
-    if not (0 <= uid <= MAX_OWNER_ID and 0 <= gid <= MAX_OWNER_ID):
-        raise ArchiveFormatError("owner id out of range (uid and gid must be 0 .. 4294967294)", member=member)
+
+    __slots__ = ("name", "path", "read", "splice", "declared_size", "mode", "mtime_ns", "owner")
+
+    def __init__(self, name: str | bytes, path: bytes, read: Callable[[int], bytes],
+                 splice: Callable[[int, int], int] | None, declared_size: int | None, mode: int,
+                 mtime_ns: int | None, owner: tuple[int, int] | None) -> None:
+        self.name = name
+        self.path = path
+        self.read = read
+        self.splice = splice
+        self.declared_size = declared_size
+        self.mode = mode
+        self.mtime_ns = mtime_ns
+        self.owner = owner
 
 
-def _ident(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-def _mtime_ns(mtime: float | int | None) -> int | None:
-    if mtime is None:
-        return None
-    try:
-        ns = int(mtime * 1_000_000_000) if isinstance(mtime, float) else int(mtime) * 1_000_000_000
-    except (OverflowError, ValueError):
-        return None
-    if not (-(1 << 62) < ns < (1 << 62)):
-        return None
-    return ns
-
-
-class Extractor:
+class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
     """Applies members to a destination beneath ``root``.  One per extraction; not thread-safe.
 
     Args:
@@ -319,7 +162,7 @@ class Extractor:
         self._dir_ids: dict[bytes, tuple[int, int]] = {}  # key -> (st_dev, st_ino) of each directory made
         #: called between chunks of a large member; set by extract_async (trio.from_thread.check_cancelled)
         self.check_cancel: Callable[[], None] | None = None
-        self._umask = _umask()
+        self._umask = process_umask()
         # A Root with an owner (a workspace whose content belongs to the confined identity)
         # gives every entry made its owner; the archive's owners are then never applied.
         self._fs_owner = root.owner
@@ -364,13 +207,13 @@ class Extractor:
             self._stage_pre = self.work.path + b"/"
             self._stage_resolver = self.work.resolver
         # batched new files (see the module docstring)
-        self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
-        self._inflight: list[_Batch] = []  # handed to the helper thread and not yet taken back, oldest first
-        self._worker: _CopyWorker | None = None
+        self._batch = FileBatch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
+        self._inflight: list[FileBatch] = []  # handed to the helper thread and not yet taken back, oldest first
+        self._worker: CopyThread | None = None
         self._src_fd = -1
         self._threaded = limits.max_cpu_seconds is None
         self._batch_failed = False  # a batch error was raised: later queued files are never made
-        self._fmode_cache: dict[int, tuple[int, int]] = {}
+        self._mode_flags_cache: dict[int, tuple[int, int]] = {}
         self._last_parent = b""  # the last member parent found to be a directory of this run (see _parents)
         self._exact = exact_modes or None
 
@@ -395,14 +238,14 @@ class Extractor:
                 self._opened.append(prt)
             if self.policy.in_place:
                 prt.mkdir(leaf, 0o755)
-                self.work = Subtree(prt, leaf, _ident(prt.lstat(leaf)))
+                self.work = Subtree(prt, leaf, identity(prt.lstat(leaf)))
                 return
             self._parent_root, self._dest_leaf = prt, leaf
             self._staging = STAGING_PREFIX + secrets.token_hex(8)
             prt.mkdir(self._staging, 0o700)
             # (the identity is taken right after mkdir: a directory swapped in between those
             # two calls would be taken for ours; it is inside the destination either way)
-            self.work = Subtree(prt, self._staging, _ident(prt.lstat(self._staging)))
+            self.work = Subtree(prt, self._staging, identity(prt.lstat(self._staging)))
             return
         self._dest_root = dest_root
         if self.policy.in_place:
@@ -410,7 +253,7 @@ class Extractor:
             return
         self._staging = STAGING_PREFIX + secrets.token_hex(8)
         dest_root.mkdir(self._staging, 0o700)
-        self.work = Subtree(dest_root, self._staging, _ident(dest_root.lstat(self._staging)))
+        self.work = Subtree(dest_root, self._staging, identity(dest_root.lstat(self._staging)))
 
     @property
     def fresh(self) -> bool:
@@ -465,27 +308,27 @@ class Extractor:
         parent = path.rpartition(b"/")[0]
         if not parent or parent == self._last_parent:
             return
-        if self._kinds.get(_key(parent)) == _DIR:
+        if self._kinds.get(path_key(parent)) == DIR:
             self._last_parent = parent
             return
         comps = parent.split(b"/")
         for i in range(1, len(comps) + 1):
             pre = b"/".join(comps[:i])
-            kpre = _key(pre)
+            kpre = path_key(pre)
             kind = self._kinds.get(kpre)
-            if kind == _DIR:
+            if kind == DIR:
                 continue
-            if kind == _LINK:
+            if kind == LINK:
                 raise UnsafeArchiveMemberError("through_symlink", member,
                                                "the path passes through a symlink member of this archive")
-            if kind == _FILE:
+            if kind == FILE:
                 raise UnsafeArchiveMemberError("conflict", member, "a parent of this member is a file")
             try:
                 self._dir_ids[kpre] = self._guard(member, lambda: self._make_dir(pre, 0o755))  # type: ignore[assignment]
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", member,
                                                "a parent of this member exists and is not a directory") from None
-            self._kinds[kpre] = _DIR
+            self._kinds[kpre] = DIR
         self._last_parent = parent
 
     # ----------------------------------------------------------------- members
@@ -505,16 +348,16 @@ class Extractor:
                 as root) and an id is outside 0 .. 2**32 - 2.
         """
         if self._owner and owner is not None:
-            _check_owner(owner, name)
+            check_owner(owner, name)
         path = self.name(name)
         if not path:
             self._skip(name, "names_destination", "a directory member naming the destination itself is ignored")
             return
-        key = _key(path)
+        key = path_key(path)
         kind = self._kinds.get(key)
-        if kind == _FILE:
+        if kind == FILE:
             raise UnsafeArchiveMemberError("conflict", name, "a directory never replaces a file")
-        if kind == _LINK:
+        if kind == LINK:
             raise UnsafeArchiveMemberError("conflict", name, "a directory never replaces a symlink")
         if kind is None:
             self._parents(path, name)
@@ -525,10 +368,10 @@ class Extractor:
                                                "(writes never follow symlinks)") from None
             except FileExistsError:
                 raise UnsafeArchiveMemberError("conflict", name, "the name exists and is not a directory") from None
-            self._kinds[key] = _DIR
+            self._kinds[key] = DIR
             self.dirs += 1
         dmode = dir_mode(mode) if self._exact is None else self._exact.get(path, dir_mode(mode)) & 0o777
-        self._dir_meta[key] = (dmode, _mtime_ns(mtime) if self.policy.apply_mtime else None, owner)
+        self._dir_meta[key] = (dmode, mtime_ns_of(mtime) if self.policy.apply_mtime else None, owner)
 
     def add_file(self, name: str | bytes, read: Callable[[int], bytes], mode: int | None,
                  mtime: float | int | None, declared_size: int | None = None,
@@ -560,7 +403,7 @@ class Extractor:
         if declared_size is not None and declared_size < 0:
             raise ArchiveFormatError("negative member size", member=name)
         if self._owner and owner is not None:
-            _check_owner(owner, name)
+            check_owner(owner, name)
         path = self.name(name)
         if not path:
             raise UnsafeArchiveMemberError("names_destination", name, "a file may not name the destination itself")
@@ -568,104 +411,146 @@ class Extractor:
         if declared_size is not None and declared_size > lim:
             raise ArchiveLimitError("max_member_bytes", lim, declared_size, name,
                                     reason=f"declared size {declared_size} > max_member_bytes {lim}")
-        key = _key(path)
+        key = path_key(path)
         kind = self._kinds.get(key)
         if kind is not None and (self._batch.n or self._inflight):
             self.flush()  # a queued file may hold this name; a new name depends on no queued file
-        if kind == _DIR:
+        if kind == DIR:
             raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory")
-        if kind == _LINK:
+        if kind == LINK:
             del self._pending_live[key]  # a later file replaces the earlier (pending) symlink
         self._parents(path, name)
         fmode = file_mode(mode)
         if self._exact is not None:
             fmode = self._exact.get(path, fmode) & 0o777
-        mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
-        meter = self.meter
-        fd = -1
-        if kind is None:
-            try:
-                if self._stage_fd >= 0:
-                    fd = self._create_staged(path, fmode)
-                else:
-                    fd = self.work.open_fd(path, _CREATE_FLAGS, fmode)
-            except FileExistsError:
-                fd = -1
-            except IsADirectoryError:
-                raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
-            except (SymlinkRefusedError, PathEscapeError):
-                raise UnsafeArchiveMemberError("through_symlink", name,
-                                               "a symlink on the path was refused (writes never follow symlinks)") from None
+        member = _FileMember(name, path, read, splice, declared_size, fmode,
+                             mtime_ns_of(mtime) if self.policy.apply_mtime else None,
+                             owner if self._owner and owner is not None else None)
+        fd = self._create_new_file(member) if kind is None else -1
         if fd >= 0:
-            try:
-                try:
-                    total = 0
-                    write = os.write
-                    cancel = self.check_cancel
-                    if splice is not None and declared_size is not None:
-                        left = declared_size
-                        while left > 0:
-                            n = min(left, CHUNK_BYTES)
-                            if total + n > lim:
-                                raise ArchiveLimitError("max_member_bytes", lim, total + n, name)
-                            if cancel is not None and total:
-                                cancel()
-                            got = splice(fd, n)
-                            total += got
-                            left -= got
-                            meter.add_written(got)
-                        read = _eof
-                    while True:  # the chunks() loop inlined: this is the per-member hot path
-                        data = read(CHUNK_BYTES)
-                        if not data:
-                            break
-                        if cancel is not None and total:
-                            cancel()  # a long member stays cancellable (once a MiB)
-                        n = len(data)
-                        total += n
-                        if total > lim:
-                            raise ArchiveLimitError("max_member_bytes", lim, total, name)
-                        meter.add_written(n)
-                        off = write(fd, data)
-                        if off < n:
-                            view = memoryview(data)
-                            while off < n:
-                                off += write(fd, view[off:])
-                    if fmode & ~self._umask != fmode:
-                        os.fchmod(fd, fmode)
-                    if mt is not None:
-                        os.utime(fd, ns=(mt, mt))
-                    if self._owner and owner is not None:
-                        os.fchown(fd, owner[0], owner[1])
-                finally:
-                    os.close(fd)
-            except BaseException:
-                try:
-                    self.work.remove(path)  # never leave a partial member
-                except (OSError, SandboxError):
-                    pass
-                raise
+            self._fill_new_file(fd, member)
         else:
-            def chunks():
-                total = 0
-                while True:
-                    data = read(CHUNK_BYTES)
-                    if not data:
-                        return
-                    total += len(data)
-                    if total > lim:
-                        raise ArchiveLimitError("max_member_bytes", lim, total, name)
-                    meter.add_written(len(data))
-                    yield data
-
-            own = owner if self._owner and owner is not None else None  # fchown of the new file's fd
-            try:
-                self._guard(name, lambda: self.work.atomic_write(path, chunks(), mode=fmode, fsync=False, mtime_ns=mt,
-                                                                 owner=own))
-            except IsADirectoryError:
-                raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
-        self._kinds[key] = _FILE
+            self._replace_file(member)
+        self._kinds[key] = FILE
         self.files += 1
+
+    def _create_new_file(self, m: _FileMember) -> int:
+        """Create ``m``'s name ``O_CREAT|O_EXCL`` and return its fd; -1 when the name exists.
+
+        Raises:
+            UnsafeArchiveMemberError: ``conflict`` (a directory holds the name),
+                ``through_symlink``.
+        """
+        try:
+            if self._stage_fd >= 0:
+                return self._create_staged(m.path, m.mode)
+            return self.work.open_fd(m.path, _CREATE_FLAGS, m.mode)
+        except FileExistsError:
+            return -1
+        except IsADirectoryError:
+            raise UnsafeArchiveMemberError("conflict", m.name, "a file never replaces a directory") from None
+        except (SymlinkRefusedError, PathEscapeError):
+            raise UnsafeArchiveMemberError("through_symlink", m.name,
+                                           "a symlink on the path was refused (writes never follow symlinks)") from None
+
+    def _fill_new_file(self, fd: int, m: _FileMember) -> None:
+        """Write ``m``'s data to the new file ``fd``, then its mode, mtime and owner through it; closes ``fd``.
+
+        On any error the new file is removed: a member is never left partial.
+        """
+        try:
+            try:
+                self._write_data(fd, m)
+                if m.mode & ~self._umask != m.mode:
+                    os.fchmod(fd, m.mode)
+                if m.mtime_ns is not None:
+                    os.utime(fd, ns=(m.mtime_ns, m.mtime_ns))
+                if m.owner is not None:
+                    os.fchown(fd, m.owner[0], m.owner[1])
+            finally:
+                os.close(fd)
+        except BaseException:
+            try:
+                self.work.remove(m.path)  # never leave a partial member
+            except (OSError, SandboxError):
+                pass
+            raise
+
+    def _write_data(self, fd: int, m: _FileMember) -> None:
+        """Copy ``m``'s data to ``fd``: ``splice`` for the declared size, then ``read`` until it ends.
+
+        The byte limits are checked before each chunk is written; a long
+        member stays cancellable (``check_cancel`` once a MiB).
+
+        Raises:
+            ArchiveLimitError: ``max_member_bytes``, ``max_total_bytes``, ``max_expansion_ratio``.
+        """
+        lim = self.limits.max_member_bytes
+        meter = self.meter
+        cancel = self.check_cancel
+        write = os.write
+        total = 0
+        read = m.read
+        if m.splice is not None and m.declared_size is not None:
+            left = m.declared_size
+            while left > 0:
+                n = min(left, CHUNK_BYTES)
+                if total + n > lim:
+                    raise ArchiveLimitError("max_member_bytes", lim, total + n, m.name)
+                if cancel is not None and total:
+                    cancel()
+                got = m.splice(fd, n)
+                total += got
+                left -= got
+                meter.add_written(got)
+            read = _eof
+        while True:
+            data = read(CHUNK_BYTES)
+            if not data:
+                return
+            if cancel is not None and total:
+                cancel()
+            n = len(data)
+            total += n
+            if total > lim:
+                raise ArchiveLimitError("max_member_bytes", lim, total, m.name)
+            meter.add_written(n)
+            off = write(fd, data)
+            if off < n:
+                view = memoryview(data)
+                while off < n:
+                    off += write(fd, view[off:])
+
+    def _replace_file(self, m: _FileMember) -> None:
+        """Write ``m`` over the name that exists, atomically (temporary file, then rename).
+
+        The inode of an earlier hard link is never written through.
+
+        Raises:
+            UnsafeArchiveMemberError: ``conflict`` (a directory holds the name), ``through_symlink``.
+            ArchiveLimitError: as :meth:`_write_data`.
+        """
+        lim = self.limits.max_member_bytes
+        meter = self.meter
+        read = m.read
+
+        def chunks() -> Iterator[bytes]:
+            total = 0
+            while True:
+                data = read(CHUNK_BYTES)
+                if not data:
+                    return
+                total += len(data)
+                if total > lim:
+                    raise ArchiveLimitError("max_member_bytes", lim, total, m.name)
+                meter.add_written(len(data))
+                yield data
+
+        try:
+            self._guard(m.name, lambda: self.work.atomic_write(m.path, chunks(), mode=m.mode, fsync=False,
+                                                               mtime_ns=m.mtime_ns, owner=m.owner))
+        except IsADirectoryError:
+            raise UnsafeArchiveMemberError("conflict", m.name, "a file never replaces a directory") from None
 
     def _create_staged(self, path: bytes, fmode: int) -> int:
         """Create the new file ``path`` in the fresh staging tree and return its fd.
@@ -707,7 +592,7 @@ class Extractor:
         if self._stage_fd >= 0:
             return self._mkdir_staged(path, mode)
         self.work.mkdir(path, mode, exist_ok=True)
-        return _ident(self.work.lstat(path))
+        return identity(self.work.lstat(path))
 
     def _mkdir_staged(self, path: bytes, mode: int) -> tuple[int, int]:
         """Make directory ``path`` (exactly ``mode``) in the fresh staging tree; an existing directory is fine.
@@ -739,18 +624,18 @@ class Extractor:
             except FileExistsError:
                 st = os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
                 if _stat.S_ISDIR(st.st_mode):
-                    return _ident(st)
+                    return identity(st)
                 raise
             owner = self._fs_owner
             if owner is None and mode & ~self._umask == mode:
                 # nothing to set through an fd: the identity of the directory at the name, as made
                 st = os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
                 if _stat.S_ISDIR(st.st_mode):
-                    return _ident(st)
-            made = _ident(os.stat(leaf, dir_fd=dfd, follow_symlinks=False)) if owner is not None else None
+                    return identity(st)
+            made = identity(os.stat(leaf, dir_fd=dfd, follow_symlinks=False)) if owner is not None else None
             fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             try:
-                ident = _ident(os.fstat(fd))
+                ident = identity(os.fstat(fd))
                 if owner is not None:
                     if ident != made:
                         raise UnsafeArchiveMemberError("conflict", path, "a directory of this archive was replaced "
@@ -767,287 +652,6 @@ class Extractor:
             _native.raise_errno(exc.errno or errno.EIO, "extract", self.shown_dest)
         finally:
             os.close(pfd)
-
-    # ------------------------------------------------------- batched new files
-
-    def can_batch(self) -> bool:
-        """True when new plain files may be queued (atomic mode, no ownership to apply)."""
-        return self._stage_fd >= 0 and not self._owner
-
-    def add_new_file_from(self, name: str | bytes, mode: int, mtime: float | int | None, size: int,
-                          counter: StreamCounter, offset_data: int) -> bool:
-        """Queue regular-file member ``name`` whose ``size`` data bytes sit in the source file.
-
-        Only for a *new* name in the fresh staging tree (:meth:`can_batch`),
-        read from an uncompressed tar in a regular file (``counter.can_splice()``
-        and the stream at ``offset_data``) that holds the member's data and
-        block padding (:meth:`StreamCounter.has_data`): they are stepped over
-        in the stream at once (counted as reads would be), the written bytes
-        are counted from ``size`` before any byte is copied, and the file is
-        created (by its path beneath the staging directory) and filled later
-        by the helper thread (see the module docstring).
-
-        Args:
-            name: the member name; mode: its mode bits; mtime: seconds;
-            size: data bytes (``max_member_bytes`` applies to it);
-            counter: the tar stream; offset_data: stream offset of the data.
-
-        Returns:
-            False when the member is not for this path (a name already seen, the
-            destination's own name, over :data:`BATCH_BYTES`, a source file too
-            short for its data): nothing was done, the caller uses
-            :meth:`add_file`.  True when queued.
-
-        Raises:
-            ArchiveFormatError: ``size`` is negative (a header number is never
-                trusted to be a length).
-            UnsafeArchiveMemberError: name rules; ``through_symlink``/``conflict``
-                from the parents.
-            ArchiveLimitError: ``max_member_bytes``, ``max_total_bytes``,
-                ``max_input_bytes``, ``max_expansion_ratio``, ``max_cpu_seconds``.
-            ArchiveFormatError, OSError: an earlier batch failed (raised in
-                archive order, with that member's name).
-        """
-        if size > BATCH_BYTES:
-            return False
-        if size < 0:
-            raise ArchiveFormatError("negative member size", member=name)
-        path = normalize_member(name, self.limits)
-        if not path:
-            return False
-        lim = self.limits.max_member_bytes
-        if size > lim:
-            raise ArchiveLimitError("max_member_bytes", lim, size, name,
-                                    reason=f"declared size {size} > max_member_bytes {lim}")
-        key = _key(path)
-        if key in self._kinds:
-            return False
-        if not counter.has_data(offset_data, size):
-            return False  # a short source: one by one finds where the data ends, and says so as it does
-        self._parents(path, name)
-        src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
-        mbits = mode & 0o7777
-        fm = self._fmode_cache.get(mbits)
-        if fm is None:
-            fmode = file_mode(mbits)
-            fm = self._fmode_cache[mbits] = (fmode, _native.XF_CHMOD if fmode & ~self._umask != fmode else 0)
-        if self._exact is not None and path in self._exact:
-            fm = (self._exact[path] & 0o777, _native.XF_CHMOD)
-        b = self._batch
-        if not self.policy.apply_mtime:
-            b.nums.extend((src_off, size, probe, fm[0], 0, fm[1]))
-        else:
-            # _mtime_ns, inlined for the common integer mtime (bounds keep ns within +-2**62)
-            mt = mtime * 1_000_000_000 if type(mtime) is int and -4611686018 <= mtime <= 4611686018 \
-                else _mtime_ns(mtime)
-            if mt is None:
-                b.nums.extend((src_off, size, probe, fm[0], 0, fm[1]))
-            else:
-                b.nums.extend((src_off, size, probe, fm[0], mt, fm[1] | _native.XF_MTIME))
-        b.names += self._stage_pre
-        b.names += path
-        b.names.append(0)
-        b.members.append(name)
-        b.n += 1
-        b.nbytes += size
-        self._kinds[key] = _FILE
-        self.files += 1
-        self._src_fd = counter.splice_fd
-        if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
-            self._submit()
-        return True
-
-    def _submit(self) -> None:
-        """Hand the queued batch to the helper thread, then wait for the one before it.
-
-        At most one batch is made at a time: the helper thread starts this one
-        once the one before it is done, and only if all of its files were made.
-        """
-        if self._threaded and self._worker is None:
-            try:
-                self._worker = _CopyWorker(self._src_fd)
-            except RuntimeError:  # no thread to be had: make the files in this thread
-                self._threaded = False
-        b, self._batch = self._batch, _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
-        if not self._threaded:
-            b.run(self._src_fd)
-            self._complete(b)
-            return
-        assert self._worker is not None
-        b.after = self._inflight[-1] if self._inflight else None
-        self._inflight.append(b)
-        self._worker.put(b)
-        while len(self._inflight) > 1:
-            prev = self._take_back()
-            self._complete(prev)  # raises its error; b is then never made
-            if not prev.made_all():
-                # a name of prev existed and was replaced in this thread: the helper thread
-                # skips b (it comes back unmade); hand it over again, now after nothing
-                self._take_back()
-                b.after = None
-                self._inflight.append(b)
-                self._worker.put(b)
-
-    def _take_back(self) -> _Batch:
-        """Wait for the oldest batch handed to the helper thread (they come back in order, made or not)."""
-        assert self._worker is not None
-        b = self._worker.wait()
-        assert b is self._inflight[0]
-        del self._inflight[0]
-        b.after = None  # decided: keep no chain of earlier batches
-        return b
-
-    def _wait(self) -> None:
-        """Wait for every batch handed to the helper thread; raise the first error (see :meth:`_complete`)."""
-        while self._inflight:
-            self._complete(self._take_back())
-
-    def _complete(self, b: _Batch) -> None:
-        """Check a finished batch (one never run holds nothing to check)."""
-        try:
-            self._check_result(b)
-        except BaseException:
-            self._batch_failed = True
-            raise
-
-    def _check_result(self, b: _Batch) -> None:
-        res = b.result
-        if res is None:
-            return  # never run (withdrawn): nothing was made
-        while True:
-            if isinstance(res, BaseException):
-                raise res
-            assert res is not None
-            done, err, stage = res
-            if done >= b.n:
-                return
-            if not (stage == _native.XF_STAGE_CREATE and err == errno.EEXIST):
-                raise self._batch_error(b.members[done], err, stage)
-            # The name exists although this run never made it (a name the filesystem
-            # folds onto an earlier one, or a racing process in the staging tree): the
-            # one-by-one path replaces it atomically; do that, then the rest of the batch.
-            self._replace_queued(b, done)
-            if done + 1 >= b.n:
-                return
-            rest = _Batch(b.stage_fd, b.resolver, b.pre, b.owner)
-            rest.nums = b.nums[(done + 1) * _XF:]
-            rest.names = bytearray(b"".join(n + b"\0" for n in b.names.split(b"\0")[done + 1:b.n]))
-            rest.members = b.members[done + 1:]
-            rest.n = b.n - done - 1
-            rest.run(self._src_fd)
-            b, res = rest, rest.result
-
-    def _batch_error(self, member: str | bytes, err: int, stage: int) -> BaseException:
-        """The error the one-by-one path raises for a failed queued file."""
-        if stage == _native.XF_STAGE_SHORT:
-            return ArchiveFormatError("unexpected end of data", member=member)
-        if stage == _native.XF_STAGE_CREATE and err == errno.EISDIR:
-            return UnsafeArchiveMemberError("conflict", member, "a file never replaces a directory")
-        if stage == _native.XF_STAGE_CREATE and err in (errno.ELOOP, errno.EXDEV):
-            return UnsafeArchiveMemberError("through_symlink", member,
-                                            "a symlink on the path was refused (writes never follow symlinks)")
-        try:
-            _native.raise_errno(err or errno.EIO, "extract", self.shown_dest)
-        except (OSError, SandboxError) as exc:
-            return exc
-        return OSError(err, os.strerror(err))  # pragma: no cover - raise_errno always raises
-
-    def _replace_queued(self, b: _Batch, i: int) -> None:
-        """Write queued entry ``i`` of ``b`` through :meth:`Root.atomic_write` (replacing the name)."""
-        name = b.members[i]
-        path = normalize_member(name, self.limits)
-        src_off, size, probe, fmode, mt, flags = b.nums[i * _XF:(i + 1) * _XF]
-        src_fd = self._src_fd
-
-        def chunks() -> Iterator[bytes]:
-            off, left = src_off, size
-            while left:
-                data = os.pread(src_fd, min(left, CHUNK_BYTES), off)
-                if not data:
-                    raise ArchiveFormatError("unexpected end of data", member=name)
-                off += len(data)
-                left -= len(data)
-                yield data
-            if probe >= 0 and not os.pread(src_fd, 1, probe):
-                raise ArchiveFormatError("unexpected end of data", member=name)
-
-        try:
-            self._guard(name, lambda: self.work.atomic_write(
-                path, chunks(), mode=fmode, fsync=False, mtime_ns=mt if flags & _native.XF_MTIME else None))
-        except IsADirectoryError:
-            raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
-
-    def flush(self) -> None:
-        """Create every queued file now (wait for the helper thread).
-
-        Raises:
-            ArchiveFormatError: ``unexpected end of data`` (the source is short).
-            UnsafeArchiveMemberError: ``conflict`` / ``through_symlink``.
-            OSError: the file could not be created or written (sandbox path only).
-        """
-        if self._batch.n:
-            self._submit()
-        self._wait()
-
-    def pending_error(self, run_queued: bool = False) -> BaseException | None:
-        """Stop batching after an error in the calling thread; never raises.
-
-        Waits for the batch in flight; with ``run_queued`` (an ordinary error,
-        not a cancellation) also makes the queued files, so that the error of
-        the earliest failing member wins, as in one-by-one order.  Then drops
-        whatever is still queued.
-
-        Returns:
-            The first batch error (a member before the one that failed in the
-            calling thread), or None.
-        """
-        err: BaseException | None = None
-        try:
-            if run_queued and not self._batch_failed:
-                self.flush()
-            else:
-                for b in self._inflight:
-                    b.withdrawn = True  # the batch being made completes; none starts after it
-                self._wait()
-        except BaseException as exc:  # reported to the caller, raised there
-            err = exc
-        finally:
-            for b in self._inflight:
-                b.withdrawn = True
-            while self._inflight:  # a wait was interrupted or an error raised: the thread still owns them
-                self._take_back()
-            self._batch = _Batch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
-        return err
-
-    def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
-        """Record symlink member ``name`` -> ``target``; it is created by :meth:`finish`.
-
-        Raises:
-            UnsafeArchiveMemberError: policy ``refuse`` (rule
-                ``symlink_refused``); ``symlink_target`` (absolute, empty,
-                climbing out); ``conflict`` (a file or directory member holds
-                the name); name rules.
-        """
-        if self.policy.symlinks != "create":
-            self._skip_or_refuse(self.policy.symlinks, "symlink_refused", name, "symlink members are not allowed")
-            return
-        path = self.name(name)
-        if not path:
-            raise UnsafeArchiveMemberError("names_destination", name, "a symlink may not name the destination itself")
-        target_parts(path, target, self.limits, name)  # early, clear refusal of escapes (linear)
-        key = _key(path)
-        if self._kinds.get(key) in (_FILE, _DIR):
-            raise UnsafeArchiveMemberError("conflict", name, "a symlink never replaces an earlier file or directory")
-        self._parents(path, name)
-        mt = _mtime_ns(mtime) if self.policy.apply_mtime else None
-        tb = target if isinstance(target, bytes) else target.encode("utf-8", "surrogateescape")
-        mb = (name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape"))[:4096]
-        if self._spool is None:
-            self._spool = tempfile.TemporaryFile()  # host temp dir, never the workspace
-        self._spool.write(_REC.pack(len(path), len(tb), len(mb), mt or 0, mt is not None) + path + tb + mb)
-        self._pending_seq += 1
-        self._pending_live[key] = self._pending_seq
-        self._kinds[key] = _LINK
 
     def add_hardlink(self, name: str | bytes, target: str | bytes) -> None:
         """Create hard link ``name`` to ``target``, a regular file extracted earlier in this run.
@@ -1069,25 +673,25 @@ class Extractor:
             tpath = normalize_member(target, self.limits, shown=name)
         except UnsafeArchiveMemberError as exc:
             raise UnsafeArchiveMemberError("hardlink_target", name, f"hard link target refused: {exc.rule}") from None
-        if self._kinds.get(_key(tpath)) != _FILE:
+        if self._kinds.get(path_key(tpath)) != FILE:
             raise UnsafeArchiveMemberError("hardlink_target", name,
                                            "hard links may only point to a regular file extracted earlier")
         if tpath == path:
             return
-        key = _key(path)
+        key = path_key(path)
         kind = self._kinds.get(key)
-        if kind == _DIR:
+        if kind == DIR:
             raise UnsafeArchiveMemberError("conflict", name, "a hard link never replaces a directory")
-        if kind == _LINK:
+        if kind == LINK:
             del self._pending_live[key]
         self._parents(path, name)
-        if kind == _FILE:
+        if kind == FILE:
             self._guard(name, lambda: self.work.remove(path))
         try:
             self._guard(name, lambda: self.work.link(tpath, path))
         except FileExistsError:
             raise UnsafeArchiveMemberError("conflict", name, "the name already exists") from None
-        self._kinds[key] = _FILE
+        self._kinds[key] = FILE
         self.hardlinks += 1
 
     def special(self, name: str | bytes, what: str) -> None:
@@ -1102,226 +706,11 @@ class Extractor:
 
     # ----------------------------------------------------------------- finish
 
-    def _is_link_on_disk(self, root: Root | Subtree, path: bytes) -> bool:
-        try:
-            return _stat.S_ISLNK(root.lstat(path).st_mode)
-        except (SymlinkRefusedError, PathEscapeError):
-            return True
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-
-    def _pending_records(self) -> Iterator[tuple[bytes, bytes, int | None, bytes]]:
-        """The live pending symlinks, in archive order: (path, target, mtime_ns, member)."""
-        if self._spool is None:
-            return
-        spool = self._spool
-        spool.flush()
-        spool.seek(0)
-        seq = 0
-        while True:
-            head = spool.read(_REC.size)
-            if not head:
-                return
-            plen, tlen, mlen, mt, has_mt = _REC.unpack(head)
-            path, target, member = spool.read(plen), spool.read(tlen), spool.read(mlen)
-            seq += 1
-            if self._pending_live.get(_key(path)) == seq:
-                yield path, target, (mt if has_mt else None), member
-
-    def _check_through(self, path: bytes, target: bytes, member: bytes, check_roots: list[Root | Subtree],
-                       finals: dict[bytes, bytes]) -> None:
-        """Refuse a pending link whose target passes through another symlink; record where it points.
-
-        Linear in the target's length: the prefixes' keys come from one
-        running BLAKE2b state (``copy()`` per component, never re-hashing a
-        prefix), and the disk is asked once per checked root, for the deepest
-        prefix only: beneath a ``RESOLVE_NO_SYMLINKS`` Root that one
-        ``lstat`` is refused (or is a link) exactly when some prefix is a
-        symlink.  The per-archive work is then bounded by ``max_members``
-        times (``max_path_bytes`` + ``max_depth``).
-        """
-        base, names, final = target_parts(path, target, self.limits, member)
-        finals[_key(path)] = _key(final)
-        if len(names) < 2:
-            return  # passes through nothing beyond the link's own ancestors
-        h = hashlib.blake2b(base, digest_size=16)
-        sep = bool(base)
-        unknown = False
-        for name in names[:-1]:
-            if sep:
-                h.update(b"/")
-            h.update(name)
-            sep = True
-            kind = self._kinds.get(h.copy().digest())
-            if kind == _LINK:
-                raise UnsafeArchiveMemberError("symlink_target", member,
-                                               "symlink target passes through another symlink")
-            if kind is None:
-                unknown = True
-        if unknown and check_roots:
-            tail = b"/".join(names[:-1])
-            deepest = base + b"/" + tail if base else tail
-            if any(self._is_link_on_disk(r, deepest) for r in check_roots):
-                raise UnsafeArchiveMemberError("symlink_target", member,
-                                               "symlink target passes through another symlink")
-
-    def _create_symlinks(self) -> None:
-        if not self._pending_live:
-            return
-        check_roots: list[Root | Subtree] = [] if self.fresh else [self.work]
-        if self._dest_root is not None and self._dest_root is not self.work:
-            check_roots.append(self._dest_root)
-        finals: dict[bytes, bytes] = {}
-        for path, target, _mt, member in self._pending_records():
-            self._check_through(path, target, member, check_roots, finals)
-        acyclic: set[bytes] = set()
-        for path, _t, _m, member in self._pending_records():
-            # links to links are fine; cycles resolve nowhere (and fool realpath-based
-            # checkers into seeing an escape): refuse them.  Linear overall.
-            chain: list[bytes] = []
-            seen: set[bytes] = set()
-            cur = _key(path)
-            while cur in finals and cur not in acyclic:
-                if cur in seen:
-                    raise UnsafeArchiveMemberError("symlink_target", member, "symlink members form a cycle")
-                seen.add(cur)
-                chain.append(cur)
-                cur = finals[cur]
-            acyclic.update(chain)
-        del finals, acyclic
-        for path, target, mt, member in self._pending_records():
-            try:
-                self._guard(member, lambda: self.work.symlink(target, path))
-            except FileExistsError:
-                raise UnsafeArchiveMemberError("conflict", member, "the symlink's name already exists") from None
-            if mt is not None:
-                self._set_link_time(path, mt, member)
-            self.symlinks += 1
-
-    def _set_link_time(self, path: bytes, mt: int, member: bytes) -> None:
-        """Set the mtime of the symlink just made at ``path``, through an fd proven to be it.
-
-        Never by name: the link's directory is opened (``O_PATH``, beneath the
-        checked staging directory) and checked to be the directory this
-        extraction made for it and writable (read-only grants: the Root's
-        write guard, on the fd); the link is opened ``O_PATH|O_NOFOLLOW`` from
-        it and ``fstat``-checked to be a symlink with one link (a name swapped
-        meanwhile for another inode, such as a hard link to a file outside, is
-        refused); then ``utimensat(fd, "", AT_EMPTY_PATH)``.  A kernel without
-        that (EINVAL) leaves the link's time as made.
-
-        Raises:
-            UnsafeArchiveMemberError: ``conflict``, the name or its directory
-                no longer holds what this extraction made.
-            ReadOnlyError: the directory is (beneath) a read-only grant.
-        """
-        parent, _, leaf = path.rpartition(b"/")
-        replaced = UnsafeArchiveMemberError("conflict", member, "the symlink or its directory was replaced by "
-                                            "another process")
-        with self._entered() as work:
-            try:
-                pfd = work.open_fd(parent or b".", _native.O_PATH | os.O_DIRECTORY)
-            except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
-                raise replaced from None
-            try:
-                if parent and _ident(os.fstat(pfd)) != self._dir_ids.get(_key(parent)):
-                    raise replaced
-                work.check_write_fd(pfd, parent or b".")
-                try:
-                    fd = os.open(leaf, _native.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
-                except FileNotFoundError:
-                    raise replaced from None
-                try:
-                    st = os.fstat(fd)
-                    if not (_stat.S_ISLNK(st.st_mode) and st.st_nlink == 1):
-                        raise replaced
-                    try:
-                        _native.set_times_fd(fd, mt, "extract", self.shown_dest)
-                    except OSError as exc:
-                        if exc.errno != errno.EINVAL:
-                            raise
-                finally:
-                    os.close(fd)
-            finally:
-                os.close(pfd)
-
     def _entered(self) -> "contextlib.AbstractContextManager[Root]":
         """The work tree as a Root for one short step (a checked fd of the staging directory)."""
         if isinstance(self.work, Subtree):
             return self.work.enter()
         return contextlib.nullcontext(self.work)
-
-    def _apply_dir_meta(self) -> None:
-        """Set modes, owners and mtimes of the directory members, walking only our directories.
-
-        Done after every member (a directory's mtime changes as entries are
-        added); order does not matter since changing a child's metadata never
-        changes its parent's mtime.
-
-        Each directory of ours is opened ``O_DIRECTORY|O_NOFOLLOW`` through
-        the work Root (``RESOLVE_NO_SYMLINKS``: a symlink or non-directory
-        there is skipped, never followed) and its entries are listed from
-        that fd by type (``getdents``, no ``lstat`` each); owners, modes and
-        mtimes are set through that same fd (``fchown``, ``fchmod``,
-        ``futimens``; read-only grants checked on it), never by name: a
-        directory cannot be a hard link, so nothing outside is ever changed.
-        Memory: the paths of our directories still to visit; fds: one at a time.
-        """
-        if not self._dir_meta:
-            return
-        # One checked fd of the staging directory for this metadata-only step (modes and
-        # times of our own directories; nothing is created), not one lookup per call.
-        with self._entered() as work:
-            self._apply_dir_meta_in(work)
-
-    def _apply_dir_meta_in(self, work: Root) -> None:
-        kinds, meta = self._kinds, self._dir_meta
-        dflags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-        owner_ok = self._owner
-        todo: list[bytes] = []  # our directories with metadata, parents before children
-        stack: list[bytes] = [b""]
-        while stack:
-            rel = stack.pop()
-            try:
-                fd = work.open_fd(rel or b".", dflags)
-            except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
-                if not rel:
-                    raise
-                continue  # swapped or removed meanwhile: never followed
-            try:
-                if rel and _key(rel) in meta:
-                    todo.append(rel)
-                with os.scandir(fd) as it:
-                    for ent in it:
-                        if ent.is_dir(follow_symlinks=False):
-                            name = os.fsencode(ent.name)
-                            child = rel + b"/" + name if rel else name
-                            if kinds.get(_key(child)) == _DIR:
-                                stack.append(child)
-            finally:
-                os.close(fd)
-        # Children before parents, so a mode without search permission never blocks the rest;
-        # each through the directory's own fd, never by name (a name swapped for a hard link to
-        # a file outside is never changed), checked to be the directory made for the member.
-        for rel in reversed(todo):
-            try:
-                fd = work.open_fd(rel, dflags)
-            except (FileNotFoundError, NotADirectoryError, SymlinkRefusedError, PathEscapeError):
-                continue
-            try:
-                k = _key(rel)
-                mode, mt, owner = meta[k]
-                if _ident(os.fstat(fd)) != self._dir_ids.get(k):
-                    raise UnsafeArchiveMemberError("conflict", rel, "a directory of this archive was replaced by "
-                                                   "another process during the extraction")
-                work.check_write_fd(fd, rel)
-                if owner_ok and owner is not None:
-                    os.fchown(fd, owner[0], owner[1])
-                os.fchmod(fd, mode)
-                if mt is not None:
-                    os.utime(fd, ns=(mt, mt))
-            finally:
-                os.close(fd)
 
     def finish(self) -> None:
         """Create the symlinks, apply directory modes/mtimes, then move the staged tree in.
@@ -1339,7 +728,7 @@ class Extractor:
             return
         owner = self._parent_root if self._parent_root is not None else self._dest_root
         assert owner is not None and isinstance(self.work, Subtree)
-        if _ident(owner.lstat(self._staging)) != self.work.identity:
+        if identity(owner.lstat(self._staging)) != self.work.identity:
             # Another process replaced the staging directory (by name, the members went into
             # whatever sat there, never elsewhere): say so rather than report a success.
             raise UnsafeArchiveMemberError("conflict", None, "the staging directory was replaced during extraction")

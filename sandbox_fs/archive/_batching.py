@@ -1,0 +1,330 @@
+"""The extractor's queue of new plain files, made in batches by a helper thread.
+
+Batched new files (atomic mode, uncompressed tar read from a regular file):
+a plain file member with a new name is *queued* (:meth:`BatchedFiles.add_new_file_from`)
+after every check the one-by-one path makes (name rules, ``_parents``, limits
+counted from the declared size before any byte is copied, and only once the
+source file is known to hold the member's data and padding: a short source
+goes one by one, so both paths give the same error for the same archive).
+Batches of up to :data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes are
+created and filled by ONE native call in one helper thread per extraction,
+while the calling thread parses the next headers: each file is created by its
+path (``<staging>/<member path>``), resolved *when it is made*
+(``openat2`` ``O_CREAT|O_EXCL|O_NOFOLLOW`` with ``RESOLVE_BENEATH|
+RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS``, or the fallback walker with the
+same flags), data copied at explicit source offsets, mode, mtime, close; a
+failed file is unlinked.  No directory fd is kept across members: a
+subdirectory that a racing process moves out of the staging tree is simply
+not found (the extraction fails), never written into.  At most one batch is
+in flight.  Ordering: the queue is flushed (waited for) before any member
+that could depend on a queued file (a hard link, a repeated name), before
+:meth:`Extractor.finish`, and on any error, where the error of the earliest
+failing member wins, as in one-by-one order (a cancellation only waits for the
+batch in flight).  New names written one by one (over :data:`BATCH_BYTES`),
+directories and symlink records need no flush: they never touch a queued name
+(the per-path kinds are updated when a file is queued, so a later member
+naming it sees it).  With ``max_cpu_seconds`` set, batches run in the calling thread, so
+the CPU limit still counts every syscall.
+
+:class:`BatchedFiles` is a part of :class:`~sandbox_fs.archive._writer.Extractor`
+(its base class): the queue's state lives on the extractor, set up by its
+``__init__``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import TYPE_CHECKING, Iterator
+
+from .. import _native
+from ..errors import SandboxError
+from ._batch import BATCH_BYTES, BATCH_FILES, CopyThread, FileBatch
+from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
+from ._meta import FILE, file_mode, mtime_ns_of, path_key
+from ._names import normalize_member
+from ._streams import CHUNK_BYTES
+
+if TYPE_CHECKING:
+    from ..root import Root, Subtree
+    from ._models import ArchiveLimits, ExtractPolicy
+    from ._streams import StreamCounter
+
+__all__ = ["BatchedFiles"]
+
+_XF_FIELDS = _native.XF_FIELDS
+
+
+class BatchedFiles:
+    """New plain files queued and made in batches (see the module docstring); a base of ``Extractor``."""
+
+    limits: ArchiveLimits
+    policy: ExtractPolicy
+    work: Root | Subtree
+    files: int
+    shown_dest: str
+    _kinds: dict[bytes, str]
+    _owner: bool
+    _fs_owner: tuple[int, int] | None
+    _umask: int
+    _exact: dict[bytes, int] | None
+    _stage_fd: int
+    _stage_pre: bytes
+    _stage_resolver: str
+    _batch: FileBatch
+    _inflight: list[FileBatch]
+    _worker: CopyThread | None
+    _src_fd: int
+    _threaded: bool
+    _batch_failed: bool
+    _mode_flags_cache: dict[int, tuple[int, int]]
+
+    def can_batch(self) -> bool:
+        """True when new plain files may be queued (atomic mode, no ownership to apply)."""
+        return self._stage_fd >= 0 and not self._owner
+
+    def add_new_file_from(self, name: str | bytes, mode: int, mtime: float | int | None, size: int,
+                          counter: StreamCounter, offset_data: int) -> bool:
+        """Queue regular-file member ``name`` whose ``size`` data bytes sit in the source file.
+
+        Only for a *new* name in the fresh staging tree (:meth:`can_batch`),
+        read from an uncompressed tar in a regular file (``counter.can_splice()``
+        and the stream at ``offset_data``) that holds the member's data and
+        block padding (:meth:`StreamCounter.has_data`): they are stepped over
+        in the stream at once (counted as reads would be), the written bytes
+        are counted from ``size`` before any byte is copied, and the file is
+        created (by its path beneath the staging directory) and filled later
+        by the helper thread (see the module docstring).
+
+        Args:
+            name: the member name; mode: its mode bits; mtime: seconds;
+            size: data bytes (``max_member_bytes`` applies to it);
+            counter: the tar stream; offset_data: stream offset of the data.
+
+        Returns:
+            False when the member is not for this path (a name already seen, the
+            destination's own name, over :data:`BATCH_BYTES`, a source file too
+            short for its data): nothing was done, the caller uses
+            :meth:`add_file`.  True when queued.
+
+        Raises:
+            ArchiveFormatError: ``size`` is negative (a header number is never
+                trusted to be a length).
+            UnsafeArchiveMemberError: name rules; ``through_symlink``/``conflict``
+                from the parents.
+            ArchiveLimitError: ``max_member_bytes``, ``max_total_bytes``,
+                ``max_input_bytes``, ``max_expansion_ratio``, ``max_cpu_seconds``.
+            ArchiveFormatError, OSError: an earlier batch failed (raised in
+                archive order, with that member's name).
+        """
+        if size > BATCH_BYTES:
+            return False
+        if size < 0:
+            raise ArchiveFormatError("negative member size", member=name)
+        path = normalize_member(name, self.limits)
+        if not path:
+            return False
+        lim = self.limits.max_member_bytes
+        if size > lim:
+            raise ArchiveLimitError("max_member_bytes", lim, size, name,
+                                    reason=f"declared size {size} > max_member_bytes {lim}")
+        key = path_key(path)
+        if key in self._kinds:
+            return False
+        if not counter.has_data(offset_data, size):
+            return False  # a short source: one by one finds where the data ends, and says so as it does
+        self._parents(path, name)
+        src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
+        mbits = mode & 0o7777
+        mode_flags = self._mode_flags_cache.get(mbits)
+        if mode_flags is None:
+            fmode = file_mode(mbits)
+            chmod = _native.XF_CHMOD if fmode & ~self._umask != fmode else 0
+            mode_flags = self._mode_flags_cache[mbits] = (fmode, chmod)
+        if self._exact is not None and path in self._exact:
+            mode_flags = (self._exact[path] & 0o777, _native.XF_CHMOD)
+        b = self._batch
+        if not self.policy.apply_mtime:
+            b.nums.extend((src_off, size, probe, mode_flags[0], 0, mode_flags[1]))
+        else:
+            # mtime_ns_of, inlined for the common integer mtime (bounds keep ns within +-2**62)
+            mtime_ns = mtime * 1_000_000_000 if type(mtime) is int and -4611686018 <= mtime <= 4611686018 \
+                else mtime_ns_of(mtime)
+            if mtime_ns is None:
+                b.nums.extend((src_off, size, probe, mode_flags[0], 0, mode_flags[1]))
+            else:
+                b.nums.extend((src_off, size, probe, mode_flags[0], mtime_ns, mode_flags[1] | _native.XF_MTIME))
+        b.names += self._stage_pre
+        b.names += path
+        b.names.append(0)
+        b.members.append(name)
+        b.n += 1
+        b.nbytes += size
+        self._kinds[key] = FILE
+        self.files += 1
+        self._src_fd = counter.splice_fd
+        if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
+            self._submit()
+        return True
+
+    def _submit(self) -> None:
+        """Hand the queued batch to the helper thread, then wait for the one before it.
+
+        At most one batch is made at a time: the helper thread starts this one
+        once the one before it is done, and only if all of its files were made.
+        """
+        if self._threaded and self._worker is None:
+            try:
+                self._worker = CopyThread(self._src_fd)
+            except RuntimeError:  # no thread to be had: make the files in this thread
+                self._threaded = False
+        b, self._batch = self._batch, FileBatch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
+        if not self._threaded:
+            b.run(self._src_fd)
+            self._complete(b)
+            return
+        assert self._worker is not None
+        b.after = self._inflight[-1] if self._inflight else None
+        self._inflight.append(b)
+        self._worker.put(b)
+        while len(self._inflight) > 1:
+            prev = self._take_back()
+            self._complete(prev)  # raises its error; b is then never made
+            if not prev.made_all():
+                # a name of prev existed and was replaced in this thread: the helper thread
+                # skips b (it comes back unmade); hand it over again, now after nothing
+                self._take_back()
+                b.after = None
+                self._inflight.append(b)
+                self._worker.put(b)
+
+    def _take_back(self) -> FileBatch:
+        """Wait for the oldest batch handed to the helper thread (they come back in order, made or not)."""
+        assert self._worker is not None
+        b = self._worker.wait()
+        assert b is self._inflight[0]
+        del self._inflight[0]
+        b.after = None  # decided: keep no chain of earlier batches
+        return b
+
+    def _wait(self) -> None:
+        """Wait for every batch handed to the helper thread; raise the first error (see :meth:`_complete`)."""
+        while self._inflight:
+            self._complete(self._take_back())
+
+    def _complete(self, b: FileBatch) -> None:
+        """Check a finished batch (one never run holds nothing to check)."""
+        try:
+            self._check_result(b)
+        except BaseException:
+            self._batch_failed = True
+            raise
+
+    def _check_result(self, b: FileBatch) -> None:
+        res = b.result
+        if res is None:
+            return  # never run (withdrawn): nothing was made
+        while True:
+            if isinstance(res, BaseException):
+                raise res
+            assert res is not None
+            done, err, stage = res
+            if done >= b.n:
+                return
+            if not (stage == _native.XF_STAGE_CREATE and err == errno.EEXIST):
+                raise self._batch_error(b.members[done], err, stage)
+            # The name exists although this run never made it (a name the filesystem
+            # folds onto an earlier one, or a racing process in the staging tree): the
+            # one-by-one path replaces it atomically; do that, then the rest of the batch.
+            self._replace_queued(b, done)
+            if done + 1 >= b.n:
+                return
+            rest = FileBatch(b.stage_fd, b.resolver, b.pre, b.owner)
+            rest.nums = b.nums[(done + 1) * _XF_FIELDS:]
+            rest.names = bytearray(b"".join(n + b"\0" for n in b.names.split(b"\0")[done + 1:b.n]))
+            rest.members = b.members[done + 1:]
+            rest.n = b.n - done - 1
+            rest.run(self._src_fd)
+            b, res = rest, rest.result
+
+    def _batch_error(self, member: str | bytes, err: int, stage: int) -> BaseException:
+        """The error the one-by-one path raises for a failed queued file."""
+        if stage == _native.XF_STAGE_SHORT:
+            return ArchiveFormatError("unexpected end of data", member=member)
+        if stage == _native.XF_STAGE_CREATE and err == errno.EISDIR:
+            return UnsafeArchiveMemberError("conflict", member, "a file never replaces a directory")
+        if stage == _native.XF_STAGE_CREATE and err in (errno.ELOOP, errno.EXDEV):
+            return UnsafeArchiveMemberError("through_symlink", member,
+                                            "a symlink on the path was refused (writes never follow symlinks)")
+        try:
+            _native.raise_errno(err or errno.EIO, "extract", self.shown_dest)
+        except (OSError, SandboxError) as exc:
+            return exc
+        return OSError(err, os.strerror(err))  # pragma: no cover - raise_errno always raises
+
+    def _replace_queued(self, b: FileBatch, i: int) -> None:
+        """Write queued entry ``i`` of ``b`` through :meth:`Root.atomic_write` (replacing the name)."""
+        name = b.members[i]
+        path = normalize_member(name, self.limits)
+        src_off, size, probe, fmode, mtime_ns, flags = b.nums[i * _XF_FIELDS:(i + 1) * _XF_FIELDS]
+        src_fd = self._src_fd
+
+        def chunks() -> Iterator[bytes]:
+            off, left = src_off, size
+            while left:
+                data = os.pread(src_fd, min(left, CHUNK_BYTES), off)
+                if not data:
+                    raise ArchiveFormatError("unexpected end of data", member=name)
+                off += len(data)
+                left -= len(data)
+                yield data
+            if probe >= 0 and not os.pread(src_fd, 1, probe):
+                raise ArchiveFormatError("unexpected end of data", member=name)
+
+        try:
+            self._guard(name, lambda: self.work.atomic_write(
+                path, chunks(), mode=fmode, fsync=False, mtime_ns=mtime_ns if flags & _native.XF_MTIME else None))
+        except IsADirectoryError:
+            raise UnsafeArchiveMemberError("conflict", name, "a file never replaces a directory") from None
+
+    def flush(self) -> None:
+        """Create every queued file now (wait for the helper thread).
+
+        Raises:
+            ArchiveFormatError: ``unexpected end of data`` (the source is short).
+            UnsafeArchiveMemberError: ``conflict`` / ``through_symlink``.
+            OSError: the file could not be created or written (sandbox path only).
+        """
+        if self._batch.n:
+            self._submit()
+        self._wait()
+
+    def pending_error(self, run_queued: bool = False) -> BaseException | None:
+        """Stop batching after an error in the calling thread; never raises.
+
+        Waits for the batch in flight; with ``run_queued`` (an ordinary error,
+        not a cancellation) also makes the queued files, so that the error of
+        the earliest failing member wins, as in one-by-one order.  Then drops
+        whatever is still queued.
+
+        Returns:
+            The first batch error (a member before the one that failed in the
+            calling thread), or None.
+        """
+        err: BaseException | None = None
+        try:
+            if run_queued and not self._batch_failed:
+                self.flush()
+            else:
+                for b in self._inflight:
+                    b.withdrawn = True  # the batch being made completes; none starts after it
+                self._wait()
+        except BaseException as exc:  # reported to the caller, raised there
+            err = exc
+        finally:
+            for b in self._inflight:
+                b.withdrawn = True
+            while self._inflight:  # a wait was interrupted or an error raised: the thread still owns them
+                self._take_back()
+            self._batch = FileBatch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
+        return err
