@@ -11,28 +11,40 @@ import signal
 import time
 
 
-def _find_cgroup2() -> str | None:
-    """Host path of this process's cgroup v2 directory, or None without a cgroup2 mount."""
+def _mounts_and_cgroups() -> tuple[list[list[str]], list[str]] | None:
+    """This process's mount table (split lines) and its ``/proc/self/cgroup`` lines, or None."""
     try:
-        # host-access: our own process mount table (finding the cgroup2 mount)
+        # host-access: our own process mount table (finding the cgroup mounts)
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split() for line in f]
-        with open("/proc/self/cgroup") as f:  # host-access: our own process's cgroup
-            own = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+        with open("/proc/self/cgroup") as f:  # host-access: our own process's cgroups
+            return mounts, f.read().splitlines()
     except OSError:
         return None
+
+
+def _own_dir(mount_root: str, mount_point: str, own: str) -> str:
+    """Host path of our cgroup ``own`` under a mount of the hierarchy rooted at ``mount_root``."""
+    rel = own
+    if mount_root != "/" and rel.startswith(mount_root):
+        rel = rel[len(mount_root):]
+    return (mount_point.rstrip("/") + "/" + rel.strip("/")).rstrip("/")
+
+
+def _find_cgroup2() -> str | None:
+    """Host path of this process's cgroup v2 directory, or None without a cgroup2 mount."""
+    found = _mounts_and_cgroups()
+    if found is None:
+        return None
+    mounts, cgroups = found
+    own = next((line.strip()[3:] for line in cgroups if line.startswith("0::")), None)
     for parts in mounts:
         try:
             sep = parts.index("-")
         except ValueError:
             continue
         if parts[sep + 1] == "cgroup2" and own is not None:
-            root, mnt = parts[3], parts[4]
-            rel = own
-            if root != "/" and rel.startswith(root):
-                rel = rel[len(root):]
-            path = mnt.rstrip("/") + "/" + rel.strip("/")
-            return path.rstrip("/")
+            return _own_dir(parts[3], parts[4], own)
     return None
 
 
@@ -51,6 +63,27 @@ def _dead_owner_trees(base: str) -> list[str]:
         if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
             paths.append(f"{base}/{name}")
     return paths
+
+
+def _leaf_paths(tree_dir: str) -> list[str]:
+    """The process leaves (``p1``, ``p2`` ...) of a supervisor's tree.
+
+    Raises:
+        OSError: the tree cannot be listed.
+    """
+    # host-access: cgroupfs (kernel interface): our own supervisor's tree, never a workspace
+    return [f"{tree_dir}/{n}" for n in os.listdir(tree_dir) if n.startswith("p") and os.path.isdir(f"{tree_dir}/{n}")]
+
+
+def _remove_leaf(leaf: str) -> bool:
+    """Remove an empty leaf directory; True when it is gone (it was, or it is now)."""
+    try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
+        os.rmdir(leaf)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 class _CgroupTree:
@@ -91,9 +124,8 @@ class _CgroupTree:
             if _CgroupTree.populated(path):
                 continue  # something still runs there: leave it for its owner / an operator
             try:  # host-access: cgroupfs, as above
-                for leaf in os.listdir(path):
-                    if leaf.startswith("p") and os.path.isdir(f"{path}/{leaf}"):
-                        os.rmdir(f"{path}/{leaf}")
+                for leaf in _leaf_paths(path):
+                    os.rmdir(leaf)
                 os.rmdir(path)
             except OSError:
                 pass
@@ -130,24 +162,14 @@ class _CgroupTree:
         except OSError:
             pass
 
-    @staticmethod
-    def remove(leaf: str) -> bool:
-        try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
-            os.rmdir(leaf)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
+    remove = staticmethod(_remove_leaf)
 
     def close(self) -> bool:
         """Kill and remove every leaf, then the tree; True when it is gone (nothing runs in it)."""
         try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
-            for name in os.listdir(self.dir):
-                p = f"{self.dir}/{name}"
-                if name.startswith("p") and os.path.isdir(p):
-                    self.kill(p)
-                    self.remove(p)
+            for leaf in _leaf_paths(self.dir):
+                self.kill(leaf)
+                self.remove(leaf)
             os.rmdir(self.dir)  # host-access: cgroupfs (kernel interface)
             return True
         except OSError:
@@ -166,15 +188,12 @@ def _read_pids_max(leaf: str) -> int | None:
 
 def _find_pids_v1() -> str | None:
     """Host path of this process's cgroup v1 ``pids`` directory, or None without a v1 pids hierarchy."""
-    try:
-        # host-access: our own process mount table (finding the v1 pids mount)
-        with open("/proc/self/mountinfo") as f:
-            mounts = [line.split() for line in f]
-        with open("/proc/self/cgroup") as f:  # host-access: our own process's cgroups
-            own = next((line.strip().split(":", 2)[2] for line in f
-                        if line.count(":") >= 2 and "pids" in line.split(":", 2)[1].split(",")), None)
-    except OSError:
+    found = _mounts_and_cgroups()
+    if found is None:
         return None
+    mounts, cgroups = found
+    own = next((line.strip().split(":", 2)[2] for line in cgroups
+                if line.count(":") >= 2 and "pids" in line.split(":", 2)[1].split(",")), None)
     if own is None:
         return None
     for parts in mounts:
@@ -183,11 +202,7 @@ def _find_pids_v1() -> str | None:
         except ValueError:
             continue
         if parts[sep + 1] == "cgroup" and len(parts) > sep + 3 and "pids" in parts[sep + 3].split(","):
-            root, mnt = parts[3], parts[4].replace("\\040", " ")
-            rel = own
-            if root != "/" and rel.startswith(root):
-                rel = rel[len(root):]
-            return (mnt.rstrip("/") + "/" + rel.strip("/")).rstrip("/")
+            return _own_dir(parts[3], parts[4].replace("\\040", " "), own)
     return None
 
 
@@ -225,10 +240,9 @@ class _PidsV1Tree:
         """Remove empty trees left by processes that died without closing their supervisor."""
         for path in _dead_owner_trees(base):
             try:  # host-access: cgroupfs, as above
-                for leaf in os.listdir(path):
-                    if leaf.startswith("p") and os.path.isdir(f"{path}/{leaf}"):
-                        if not _PidsV1Tree.populated(f"{path}/{leaf}"):
-                            os.rmdir(f"{path}/{leaf}")
+                for leaf in _leaf_paths(path):
+                    if not _PidsV1Tree.populated(leaf):
+                        os.rmdir(leaf)
                 os.rmdir(path)
             except OSError:
                 pass
@@ -287,27 +301,17 @@ class _PidsV1Tree:
             finally:
                 os.close(fd)
 
-    @staticmethod
-    def remove(leaf: str) -> bool:
-        try:
-            os.rmdir(leaf)  # host-access: cgroupfs
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
+    remove = staticmethod(_remove_leaf)
 
     def close(self) -> None:
         try:  # host-access: cgroupfs (kernel interface): our own supervisor's leaf, never a workspace
-            for name in os.listdir(self.dir):
-                p = f"{self.dir}/{name}"
-                if name.startswith("p") and os.path.isdir(p):
-                    for _ in range(100):
-                        self.kill(p)
-                        if not self.populated(p):
-                            break
-                        time.sleep(0.002)
-                    self.remove(p)
+            for leaf in _leaf_paths(self.dir):
+                for _ in range(100):
+                    self.kill(leaf)
+                    if not self.populated(leaf):
+                        break
+                    time.sleep(0.002)
+                self.remove(leaf)
             os.rmdir(self.dir)  # host-access: cgroupfs (kernel interface)
         except OSError:
             pass
