@@ -144,7 +144,11 @@ class ConfinementPolicy:
     use_cgroup: bool = True
 
     def rlimit_args(self) -> list[str]:
-        """The helper's ``--rlimit NAME=VALUE`` arguments."""
+        """The helper's ``--rlimit NAME=VALUE`` arguments.
+
+        Raises:
+            ValueError: a limit is negative.
+        """
         out: list[str] = []
         for name, value in (("cpu", self.cpu_time_s), ("as", self.address_space_bytes),
                             ("fsize", self.file_size_bytes), ("nofile", self.open_files),

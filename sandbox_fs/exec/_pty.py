@@ -57,6 +57,9 @@ class PtyManager:
         supervisor: tracks the PTY processes (killed by its ``kill_all`` too).
         max_live: the cap on sessions (>= 1).
         max_buffer_bytes: bound on buffered unread output per session.
+
+    Raises:
+        ValueError: ``max_live`` < 1.
     """
 
     _ids = itertools.count(1)
