@@ -784,9 +784,9 @@ def _plan_local_dir(run: _Run, fe: FlatEntry, work: _DirWork) -> None:
             raise MaterializeLimitError(f"local_dir has more than max_files={run.opts.max_files} nodes",
                                         sandbox_path=fe.path)
     run.reserve(0, len(dirs) + len(links), fe.path)
-    for rp, _st in dirs:
+    for rel_path, _st in dirs:
         _check_cancel(run)
-        run.ensure_dir(_join(fe.path, rp), 0o700)
+        run.ensure_dir(_join(fe.path, rel_path), 0o700)
     run.add("skipped", skipped)
     # Queue the files in chunks of one directory each (copy_files_from opens
     # each directory once per call), at most batch_files files / 64 MiB.
@@ -843,11 +843,11 @@ def _copy_batch(run: _Run, work: _DirWork, batch: list[tuple[str, os.stat_result
     out: list[WrittenFile] = []
     tree = work.tree
     assert tree is not None
-    dest_of = [_join(work.dest, rp) for rp, _ in batch]
-    modes = [_stat.S_IMODE(wst.st_mode) & 0o777 for _, wst in batch]
-    sizes = [wst.st_size for _, wst in batch]
-    items = [(rp, dest_of[i], modes[i], wst.st_mtime_ns, (wst.st_dev, wst.st_ino))
-             for i, (rp, wst) in enumerate(batch)]
+    dest_of = [_join(work.dest, rel_path) for rel_path, _ in batch]
+    modes = [_stat.S_IMODE(walk_st.st_mode) & 0o777 for _, walk_st in batch]
+    sizes = [walk_st.st_size for _, walk_st in batch]
+    items = [(rel_path, dest_of[i], modes[i], walk_st.st_mtime_ns, (walk_st.st_dev, walk_st.st_ino))
+             for i, (rel_path, walk_st) in enumerate(batch)]
     opts = run.opts
     max_file = opts.max_file_bytes
     stop_is_set = run.stop.is_set
@@ -910,10 +910,10 @@ class _SlowPath(Exception):
     """Internal: leave this file to the per-file path (it raises the precise error)."""
 
 
-def _copy_one(run: _Run, tree: Root, rp: str, wst: os.stat_result, dest: str) -> WrittenFile:
+def _copy_one(run: _Run, tree: Root, rel_path: str, walk_st: os.stat_result, dest: str) -> WrittenFile:
     """Copy one local_dir file the per-file way (source re-opened, destination repaired)."""
     try:
-        fd = tree.open_fd(rp, _SRC_FLAGS, 0)
+        fd = tree.open_fd(rel_path, _SRC_FLAGS, 0)
     except (SymlinkRefusedError, PathEscapeError, NotADirectoryError) as exc:
         raise SourceChangedError("the source tree changed during the copy (a path component is now a "
                                  "symlink or a file); nothing outside was read", sandbox_path=dest,
@@ -926,7 +926,7 @@ def _copy_one(run: _Run, tree: Root, rp: str, wst: os.stat_result, dest: str) ->
         raise
     try:
         st = os.fstat(fd)
-        if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (wst.st_dev, wst.st_ino):
+        if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (walk_st.st_dev, walk_st.st_ino):
             raise SourceChangedError("a source file was replaced during the copy", sandbox_path=dest)
         return run.copy_fd(fd, st, dest, _stat.S_IMODE(st.st_mode) & 0o777, "local_dir")
     except BaseException as exc:
@@ -938,20 +938,20 @@ def _copy_one(run: _Run, tree: Root, rp: str, wst: os.stat_result, dest: str) ->
 def _finish_local_dir(run: _Run, work: _DirWork) -> None:
     """Symlinks, then directory modes and mtimes, deepest first (one hop)."""
     links = []
-    for rp, target in work.links:
+    for rel_path, target in work.links:
         run.check_stop()
-        dest = _join(work.dest, rp)
+        dest = _join(work.dest, rel_path)
         try:
             run.make_symlink(target, dest)
         except BaseException as exc:
             raise _wrap(exc, dest) from None
         links.append(WrittenSymlink(dest, target, "local_dir"))
     run.add("symlinks", links)
-    for rp, st in sorted(work.dirs, key=lambda d: d[0].count("/") + (1 if d[0] else 0), reverse=True):
-        dest = _join(work.dest, rp)
+    for rel_path, st in sorted(work.dirs, key=lambda d: d[0].count("/") + (1 if d[0] else 0), reverse=True):
+        dest = _join(work.dest, rel_path)
         # through the directory's fd, never by name (a name swapped for a hard link is refused)
         run.ws.set_dir_meta(dest, mode=_stat.S_IMODE(st.st_mode) & 0o777, mtime_ns=st.st_mtime_ns)
-    run.add("dirs", [_join(work.dest, rp) for rp, _ in work.dirs])
+    run.add("dirs", [_join(work.dest, rel_path) for rel_path, _ in work.dirs])
 
 
 class _TokenHeld:
