@@ -2,7 +2,7 @@
 
 Runs ``true`` N times per variant, alternating the variants in every round
 so machine load hits them alike, and prints medians, the delta to the
-baseline in ms and the ratio.  Goal (issue 6): confined <= baseline + 5 ms.
+baseline in ms and the ratio.  Goal: confined <= baseline + 5 ms.
 Pass 1 alternates only baseline and confined (the goal's pair); pass 2
 alternates the breakdown variants with the baseline.
 

@@ -12,7 +12,20 @@ Nothing it starts outlives it, its :class:`ProcessSupervisor` or the host
 process.  :class:`PtyManager` runs the same on pseudo-terminals.
 
 What each layer guarantees, where it comes from and what remains is in
-SECURITY.md, "Confined commands".
+SECURITY.md, "Confined commands".  The private modules, in the order a run
+uses them:
+
+* ``_models``: :class:`ConfinementPolicy`, :class:`ExecResult`, and the
+  ``ExecRequest`` each call builds and validates once;
+* ``_env`` (the command's environment), ``_grants`` (workspace and grants as
+  trees), ``_ruleset`` and ``_landlock`` (the Landlock ruleset and the system
+  set), ``_mounts`` (the read-only mount layer), ``_seccomp`` (the socket
+  allow-list), ``_identity`` (leased uid/gid, workspace ownership),
+  ``_cgroups`` and ``_bounds`` (cgroup trees, the process-count bound);
+* ``_prepare`` (the helper's argv and fds), ``_helper`` (the ``sfs-exec``
+  helper and its status pipe), ``_spawn`` (:func:`run_confined`),
+  ``_supervisor`` (:class:`ProcessSupervisor`), ``_pty`` (:class:`PtyManager`),
+  ``_output`` (bounded capture), ``_errors``.
 
 Thread-safety: the async functions are meant for one trio run; a
 ProcessSupervisor and a PtyManager belong to one trio run.
