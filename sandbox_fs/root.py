@@ -52,7 +52,8 @@ from .errors import (
     DirectoryReplacedError,
 )
 
-__all__ = ["Root", "Subtree", "CopyItem", "open_root", "open_host_dir_fd", "open_host_file_fd", "write_host_file_atomic",
+__all__ = ["Root", "Subtree", "CopyItem", "open_root", "open_host_dir_fd", "open_host_file_fd",
+           "write_host_file_atomic",
            "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
            "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
 
@@ -430,8 +431,7 @@ class Root:
             OSError: ``fchown``/``fchmod``/``futimens`` failed (operation
                 ``set_dir_meta``, sandbox path only).
             FileNotFoundError: ``path`` is missing.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         if mode is not None:
@@ -661,8 +661,7 @@ class Root:
             FileNotFoundError, FileExistsError, IsADirectoryError,
                 NotADirectoryError: as ``open(2)`` for those flags.
             OSError: any other failure, ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         if type(path) is str and not flags & _WRITE_FLAGS and 0 <= mode <= 0o777:
             # Hot path for reads: validate inline, pin the fd, one native call.
@@ -832,8 +831,7 @@ class Root:
             PermissionError: EACCES, or the Root's ``owner`` could not be given
                 (the file this call created is removed).
             OSError: any other failure, ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         m = set(mode)
         plus = "+" in m
@@ -895,8 +893,7 @@ class Root:
                 is missing, or a component is not a directory.
             PermissionError: EACCES on the file or a directory on its path.
             OSError: any other open or read failure, ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         fd = self.open_fd(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
@@ -946,8 +943,7 @@ class Root:
             PermissionError: EACCES on the parent, or the Root's ``owner``
                 could not be given (nothing is left behind).
             OSError: any other failure (ENOSPC ...), ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         return self.atomic_write(path, data, mode=mode, fsync=fsync)
 
@@ -1003,8 +999,7 @@ class Root:
                 missing or not a directory, or ``path`` ends in ``/``.
             OSError: any other failure (ENOSPC, a read error of ``data`` ...),
                 ``filename`` the sandbox path; the temporary name is removed.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
@@ -1200,8 +1195,7 @@ class Root:
             ReadOnlyError: a read-only Root, or ``path`` beneath a read-only grant.
             NotADirectoryError: a component of the parent is not a directory.
             OSError: any other failure (ENOSPC ...), ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         _check_mode(mode, self._show(rel))
@@ -1271,8 +1265,7 @@ class Root:
             ReadOnlyError: a read-only Root, or ``path`` beneath a read-only grant.
             PermissionError: EACCES / EPERM on the parent (a sticky directory ...).
             OSError: any other failure (EBUSY ...), ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         with self._use() as rootfd:
@@ -1553,8 +1546,7 @@ class Root:
             NotADirectoryError: a path ends in ``/``, or a component is not a directory.
             ReadOnlyError: a read-only Root, or either name beneath a read-only grant.
             OSError: any other failure (EMLINK ...), ``filename`` the sandbox path of ``dst``.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         srel, drel = self._rel(src), self._rel(dst)
         with self._use() as rootfd:
@@ -1618,8 +1610,7 @@ class Root:
             PermissionError: the caller does not own ``path`` (EPERM / EACCES).
             InvalidPathError: ``path`` names the root itself or ends in ``.`` / ``..``.
             OSError: any other failure, ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         with self._use() as rootfd:
@@ -1689,8 +1680,7 @@ class Root:
             FileNotFoundError: nothing is at ``path``, or a directory on it is missing.
             NotADirectoryError: a component is not a directory, or ``path`` ends in ``/``.
             PermissionError: EACCES on a directory on the path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         with self._use() as rootfd:
@@ -1712,8 +1702,7 @@ class Root:
             PermissionError: EACCES: no read permission on it, or no search
                 permission on a directory on the path.
             OSError(EMFILE): the process has no free fd.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         return self.open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
 
@@ -1726,8 +1715,7 @@ class Root:
             NotADirectoryError, FileNotFoundError, PermissionError,
                 OSError(EMFILE): as :meth:`open_dir_fd`.
             OSError: the listing failed, ``filename`` the sandbox path.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         dfd = self.open_dir_fd(rel)
@@ -1757,8 +1745,7 @@ class Root:
             NotADirectoryError, FileNotFoundError, PermissionError,
                 OSError(EMFILE): as :meth:`open_dir_fd`.
             OSError: the listing failed.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         dfd = self.open_dir_fd(rel)
@@ -1783,8 +1770,7 @@ class Root:
                 skipped instead).
             PermissionError: EACCES: a directory cannot be read or entered.
             OSError: any other failure (EMFILE ...).
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         for dpath, dents, nondirs in walk_dirs(self, path):
             names = [e.name for e in dents]
@@ -1807,8 +1793,7 @@ class Root:
             FileNotFoundError: ``path`` is missing.
             PermissionError: EACCES: no search permission on a directory on the path.
             OSError(EMFILE): the process has no free fd.
-            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: as for
-                every method (see :class:`Root`).
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
         ro = self.read_only or bool(read_only)
