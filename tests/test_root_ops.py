@@ -360,3 +360,60 @@ def test_features_shape():
     f = sandbox_fs.features()
     assert set(f) == {"openat2", "landlock_abi", "fuse", "resolver"}
     assert isinstance(f["landlock_abi"], int) and f["resolver"] in ("openat2", "fallback")
+
+
+def test_walk_dirs_contract_yields_subdir_entries_and_honours_pruning(root):
+    """``_root_walk.walk_dirs``: the subdirectories' DirEntry (with lstat), prunable in place."""
+    from sandbox_fs._root_walk import walk_dirs
+
+    for d in ("a/x", "a/y", "b/z"):
+        root.mkdir(d, parents=True)
+    root.write_bytes("a/f", b"1")
+    root.symlink("a", "link")
+    seen = []
+    for dpath, dirs, nondirs in walk_dirs(root):
+        seen.append(dpath)
+        assert all(e.kind == "dir" and stat.S_ISDIR(e.stat.st_mode) for e in dirs)
+        if dpath == "":
+            assert [e.name for e in dirs] == ["a", "b"] and [e.name for e in nondirs] == ["link"]
+            dirs[:] = [e for e in dirs if e.name == "a"]  # prune b
+        if dpath == "a":
+            assert [e.path for e in nondirs] == ["a/f"]
+    assert seen == ["", "a", "a/x", "a/y"]
+
+
+def test_open_on_same_mount_opens_beneath_and_refuses_escapes(root):
+    from sandbox_fs._root_walk import open_on_same_mount
+
+    root.mkdir("d")
+    root.write_bytes("d/f", b"x")
+    fd = open_on_same_mount(root, "d/f", os.O_PATH | os.O_NOFOLLOW, "test")
+    try:
+        assert os.fstat(fd)[1:3] == root.lstat("d/f")[1:3]
+        assert os.get_inheritable(fd) is False
+    finally:
+        os.close(fd)
+    with pytest.raises(PathEscapeError):
+        open_on_same_mount(root, "../x", os.O_PATH, "test")
+    with pytest.raises(FileNotFoundError):
+        open_on_same_mount(root, "d/missing", os.O_PATH, "test")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs inside the workspace needs root")
+def test_open_on_same_mount_never_crosses_a_mount_point(root, tmp_path):
+    import subprocess
+
+    from sandbox_fs._root_walk import open_on_same_mount
+
+    root.mkdir("mnt")
+    host = str(tmp_path / "ws" / "mnt")  # the root fixture's directory
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", host], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        with open(host + "/f", "w") as fh:
+            fh.write("x")
+        with pytest.raises(PathEscapeError):
+            open_on_same_mount(root, "mnt/f", os.O_PATH | os.O_NOFOLLOW, "test")
+        os.close(root.open_fd("mnt/f", os.O_PATH))  # a plain open goes through it
+    finally:
+        subprocess.run(["umount", "-l", host], check=False)
