@@ -83,6 +83,23 @@ def test_extract_help_does_not_import_trio():
     assert "trio" not in modules
 
 
+def test_extracting_imports_no_trio(tmp_path):
+    """The synchronous extraction never needs trio (nor the manifest, session or exec layers)."""
+    import io
+    import tarfile
+
+    arc = tmp_path / "one.tar"
+    with tarfile.open(arc, "w") as tf:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"hi\n"))
+    code, modules, out, err = run_probe("extract", str(arc), "--into", str(tmp_path / "out"))
+    assert code == 0 and err == "" and out.startswith("extracted 1 files")
+    assert (tmp_path / "out" / "hello.txt").read_bytes() == b"hi\n"
+    assert [m for m in modules if m == "trio" or m.startswith(("trio.", "sandbox_fs.manifest", "sandbox_fs.exec",
+                                                                 "sandbox_fs.session", "sandbox_fs.client"))] == []
+
+
 def test_version_prints_package_version_and_native_abi():
     r = subprocess.run([sys.executable, "-m", "sandbox_fs", "--version"], capture_output=True, text=True,
                        timeout=60)
