@@ -561,6 +561,20 @@ async def test_bad_arguments_are_refused_before_anything_starts(layout, ws):
         r = await run(layout, ws, ["true"], supervisor=sup, timeout_s=30)
         assert r.exit_code == 0
 
+
+def test_the_request_never_shows_secret_values(layout, ws):
+    """The one request object passed down holds the environment; its repr shows none of it."""
+    from sandbox_fs.exec._models import ExecRequest
+
+    token = "tok-" + os.urandom(6).hex()
+    req = ExecRequest.build(["/bin/echo", token], workspace=ws, workspace_host_path=str(layout.ws), grants=None,
+                            cwd="", env={"TOKEN": token}, secret_env={"TOKEN"}, shell=False,
+                            confinement="required", policy=ConfinementPolicy())
+    assert req.secrets == (token,) and req.child_env["TOKEN"] == token and req.argv0 == "/bin/echo"
+    assert token not in repr(req)
+    with pytest.raises(AttributeError):
+        req.cwd = "elsewhere"  # frozen
+
 # ------------------------------------------------------------------ timeouts, output, supervision
 
 async def test_timeout_kills_child_and_grandchildren(layout, ws):

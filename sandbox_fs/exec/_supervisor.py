@@ -48,6 +48,38 @@ def _release_resources(cgroup_tree: "_CgroupTree | None", ns_fds: dict[tuple, tu
         leases.pop().release(no_processes_left=emptied)
 
 
+
+async def _take_held_ns(proc: trio.Process, status: _Status) -> tuple[int, int, int, int] | None:
+    """Open the namespaces of a ``--hold-ns`` helper once it is "ready", then let it exit.
+
+    Returns ``(mntns_fd, userns_fd or -1, netns_fd, ipcns_fd)``, or None
+    when the helper failed or did not get ready in time.  Shielded: the
+    helper is always reaped.
+    """
+    mnt = user = net = ipc = -1
+    with trio.CancelScope(shield=True):
+        try:
+            with trio.move_on_after(_STATUS_TIMEOUT_S):
+                if await status.read_line() == b"ready":  # host-access: procfs ns files of our own helper child, held while it waits
+                    mnt = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+                    net = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                    ipc = os.open(f"/proc/{proc.pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+                    if os.geteuid() != 0:
+                        user = os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            for fd in (mnt, net, ipc):
+                if fd >= 0:
+                    os.close(fd)
+            mnt = user = net = ipc = -1
+        finally:
+            assert proc.stdin is not None
+            await proc.stdin.aclose()
+            await proc.wait()
+            await status.aclose()
+    if mnt < 0:
+        return None
+    return mnt, user, net, ipc
+
 @dataclass(eq=False)
 class _Tracked:
     """A started command: ``process`` is the helper's init (our own unreaped child)."""
@@ -299,31 +331,10 @@ class ProcessSupervisor:
             finally:
                 for fd in fds + ro_fds + [status_w]:
                     os.close(fd)
-            status = _Status(status_r)
-            mnt = user = net = ipc = -1
-            with trio.CancelScope(shield=True):
-                try:
-                    with trio.move_on_after(_STATUS_TIMEOUT_S):
-                        if await status.read_line() == b"ready":  # host-access: procfs ns files of our own helper child, held while it waits
-                            mnt = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-                            net = os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-                            ipc = os.open(f"/proc/{proc.pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
-                            if os.geteuid() != 0:
-                                user = os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    for fd in (mnt, net, ipc):
-                        if fd >= 0:
-                            os.close(fd)
-                    mnt = user = net = ipc = -1
-                finally:
-                    assert proc.stdin is not None
-                    await proc.stdin.aclose()
-                    await proc.wait()
-                    await status.aclose()
-            if mnt < 0:
-                return None
-            self._ns_fds[key] = (mnt, user, net, ipc)
-            return mnt, user, net, ipc
+            held = await _take_held_ns(proc, _Status(status_r))
+            if held is not None:
+                self._ns_fds[key] = held
+            return held
 
     async def kill_all(self, *, grace_s: float = 0.0) -> None:
         """Kill every command tree and cgroup leaf started through this supervisor, and reap.
