@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets as _secrets
 from hashlib import sha256 as _hashlib_sha256
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
@@ -62,7 +61,7 @@ class _Batch:
         self.xfers: Any = _native.new_xfers(GROUP_MAX)  # struct sfs_xfer[GROUP_MAX]
         self.ret_box: Any = _native.new_int()  # int *: the failed file's return
         self.base_flags = _native.XFER_FSYNC if fsync else 0
-        self.tmp_prefix = b".sfs-tmp-" + _secrets.token_hex(6).encode() + b"-"
+        self.tmp_prefix = b".sfs-tmp-" + os.urandom(6).hex().encode() + b"-"
         self.tmp_counter = 0
         self.uid, self.gid = _native.owner_ids(dst.owner)
         self.src_dirs: dict[str, int] = {}  # source directory path -> its open fd

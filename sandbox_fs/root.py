@@ -33,7 +33,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import secrets as _secrets
 import stat as _stat
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple
@@ -1008,7 +1007,7 @@ class Root:
         with self._use() as rootfd:
             pfd, leaf = self._open_parent(rootfd, rel, "write", write=True)
             try:
-                tmp = b".sfs-tmp-" + _secrets.token_hex(8).encode()
+                tmp = b".sfs-tmp-" + os.urandom(8).hex().encode()
                 try:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                  0o600, dir_fd=pfd)
@@ -2317,7 +2316,7 @@ def write_host_file_atomic(path: str | os.PathLike[Any] | bytes, data: bytes, *,
     """
     shown = label or "."
     pfd, leaf = _host_parent(path, follow_symlinks, label)
-    tmp = b".sfs-out-" + _secrets.token_hex(8).encode()
+    tmp = b".sfs-out-" + os.urandom(8).hex().encode()
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
         placed = False
