@@ -65,19 +65,33 @@ _READ_VERSIONS = (1, 2)
 
 
 class SessionStateError(SessionError, ValueError):
-    """Serialized session or run state is malformed or carries fields it may not carry."""
+    """Serialized session or run state is malformed or carries fields it may not carry.
+
+    Raised by :meth:`LocalSandboxClient.deserialize_state` (and so by
+    ``resume`` and :func:`open_session`); ``context["fields"]`` names up to 10
+    offending fields.  Also raised when the installation state key is damaged.
+    """
 
     code = "session_state_invalid"
 
 
 class SessionStateVersionError(SessionStateError):
-    """Serialized state has a version this sandbox-fs does not read."""
+    """Serialized state has a version this sandbox-fs does not read.
+
+    Raised by :meth:`LocalSandboxClient.deserialize_state`; this release reads
+    versions 1 and 2 and writes :data:`STATE_VERSION`.
+    """
 
     code = "session_state_version"
 
 
 class SessionStateTamperedError(SessionStateError):
-    """The state's HMAC is missing or does not match (``ClientOptions.state_key`` set)."""
+    """The state's HMAC is missing or does not match.
+
+    Raised by :meth:`LocalSandboxClient.deserialize_state` before any other
+    field is trusted.  The MAC key is ``ClientOptions.state_key``, else the
+    installation key, so a state from another installation is refused too.
+    """
 
     code = "session_state_tampered"
 

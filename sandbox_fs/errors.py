@@ -201,7 +201,11 @@ class ReadOnlyError(SandboxOSError, PermissionError):
 
 
 class InvalidPathError(SandboxError, ValueError):
-    """A sandbox path is malformed: NUL, empty, too long, or climbs above its root."""
+    """A sandbox path is malformed: NUL, empty, too long, or climbs above its root.
+
+    Raised by :func:`sandbox_fs.paths.normalize` and by every operation that
+    takes a sandbox path.
+    """
 
     code = "invalid_path"
 
@@ -213,13 +217,21 @@ class InvalidArgumentError(SandboxError, ValueError):
 
 
 class WorkspaceClosedError(SandboxError, ValueError):
-    """A Root (or an object holding one) was used after close()."""
+    """A Root (or an object holding one) was used after close().
+
+    An operation running while another thread closes the Root finishes first;
+    the close takes effect when the last one ends.
+    """
 
     code = "workspace_closed"
 
 
 class NativeUnavailableError(SandboxError, ImportError):
-    """The compiled native module is missing or does not match this package."""
+    """The compiled native module is missing or does not match this package.
+
+    Raised when ``sandbox_fs`` is imported; reinstall the package (``pip install .``)
+    so the module is compiled for this source.
+    """
 
     code = "native_unavailable"
 

@@ -105,13 +105,20 @@ _BATCH_BYTES = 64 * MiB  # a local_dir chunk holds at most this many bytes of fi
 
 
 class MaterializeError(SandboxError):
-    """Materialization failed on an entry (wraps a plain OS error; names the sandbox path)."""
+    """Materialization failed on an entry (wraps a plain OS error; names the sandbox path).
+
+    :func:`materialize` adds ``context["written"]`` (up to 50 sandbox paths) and
+    ``context["written_count"]`` to every error it raises.
+    """
 
     code = "materialize_failed"
 
 
 class SourceRefusedError(MaterializeError):
-    """A source is refused: special file, escaping symlink in a local_dir, no base or grant covers it."""
+    """A source is refused: special file, escaping symlink in a local_dir, no base or grant covers it.
+
+    Nothing outside the base directory or the grants was read.
+    """
 
     code = "source_refused"
 
@@ -124,13 +131,21 @@ class SourceChangedError(MaterializeError):
 
 
 class MaterializeLimitError(MaterializeError):
-    """A size or count bound of :class:`MaterializeOptions` was hit."""
+    """A size or count bound of :class:`MaterializeOptions` was hit.
+
+    The reason names the bound (``max_total_bytes``, ``max_files`` or
+    ``max_file_bytes``) and its value.
+    """
 
     code = "materialize_limit"
 
 
 class LimiterTokensError(MaterializeError, ValueError):
-    """A ``limiter_entries`` / ``limiter_files`` holds fewer than 1 token: every wait on it would hang."""
+    """A ``limiter_entries`` / ``limiter_files`` holds fewer than 1 token: every wait on it would hang.
+
+    Raised by :class:`MaterializeOptions`, or by :func:`materialize` when the
+    limiter's tokens were lowered since; ``context`` has ``limiter`` and ``total_tokens``.
+    """
 
     code = "materialize_limiter_tokens"
 

@@ -84,38 +84,63 @@ class SessionError(SandboxError):
 
 
 class SessionBusyError(SessionError):
-    """The session is already bound to another run (one run at a time)."""
+    """The session is already bound to another run (one run at a time).
+
+    Raised by :meth:`Session.bind_run` and :func:`sandbox_fs.client.open_session`;
+    ``context["session"]`` names the session.  Retry once the other run ends.
+    """
 
     code = "session_busy"
     retryable = True
 
 
 class SessionNotStartedError(SessionError):
-    """A file operation on a session that is not started, or already closed."""
+    """A file operation on a session that is not started, or already closed.
+
+    Raised by :attr:`Session.workspace`, :attr:`Session.policy`, every file
+    operation, :meth:`Session.exec` and :meth:`Session.pty_exec_start`.
+    """
 
     code = "session_not_started"
 
 
 class MountOverlapError(SessionError):
-    """A persist skip path equals, contains or lies inside a mount point."""
+    """A persist skip path equals, contains or lies inside a mount point.
+
+    Raised by :meth:`Session.register_persist_skip_path`; ``context["mount"]``
+    is the mount point's workspace-relative path.
+    """
 
     code = "mount_overlap"
 
 
 class CrossRootError(SessionError):
-    """A rename between the workspace and a grant (or two grants): not one filesystem capability."""
+    """A rename between the workspace and a grant (or two grants): not one filesystem capability.
+
+    Raised by :meth:`Session.rename`; copy the file and remove the source instead.
+    """
 
     code = "cross_root"
 
 
 class FeatureUnavailableError(SessionError):
-    """A session feature needs a module that is not installed (archive, manifest, exec)."""
+    """A session feature needs a module that is not installed (archive, manifest, exec).
+
+    Raised by :meth:`Session.start` (a manifest without
+    :mod:`sandbox_fs.materialize`) and :meth:`Session.extract` (no
+    :mod:`sandbox_fs.archive`).
+    """
 
     code = "feature_unavailable"
 
 
 class WorkspaceMismatchError(SessionError):
-    """The workspace a resume would act on holds another session's id (or an unreadable one); nothing changed."""
+    """The workspace a resume would act on holds another session's id (or an unreadable one); nothing changed.
+
+    Raised by :meth:`Session.start` of a resumed session, before anything in
+    the workspace changes; ``sandbox_path`` is the id file
+    (:data:`WORKSPACE_ID_NAME`) and ``context["session"]`` the session id.
+    """
 
     code = "workspace_mismatch"
 
@@ -131,7 +156,11 @@ class SnapshotGenerationError(SessionError):
 
 
 class PersistDisabledError(SessionError):
-    """Persistence is disabled because a pre-stop hook failed or was cancelled (see :meth:`Session.aclose`)."""
+    """Persistence is disabled because a pre-stop hook failed or was cancelled (see :meth:`Session.aclose`).
+
+    Raised by every :meth:`Session.stop` after that; ``context["session"]``
+    names the session and the reason says which step failed.
+    """
 
     code = "persist_disabled"
 
