@@ -548,6 +548,14 @@ async def test_timeout_must_be_a_finite_number_above_zero(layout, ws, timeout_s)
     assert info.value.code == "exec_error"
 
 
+@pytest.mark.parametrize("timeout_s", [10 ** 400, -(10 ** 400)], ids=["huge", "minus_huge"])
+async def test_timeout_too_large_for_a_float_is_an_exec_error(layout, ws, timeout_s):
+    """An int no float can hold is refused like any other bad timeout_s (ExecError), not an OverflowError."""
+    with pytest.raises(sfs_exec.ExecError, match="timeout_s") as info:
+        await run(layout, ws, ["true"], timeout_s=timeout_s)
+    assert info.value.code == "exec_error"
+
+
 @needs_landlock
 async def test_bad_arguments_are_refused_before_anything_starts(layout, ws):
     """The request is validated once, before a namespace, identity or process exists."""

@@ -271,7 +271,11 @@ def _check_timeout(timeout_s: float | None, secrets: tuple[str, ...]) -> float |
     if timeout_s is None:
         return None
     is_number = isinstance(timeout_s, numbers.Real) and not isinstance(timeout_s, bool)
-    if not is_number or not math.isfinite(timeout_s) or timeout_s <= 0:
+    try:
+        finite = is_number and math.isfinite(timeout_s)
+    except OverflowError:  # an int too large for a float: no deadline trio can keep
+        finite = False
+    if not finite or timeout_s <= 0:
         raise ExecError("timeout_s must be a finite number of seconds > 0, or None",
                         context={"timeout_s": repr(timeout_s)[:32]}, secrets=secrets)
     return timeout_s
