@@ -328,3 +328,12 @@ def test_cli_refuses_a_manifest_setting_ld_preload(tmp_path, evil):
     assert "LD_PRELOAD" in r.stderr and token not in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not evil["sentinel"].exists() and not evil["marker"].exists()
+
+
+def test_home_and_tmp_names_still_import_from_sandbox_fs_exec():
+    """``sandbox_fs.exec.HOME_DIR`` / ``TMP_DIR`` (the workspace-relative HOME and TMPDIR of a
+    command) were importable from the exec module before it became a package, and still are."""
+    from sandbox_fs.exec import HOME_DIR, TMP_DIR
+
+    env = sfs_exec.build_env({}, workspace_host_path="/w")
+    assert (env["HOME"], env["TMPDIR"]) == (f"/w/{HOME_DIR}", f"/w/{TMP_DIR}") == ("/w/.home", "/w/.tmp")

@@ -32,6 +32,7 @@ ProcessSupervisor and a PtyManager belong to one trio run.
 """
 
 from ._env import DEFAULT_PATH, ENV_ALLOWLIST, MAX_ENV_BYTES, MAX_ENV_ENTRIES, build_env
+from ._env import HOME_DIR, TMP_DIR  # noqa: F401  (importable here as before, not in __all__)
 from ._errors import (
     CommandNotFoundError,
     ConfinementError,
