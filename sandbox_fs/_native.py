@@ -156,14 +156,18 @@ def open_beneath(resolver: str, dirfd: int, rel: bytes, flags: int, mode: int, r
     Raises:
         PathEscapeError, SymlinkRefusedError, OSError: see :func:`raise_errno`.
     """
+    return check(open_beneath_ret(resolver, dirfd, rel, flags, mode, resolve), op, sandbox_path)
+
+
+def open_beneath_ret(resolver: str, dirfd: int, rel: bytes, flags: int, mode: int, resolve: int) -> int:
+    """:func:`open_beneath` returning ``-errno`` instead of raising (for a caller that names the path only on error)."""
     resolve |= RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
     if resolver == "fallback":
+        return lib.sfs_open_fallback(dirfd, rel, flags, mode, resolve)
+    ret = lib.sfs_openat2(dirfd, rel, flags, mode, resolve)
+    if ret in (-errno.ENOSYS, -errno.EPERM) and not have_openat2():  # pragma: no cover
         ret = lib.sfs_open_fallback(dirfd, rel, flags, mode, resolve)
-    else:
-        ret = lib.sfs_openat2(dirfd, rel, flags, mode, resolve)
-        if ret in (-errno.ENOSYS, -errno.EPERM) and not have_openat2():  # pragma: no cover
-            ret = lib.sfs_open_fallback(dirfd, rel, flags, mode, resolve)
-    return check(ret, op, sandbox_path)
+    return ret
 
 
 def set_times_fd(fd: int, ns: int, op: str, sandbox_path: str | None) -> None:

@@ -434,7 +434,7 @@ class Root:
         """
         rel = self._rel(path)
         if mode is not None:
-            _check_mode(mode, self._show(rel))
+            self._check_mode_of(mode, rel)
         # O_PATH only when its owner took away its own read permission (0o100): it needs
         # no permission on the directory itself, yet names exactly this inode.
         try:
@@ -549,9 +549,16 @@ class Root:
     def _resolve_flags(self) -> int:
         return _native.RESOLVE_NO_SYMLINKS if self.no_symlinks else 0
 
+    def _check_mode_of(self, mode: int, rel: bytes) -> None:
+        """``_check_mode`` of ``mode`` for ``rel`` (its sandbox path is formatted only for the error)."""
+        if not isinstance(mode, int) or mode < 0 or mode & ~0o777:
+            _check_mode(mode, self._show(rel))
+
     def _open_fd(self, rootfd: int, rel: bytes, flags: int, mode: int, op: str, extra_resolve: int = 0) -> int:
-        return _native.open_beneath(self.resolver, rootfd, rel, flags, mode,
-                                    self._resolve_flags() | extra_resolve, op, self._show(rel))
+        ret = _native.open_beneath_ret(self.resolver, rootfd, rel, flags, mode, self._resolve_flags() | extra_resolve)
+        if ret < 0:
+            _native.raise_errno(-ret, op, self._show(rel))
+        return ret
 
     def _check_writable(self, rel: bytes, op: str) -> None:
         if self.read_only:
@@ -1001,7 +1008,7 @@ class Root:
             PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
-        _check_mode(mode, self._show(rel))
+        self._check_mode_of(mode, rel)
         if owner is None:
             owner = self.owner
         with self._use() as rootfd:
@@ -1197,7 +1204,7 @@ class Root:
             PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         rel = self._rel(path)
-        _check_mode(mode, self._show(rel))
+        self._check_mode_of(mode, rel)
         self._check_writable(rel, "mkdir")
         if parents:
             comps = [c for c in rel.split(b"/") if c not in (b"", b".")]
@@ -1580,7 +1587,7 @@ class Root:
             PathEscapeError, WorkspaceClosedError: as for every method (see :class:`Root`).
         """
         rel = self._rel(path)
-        _check_mode(mode, self._show(rel))
+        self._check_mode_of(mode, rel)
         with self._use() as rootfd:
             pfd, leaf = self._open_parent(rootfd, rel, "chmod", write=True, dir_op=True, inplace=True)
             try:
