@@ -986,6 +986,10 @@ async def _in_thread_holding_token(fn: Callable[..., Any], *args: Any) -> None:
     await trio.to_thread.run_sync(fn, *args, limiter=_TOKEN_HELD)
 
 
+def _no_spawn() -> None:
+    pass
+
+
 async def _apply_local_dir(run: _Run, fe: FlatEntry) -> None:
     """One local_dir: walk, then copy in worker threads, then symlinks and directory metadata.
 
@@ -1014,6 +1018,9 @@ async def _apply_local_dir(run: _Run, fe: FlatEntry) -> None:
         await trio.to_thread.run_sync(_finish_local_dir, run, work, limiter=lim)
     finally:
         work.close(drop=True)
+        # The spawn closure refers to this work and to the run: without it, both
+        # (and every WrittenFile) are freed as soon as the call is over, not by a gc pass.
+        work._spawn = _no_spawn
         if work.tree is not None:
             work.tree.close()
 

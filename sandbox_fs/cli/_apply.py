@@ -107,6 +107,18 @@ def _human(n: int) -> str:
     return str(n)
 
 
+async def _run_into(out: list[Any], args: argparse.Namespace, ws_dir: str, manifest: Any,
+                    opts: MaterializeOptions) -> None:
+    """Append the result of :func:`_run` to ``out``.
+
+    The result comes back through ``out``, not as the return value of
+    ``trio.run``, whose finished run keeps its main task's outcome in a
+    reference cycle: the result (one object per file) is then freed when
+    ``handle`` returns, not by a garbage collection at exit.
+    """
+    out.append(await _run(args, ws_dir, manifest, opts))
+
+
 async def _run(args: argparse.Namespace, ws_dir: str, manifest: Any, opts: MaterializeOptions) -> Any:
     ws = await trio.to_thread.run_sync(lambda: open_root(ws_dir, label=""))
     try:
@@ -148,7 +160,9 @@ def handle(args: argparse.Namespace) -> int:
         _make_root_dir(ws_dir)
         opts = MaterializeOptions(base_dir=base, extra_path_grants=grants, digest=not args.no_digest,
                                   progress=MaterializeProgress())
-        result = trio.run(_run, args, ws_dir, manifest, opts)
+        box: list[Any] = []
+        trio.run(_run_into, box, args, ws_dir, manifest, opts)
+        result = box.pop()
     except BaseException as exc:
         if args.json:
             leaf = next((e for e in exception_leaves(exc) if isinstance(e, SandboxError)), None)
