@@ -136,6 +136,37 @@ def _host_names() -> dict[str, set[str]]:
     return out
 
 
+_WATCHED_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+
+
+def _host_devices() -> dict[str, tuple[int, int] | None]:
+    """(file type and mode, device number) of each watched device node, not following links."""
+    out: dict[str, tuple[int, int] | None] = {}
+    for d in _WATCHED_DEVICES:
+        try:
+            st = os.lstat(d)
+        except OSError:
+            out[d] = None
+        else:
+            out[d] = (st.st_mode, st.st_rdev)
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_devices_untouched():
+    """Suite-wide sentinel: no test may replace, remove or chmod a host device node.
+
+    A write through a planted link, or an extractor writing outside its
+    destination, can replace a node such as /dev/null with a file or a
+    symlink; every later command that writes to it then writes elsewhere.
+    """
+    before = _host_devices()
+    yield
+    after = _host_devices()
+    changed = {d: (before[d], after[d]) for d in before if after[d] != before[d]}
+    assert not changed, f"the test run changed host device nodes: {changed}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def host_system_dirs_untouched():
     """Suite-wide sentinel: no test may create or delete names in /, /etc, /usr or /root.
