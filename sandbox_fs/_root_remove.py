@@ -195,6 +195,7 @@ def _clear_dir(root: Root, parent_fd: int, name: bytes, rel: bytes, skip: Skip |
             return False
         stack.append(_Frame(top, iter(()), None, None))
         _check_entered(root, top, rel)  # the top's own mode is never changed
+        # host-access: none; lists the directory fd just entered beneath the Root (no path is walked)
         stack[-1].names = iter(os.listdir(top))
         while True:  # until the top directory is left
             frame = stack[-1]
@@ -279,6 +280,7 @@ def _remove_entry(root: Root, frame: _Frame, cname: bytes, rel: bytes, stack: li
     changed = _check_entered(root, cfd, rel, writable)
     if orig is None:
         child.restore_mode = changed
+    # host-access: none; lists the directory fd just entered beneath the Root (no path is walked)
     child.names = iter(os.listdir(cfd))
 
 

@@ -97,6 +97,7 @@ def _list_dir(dfd: int) -> list[tuple[str, os.stat_result]]:
     """
     out = []
     stat = os.stat
+    # host-access: none; lists a directory fd opened beneath the workspace Root (no path is walked)
     for name in sorted(os.listdir(dfd)):
         try:
             out.append((name, stat(name, dir_fd=dfd, follow_symlinks=False)))
