@@ -231,7 +231,7 @@ def test_bound_selection_table(tmp_path, monkeypatch, v2, nproc, v1, confinement
     monkeypatch.setattr(_bounds, "_nproc_enforced", lambda: nproc)
     policy = ConfinementPolicy(**pol)
     v1_leaf = _leaf(tmp_path / "v1", policy.pids_max) if v1 and policy.pids_max is not None else None
-    prep = _prepare._Prepared([], {}, [], -1, "none", 0, None, (), ".")
+    prep = _prepare.Prepared([], {}, [], -1, "none", 0, None, (), ".")
     if v2 is not None:
         prep.leaf = str(tmp_path / "v2")
         (tmp_path / "v2").mkdir()
@@ -240,10 +240,10 @@ def test_bound_selection_table(tmp_path, monkeypatch, v2, nproc, v1, confinement
     try:
         if expected == "refused":
             with pytest.raises(ConfinementError) as info:
-                _bounds._process_bounds(prep, sup, policy, confinement)
+                _bounds.read_process_bounds(prep, sup, policy, confinement)
             assert info.value.code == "confinement_unavailable"
             return
-        args = _bounds._process_bounds(prep, sup, policy, confinement)
+        args = _bounds.read_process_bounds(prep, sup, policy, confinement)
         assert prep.process_bounds == expected
         uses_v1 = any(b.startswith("cgroup1.") for b in expected)
         assert (args[:1] == ["--pids-procs"]) == uses_v1

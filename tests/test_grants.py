@@ -169,7 +169,7 @@ def test_exec_refuses_a_ro_grant_nested_in_a_rw_grant(layout, ws):
 
 
 def _ro_layer() -> bool:
-    return os.access(sfs_exec.helper_path(), os.X_OK) and _helper._ro_mounts_available(sfs_exec.helper_path())
+    return os.access(sfs_exec.helper_path(), os.X_OK) and _helper.ro_mounts_available(sfs_exec.helper_path())
 
 
 needs_ro_layer = pytest.mark.skipif(not _ro_layer(), reason="the read-only mount layer is unavailable here "

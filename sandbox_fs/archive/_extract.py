@@ -92,10 +92,10 @@ def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, form
             another process during the extraction (nothing is made elsewhere).
         ValueError: ``format`` is not one of the accepted values.
     """
-    return _extract(root, dest, source, format, limits, policy, None)
+    return run_extraction(root, dest, source, format, limits, policy, None)
 
 
-def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLimits, policy: ExtractPolicy,
+def run_extraction(root: Root, dest: str, source: Any, format: str, limits: ArchiveLimits, policy: ExtractPolicy,
              check_cancel: Callable[[], None] | None, made: list[tuple[int, int]] | None = None,
              exact_modes: dict[bytes, int] | None = None) -> ExtractReport:
     """:func:`extract`; with ``made``, the ``(st_dev, st_ino)`` of the directory made for a new
@@ -108,7 +108,7 @@ def _extract(root: Root, dest: str, source: Any, format: str, limits: ArchiveLim
         # symlink on any component, a regular file); unbuffered, so the fd offset is the stream
         # position and plain tar member data can be sendfile'd
         with open(open_host_file_fd(source, label="archive"), "rb", buffering=0) as fh:
-            return _extract(root, dest, fh, format, limits, policy, check_cancel, made, exact_modes)
+            return run_extraction(root, dest, fh, format, limits, policy, check_cancel, made, exact_modes)
     meter = Meter(limits)
     forced = FORMATS[format]
     if forced == "zip":
@@ -237,5 +237,5 @@ async def extract_async(root: Root, dest: str, source: BinaryIO | str | os.PathL
 
     lim = limiter if limiter is not None else default_limiter()
     return await trio.to_thread.run_sync(
-        _extract, root, dest, source, format, limits, policy, trio.from_thread.check_cancelled,
+        run_extraction, root, dest, source, format, limits, policy, trio.from_thread.check_cancelled,
         limiter=lim, abandon_on_cancel=False)

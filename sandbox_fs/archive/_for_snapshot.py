@@ -28,10 +28,10 @@ from typing import Any
 
 from ..root import Root
 from ._errors import ArchiveFormatError
-from ._extract import _extract
+from ._extract import run_extraction
 from ._models import ArchiveLimits, ExtractPolicy, ExtractReport
 from ._names import normalize_member, symlink_walk
-from ._tar import _EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
+from ._tar import EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
 from ._writer import STAGED_PATH_MAX, dir_mode, file_mode
 
 __all__ = [
@@ -77,7 +77,7 @@ def extract_stream(*, root: Root, dest: str, source: Any, limits: ArchiveLimits,
     Raises:
         The errors of :func:`~sandbox_fs.archive.extract`.
     """
-    return _extract(root, dest, source, "tar", limits, policy, check_cancel=None, made=made,
+    return run_extraction(root, dest, source, "tar", limits, policy, check_cancel=None, made=made,
                     exact_modes=exact_modes)
 
 
@@ -173,7 +173,7 @@ class HeaderChainCheck:
         while pos + _BLOCK_BYTES <= len(header):
             block = header[pos:pos + _BLOCK_BYTES]
             kind = block[156:157]
-            if kind not in _EXT_TYPES:
+            if kind not in EXT_TYPES:
                 break  # the member's own header: the chain is over
             chain += 1
             if chain >= MAX_HEADER_CHAIN:

@@ -59,7 +59,7 @@ from ._writer import Extractor
 
 __all__ = ["extract_tar", "check_pax_body", "PaxBudget"]
 
-_EXT_TYPES = frozenset({tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+EXT_TYPES = frozenset({tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
                         tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE})
 MAX_HEADER_CHAIN = 16
 
@@ -167,7 +167,7 @@ def _guarded_tarinfo(limits: ArchiveLimits, counter: StreamCounter, meter: Meter
             obj = super().frombuf(buf, encoding, errors)
             if obj.size < 0:
                 raise ArchiveFormatError("a header's size field is negative", member=obj.name or meter.member)
-            if obj.type in _EXT_TYPES:
+            if obj.type in EXT_TYPES:
                 if obj.size > limits.max_header_bytes:
                     kind = "PAX header" if obj.type in (tarfile.XHDTYPE, tarfile.XGLTYPE,
                                                         tarfile.SOLARIS_XHDTYPE) else "GNU long name"

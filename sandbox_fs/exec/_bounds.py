@@ -10,7 +10,7 @@ from ._errors import ConfinementError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._models import ConfinementPolicy
-    from ._prepare import _Prepared
+    from ._prepare import Prepared
     from ._supervisor import ProcessSupervisor
 
 
@@ -24,7 +24,7 @@ def _nproc_enforced() -> bool:
     return os.geteuid() != 0
 
 
-def _process_bounds(prep: _Prepared, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
+def read_process_bounds(prep: Prepared, supervisor: ProcessSupervisor, policy: ConfinementPolicy,
                     confinement: str, identity: tuple[int, int] | None = None) -> list[str]:
     """Choose the process-count bounds; set ``prep.process_bounds``; return the helper's extra args.
 

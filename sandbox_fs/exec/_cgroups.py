@@ -86,7 +86,7 @@ def _remove_leaf(leaf: str) -> bool:
         return False
 
 
-class _CgroupTree:
+class CgroupTree:
     """One cgroup v2 directory per supervisor, one leaf per started process."""
 
     _ids = itertools.count(1)
@@ -107,7 +107,7 @@ class _CgroupTree:
             self.pids = False
 
     @classmethod
-    def create(cls, pids_max: int | None) -> "_CgroupTree | None":
+    def create(cls, pids_max: int | None) -> "CgroupTree | None":
         base = _find_cgroup2()
         if base is None:
             return None
@@ -121,7 +121,7 @@ class _CgroupTree:
     def _sweep_stale(base: str) -> None:
         """Remove empty trees left by processes that died without closing their supervisor."""
         for path in _dead_owner_trees(base):
-            if _CgroupTree.populated(path):
+            if CgroupTree.populated(path):
                 continue  # something still runs there: leave it for its owner / an operator
             try:  # host-access: cgroupfs, as above
                 for leaf in _leaf_paths(path):
@@ -206,7 +206,7 @@ def _find_pids_v1() -> str | None:
     return None
 
 
-class _PidsV1Tree:
+class PidsV1Tree:
     """One cgroup v1 ``pids`` directory per supervisor, one leaf per started process.
 
     Used where cgroup v2 has no ``pids`` controller but a v1 ``pids``
@@ -225,7 +225,7 @@ class _PidsV1Tree:
         self._leaves = itertools.count(1)
 
     @classmethod
-    def create(cls) -> "_PidsV1Tree | None":
+    def create(cls) -> "PidsV1Tree | None":
         base = _find_pids_v1()
         if base is None:
             return None
@@ -241,7 +241,7 @@ class _PidsV1Tree:
         for path in _dead_owner_trees(base):
             try:  # host-access: cgroupfs, as above
                 for leaf in _leaf_paths(path):
-                    if not _PidsV1Tree.populated(leaf):
+                    if not PidsV1Tree.populated(leaf):
                         os.rmdir(leaf)
                 os.rmdir(path)
             except OSError:
@@ -274,7 +274,7 @@ class _PidsV1Tree:
 
     @staticmethod
     def populated(leaf: str) -> bool:
-        return bool(_PidsV1Tree.pids(leaf))
+        return bool(PidsV1Tree.pids(leaf))
 
     @staticmethod
     def kill(leaf: str) -> None:
@@ -286,12 +286,12 @@ class _PidsV1Tree:
         ever signalled (a recycled pid's pidfd refers to the dead process).
         """
         fds = []
-        for pid in _PidsV1Tree.pids(leaf):
+        for pid in PidsV1Tree.pids(leaf):
             try:
                 fds.append((pid, os.pidfd_open(pid)))
             except OSError:
                 pass
-        still = set(_PidsV1Tree.pids(leaf))
+        still = set(PidsV1Tree.pids(leaf))
         for pid, fd in fds:
             try:
                 if pid in still:

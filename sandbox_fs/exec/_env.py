@@ -68,7 +68,7 @@ def build_env(caller_env: Mapping[str, str] | None, *, workspace_host_path: str,
         env[k] = v
     return env
 
-def _env_blob_fd(env: Mapping[str, str], secrets: Iterable[str]) -> int:
+def env_blob_fd(env: Mapping[str, str], secrets: Iterable[str]) -> int:
     """A memfd holding ``env`` as NUL-terminated ``KEY=VALUE`` entries, for ``--env-fd``.
 
     Data for the helper, which applies it at the command's ``execve`` only:
@@ -96,7 +96,7 @@ def _env_blob_fd(env: Mapping[str, str], secrets: Iterable[str]) -> int:
         raise
     return fd
 
-def _ensure_dirs(workspace: Root) -> None:
+def ensure_dirs(workspace: Root) -> None:
     if workspace.read_only:
         return
     for name in (HOME_DIR, TMP_DIR):

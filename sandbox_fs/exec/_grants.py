@@ -13,7 +13,7 @@ from ._errors import ConfinementError
 Grants = Sequence[tuple[Root, bool]] | PathPolicy | None
 
 
-def _grant_roots(grants: Grants) -> list[tuple[Root, bool]]:
+def grant_roots(grants: Grants) -> list[tuple[Root, bool]]:
     if grants is None:
         return []
     if isinstance(grants, PathPolicy):
@@ -101,23 +101,23 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
     return nested
 
 
-def _rw_trees(workspace: Root, grants: Grants) -> list[Root]:
+def rw_grant_trees(workspace: Root, grants: Grants) -> list[Root]:
     """The directories that stay writable under the read-only mount layer."""
     trees = [] if workspace.read_only else [workspace]
-    return trees + [r for r, ro in _grant_roots(grants) if not ro]
+    return trees + [r for r, ro in grant_roots(grants) if not ro]
 
 
-def _ro_trees(workspace: Root, grants: Grants) -> list[Root]:
+def ro_grant_trees(workspace: Root, grants: Grants) -> list[Root]:
     """The read-only trees the child must reach (a read-only workspace, read-only grants)."""
     trees = [workspace] if workspace.read_only else []
-    return trees + [r for r, ro in _grant_roots(grants) if ro]
+    return trees + [r for r, ro in grant_roots(grants) if ro]
 
 
-def _check_rw_grants(grants: Grants, ids: tuple[int, int],
+def check_rw_grants(grants: Grants, ids: tuple[int, int],
                      secrets: tuple[str, ...]) -> None:
     """Refuse a read-write grant whose directory the identity does not own (it could not write it)."""
     shown = [g.path for g in grants.grants] if isinstance(grants, PathPolicy) else None
-    for i, (root, ro) in enumerate(_grant_roots(grants)):
+    for i, (root, ro) in enumerate(grant_roots(grants)):
         if ro:
             continue
         fd = root.fileno_dup()

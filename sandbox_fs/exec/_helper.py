@@ -20,7 +20,7 @@ from ..errors import redact
 from ._errors import CommandNotFoundError, ConfinementError, ExecError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._prepare import _Prepared
+    from ._prepare import Prepared
 
 #: The exec helper's own environment, whatever the caller's: empty.  The
 #: helper starts as root with every capability and (when dynamically linked)
@@ -38,7 +38,7 @@ def helper_path() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sfs-exec")
 
 
-def _helper_or_raise(secrets: Iterable[str]) -> str:
+def helper_or_raise(secrets: Iterable[str]) -> str:
     path = helper_path()
     if not os.access(path, os.X_OK):
         raise ConfinementError("the exec helper sandbox_fs/sfs-exec is missing; reinstall the package",
@@ -49,7 +49,7 @@ def _helper_or_raise(secrets: Iterable[str]) -> str:
 _RO_MOUNTS: bool | None = None
 
 
-def _ro_mounts_available(helper: str) -> bool:
+def ro_mounts_available(helper: str) -> bool:
     """Can the helper make the read-only mount layer?  Root: yes.  Otherwise probed once
     (a user namespace is needed; some systems disable them)."""
     global _RO_MOUNTS
@@ -89,7 +89,7 @@ _STAGE_TEXT = {
 }
 
 
-def _status_error(status: bytes, argv0: str, prep: _Prepared) -> ExecError:
+def _status_error(status: bytes, argv0: str, prep: Prepared) -> ExecError:
     try:
         stage, err_s = status.decode("ascii", "replace").split()[:2]
         err = int(err_s)

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 Confinement = Literal["required", "best_effort", "none"]
 
 #: ``ConfinementPolicy.namespaces`` names and their ``CLONE_NEW*`` flags.
-_NS_FLAGS = {"net": 0x40000000, "ipc": 0x08000000, "uts": 0x04000000}
-_CLONE_NEWCGROUP = 0x02000000
+NS_FLAGS = {"net": 0x40000000, "ipc": 0x08000000, "uts": 0x04000000}
+CLONE_NEWCGROUP = 0x02000000
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ def _command(argv: Sequence[str], shell: bool | Sequence[str]) -> list[str]:
     return prefix + [cmd]
 
 
-def _explicit_identity(ident: object) -> tuple[int, int]:
+def explicit_identity(ident: object) -> tuple[int, int]:
     """``ConfinementPolicy.identity`` given as ``(uid, gid)``, checked.
 
     Raises:
@@ -341,7 +341,7 @@ class ExecRequest:
         secrets = tuple(v for k, v in caller_env.items() if k in secret_names and v)
         if confinement not in ("required", "best_effort", "none"):
             raise ExecError("confinement must be 'required', 'best_effort' or 'none'", secrets=secrets)
-        bad_ns = set(policy.namespaces) - set(_NS_FLAGS)
+        bad_ns = set(policy.namespaces) - set(NS_FLAGS)
         if bad_ns:
             raise ExecError(f"unknown namespaces: {sorted(bad_ns)}", secrets=secrets)
         command = _command(argv, shell)
@@ -351,7 +351,7 @@ class ExecRequest:
         if policy.namespaces and os.geteuid() != 0:
             raise ConfinementError("namespaces are only offered when running as root", secrets=secrets)
         if policy.identity not in ("auto", "host"):
-            _explicit_identity(policy.identity)
+            explicit_identity(policy.identity)
         return cls(command=tuple(command), workspace=workspace, workspace_host_path=workspace_host_path,
                    grants=grants, cwd=cwd, child_env=child_env, secrets=secrets,
                    confinement=confinement,  # type: ignore[arg-type]

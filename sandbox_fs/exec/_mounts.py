@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from ._grants import Grants, _grant_roots, _nested_read_only, _rw_trees
+from ._grants import Grants, grant_roots, _nested_read_only, rw_grant_trees
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..root import Root
@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _ro_binds(workspace: Root, grants: Grants) -> list[Root]:
     """The read-only grants the mount layer covers with a read-only bind (see :func:`_nested_read_only`)."""
-    return _nested_read_only(workspace, _grant_roots(grants), binds=True)
+    return _nested_read_only(workspace, grant_roots(grants), binds=True)
 
 
 def _ro_bind_args(workspace: Root, grants: Grants,
@@ -31,7 +31,7 @@ def _ro_bind_args(workspace: Root, grants: Grants,
         nested = _ro_binds(workspace, grants)
     if not nested:
         return [], []
-    writable = {r.identity for r in _rw_trees(workspace, grants)}
+    writable = {r.identity for r in rw_grant_trees(workspace, grants)}
     pins: dict[tuple[int, int], tuple[str, int]] = {}
     fds: list[int] = []
     args: list[str] = []

@@ -1,4 +1,4 @@
-"""Preparing one run: the helper's command line and the fds it is handed (:class:`_Prepared`).
+"""Preparing one run: the helper's command line and the fds it is handed (:class:`Prepared`).
 
 :func:`prepare_run` is the one path of :func:`~sandbox_fs.exec.run_confined`
 and :meth:`~sandbox_fs.exec.PtyManager.pty_exec_start`: the supervisor's
@@ -17,13 +17,13 @@ import trio
 
 from ..paths import PathPolicy
 from . import _helper, _identity, _landlock
-from ._bounds import _process_bounds
-from ._cgroups import _CgroupTree, _PidsV1Tree
-from ._env import _ensure_dirs, _env_blob_fd
+from ._bounds import read_process_bounds
+from ._cgroups import CgroupTree, PidsV1Tree
+from ._env import ensure_dirs, env_blob_fd
 from ._errors import ConfinementError
-from ._grants import _check_rw_grants, _grant_roots, _ro_trees, _rw_trees
-from ._helper import _helper_or_raise, _ro_mounts_available
-from ._models import _CLONE_NEWCGROUP, _NS_FLAGS, ExecRequest, _explicit_identity
+from ._grants import check_rw_grants, grant_roots, ro_grant_trees, rw_grant_trees
+from ._helper import helper_or_raise, ro_mounts_available
+from ._models import CLONE_NEWCGROUP, NS_FLAGS, ExecRequest, explicit_identity
 from ._mounts import _mask_dirs, _ro_bind_args, _ro_binds
 from ._ruleset import build_ruleset
 from ._seccomp import _SECCOMP_KEYS, _SECCOMP_TCP
@@ -34,7 +34,7 @@ HeldNamespaces = tuple[int, int, int, int]
 
 
 @dataclass
-class _Prepared:
+class Prepared:
     """The helper's argv and the fds it gets, and what the run will report.
 
     Attributes:
@@ -92,12 +92,12 @@ class _Prepared:
         """Undo a preparation that will not be spawned: its fds and cgroup leaves."""
         self.close_all()
         if self.leaf is not None:
-            _CgroupTree.remove(self.leaf)
+            CgroupTree.remove(self.leaf)
         if self.pids_leaf is not None:
-            _PidsV1Tree.remove(self.pids_leaf)
+            PidsV1Tree.remove(self.pids_leaf)
 
 
-async def prepare_run(request: ExecRequest, supervisor: ProcessSupervisor) -> _Prepared:
+async def prepare_run(request: ExecRequest, supervisor: ProcessSupervisor) -> Prepared:
     """Everything before the spawn: held namespaces, the identity (in a worker thread), the arguments.
 
     Raises:
@@ -111,7 +111,7 @@ async def prepare_run(request: ExecRequest, supervisor: ProcessSupervisor) -> _P
 
 def _mount_layer_applies(request: ExecRequest, helper: str) -> bool:
     return (request.confinement != "none" and request.policy.read_only_mounts
-            and _ro_mounts_available(helper))
+            and ro_mounts_available(helper))
 
 
 async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNamespaces | None:
@@ -122,7 +122,7 @@ async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNa
     ro = _ro_binds(workspace, grants)
     bind = _ro_bind_args(workspace, grants, ro)
     try:
-        return await sup._mount_ns(_rw_trees(workspace, grants), ro, bind, _ro_trees(workspace, grants))
+        return await sup._mount_ns(rw_grant_trees(workspace, grants), ro, bind, ro_grant_trees(workspace, grants))
     finally:
         for fd in bind[1]:
             os.close(fd)
@@ -151,7 +151,7 @@ def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[int, 
     elif ident == "auto":
         ids = sup._auto_identity(policy.identity_range)
     else:
-        ids = _explicit_identity(ident)
+        ids = explicit_identity(ident)
         if not is_root:
             if ids == (os.geteuid(), os.getegid()):
                 return None
@@ -161,9 +161,9 @@ def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[int, 
         # identity of the range owned goes back to root for it.
         base, count = policy.identity_range
         try:
-            _ensure_dirs(workspace)
+            ensure_dirs(workspace)
             _identity.reown_tree(workspace, ids or (0, 0),
-                                 skip_identities=frozenset(r.identity for r, _ro in _grant_roots(grants)),
+                                 skip_identities=frozenset(r.identity for r, _ro in grant_roots(grants)),
                                  only_uids=None if ids else range(int(base), int(base) + int(count)))
         except OSError as exc:
             raise ConfinementError("the workspace could not be given to the confined identity",
@@ -173,7 +173,7 @@ def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[int, 
 
 
 def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: HeldNamespaces | None = None,
-             identity: tuple[int, int] | None = None) -> _Prepared:
+             identity: tuple[int, int] | None = None) -> Prepared:
     """The helper's command line for ``request``, with the fds it names (all closed again on failure).
 
     Args:
@@ -191,15 +191,15 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
         ValueError: a negative rlimit, or a bad ``extra_sockets`` entry.
         PathEscapeError, FileNotFoundError, NotADirectoryError: the cwd.
     """
-    helper = _helper_or_raise(request.secrets)
-    _ensure_dirs(request.workspace)
-    prep = _Prepared([], dict(request.child_env), [], -1, "none", 0, None, request.secrets, request.cwd_shown,
+    helper = helper_or_raise(request.secrets)
+    ensure_dirs(request.workspace)
+    prep = Prepared([], dict(request.child_env), [], -1, "none", 0, None, request.secrets, request.cwd_shown,
                      identity=identity)
     try:
         args = [helper]
         args += _io_args(prep, request)
         args += _cgroup_args(prep, request, supervisor)
-        args += _process_bounds(prep, supervisor, request.policy, request.confinement, identity)
+        args += read_process_bounds(prep, supervisor, request.policy, request.confinement, identity)
         # Supervision: the command runs under the helper's init (a PID
         # namespace of its own when one can be made), which the supervisor's
         # lifeline ends when the supervisor or this process goes away.
@@ -207,7 +207,7 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
         args += _privilege_args(prep, request)
         flags = 0
         for ns in request.policy.namespaces:
-            flags |= _NS_FLAGS[ns]
+            flags |= NS_FLAGS[ns]
         if request.confinement != "none":
             args += _landlock_args(prep, request, helper)
             layer_args, flags = _mount_layer(prep, request, helper, mount_ns, flags)
@@ -222,12 +222,12 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
         raise
 
 
-def _io_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+def _io_args(prep: Prepared, request: ExecRequest) -> list[str]:
     """The status pipe, the environment memfd, the working directory's fd."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     prep.status_r = status_r
     args = ["--status", prep.pass_fd(status_w)]
-    args += ["--env-fd", prep.pass_fd(_env_blob_fd(prep.env, prep.secrets))]
+    args += ["--env-fd", prep.pass_fd(env_blob_fd(prep.env, prep.secrets))]
     cwd, grants = request.cwd, request.grants
     if isinstance(grants, PathPolicy) and cwd.startswith("/"):
         resolved = grants.resolve(cwd)
@@ -237,7 +237,7 @@ def _io_args(prep: _Prepared, request: ExecRequest) -> list[str]:
     return args + ["--cwd", prep.pass_fd(cwd_fd)]
 
 
-def _cgroup_args(prep: _Prepared, request: ExecRequest, supervisor: ProcessSupervisor) -> list[str]:
+def _cgroup_args(prep: Prepared, request: ExecRequest, supervisor: ProcessSupervisor) -> list[str]:
     """The command's cgroup v2 leaf (none without a cgroup tree or with ``use_cgroup=False``)."""
     policy = request.policy
     leaf = supervisor._new_leaf(policy.pids_max) if policy.use_cgroup else None
@@ -248,7 +248,7 @@ def _cgroup_args(prep: _Prepared, request: ExecRequest, supervisor: ProcessSuper
     return ["--cgroup", prep.pass_fd(leaf_fd)]
 
 
-def _privilege_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+def _privilege_args(prep: Prepared, request: ExecRequest) -> list[str]:
     """rlimits, the PTY, capabilities, and the identity switch."""
     policy = request.policy
     args = policy.rlimit_args()
@@ -257,12 +257,12 @@ def _privilege_args(prep: _Prepared, request: ExecRequest) -> list[str]:
     if policy.drop_capabilities and os.geteuid() == 0:
         args.append("--drop-caps")
     if prep.identity is not None:
-        _check_rw_grants(request.grants, prep.identity, prep.secrets)
+        check_rw_grants(request.grants, prep.identity, prep.secrets)
         args += ["--uid", str(prep.identity[0]), "--gid", str(prep.identity[1])]
     return args
 
 
-def _landlock_args(prep: _Prepared, request: ExecRequest, helper: str) -> list[str]:
+def _landlock_args(prep: Prepared, request: ExecRequest, helper: str) -> list[str]:
     """The Landlock ruleset's fd (and ``/proc/self``), or nothing where the kernel has no Landlock."""
     version = _landlock.abi()
     if version <= 0:
@@ -271,13 +271,13 @@ def _landlock_args(prep: _Prepared, request: ExecRequest, helper: str) -> list[s
                                    "confinement='required' fails closed", secrets=prep.secrets)
         return []
     ruleset = build_ruleset(request.workspace, request.grants, request.policy, tty=request.tty, abi=version,
-                            read_only_binds=request.policy.read_only_mounts and _ro_mounts_available(helper))
+                            read_only_binds=request.policy.read_only_mounts and ro_mounts_available(helper))
     prep.level, prep.abi = "landlock", version
     return ["--ruleset", prep.pass_fd(ruleset.fd),
             "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
 
 
-def _mount_layer(prep: _Prepared, request: ExecRequest, helper: str, mount_ns: HeldNamespaces | None,
+def _mount_layer(prep: Prepared, request: ExecRequest, helper: str, mount_ns: HeldNamespaces | None,
                  flags: int) -> tuple[list[str], int]:
     """The read-only mount layer's arguments, and the ``--unshare`` flags grown by what it allows.
 
@@ -291,7 +291,7 @@ def _mount_layer(prep: _Prepared, request: ExecRequest, helper: str, mount_ns: H
                and not policy.allow_tcp_connect and not policy.allow_tcp_bind)
     held_net = held_ipc = False
     args: list[str] = []
-    if policy.read_only_mounts and _ro_mounts_available(helper):
+    if policy.read_only_mounts and ro_mounts_available(helper):
         if mount_ns is not None:
             args, held_net, held_ipc = _held_ns_args(prep, mount_ns, isolate, flags)
         else:
@@ -299,49 +299,49 @@ def _mount_layer(prep: _Prepared, request: ExecRequest, helper: str, mount_ns: H
         prep.ro_mounts = True
     if os.geteuid() == 0 or prep.ro_mounts:
         if not held_ipc:
-            flags |= _NS_FLAGS["ipc"]
+            flags |= NS_FLAGS["ipc"]
         if isolate and not held_net:
-            flags |= _NS_FLAGS["net"]
+            flags |= NS_FLAGS["net"]
         if prep.leaf is not None:
-            flags |= _CLONE_NEWCGROUP
-    prep.net_isolated = held_net or bool(flags & _NS_FLAGS["net"])
+            flags |= CLONE_NEWCGROUP
+    prep.net_isolated = held_net or bool(flags & NS_FLAGS["net"])
     return args, flags
 
 
-def _held_ns_args(prep: _Prepared, mount_ns: HeldNamespaces, isolate: bool,
+def _held_ns_args(prep: Prepared, mount_ns: HeldNamespaces, isolate: bool,
                   flags: int) -> tuple[list[str], bool, bool]:
     """Join the supervisor's held namespaces; returns ``(args, joined its net ns, joined its IPC ns)``."""
     mnt_fd, user_fd, net_fd, ipc_fd = mount_ns
     args = ["--mntns", prep.pass_fd(os.dup(mnt_fd))]
     if user_fd >= 0:
         args += ["--userns", prep.pass_fd(os.dup(user_fd))]
-    held_net = isolate and net_fd >= 0 and not flags & _NS_FLAGS["net"]
+    held_net = isolate and net_fd >= 0 and not flags & NS_FLAGS["net"]
     if held_net:
         args += ["--netns", prep.pass_fd(os.dup(net_fd))]
-    held_ipc = ipc_fd >= 0 and not flags & _NS_FLAGS["ipc"]
+    held_ipc = ipc_fd >= 0 and not flags & NS_FLAGS["ipc"]
     if held_ipc:
         args += ["--ipcns", prep.pass_fd(os.dup(ipc_fd))]
     return args, held_net, held_ipc
 
 
-def _fresh_mount_layer_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+def _fresh_mount_layer_args(prep: Prepared, request: ExecRequest) -> list[str]:
     """A mount layer of the command's own: its writable trees, read-only binds, reachable trees, masks."""
     workspace, grants = request.workspace, request.grants
     args = ["--ro-mounts"]
-    trees = _rw_trees(workspace, grants)
+    trees = rw_grant_trees(workspace, grants)
     for tree in trees:
         args += ["--rw-tree", prep.pass_fd(tree.fileno_dup())]
     bind_args, bind_fds = _ro_bind_args(workspace, grants)
     prep.pass_fds.extend(bind_fds)
     args += bind_args
-    for tree in _ro_trees(workspace, grants):
+    for tree in ro_grant_trees(workspace, grants):
         args += ["--reach-tree", prep.pass_fd(tree.fileno_dup())]
     for d in _mask_dirs(trees):
         args += ["--mask", d]
     return args
 
 
-def _seccomp_args(prep: _Prepared, request: ExecRequest) -> list[str]:
+def _seccomp_args(prep: Prepared, request: ExecRequest) -> list[str]:
     """The seccomp bits and the socket allow-list (see :mod:`sandbox_fs.exec._seccomp`)."""
     bits = _SECCOMP_KEYS
     if not prep.net_isolated and not request.policy.unrestricted_tcp:

@@ -20,7 +20,7 @@ from ._errors import ExecError, PtyNotFoundError
 from ._helper import _STATUS_TIMEOUT_S, _status_error
 from ._models import Confinement, ConfinementPolicy, ExecRequest
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES
-from ._prepare import _Prepared, prepare_run
+from ._prepare import Prepared, prepare_run
 from ._spawn import _abort_spawn, _spawn
 from ._supervisor import ProcessSupervisor, _Tracked
 
@@ -135,7 +135,7 @@ class PtyManager:
         first = await self.pty_read(pty_id, timeout_s=first_output_timeout_s)
         return pty_id, first
 
-    async def _spawn_on_pty(self, request: ExecRequest, prep: _Prepared, rows: int,
+    async def _spawn_on_pty(self, request: ExecRequest, prep: Prepared, rows: int,
                             cols: int) -> tuple[_Tracked, int]:
         """Spawn on a new PTY and wait for the command's start; returns (tracked init, PTY master fd)."""
         argv0 = request.argv0

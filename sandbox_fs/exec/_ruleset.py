@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from . import _landlock
 from ._errors import ConfinementError
-from ._grants import _grant_roots, _nested_read_only
+from ._grants import grant_roots, _nested_read_only
 from ._models import ConfinementPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,7 +51,7 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
     version = _landlock.abi() if abi is None else abi
     if version <= 0:
         raise ConfinementError("Landlock is not available on this kernel")
-    roots = _grant_roots(grants)
+    roots = grant_roots(grants)
     try:
         scopes = ((_landlock.SCOPE_SIGNAL if policy.scope_signals else 0)
                   | (_landlock.SCOPE_ABSTRACT_UNIX_SOCKET if policy.scope_abstract_unix else 0))

@@ -13,16 +13,16 @@ import trio
 from ..errors import redact
 from ..paths import PathPolicy
 from ..root import Root
-from ._cgroups import _CgroupTree
+from ._cgroups import CgroupTree
 from ._errors import ExecFailedError, ExecTimeoutError
 from ._helper import _HELPER_ENV, _STATUS_TIMEOUT_S, _Status, _status_error
 from ._models import Confinement, ConfinementPolicy, ExecRequest, ExecResult
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES, _HeadTail
-from ._prepare import _Prepared, prepare_run
+from ._prepare import Prepared, prepare_run
 from ._supervisor import ProcessSupervisor, _ForeignChild, _Tracked
 
 
-async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, stdin: object,
+async def _spawn(prep: Prepared, supervisor: ProcessSupervisor, argv0: str, *, stdin: object,
                  stdout: object, stderr: object) -> tuple[trio.Process, _Tracked, _Status]:
     """Start the helper and track the command's init; return (helper process, tracked init, status).
 
@@ -39,7 +39,7 @@ async def _spawn(prep: _Prepared, supervisor: ProcessSupervisor, argv0: str, *, 
     except BaseException:
         prep.close_all()
         if prep.leaf is not None:
-            _CgroupTree.remove(prep.leaf)
+            CgroupTree.remove(prep.leaf)
         raise
     prep.close_child_fds()
     status = _Status(prep.status_r)
@@ -285,7 +285,7 @@ async def _end_run(supervisor: ProcessSupervisor, proc: trio.Process, tracked: _
         supervisor._release_if_done(tracked)
 
 
-def _raise_if_timed_out_or_failed(request: ExecRequest, prep: _Prepared, result: ExecResult,
+def _raise_if_timed_out_or_failed(request: ExecRequest, prep: Prepared, result: ExecResult,
                                   timed_out: bool) -> None:
     """Raises:
         ExecTimeoutError: the run timed out.

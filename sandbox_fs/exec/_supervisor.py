@@ -17,15 +17,15 @@ import trio
 
 from ..root import Root
 from . import _helper, _identity
-from ._cgroups import _CgroupTree, _PidsV1Tree
+from ._cgroups import CgroupTree, PidsV1Tree
 from ._errors import ConfinementError
 from ._helper import _HELPER_ENV, _STATUS_TIMEOUT_S, _Status
-from ._models import _NS_FLAGS
+from ._models import NS_FLAGS
 from ._mounts import _mask_dirs
 
 
-def _release_resources(cgroup_tree: "_CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]],
-                       pids_v1_tree: "_PidsV1Tree | None" = None, lifeline: list[int] | None = None,
+def _release_resources(cgroup_tree: "CgroupTree | None", ns_fds: dict[tuple, tuple[int, ...]],
+                       pids_v1_tree: "PidsV1Tree | None" = None, lifeline: list[int] | None = None,
                        leases: "list[_identity.IdentityLease] | None" = None,
                        leafless: list[bool] | None = None) -> None:
     """Finalizer of a ProcessSupervisor: close its lifeline (every init it started then
@@ -119,15 +119,15 @@ class ProcessSupervisor:
     def __init__(self, *, use_cgroup: bool = True, pids_max: int | None = 4096,
                  hold_mount_ns: bool = True) -> None:
         self._tracked: list[_Tracked] = []
-        self._cg: _CgroupTree | None = _CgroupTree.create(pids_max) if use_cgroup else None
+        self._cg: CgroupTree | None = CgroupTree.create(pids_max) if use_cgroup else None
         self._closed = False
         self._hold_mount_ns = hold_mount_ns
         self._ns_fds: dict[tuple, tuple[int, int, int, int]] = {}
         self._ns_lock = trio.Lock()
         # cgroup v1 pids leaves: only where cgroup v2 cannot bound the task count.
-        self._v1: _PidsV1Tree | None = None
+        self._v1: PidsV1Tree | None = None
         if use_cgroup and pids_max is not None and (self._cg is None or not self._cg.pids):
-            self._v1 = _PidsV1Tree.create()
+            self._v1 = PidsV1Tree.create()
         # The lifeline: every init started through this supervisor holds the
         # read end and ends its tree at EOF, which comes when the write end
         # (only ever in this process, close-on-exec) is closed by aclose(),
@@ -223,11 +223,11 @@ class ProcessSupervisor:
                 pass
 
     def _group_alive(self, tracked: _Tracked) -> bool:
-        if tracked.pids_leaf is not None and _PidsV1Tree.populated(tracked.pids_leaf):
+        if tracked.pids_leaf is not None and PidsV1Tree.populated(tracked.pids_leaf):
             return True
         if tracked.process.returncode is None:
             return True
-        return tracked.leaf is not None and _CgroupTree.populated(tracked.leaf)
+        return tracked.leaf is not None and CgroupTree.populated(tracked.leaf)
 
     def _untrack(self, tracked: _Tracked) -> None:
         if tracked in self._tracked:
@@ -236,9 +236,9 @@ class ProcessSupervisor:
             os.close(tracked.pidfd)
             tracked.pidfd = -1
         if tracked.leaf is not None:
-            _CgroupTree.remove(tracked.leaf)
+            CgroupTree.remove(tracked.leaf)
         if tracked.pids_leaf is not None:
-            _PidsV1Tree.remove(tracked.pids_leaf)
+            PidsV1Tree.remove(tracked.pids_leaf)
 
     def _release_if_done(self, tracked: _Tracked) -> None:
         """Forget ``tracked`` once its leader is reaped and nothing of its group/leaf is left."""
@@ -264,17 +264,17 @@ class ProcessSupervisor:
                 await tracked.process.wait()
         self._signal(tracked, signal.SIGKILL)
         if tracked.leaf is not None:
-            _CgroupTree.kill(tracked.leaf)
+            CgroupTree.kill(tracked.leaf)
         await tracked.process.wait()
         if tracked.leaf is not None:
             for _ in range(200):
-                if not _CgroupTree.populated(tracked.leaf):
+                if not CgroupTree.populated(tracked.leaf):
                     break
                 await trio.sleep(0.005)
         elif tracked.pids_leaf is not None:  # v1 has no cgroup.kill: signal what it lists
             for _ in range(200):
-                _PidsV1Tree.kill(tracked.pids_leaf)
-                if not _PidsV1Tree.populated(tracked.pids_leaf):
+                PidsV1Tree.kill(tracked.pids_leaf)
+                if not PidsV1Tree.populated(tracked.pids_leaf):
                     break
                 await trio.sleep(0.005)
         self._untrack(tracked)
@@ -319,7 +319,7 @@ class ProcessSupervisor:
                 args += ["--reach-tree", str(fd)]
             for d in _mask_dirs(rw_roots):
                 args += ["--mask", d]
-            args += ["--unshare", str(_NS_FLAGS["net"] | _NS_FLAGS["ipc"]), "--hold-ns", "--", "true"]
+            args += ["--unshare", str(NS_FLAGS["net"] | NS_FLAGS["ipc"]), "--hold-ns", "--", "true"]
             try:
                 proc = await trio.lowlevel.open_process(
                     args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
