@@ -11,6 +11,10 @@ VENV=${VENV:-$PWD/.venv}
 need_apt=()
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v tar >/dev/null 2>&1 || need_apt+=(tar)
+# The FUSE overlay (sandbox-fs[fuse]): fusermount3 and the libfuse headers pyfuse3 builds against.
+command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
+[ -f /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -q
@@ -37,6 +41,8 @@ pipi -U pip
 # Versions measured to work on this machine kind (PLATFORM.md): pinned for CI.
 pipi "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" "hypothesis==6.170.17"
 pipi -e ".[test]"
+# The FUSE overlay's extra: pyfuse3 builds from its sdist against libfuse 3.14 (~27 s, once).
+pipi "pyfuse3==3.5.0"
 # The lint and type checks scripts/test.sh runs, and the frontend tests/test_packaging.py builds with.
 pipi "ruff==0.17.5" "mypy==2.4.1" "build==1.6.1"
 # The fuzz harnesses (fuzz/run.sh); atheris 3.0.0 is the last release with cp311 wheels.

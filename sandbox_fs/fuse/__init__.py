@@ -1,0 +1,14 @@
+"""The optional FUSE overlay (extra ``sandbox-fs[fuse]``): a mediated workspace.
+
+A daemon child process per session serves the workspace over pyfuse3; every
+operation on the mount is performed through :class:`~sandbox_fs.root.Root`
+handles, under the overlay's policy (read-only trees, no special files, no
+set-id bits, symlink targets kept inside, byte and inode quotas, audit
+events, fault injection).  See SECURITY.md, "The FUSE overlay".
+"""
+
+from __future__ import annotations
+
+from ._errors import OverlayError, OverlayUnavailableError
+
+__all__ = ["OverlayError", "OverlayUnavailableError"]
