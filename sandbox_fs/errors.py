@@ -43,6 +43,7 @@ operation again may succeed::
     | `source_changed` | `SourceChangedError` | `sandbox_fs.materialize` | yes |
     | `materialize_limit` | `MaterializeLimitError` | `sandbox_fs.materialize` | no |
     | `materialize_limiter_tokens` | `LimiterTokensError` | `sandbox_fs.materialize` | no |
+    | `mount_needs_overlay` | `MountNeedsOverlayError` | `sandbox_fs.materialize` | no |
     | `snapshot_error` | `SnapshotError` | `sandbox_fs.snapshot` | no |
     | `snapshot_not_found` | `SnapshotNotFoundError` | `sandbox_fs.snapshot` | no |
     | `snapshot_corrupt` | `SnapshotCorruptError` | `sandbox_fs.snapshot` | no |

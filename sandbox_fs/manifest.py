@@ -12,7 +12,8 @@ A *manifest* maps workspace-relative destinations (sandbox paths) to
         "proj":        {"type": "local_dir", "src": "proj", "exclude": ["*.pyc"]},
         "latest":      {"type": "symlink", "target": "data/a.txt"},
         "vendor":      {"type": "archive", "src": "vendor.tar.gz"},
-        "tmp/cache":   {"type": "dir", "ephemeral": true}},
+        "tmp/cache":   {"type": "dir", "ephemeral": true},
+        "ref":         {"type": "mount", "grant": "refdata", "read_only": true}},
      "environment": {"LANG": "C.UTF-8", "TOKEN": {"value": "s3cr3t", "secret": true}}}
 
 Trust model.  Manifests may be written by untrusted authors; the host
@@ -42,6 +43,16 @@ stays inside the workspace.  Forbidding ``..`` after a normal component is
 what makes the lexical check sound even when some components are
 themselves symlinks (``a/l/..`` where ``a/l -> ..`` would climb out).
 
+Mount entries (``{"type": "mount", "grant": NAME}``) expose an extra path
+grant of the application, named ``NAME`` (``Grant(path, read_only,
+name=NAME)``), at their destination through the FUSE overlay: a manifest
+names a grant, never a host path, and can only name one the application
+gave, read-only unless it says ``"read_only": false`` *and* the grant is
+read-write (checked when the manifest is applied, by
+:func:`sandbox_fs.materialize.plan_mounts`, since only then are the grants
+known).  Nothing may lie beneath a mount entry; it is never persisted in a
+snapshot and never cleared by a restore.
+
 Modes are permission bits within 0o777 (setuid, setgid and sticky are never
 set, PEP 706's data filter rule); default 0o644 for files, 0o755 for
 directories, executables only when asked.  Environment values may be
@@ -63,6 +74,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializationInfo,
+    StrictBool,
     StrictInt,
     ValidationError,
     field_serializer,
@@ -71,6 +83,7 @@ from pydantic import (
 )
 
 from .errors import SandboxError
+from .paths import GRANT_NAME_PATTERN
 from .root import MAX_NAME_BYTES, MAX_PATH_BYTES
 
 __all__ = [
@@ -84,6 +97,7 @@ __all__ = [
     "LocalDir",
     "Symlink",
     "Archive",
+    "Mount",
     "Entry",
     "EnvValue",
     "FlatEntry",
@@ -174,7 +188,13 @@ class ManifestError(SandboxError, ValueError):
 
 
 class ManifestTrustError(ManifestError):
-    """An untrusted manifest carries a field that would widen host access."""
+    """A manifest asks for host access the application did not give.
+
+    An untrusted manifest carries a trusted-only field or a loader
+    environment variable; or a ``mount`` entry names a grant the application
+    did not give, or asks read-write access to a read-only grant
+    (``context["grant"]`` is the name; no host path is shown).
+    """
 
     code = "manifest_untrusted_field"
 
@@ -462,7 +482,27 @@ class Archive(_EntryBase):
         return v
 
 
-Entry = Annotated[Union[File, Dir, LocalFile, LocalDir, Symlink, Archive], Field(discriminator="type")]
+class Mount(_EntryBase):
+    """An application grant exposed at the destination through the FUSE overlay (never copied).
+
+    Materialized as an empty placeholder directory that the overlay serves
+    the grant's directory at; never persisted in a snapshot, never cleared
+    by a restore, and refused without the overlay.
+
+    Attributes:
+        grant: the name of one of the application's extra path grants
+            (:data:`~sandbox_fs.paths.GRANT_NAME_PATTERN`); a name the
+            application did not give is refused when the manifest is applied.
+        read_only: True (default): the mount is read-only.  False is allowed
+            only when the grant itself is read-write.
+    """
+
+    type: Literal["mount"] = "mount"
+    grant: str = Field(pattern=f"^{GRANT_NAME_PATTERN}$")
+    read_only: StrictBool = True
+
+
+Entry = Annotated[Union[File, Dir, LocalFile, LocalDir, Symlink, Archive, Mount], Field(discriminator="type")]
 Dir.model_rebuild()
 
 
@@ -639,6 +679,14 @@ class Manifest(BaseModel):
         """
         return sorted(fe.path for fe in self.iter_entries() if fe.ephemeral)
 
+    def mount_entries(self) -> list[FlatEntry]:
+        """The ``mount`` entries (:class:`Mount`) with their full destinations, parents first."""
+        return [fe for fe in self.iter_entries() if isinstance(fe.entry, Mount)]
+
+    def mount_paths(self) -> list[str]:
+        """Sorted sandbox paths of the ``mount`` entries (for ``Session.register_mount``)."""
+        return sorted(fe.path for fe in self.mount_entries())
+
     def environment_values(self) -> dict[str, str]:
         """The real environment values (secrets included) for the process layer; never print this."""
         return {k: v.value for k, v in self.environment.items()}
@@ -728,7 +776,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("file", "dir", "local_file", "local_dir", "symlink", "archive") and out.endswith("]"):
+        elif part in ("file", "dir", "local_file", "local_dir", "symlink", "archive", "mount") and out.endswith("]"):
             continue  # the discriminator tag pydantic inserts
         elif out and (out.endswith("entries") or out.endswith("children") or out.endswith("environment")
                       or out.endswith("limits")):

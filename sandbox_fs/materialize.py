@@ -37,6 +37,16 @@ then copied by it and up to ``min(limiter_files tokens, cpus) - 1`` more, each t
 chunks (one directory, at most ``batch_files`` files) from a shared queue; simple
 entries go 64 to a hop.
 
+Mount entries: ``{"type": "mount", "grant": NAME}`` names one of
+``MaterializeOptions.extra_path_grants`` (a :class:`~sandbox_fs.paths.Grant`
+with that ``name``); :func:`plan_mounts` checks every one before anything is
+written, then materialize makes an empty placeholder directory at its
+destination (owned like every other entry) and lists it in
+``MaterializationResult.mounts`` (:class:`MountRequest`) for the session to
+register (never persisted, never cleared) and to hand to the FUSE overlay,
+which serves the grant there.  Without ``MaterializeOptions(overlay=True)`` a
+manifest holding a mount entry is refused (:class:`MountNeedsOverlayError`).
+
 Partial failure: the first error stops every other entry at its next file boundary and
 is re-raised with ``context["written"]`` (up to 50 sandbox paths) and
 ``context["written_count"]``.  Each written file is complete (atomic write), and
@@ -68,10 +78,12 @@ from .manifest import (
     LocalFile,
     Manifest,
     ManifestError,
+    ManifestTrustError,
+    Mount,
     Symlink,
     check_link_target,
 )
-from .paths import Grant
+from .paths import Grant, check_grant_names
 from .root import Root, kind_of, open_root
 
 __all__ = [
@@ -87,6 +99,10 @@ __all__ = [
     "SourceChangedError",
     "MaterializeLimitError",
     "LimiterTokensError",
+    "MountNeedsOverlayError",
+    "MountRequest",
+    "plan_mounts",
+    "make_mount_points",
 ]
 
 KiB = 1 << 10
@@ -150,6 +166,19 @@ class LimiterTokensError(MaterializeError, ValueError):
     code = "materialize_limiter_tokens"
 
 
+class MountNeedsOverlayError(MaterializeError):
+    """A manifest holds a ``mount`` entry but the workspace is not served by the FUSE overlay.
+
+    Only the overlay can expose a grant at a workspace path; start the
+    session with ``SessionConfig(overlay=True)`` (``sandbox-fs run
+    --overlay``).  Raised before anything is written; ``sandbox_path`` is the
+    first mount entry's destination.
+    """
+
+    code = "mount_needs_overlay"
+    retryable = False
+
+
 # ------------------------------------------------------------------ options/result
 
 
@@ -205,10 +234,16 @@ class MaterializeOptions:
             copier thread takes from the entry's queue, and of the
             ``max_total_bytes`` reservation).
         progress: optional :class:`MaterializeProgress` to update.
+        overlay: True when the workspace is served by the FUSE overlay (the
+            session's ``overlay=True``): ``mount`` entries then get a
+            placeholder directory and are listed in the result's ``mounts``.
+            False (default): a manifest with a mount entry is refused
+            (:class:`MountNeedsOverlayError`).
 
     Raises (on construction):
         ValueError: ``base_dir`` is not absolute or a bound is negative.
         LimiterTokensError: a limiter has fewer than 1 token.
+        InvalidArgumentError: two grants have the same name.
     """
 
     base_dir: str | None = None
@@ -224,6 +259,7 @@ class MaterializeOptions:
     fsync: bool = False
     batch_files: int = 256
     progress: MaterializeProgress | None = None
+    overlay: bool = False
 
     def __post_init__(self) -> None:
         if self.base_dir is not None:
@@ -233,6 +269,7 @@ class MaterializeOptions:
         grants = []
         for g in self.extra_path_grants:
             grants.append(g if isinstance(g, Grant) else Grant.parse(str(g)))
+        check_grant_names(grants)
         self.extra_path_grants = grants
         for name in ("max_file_bytes", "max_total_bytes", "max_files", "batch_files"):
             if getattr(self, name) < (1 if name == "batch_files" else 0):
@@ -291,6 +328,24 @@ class SkippedEntry:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class MountRequest:
+    """One ``mount`` entry, checked against the application's grants (see :func:`plan_mounts`).
+
+    Attributes:
+        path: the destination, a workspace-relative sandbox path (the
+            placeholder directory; what ``Session.register_mount`` and the
+            overlay's ``OverlayMount(path=...)`` take).
+        grant: the name of the grant to expose there.
+        read_only: True unless the entry said ``"read_only": false`` and the
+            grant is read-write (then the mount is writable).
+    """
+
+    path: str
+    grant: str
+    read_only: bool
+
+
 @dataclass
 class MaterializationResult:
     """What :func:`materialize` wrote.
@@ -302,6 +357,9 @@ class MaterializationResult:
         symlinks: symlinks created.
         skipped: nodes left out under a ``skip`` policy, with the reason.
         archives: per ``archive`` entry: ``{"sandbox_path", **ExtractReport}``.
+        mounts: the ``mount`` entries whose placeholder directory is in
+            place (sorted by path): register each with the session and hand
+            them to the overlay.
         elapsed_s: wall time in seconds.
     """
 
@@ -310,6 +368,7 @@ class MaterializationResult:
     symlinks: list[WrittenSymlink] = field(default_factory=list)
     skipped: list[SkippedEntry] = field(default_factory=list)
     archives: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[MountRequest] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     @property
@@ -332,6 +391,7 @@ class MaterializationResult:
             "symlinks": [asdict(s) for s in self.symlinks],
             "skipped": [asdict(s) for s in self.skipped],
             "archives": list(self.archives),
+            "mounts": [asdict(m) for m in self.mounts],
             "total_bytes": self.total_bytes,
             "elapsed_s": round(self.elapsed_s, 6),
         }
@@ -339,9 +399,86 @@ class MaterializationResult:
     def summary(self) -> str:
         """One line for humans."""
         extra = f", {len(self.archives)} archives" if self.archives else ""
+        extra += f", {len(self.mounts)} mounts" if self.mounts else ""
         skipped = f", {len(self.skipped)} skipped" if self.skipped else ""
         return (f"materialized {len(self.files)} files ({self.total_bytes} bytes), {len(self.dirs)} dirs, "
                 f"{len(self.symlinks)} symlinks{extra}{skipped} in {self.elapsed_s:.2f} s")
+
+
+# ------------------------------------------------------------------------- mounts
+
+
+def plan_mounts(manifest: Manifest, grants: Sequence[Grant]) -> list[MountRequest]:
+    """Check every ``mount`` entry of ``manifest`` against the application's grants.
+
+    Pure: nothing is opened.  A mount entry must name a grant of ``grants``
+    (by :attr:`~sandbox_fs.paths.Grant.name`), and may ask for read-write
+    access (``"read_only": false``) only to a read-write grant.
+
+    Args:
+        manifest: a validated :class:`~sandbox_fs.manifest.Manifest`.
+        grants: the application's extra path grants (trusted).
+
+    Returns:
+        One :class:`MountRequest` per mount entry, sorted by path (empty
+        when the manifest has none).
+
+    Raises:
+        ManifestTrustError: an entry names a grant the application did not
+            give, or asks read-write access to a read-only grant
+            (``context["field"]`` is ``entries[...].grant`` or
+            ``.read_only``, ``context["grant"]`` the name; never a host path).
+        InvalidArgumentError: two of ``grants`` have the same name.
+    """
+    check_grant_names(grants)
+    by_name = {g.name: g for g in grants if g.name is not None}
+    out = []
+    for fe in manifest.mount_entries():
+        ent: Mount = fe.entry
+        grant = by_name.get(ent.grant)
+        if grant is None:
+            raise ManifestTrustError(f"a mount entry may only name a grant the application gave; none is "
+                                     f"named {ent.grant!r}", field=fe.field + ".grant", sandbox_path=fe.path,
+                                     context={"grant": ent.grant})
+        if not ent.read_only and grant.read_only:
+            raise ManifestTrustError(f"a read-write mount of grant {ent.grant!r}, which the application gave "
+                                     "read-only", field=fe.field + ".read_only", sandbox_path=fe.path,
+                                     context={"grant": ent.grant})
+        out.append(MountRequest(fe.path, ent.grant, ent.read_only))
+    return sorted(out, key=lambda r: r.path)
+
+
+def make_mount_points(workspace: Root, mounts: Sequence[MountRequest]) -> None:
+    """Make the empty placeholder directory of each mount (mode 0o755, the Root's owner).  Blocking.
+
+    For a session that starts the overlay before it materializes: call it on
+    the workspace itself (after a restore), then hand the mounts to the
+    overlay.  An existing directory is kept as it is; a non-directory
+    standing at the path or at a parent is replaced, as materialize repairs.
+    Nothing is ever created through a symlink.
+
+    Raises:
+        ReadOnlyError: ``workspace`` is read-only, or a path is under a read-only grant.
+        OSError: a directory cannot be made (``filename`` is the sandbox path).
+        PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see
+            :class:`~sandbox_fs.root.Root`.
+    """
+    ws = workspace.with_options(no_symlinks=True)
+    try:
+        for m in sorted(mounts, key=lambda r: r.path):
+            _ensure_dir(ws, m.path, 0o755)
+    finally:
+        ws.close()
+
+
+def _mount_requests(manifest: Manifest, options: MaterializeOptions) -> list[MountRequest]:
+    """:func:`plan_mounts`, refused without the overlay (MountNeedsOverlayError)."""
+    entries = manifest.mount_entries()
+    if entries and not options.overlay:
+        raise MountNeedsOverlayError("a mount entry needs the FUSE overlay (SessionConfig(overlay=True), "
+                                     "sandbox-fs run --overlay); nothing was written", sandbox_path=entries[0].path,
+                                     context={"field": entries[0].field})
+    return plan_mounts(manifest, options.extra_path_grants)
 
 
 # ------------------------------------------------------------------------ sources
@@ -507,33 +644,7 @@ class _Run:
 
     def ensure_dir(self, path: str, mode: int) -> None:
         """mkdir -p with repair: a non-directory standing on the path is replaced."""
-        ws = self.ws
-        try:
-            ws.mkdir(path, mode, exist_ok=True)
-            return
-        except FileNotFoundError:
-            parent = path.rpartition("/")[0]
-            if not parent:
-                raise
-            self.ensure_dir(parent, 0o755)
-        except (FileExistsError, NotADirectoryError, SymlinkRefusedError):
-            self._repair_parents(path)
-            if ws.exists(path) and not _stat.S_ISDIR(ws.lstat(path).st_mode):
-                ws.rmtree(path)
-        ws.mkdir(path, mode, exist_ok=True)
-
-    def _repair_parents(self, path: str) -> None:
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            sub = "/".join(parts[:i])
-            try:
-                st = self.ws.lstat(sub)
-            except FileNotFoundError:
-                self.ws.mkdir(sub, 0o755)
-                continue
-            if not _stat.S_ISDIR(st.st_mode):
-                self.ws.rmtree(sub)
-                self.ws.mkdir(sub, 0o755)
+        _ensure_dir(self.ws, path, mode)
 
     def write(self, dest: str, make_data: Callable[[], Any], mode: int, mtime_ns: int | None) -> int:
         """Atomic write with repair (a directory where the file belongs is removed first)."""
@@ -607,6 +718,40 @@ class _Run:
         if n != st.st_size:
             self.reserve(n - st.st_size, 0, dest)
         return WrittenFile(dest, n, sha, mode, kind)
+
+
+def _ensure_dir(ws: Root, path: str, mode: int) -> None:
+    """mkdir -p beneath ``ws`` with repair: a non-directory standing on the path (or a parent) is replaced.
+
+    An existing directory keeps its mode and owner; new ones get the Root's owner.
+    """
+    try:
+        ws.mkdir(path, mode, exist_ok=True)
+        return
+    except FileNotFoundError:
+        parent = path.rpartition("/")[0]
+        if not parent:
+            raise
+        _ensure_dir(ws, parent, 0o755)
+    except (FileExistsError, NotADirectoryError, SymlinkRefusedError):
+        _repair_parents(ws, path)
+        if ws.exists(path) and not _stat.S_ISDIR(ws.lstat(path).st_mode):
+            ws.rmtree(path)
+    ws.mkdir(path, mode, exist_ok=True)
+
+
+def _repair_parents(ws: Root, path: str) -> None:
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        sub = "/".join(parts[:i])
+        try:
+            st = ws.lstat(sub)
+        except FileNotFoundError:
+            ws.mkdir(sub, 0o755)
+            continue
+        if not _stat.S_ISDIR(st.st_mode):
+            ws.rmtree(sub)
+            ws.mkdir(sub, 0o755)
 
 
 def _chunks(fd: int, size_hint: int, h: Any) -> Iterator[bytes]:
@@ -1112,6 +1257,8 @@ def _prepare(run: _Run, flat: list[FlatEntry]) -> None:
             want.setdefault("/".join(parts[:i]), 0o755)
         if isinstance(fe.entry, Dir):
             want[fe.path] = (0o755 if fe.entry.mode is None else fe.entry.mode) | 0o700
+        elif isinstance(fe.entry, Mount):
+            want[fe.path] = 0o755  # the placeholder the overlay serves the grant at
     run.reserve(0, len(want), ".")
     for path in sorted(want, key=lambda p: p.count("/")):
         run.check_stop()
@@ -1149,7 +1296,8 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
             ``base_dir`` and ``extra_path_grants`` are never used.
         options: the application's :class:`MaterializeOptions`.
         only_ephemeral: apply only the ephemeral entries (and what they
-            need), e.g. on session start after hydrating a snapshot.
+            need), e.g. on session start after hydrating a snapshot.  Mount
+            placeholders are made either way.
 
     Returns:
         The :class:`MaterializationResult` (files sorted by sandbox path).
@@ -1168,6 +1316,11 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
         ManifestError: an archive entry names an unknown limit.
         sandbox_fs.archive errors: an archive entry is refused by the extractor.
         ReadOnlyError: ``workspace`` is read-only.
+        MountNeedsOverlayError: the manifest holds a ``mount`` entry and
+            ``options.overlay`` is False (nothing written).
+        ManifestTrustError: a mount entry names a grant the application did
+            not give, or asks read-write access to a read-only grant
+            (:func:`plan_mounts`; nothing written).
         LimiterTokensError: ``limiter_entries`` or ``limiter_files`` holds
             fewer than 1 token now (its ``total_tokens`` was lowered after
             the options were made); checked before each entry takes them.
@@ -1186,7 +1339,9 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
     if not isinstance(manifest, Manifest):
         raise TypeError("manifest must be a Manifest (use load_manifest)")
     started = time.monotonic()
-    flat = [fe for fe in manifest.iter_entries() if fe.ephemeral or not only_ephemeral]
+    # Mount placeholders are never persisted, so they are made after a restore too.
+    flat = [fe for fe in manifest.iter_entries()
+            if fe.ephemeral or not only_ephemeral or isinstance(fe.entry, Mount)]
     lim_e = _require_tokens(options.limiter_entries or trio.CapacityLimiter(8), "limiter_entries")
     lim_f = _require_tokens(options.limiter_files or trio.CapacityLimiter(max(2, os.cpu_count() or 2)),
                             "limiter_files")
@@ -1196,6 +1351,7 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
     run = _Run(ws, options, lim_e, lim_f)
     try:
         try:
+            run.result.mounts = _mount_requests(manifest, options)  # before anything is written
             await trio.to_thread.run_sync(_prepare, run, flat, limiter=lim_f)
             simple = [fe for fe in flat if isinstance(fe.entry, (File, Symlink, LocalFile))]
             with trio.CancelScope() as scope:

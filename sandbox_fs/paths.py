@@ -16,18 +16,66 @@ workspace wins for every path under it, and a read-only one is enforced
 physically: the workspace Root handed out refuses writes into that
 directory whatever path (symlink, ``..``) leads there.  Grants are runtime
 access only: nothing persists them.
+
+A grant may carry a *name* (:data:`GRANT_NAME_PATTERN`, unique among the
+grants of one policy or session): a manifest ``mount`` entry names the grant
+it exposes in the workspace (through the FUSE overlay), so a manifest never
+holds a host path.  The name is an identifier, never used as a path.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from .errors import InvalidPathError, PathEscapeError, ReadOnlyError
+from .errors import InvalidArgumentError, InvalidPathError, PathEscapeError, ReadOnlyError
 from .root import MAX_NAME_BYTES, MAX_PATH_BYTES, Root, open_root
 
-__all__ = ["SandboxPath", "normalize", "Grant", "PathPolicy", "Resolved"]
+__all__ = ["SandboxPath", "normalize", "Grant", "PathPolicy", "Resolved", "GRANT_NAME_PATTERN",
+           "check_grant_name", "check_grant_names"]
+
+#: What a grant name may be: 1 to 64 characters of ``A-Z a-z 0-9 _ . -``
+#: (the same rule for :class:`Grant`, ``--grant NAME=PATH`` and a manifest's
+#: ``mount`` entry).
+GRANT_NAME_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
+_GRANT_NAME = re.compile(GRANT_NAME_PATTERN)
+
+
+def _shown_name(name: object) -> str:
+    text = name if isinstance(name, str) else type(name).__name__
+    return repr(text[:64] + ("..." if len(text) > 64 else ""))
+
+
+def check_grant_name(name: object) -> str:
+    """Return ``name`` if it is a valid grant name (:data:`GRANT_NAME_PATTERN`).
+
+    Raises:
+        InvalidArgumentError: ``name`` is not a ``str`` or does not match
+            (empty, over 64 characters, or another character such as ``/``,
+            ``=``, ``:``, a space or NUL).
+    """
+    if not isinstance(name, str) or not _GRANT_NAME.fullmatch(name):
+        raise InvalidArgumentError(f"a grant name must be 1 to 64 characters of A-Z a-z 0-9 _ . - "
+                                   f"(got {_shown_name(name)})", sandbox_path=None)
+    return name
+
+
+def check_grant_names(grants: Iterable["Grant"]) -> None:
+    """Refuse two grants with the same name (unnamed grants are never compared).
+
+    Raises:
+        InvalidArgumentError: two of ``grants`` carry the same ``name``.
+    """
+    seen: set[str] = set()
+    for g in grants:
+        if g.name is None:
+            continue
+        if g.name in seen:
+            raise InvalidArgumentError(f"two grants are named {g.name!r}; grant names must be unique",
+                                       sandbox_path=None, context={"grant": g.name})
+        seen.add(g.name)
 
 
 class SandboxPath(str):
@@ -116,16 +164,25 @@ class Grant:
     Attributes:
         path: normalized absolute host directory (trusted: it comes from the application).
         read_only: True for read-only access.
+        name: None, or the identifier a manifest ``mount`` entry names the
+            grant by (:data:`GRANT_NAME_PATTERN`; unique among a session's
+            grants, checked by :class:`PathPolicy` and
+            :class:`~sandbox_fs.materialize.MaterializeOptions`).
 
     Raises:
         InvalidPathError: ``path`` is not a ``str``, is empty, relative, ``/``,
             ``//``-prefixed, or holds a NUL byte or a ``..`` component.
+        InvalidArgumentError: ``name`` is not None and not a valid grant name
+            (see :func:`check_grant_name`).
     """
 
     path: str
     read_only: bool = True
+    name: str | None = None
 
     def __post_init__(self) -> None:
+        if self.name is not None:
+            check_grant_name(self.name)
         path = self.path
         if not isinstance(path, str):
             raise InvalidPathError("a grant path must be a str", sandbox_path=None)
@@ -147,7 +204,13 @@ class Grant:
 
     @classmethod
     def parse(cls, spec: str, *, relative_to: str | None = None) -> "Grant":
-        """Parse ``PATH``, ``PATH:ro`` or ``PATH:rw`` (the CLI form; default read-only).
+        """Parse ``[NAME=]PATH``, ``[NAME=]PATH:ro`` or ``[NAME=]PATH:rw`` (the CLI form; default read-only).
+
+        ``NAME=`` is taken as a name when the text before the first ``=``
+        is a valid grant name (:data:`GRANT_NAME_PATTERN`: it holds no
+        ``/``), so an absolute PATH holding ``=`` (``/srv/a=b``) stays a
+        path; write a relative PATH whose first component holds ``=`` as
+        ``./a=b``.
 
         Args:
             spec: the grant text.
@@ -158,13 +221,21 @@ class Grant:
         Raises:
             InvalidPathError: PATH is relative and ``relative_to`` is None, or
                 the path is refused by the constructor (``/``, ``//``-prefixed, ``..``).
+            InvalidArgumentError: ``NAME=`` is followed by nothing.
         """
+        name: str | None = None
+        head, eq, rest = spec.partition("=")
+        if eq and _GRANT_NAME.fullmatch(head):
+            name, spec = head, rest
+            if not spec:
+                raise InvalidArgumentError(f"grant {name!r} names no path (write NAME=PATH[:ro|:rw])",
+                                           sandbox_path=None)
         path, sep, mode = spec.rpartition(":")
         if not (sep and mode in ("ro", "rw")):
             path, mode = spec, "ro"
         if relative_to is not None and not path.startswith("/"):
             path = posixpath.join(relative_to, path)
-        return cls(path, read_only=(mode == "ro"))
+        return cls(path, read_only=(mode == "ro"), name=name)
 
 
 @dataclass(frozen=True)
@@ -197,6 +268,7 @@ class PathPolicy:
 
     Raises:
         InvalidPathError: a grant path or ``workspace_path`` is not absolute.
+        InvalidArgumentError: two grants have the same ``name``.
         FileNotFoundError, NotADirectoryError: a grant directory cannot be
             opened as a Root.
         SymlinkRefusedError: a grant directory, or a directory on its host
@@ -208,6 +280,8 @@ class PathPolicy:
         if not workspace_path.startswith("/"):
             raise InvalidPathError("workspace_path must be absolute", sandbox_path=None)
         self.workspace_path = posixpath.normpath(workspace_path)
+        grants = list(grants)
+        check_grant_names(grants)
         self._grants: list[_PinnedGrant] = []
         self._own_views: list[Root] = []
         try:
@@ -239,6 +313,28 @@ class PathPolicy:
     @property
     def workspace_identity(self) -> tuple[int, int]:
         return self.workspace.identity
+
+    def open_grant_root(self, name: str, *, read_only: bool = True) -> Root:
+        """A new Root on the directory of the grant named ``name`` (e.g. for a mount entry).
+
+        The Root is a view of the grant's pinned Root (the same directory,
+        opened once when the policy was made; read-only grants nested in it
+        stay denied): read-only unless ``read_only`` is False *and* the grant
+        is read-write.  The caller owns it and closes it.
+
+        Raises:
+            InvalidArgumentError: no grant of this policy is named ``name``.
+            ReadOnlyError: ``read_only`` is False and the grant is read-only.
+            WorkspaceClosedError: the policy was closed.
+            OSError(EMFILE): the process has no free fd.
+        """
+        for p in self._grants:
+            if p.grant.name is not None and p.grant.name == name:
+                if not read_only and p.grant.read_only:
+                    raise ReadOnlyError(f"grant {name!r} is read-only; it cannot be opened read-write",
+                                        sandbox_path=None, context={"grant": name})
+                return p.root.with_options(read_only=read_only)
+        raise InvalidArgumentError(f"no grant is named {_shown_name(name)}", sandbox_path=None)
 
     def resolve(self, path: str, *, for_write: bool = False) -> Resolved:
         """Resolve an untrusted sandbox path.

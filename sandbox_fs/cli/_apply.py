@@ -1,4 +1,4 @@
-"""``sandbox-fs apply MANIFEST --base DIR [--root DIR] [--grant PATH[:ro|:rw]]... [--json]``.
+"""``sandbox-fs apply MANIFEST --base DIR [--root DIR] [--grant [NAME=]PATH[:ro|:rw]]... [--json]``.
 
 Applies an (untrusted) manifest to a workspace directory.  The command-line
 user is the trusted party: the manifest file, ``--base``, ``--grant`` and the
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(no default: without it such sources are refused)")
     p.add_argument("--root", metavar="DIR", default=None,
                    help="workspace directory (overrides the manifest's root; created if missing)")
-    p.add_argument("--grant", metavar="PATH[:ro|:rw]", action="append", default=[],
+    p.add_argument("--grant", metavar="[NAME=]PATH[:ro|:rw]", action="append", default=[],
                    help="extra path grant sources may be read from (absolute src under PATH); repeatable")
     p.add_argument("--json", action="store_true", help="print the result (or error) as JSON on stdout")
     p.add_argument("--no-digest", action="store_true", help="skip sha256 of written files (fd-to-fd copy)")

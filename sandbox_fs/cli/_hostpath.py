@@ -127,16 +127,19 @@ def load_state(args: argparse.Namespace | None, path: str) -> dict[str, Any]:
 
 
 def parse_grant(spec: str, args: argparse.Namespace | None = None) -> Grant:
-    """``PATH``, ``PATH:ro`` or ``PATH:rw`` (default read-only); a relative PATH is taken from the cwd.
+    """``[NAME=]PATH``, ``[NAME=]PATH:ro`` or ``[NAME=]PATH:rw`` (default read-only, no name).
 
-    With ``--follow-host-symlinks`` the PATH is resolved with ``realpath`` first.
+    A relative PATH is taken from the cwd; NAME is what a manifest ``mount``
+    entry names the grant by.  With ``--follow-host-symlinks`` the PATH is
+    resolved with ``realpath`` first.
 
     Raises:
         InvalidPathError: ``spec`` is no grant (see :meth:`sandbox_fs.paths.Grant.parse`).
+        InvalidArgumentError: NAME is followed by no path.
     """
     g = Grant.parse(spec, relative_to=os.getcwd())
     if args is not None and getattr(args, "follow_host_symlinks", False):
-        g = Grant(os.path.realpath(g.path), read_only=g.read_only)
+        g = Grant(os.path.realpath(g.path), read_only=g.read_only, name=g.name)
     return g
 
 

@@ -26,7 +26,7 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workspaces-dir", required=True,
                    help="trusted host directory holding private workspaces (created 0700)")
     p.add_argument("--store", help="snapshot store directory (created 0700); no snapshots without it")
-    p.add_argument("--grant", action="append", default=[], metavar="PATH[:ro|rw]",
+    p.add_argument("--grant", action="append", default=[], metavar="[NAME=]PATH[:ro|:rw]",
                    help="extra path grant (repeatable; default read-only)")
     p.add_argument("--base-dir", help="trusted base directory for manifest host sources")
     p.add_argument("--state-key-file", help="file holding the HMAC key (>= 16 bytes) protecting state files")
