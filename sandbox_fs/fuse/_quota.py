@@ -1,0 +1,187 @@
+"""Byte and inode quotas of the overlay.
+
+Usage is measured once when the overlay mounts (:meth:`Quota.measure`, an
+fd walk of the workspace), then kept by the daemon: every request that
+grows the workspace is checked *before* it acts (:meth:`Quota.check_grow`,
+:meth:`Quota.check_new_inode`) and charged after it succeeded
+(:meth:`Quota.add_bytes`, :meth:`Quota.add_inodes`; negative deltas give
+space back).  A request that would take usage past a limit fails whole
+with ``EDQUOT``: nothing of it is written.  (The kernel splits a large
+``write(2)`` into ``max_write``-sized requests, so such a call may return
+short at the limit, having written the requests before the one refused.)
+
+What counts:
+
+* bytes: the apparent size (``st_size``) of regular files; a hard-linked
+  inode once, however many names it has;
+* inodes: every entry beneath the workspace root (the root itself is not
+  counted), a hard-linked inode once.
+
+Limits may change at run time (:meth:`Quota.set_limits`).  Lowering one
+below the current usage deletes nothing: growth fails until usage is back
+under it.
+
+Not thread-safe: one daemon thread checks and charges (so a check and its
+charge are never split by another request).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Iterator, Protocol
+
+__all__ = ["Quota", "WalkHandle"]
+
+
+class WalkHandle(Protocol):
+    """What :meth:`Quota.measure` uses of a :class:`sandbox_fs.root.Handle` (an ``O_PATH`` fd)."""
+
+    def stat(self) -> os.stat_result: ...
+    def listdir(self) -> list[tuple[bytes, int, int]]: ...
+    def lookup(self, name: bytes) -> WalkHandle: ...
+    def close(self) -> None: ...
+
+
+def _check_limit(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be a non-negative int or None")
+
+
+class Quota:
+    """Usage and limits of one overlay: bytes of regular files and inodes.
+
+    Args:
+        max_bytes: the byte limit, or None for unlimited.
+        max_inodes: the inode limit, or None for unlimited.
+
+    Raises:
+        ValueError: a limit is negative or not an int.
+    """
+
+    def __init__(self, max_bytes: int | None = None, max_inodes: int | None = None) -> None:
+        self._bytes = 0
+        self._inodes = 0
+        self.max_bytes: int | None = None
+        self.max_inodes: int | None = None
+        self.set_limits(max_bytes, max_inodes)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes in use (apparent size of regular files)."""
+        return self._bytes
+
+    @property
+    def inodes(self) -> int:
+        """Inodes in use (entries beneath the workspace root)."""
+        return self._inodes
+
+    def usage(self) -> dict[str, int]:
+        """``{"bytes": n, "inodes": n}``: the control protocol's ``usage`` result."""
+        return {"bytes": self._bytes, "inodes": self._inodes}
+
+    def set_limits(self, max_bytes: int | None, max_inodes: int | None) -> None:
+        """Replace both limits (None: unlimited); usage is kept, nothing is deleted.
+
+        Raises:
+            ValueError: a limit is negative or not an int (neither is changed).
+        """
+        _check_limit("max_bytes", max_bytes)
+        _check_limit("max_inodes", max_inodes)
+        self.max_bytes = max_bytes
+        self.max_inodes = max_inodes
+
+    def check_grow(self, delta_bytes: int) -> None:
+        """Refuse a request that would grow usage by ``delta_bytes`` past ``max_bytes``.
+
+        Usage exactly at the limit is allowed; a delta <= 0 is always allowed.
+
+        Raises:
+            OSError: ``EDQUOT``, ``bytes + delta_bytes > max_bytes``.
+        """
+        if delta_bytes > 0 and self.max_bytes is not None and self._bytes + delta_bytes > self.max_bytes:
+            raise OSError(errno.EDQUOT, f"byte quota of {self.max_bytes} would be exceeded")
+
+    def check_new_inode(self, count: int = 1) -> None:
+        """Refuse a request that would create ``count`` inodes past ``max_inodes``.
+
+        Raises:
+            OSError: ``EDQUOT``, ``inodes + count > max_inodes``.
+        """
+        if count > 0 and self.max_inodes is not None and self._inodes + count > self.max_inodes:
+            raise OSError(errno.EDQUOT, f"inode quota of {self.max_inodes} would be exceeded")
+
+    def add_bytes(self, delta: int) -> None:
+        """Charge ``delta`` bytes (negative: give them back); usage never goes below 0."""
+        self._bytes = max(0, self._bytes + delta)
+
+    def add_inodes(self, delta: int) -> None:
+        """Charge ``delta`` inodes (negative: give them back); usage never goes below 0."""
+        self._inodes = max(0, self._inodes + delta)
+
+    def measure(self, handle: WalkHandle) -> tuple[int, int]:
+        """Set usage to what the tree beneath ``handle`` holds now, by an fd walk.
+
+        Every entry is reached by :meth:`~sandbox_fs.root.Handle.lookup` of
+        one listed name from its directory's handle (``O_PATH|O_NOFOLLOW``)
+        and judged by ``fstat`` of that fd, never by a path: a symlink is
+        counted as an entry and never followed; an entry on another
+        ``st_dev`` than ``handle`` (a mount point) is neither counted nor
+        entered; a non-directory with ``st_nlink > 1`` is counted once per
+        ``(st_dev, st_ino)``; an entry gone between listing and lookup is
+        skipped.  Memory: the multi-linked inodes seen and one listing per
+        open directory; open fds: one per directory level being walked.
+
+        Args:
+            handle: a directory handle on the workspace root (borrowed: not
+                closed; every handle the walk opens is closed).
+
+        Returns:
+            ``(bytes, inodes)``, now also :attr:`bytes` and :attr:`inodes`.
+
+        Raises:
+            OSError: a directory could not be listed or an entry opened or
+                stat'ed (other than ENOENT); usage is then left unchanged.
+        """
+        dev = handle.stat().st_dev
+        seen: set[tuple[int, int]] = set()
+        nbytes = ninodes = 0
+        stack: list[tuple[WalkHandle, Iterator[tuple[bytes, int, int]]]] = [(handle, iter(handle.listdir()))]
+        try:
+            while stack:
+                parent, names = stack[-1]
+                entry = next(names, None)
+                if entry is None:
+                    stack.pop()
+                    if parent is not handle:
+                        parent.close()
+                    continue
+                try:
+                    child = parent.lookup(entry[0])
+                except FileNotFoundError:
+                    continue  # removed since the listing
+                entered = False
+                try:
+                    st = child.stat()
+                    if st.st_dev != dev:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append((child, iter(child.listdir())))
+                        entered = True
+                    elif st.st_nlink > 1:
+                        if (st.st_dev, st.st_ino) in seen:
+                            continue
+                        seen.add((st.st_dev, st.st_ino))
+                    ninodes += 1
+                    if stat.S_ISREG(st.st_mode):
+                        nbytes += st.st_size
+                finally:
+                    if not entered:
+                        child.close()
+        finally:
+            for h, _ in stack:
+                if h is not handle:
+                    h.close()
+        self._bytes, self._inodes = nbytes, ninodes
+        return nbytes, ninodes
