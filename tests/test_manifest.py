@@ -97,7 +97,7 @@ def test_secrets_are_redacted_in_repr_json_and_digest():
 def test_json_schema_export():
     schema = Manifest.model_json_schema()
     text = json.dumps(schema)
-    for tag in ("file", "dir", "local_file", "local_dir", "symlink", "archive"):
+    for tag in ("file", "dir", "local_file", "local_dir", "symlink", "archive", "mount"):
         assert f'"{tag}"' in text
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) >= {"root", "entries", "environment"}
@@ -305,11 +305,11 @@ def test_property_accepted_link_targets_stay_inside(link, target):
 # --------------------------------------------------------------- fuzzing
 
 _SCALAR = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=12) | st.sampled_from(
-    ["file", "dir", "local_file", "local_dir", "symlink", "archive", "..", "/etc", "a/b", "", "base64"])
+    ["file", "dir", "local_file", "local_dir", "symlink", "archive", "mount", "..", "/etc", "a/b", "", "base64"])
 _JSON = st.recursive(_SCALAR, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
     st.sampled_from(["type", "content", "src", "target", "mode", "children", "entries", "root", "environment",
                      "ephemeral", "encoding", "include", "exclude", "symlinks", "limits", "value", "secret",
-                     "a", "../x", "b/c", "extra_path_grants"]) | st.text(max_size=6), inner, max_size=5),
+                     "a", "../x", "b/c", "extra_path_grants", "grant", "read_only"]) | st.text(max_size=6), inner, max_size=5),
     max_leaves=25)
 
 

@@ -370,3 +370,34 @@ async def test_a_mount_is_never_persisted_and_never_cleared_by_a_restore(hostdir
             assert r2.start_mode == "restored"
             assert os.listdir(ws2 / "mnt") == [] and os.listdir(ws2 / "d" / "out") == []
         await client2.delete(r2)
+
+
+async def test_a_live_workspace_with_its_mounts_registered_is_reattached(hostdirs):
+    """The placeholder is left out of the live fingerprint too, so an unchanged workspace is not restored."""
+    from sandbox_fs.client import ClientOptions, LocalSandboxClient
+
+    calls: list = []
+    opts = ClientOptions(workspaces_dir=str(hostdirs.tmp / "workspaces"), snapshot_dir=str(hostdirs.tmp / "store"),
+                         extra_path_grants=tuple(hostdirs.grants), materialize=_overlay_materialize(calls))
+    m = _mount_manifest(mnt={"type": "mount", "grant": "ref"})
+    with LocalSandboxClient(opts) as client:
+        s = client.create(manifest=m)
+        s.register_mount("mnt")
+        async with s:
+            pass
+        r = client.resume(client.serialize_state(s))
+        r.register_mount("/workspace/mnt")
+        async with r:
+            assert r.start_mode == "reattached"
+        await client.delete(r, snapshot=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40))
+def test_parsing_any_grant_text_gives_a_grant_or_a_clear_error(spec):
+    try:
+        g = Grant.parse(spec, relative_to="/base")
+    except (InvalidPathError, InvalidArgumentError):
+        return
+    assert g.path.startswith("/") and ".." not in g.path.split("/")
+    assert g.name is None or (NAME.fullmatch(g.name) and spec.startswith(g.name + "="))
