@@ -408,32 +408,43 @@ class MaterializationResult:
 # ------------------------------------------------------------------------- mounts
 
 
-def plan_mounts(manifest: Manifest, grants: Sequence[Grant]) -> list[MountRequest]:
+def plan_mounts(manifest: Manifest, grants: Sequence[Grant], *, overlay: bool = True) -> list[MountRequest]:
     """Check every ``mount`` entry of ``manifest`` against the application's grants.
 
-    Pure: nothing is opened.  A mount entry must name a grant of ``grants``
-    (by :attr:`~sandbox_fs.paths.Grant.name`), and may ask for read-write
-    access (``"read_only": false``) only to a read-write grant.
+    Pure: nothing is opened, so a session can call it before it touches the
+    workspace.  A mount entry must name a grant of ``grants`` (by
+    :attr:`~sandbox_fs.paths.Grant.name`), and may ask for read-write access
+    (``"read_only": false``) only to a read-write grant.
 
     Args:
         manifest: a validated :class:`~sandbox_fs.manifest.Manifest`.
         grants: the application's extra path grants (trusted).
+        overlay: whether the workspace will be served by the FUSE overlay;
+            False refuses any mount entry (what materialize does without
+            ``MaterializeOptions(overlay=True)``).
 
     Returns:
         One :class:`MountRequest` per mount entry, sorted by path (empty
         when the manifest has none).
 
     Raises:
+        MountNeedsOverlayError: ``overlay`` is False and the manifest holds a
+            mount entry (checked first).
         ManifestTrustError: an entry names a grant the application did not
             give, or asks read-write access to a read-only grant
             (``context["field"]`` is ``entries[...].grant`` or
             ``.read_only``, ``context["grant"]`` the name; never a host path).
         InvalidArgumentError: two of ``grants`` have the same name.
     """
+    entries = manifest.mount_entries()
+    if entries and not overlay:
+        raise MountNeedsOverlayError("a mount entry needs the FUSE overlay (SessionConfig(overlay=True), "
+                                     "sandbox-fs run --overlay); nothing was written", sandbox_path=entries[0].path,
+                                     context={"field": entries[0].field})
     check_grant_names(grants)
     by_name = {g.name: g for g in grants if g.name is not None}
     out = []
-    for fe in manifest.mount_entries():
+    for fe in entries:
         ent: Mount = fe.entry
         grant = by_name.get(ent.grant)
         if grant is None:
@@ -469,16 +480,6 @@ def make_mount_points(workspace: Root, mounts: Sequence[MountRequest]) -> None:
             _ensure_dir(ws, m.path, 0o755)
     finally:
         ws.close()
-
-
-def _mount_requests(manifest: Manifest, options: MaterializeOptions) -> list[MountRequest]:
-    """:func:`plan_mounts`, refused without the overlay (MountNeedsOverlayError)."""
-    entries = manifest.mount_entries()
-    if entries and not options.overlay:
-        raise MountNeedsOverlayError("a mount entry needs the FUSE overlay (SessionConfig(overlay=True), "
-                                     "sandbox-fs run --overlay); nothing was written", sandbox_path=entries[0].path,
-                                     context={"field": entries[0].field})
-    return plan_mounts(manifest, options.extra_path_grants)
 
 
 # ------------------------------------------------------------------------ sources
@@ -1351,7 +1352,7 @@ async def materialize(workspace: Root, manifest: Manifest, options: MaterializeO
     run = _Run(ws, options, lim_e, lim_f)
     try:
         try:
-            run.result.mounts = _mount_requests(manifest, options)  # before anything is written
+            run.result.mounts = plan_mounts(manifest, options.extra_path_grants, overlay=options.overlay)  # before anything is written
             await trio.to_thread.run_sync(_prepare, run, flat, limiter=lim_f)
             simple = [fe for fe in flat if isinstance(fe.entry, (File, Symlink, LocalFile))]
             with trio.CancelScope() as scope:

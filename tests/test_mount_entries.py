@@ -247,6 +247,13 @@ async def test_without_the_overlay_a_mount_entry_is_refused_before_anything_is_w
     assert _names(hostdirs.ws) == []
 
 
+def test_plan_mounts_without_the_overlay_refuses_first(hostdirs):
+    m = _mount_manifest(mnt={"type": "mount", "grant": "nope"})
+    with pytest.raises(MountNeedsOverlayError):
+        plan_mounts(m, hostdirs.grants, overlay=False)
+    assert plan_mounts(_mount_manifest(), [], overlay=False) == []  # no mount entry: nothing to refuse
+
+
 async def test_an_unknown_grant_is_refused_before_anything_is_written(hostdirs):
     m = _mount_manifest(mnt={"type": "mount", "grant": "nope"})
     with open_root(str(hostdirs.ws)) as ws:
