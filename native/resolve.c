@@ -590,3 +590,222 @@ int sfs_fchown_fd(int fd, int64_t uid, int64_t gid)
         return -errno;
     return 0;
 }
+
+/* ------------------------------------------------------------------ */
+/* Handle calls: one held fd (often O_PATH), or a held directory fd    */
+/* plus ONE name component that Python has checked (no "/", not "." or */
+/* "..", not empty).  Nothing here builds a path or follows a leaf.    */
+/* ------------------------------------------------------------------ */
+
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
+
+/* chmod of the inode fd refers to, an O_PATH fd included: fchmodat2(fd, "", mode, AT_EMPTY_PATH)
+   (Linux >= 6.6; no /proc).  A symlink gives -EOPNOTSUPP (Linux never changes a link's mode). */
+int sfs_fchmod_empty(int fd, uint32_t mode)
+{
+    if (syscall(SYS_fchmodat2, fd, "", (unsigned int)(mode & 07777), AT_EMPTY_PATH) < 0)
+        return -errno;
+    return 0;
+}
+
+static void ns_to_timespec(int64_t ns, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(ns / 1000000000);
+    ts->tv_nsec = (long)(ns % 1000000000);
+    if (ts->tv_nsec < 0) {
+        ts->tv_sec -= 1;
+        ts->tv_nsec += 1000000000;
+    }
+}
+
+/* atime and mtime (ns since the epoch) of the inode fd refers to, a symlink's O_PATH fd included:
+   utimensat(fd, "", AT_EMPTY_PATH).  how: SFS_TIME_* bits (OMIT: leave it; NOW: the current time). */
+int sfs_utimens_empty(int fd, int64_t atime_ns, int64_t mtime_ns, int how)
+{
+    struct timespec ts[2];
+    ns_to_timespec(atime_ns, &ts[0]);
+    ns_to_timespec(mtime_ns, &ts[1]);
+    if (how & SFS_TIME_ATIME_OMIT)
+        ts[0].tv_nsec = UTIME_OMIT;
+    else if (how & SFS_TIME_ATIME_NOW)
+        ts[0].tv_nsec = UTIME_NOW;
+    if (how & SFS_TIME_MTIME_OMIT)
+        ts[1].tv_nsec = UTIME_OMIT;
+    else if (how & SFS_TIME_MTIME_NOW)
+        ts[1].tv_nsec = UTIME_NOW;
+    if (utimensat(fd, "", ts, AT_EMPTY_PATH) < 0)
+        return -errno;
+    return 0;
+}
+
+/* A new name for the inode fd refers to: linkat(fd, "", newdirfd, name, AT_EMPTY_PATH)
+   (needs CAP_DAC_READ_SEARCH; a directory gives -EPERM, an unlinked inode -ENOENT). */
+int sfs_link_empty(int fd, int newdirfd, const char *name)
+{
+    if (linkat(fd, "", newdirfd, name, AT_EMPTY_PATH) < 0)
+        return -errno;
+    return 0;
+}
+
+/* Remove name of dirfd only while it is still the inode (dev, ino): undoing our own create. */
+static void unlink_if_same(int dirfd, const char *name, dev_t dev, ino_t ino, int dir)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == dev && st.st_ino == ino)
+        (void)unlinkat(dirfd, name, dir ? AT_REMOVEDIR : 0);
+}
+
+static int chown_ids(int fd, int64_t uid, int64_t gid)
+{
+    if (uid > (int64_t)UINT32_MAX - 1 || gid > (int64_t)UINT32_MAX - 1)
+        return -EINVAL;
+    if (fchownat(fd, "", uid < 0 ? (uid_t)-1 : (uid_t)uid, gid < 0 ? (gid_t)-1 : (gid_t)gid,
+                 AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+        return -errno;
+    return 0;
+}
+
+/* openat(dirfd, name) that created the file when made is set: with an owner, O_CREAT without
+   O_EXCL is tried as O_EXCL (made: ours), then without O_CREAT (existing: left alone), while a
+   racer keeps removing and re-making the name (bounded). */
+static int open_made(int dirfd, const char *name, int flags, mode_t mode, int owned, int *made)
+{
+    *made = 0;
+    if (!(flags & O_CREAT) || !owned) {
+        int fd = openat(dirfd, name, flags, mode);
+        return fd < 0 ? -errno : fd;
+    }
+    if (flags & O_EXCL) {
+        int fd = openat(dirfd, name, flags, mode);
+        *made = fd >= 0;
+        return fd < 0 ? -errno : fd;
+    }
+    for (int attempt = 0; attempt < 100; attempt++) {
+        int fd = openat(dirfd, name, flags | O_EXCL, mode);
+        if (fd >= 0) {
+            *made = 1;
+            return fd;
+        }
+        if (errno != EEXIST)
+            return -errno;
+        fd = openat(dirfd, name, flags & ~(O_CREAT | O_EXCL), mode);
+        if (fd >= 0)
+            return fd;
+        if (errno != ENOENT)
+            return -errno;
+    }
+    return -EAGAIN;
+}
+
+/*
+ * Open name of dirfd for I/O, never following it (O_NOFOLLOW, O_NOCTTY, O_CLOEXEC added) and never
+ * blocking on a special file (opened O_NONBLOCK, then a FIFO, socket or device is refused with
+ * -ENXIO unless allow_special).  expect_ino >= 0: the opened inode must be (expect_dev, expect_ino),
+ * else -ESTALE (O_TRUNC is then applied only after that check; O_CREAT is refused, -EINVAL).
+ * uid or gid >= 0 with O_CREAT: a file this call created is fchown'ed through its fd (failure: the
+ * file is removed again while the name is still it).  Returns the fd or -errno.
+ */
+int sfs_open_name(int dirfd, const char *name, uint64_t flags, uint64_t mode, int allow_special,
+                  int64_t expect_dev, int64_t expect_ino, int64_t uid, int64_t gid)
+{
+    int expect = expect_ino >= 0;
+    int trunc_late = expect && (flags & O_TRUNC);
+    int f = (int)flags | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC | O_NONBLOCK;
+    int made, err;
+    struct stat st;
+
+    if (expect && (flags & O_CREAT))
+        return -EINVAL;
+    if (trunc_late)
+        f &= ~O_TRUNC;
+    int fd = open_made(dirfd, name, f, (mode_t)(mode & 07777), uid >= 0 || gid >= 0, &made);
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) < 0)
+        goto fail_errno;
+    if (expect && ((int64_t)st.st_dev != expect_dev || (int64_t)st.st_ino != expect_ino)) {
+        err = -ESTALE;
+        goto fail;
+    }
+    if (!allow_special && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        err = -ENXIO;
+        goto fail;
+    }
+    if (made && (err = chown_ids(fd, uid, gid)) < 0) {
+        unlink_if_same(dirfd, name, st.st_dev, st.st_ino, 0);
+        goto fail;
+    }
+    if (trunc_late && S_ISREG(st.st_mode) && ftruncate(fd, 0) < 0)
+        goto fail_errno;
+    if (!(flags & O_NONBLOCK) && !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        int keep = (int)(flags & (O_APPEND | O_ASYNC | O_DIRECT | O_NOATIME));
+        if (fcntl(fd, F_SETFL, keep) < 0)
+            goto fail_errno;
+    }
+    return fd;
+fail_errno:
+    err = -errno;
+fail:
+    close(fd);
+    return err;
+}
+
+/*
+ * Make name in dirfd (SFS_MAKE_DIR: mkdirat; SFS_MAKE_NODE: mknodat(mode, rdev); SFS_MAKE_SYMLINK:
+ * symlinkat(target)), then return an O_PATH|O_NOFOLLOW fd on it, checked to be what was made: the
+ * same file type, one link (two for a directory), owned by this process's euid.  A name that
+ * another process swapped meanwhile gives -ESTALE and is left alone.  uid or gid >= 0: the new
+ * entry is given that owner through the fd (failure: it is removed again).  The process umask
+ * applies to mode, as for mkdir(2)/mknod(2).  Returns the fd or -errno.
+ */
+int sfs_make_name(int dirfd, const char *name, int kind, uint32_t mode, uint64_t rdev, const char *target,
+                  int64_t uid, int64_t gid)
+{
+    mode_t type;
+    int r, err;
+    struct stat st;
+
+    if (kind == SFS_MAKE_DIR) {
+        r = mkdirat(dirfd, name, (mode_t)(mode & 07777));
+        type = S_IFDIR;
+    } else if (kind == SFS_MAKE_NODE) {
+        type = (mode & S_IFMT) ? (mode & S_IFMT) : S_IFREG;
+        if (type == S_IFDIR || type == S_IFLNK)
+            return -EINVAL;
+        r = mknodat(dirfd, name, (mode_t)mode, (dev_t)rdev);
+    } else if (kind == SFS_MAKE_SYMLINK) {
+        r = symlinkat(target, dirfd, name);
+        type = S_IFLNK;
+    } else {
+        return -EINVAL;
+    }
+    if (r < 0)
+        return -errno;
+    int fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? -ESTALE : -errno;
+    if (fstat(fd, &st) < 0) {
+        err = -errno;
+        close(fd);
+        return err;
+    }
+    if ((st.st_mode & S_IFMT) != type || st.st_nlink != (type == S_IFDIR ? 2u : 1u) || st.st_uid != geteuid()) {
+        close(fd);
+        return -ESTALE;                     /* not what this call made: left alone */
+    }
+    if ((uid >= 0 || gid >= 0) && (err = chown_ids(fd, uid, gid)) < 0) {
+        unlink_if_same(dirfd, name, st.st_dev, st.st_ino, type == S_IFDIR);
+        close(fd);
+        return err;
+    }
+    return fd;
+}
+
+/* getdents64(fd, buf, len): bytes of struct linux_dirent64 records read, 0 at the end, or -errno. */
+int64_t sfs_getdents(int fd, char *buf, uint64_t len)
+{
+    long n = syscall(SYS_getdents64, fd, buf, (size_t)len);
+    return n < 0 ? -errno : (int64_t)n;
+}

@@ -77,6 +77,31 @@ XF_STAGE_META = lib.SFS_XF_STAGE_META
 #: returns the new fd or -errno (see ``sfs_open_file`` in native/).
 open_file = lib.sfs_open_file
 
+# Handle calls (sandbox_fs._root_handle, see native/resolve.c): raw, each returns >= 0
+# or -errno and never raises; the caller checks its name arguments first.
+#: ``fchmod_empty(fd, mode)``: fchmodat2(fd, "", mode, AT_EMPTY_PATH)
+fchmod_empty = lib.sfs_fchmod_empty
+#: ``utimens_empty(fd, atime_ns, mtime_ns, how)``: utimensat(fd, "", AT_EMPTY_PATH), how = TIME_* bits
+utimens_empty = lib.sfs_utimens_empty
+#: ``fchown_empty(fd, uid, gid)``: fchownat(fd, "", AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW), -1 leaves an id
+fchown_empty = lib.sfs_fchown_fd
+#: ``link_empty(fd, newdirfd, name)``: linkat(fd, "", newdirfd, name, AT_EMPTY_PATH)
+link_empty = lib.sfs_link_empty
+#: ``open_name(dirfd, name, flags, mode, allow_special, expect_dev, expect_ino, uid, gid)`` -> fd
+open_name = lib.sfs_open_name
+#: ``make_name(dirfd, name, kind, mode, rdev, target, uid, gid)`` -> O_PATH fd of the entry made
+make_name = lib.sfs_make_name
+#: ``getdents(fd, buf, len)`` -> bytes of linux_dirent64 records (0 at the end)
+getdents = lib.sfs_getdents
+TIME_ATIME_OMIT = lib.SFS_TIME_ATIME_OMIT
+TIME_ATIME_NOW = lib.SFS_TIME_ATIME_NOW
+TIME_MTIME_OMIT = lib.SFS_TIME_MTIME_OMIT
+TIME_MTIME_NOW = lib.SFS_TIME_MTIME_NOW
+MAKE_DIR = lib.SFS_MAKE_DIR
+MAKE_NODE = lib.SFS_MAKE_NODE
+MAKE_SYMLINK = lib.SFS_MAKE_SYMLINK
+renameat2_fn = lib.sfs_renameat2
+
 
 def raise_errno(err: int, op: str, sandbox_path: str | None) -> None:
     """Raise the exception for positive errno ``err`` during ``op`` on ``sandbox_path``.

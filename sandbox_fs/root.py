@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple
 
 from . import _native
+from ._root_handle import Handle
 from ._root_walk import walk_dirs
 from .errors import (
     InvalidArgumentError,
@@ -51,7 +52,7 @@ from .errors import (
     DirectoryReplacedError,
 )
 
-__all__ = ["Root", "Subtree", "CopyItem", "open_root", "open_host_dir_fd", "open_host_file_fd",
+__all__ = ["Root", "Subtree", "Handle", "CopyItem", "open_root", "open_host_dir_fd", "open_host_file_fd",
            "write_host_file_atomic",
            "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
            "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
@@ -1711,6 +1712,47 @@ class Root:
             PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
         """
         return self.open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def handle(self, path: str | bytes = ".") -> Handle:
+        """An :class:`Handle` (an ``O_PATH|O_NOFOLLOW`` fd) on the entry at ``path`` beneath the root.
+
+        ``path`` is resolved like every other method's (``RESOLVE_BENEATH``,
+        the Root's symlink rule); its leaf is never followed, so a symlink
+        gives a handle on the link itself.  The handle is read-only when this
+        Root is, or when the entry is in a read-only grant nested in it; it
+        stops working when this Root is closed (see :class:`Handle`).
+
+        Raises:
+            FileNotFoundError, NotADirectoryError, PermissionError: as :meth:`lstat`.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
+        """
+        rel = self._rel(path)
+        with self._use() as rootfd:
+            fd = self._open_fd(rootfd, rel, _O_PATH | os.O_NOFOLLOW, 0, "handle")
+            try:
+                read_only = self.read_only or (bool(self._deny) and self._handle_denied(rootfd, fd, rel))
+            except BaseException:
+                os.close(fd)
+                raise
+        return Handle(fd, self, read_only)
+
+    def _handle_denied(self, rootfd: int, fd: int, rel: bytes) -> bool:
+        """True when the entry ``fd`` (at ``rel``) is, or is beneath, a read-only grant nested in this Root."""
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in self._deny:
+            return True
+        if rel.strip(b"/") in (b"", b"."):
+            return False
+        parent = rel.rstrip(b"/").rpartition(b"/")[0] or b"."
+        pfd = fd if _stat.S_ISDIR(st.st_mode) else self._open_fd(rootfd, parent, _DIR_FLAGS, 0, "handle")
+        try:
+            self._check_write_target(pfd, None, rel, False)
+            return False
+        except ReadOnlyError:
+            return True
+        finally:
+            if pfd != fd:
+                os.close(pfd)
 
     def scandir(self, path: str | bytes = ".") -> list[DirEntry]:
         """List directory ``path`` with an ``lstat`` of each entry (sorted by name).

@@ -28,7 +28,7 @@ PUBLIC = {
         "Grant", "PathPolicy", "Resolved", "SandboxPath", "normalize",
     ],
     "sandbox_fs.root": [
-        "CopyItem", "DirEntry", "MAX_NAME_BYTES", "MAX_PATH_BYTES", "Root", "SpecialFileError", "Subtree",
+        "CopyItem", "DirEntry", "Handle", "MAX_NAME_BYTES", "MAX_PATH_BYTES", "Root", "SpecialFileError", "Subtree",
         "UnsafeModeError", "display_path", "open_host_dir_fd", "open_host_file_fd", "open_root",
         "write_host_file_atomic",
     ],
