@@ -244,6 +244,33 @@ def test_check_symlink_agrees_with_root_symlink(tmp_path):
             assert ours == theirs, target
 
 
+SAME_RULE_TARGETS = [b"x", b"./x", b".", b"..", b"../..", b"../../..", b"../x", b"../../x", b"a/../b", b"x/..",
+                     b"/abs", b"//x", b"C:x", b"x/./y/", b"...", b"../.../x"]
+
+
+def test_check_symlink_is_the_rule_snapshot_persist_applies(tmp_path):
+    """Links planted host-side, persisted with on_unrestorable="skip": persist skips exactly those refused here.
+
+    (Target names never exist in the tree, so persist's extra disk checks -- a
+    target passing through another symlink -- play no part.)
+    """
+    from sandbox_fs.snapshot import LocalSnapshotStore, persist
+
+    ws = tmp_path / "ws"
+    (ws / "d" / "e").mkdir(parents=True)
+    expect = {}
+    for i, target in enumerate(SAME_RULE_TARGETS):
+        for parent in ("", "d", "d/e"):
+            link = f"{parent}/l{i}".lstrip("/")
+            os.symlink(target, ws / link)
+            expect[link] = _errno_of(check_symlink, link, target) is None
+    with open_root(ws) as root:
+        report = persist(root, LocalSnapshotStore(tmp_path / "store"), "s", on_unrestorable="skip")
+    skipped = {path for path, _reason in report.skipped}
+    assert {link for link, ok in expect.items() if not ok} == skipped
+    assert any(expect.values()) and not all(expect.values())
+
+
 # --------------------------------------------------------------------------- audit
 
 
@@ -344,6 +371,15 @@ def test_audit_wire_round_trip(raw, dropped):
     msg = _protocol.decode(_protocol.encode(to_wire(events, dropped)))
     assert from_wire(msg) == (events, dropped)
     assert AuditLog.from_wire(AuditLog.to_wire(events, dropped)) == (events, dropped)
+
+
+@given(st.floats(0, 1e17, allow_nan=False), st.sampled_from(["open", "x\"y", "\u00e9"]),
+       _text | st.text(st.characters(max_codepoint=127)), st.integers(0, 10**6))
+def test_audit_size_estimate_is_exact(t, op, path, err):
+    from sandbox_fs.fuse._audit import _wire_bytes
+
+    ev = AuditEvent(t, op, path, err)
+    assert _wire_bytes(ev) == len(json.dumps([ev], separators=(",", ":"), ensure_ascii=True)) - 1
 
 
 @pytest.mark.parametrize("msg", [

@@ -58,14 +58,35 @@ class AuditEvent(NamedTuple):
             return "ok"
         return _errno.errorcode.get(self.errno, f"E{self.errno}")
 
+    def to_wire(self) -> list[Any]:
+        """This event as the protocol carries it: ``[time_s, op, path, errno]``."""
+        return [self.time_s, self.op, self.path, self.errno]
+
+    @classmethod
+    def from_wire(cls, item: Any) -> AuditEvent:
+        """The event a decoded ``[time_s, op, path, errno]`` item carries.
+
+        Raises:
+            ProtocolError: ``item`` is not of that shape (a non-finite time,
+                a string over its bound, a negative or non-int errno).
+        """
+        return _event(item)
+
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
+def _plain(text: str) -> bool:
+    """True when ASCII JSON writes ``text`` as itself (no escapes)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
 def _wire_bytes(ev: AuditEvent) -> int:
-    """Bytes this event adds to an ``audit`` message (its JSON array and a comma)."""
-    return len(json.dumps(list(ev), separators=(",", ":"), ensure_ascii=True)) + 1
+    """Bytes this event adds to an ``audit`` message: its JSON array ``[t,"op","path",errno]`` and a comma."""
+    if _plain(ev.path) and _plain(ev.op):  # the common case, without encoding (json writes floats by repr)
+        return len(repr(ev.time_s)) + len(ev.op) + len(ev.path) + len(str(ev.errno)) + 10
+    return len(json.dumps(ev.to_wire(), separators=(",", ":"), ensure_ascii=True)) + 1
 
 
 def to_wire(events: list[AuditEvent], dropped: int) -> dict[str, Any]:
@@ -80,7 +101,7 @@ def to_wire(events: list[AuditEvent], dropped: int) -> dict[str, Any]:
         "dropped": dropped}`` (paths may hold surrogate escapes; the protocol's
         ASCII JSON keeps them).
     """
-    return {"tag": 0, "event": "audit", "events": [list(ev) for ev in events], "dropped": dropped}
+    return {"tag": 0, "event": "audit", "events": [ev.to_wire() for ev in events], "dropped": dropped}
 
 
 def _event(item: Any) -> AuditEvent:
@@ -117,7 +138,7 @@ def from_wire(msg: dict[str, Any]) -> tuple[list[AuditEvent], int]:
         raise ProtocolError("an audit message's events are not a list")
     if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
         raise ProtocolError("an audit message's drop count is not a non-negative int")
-    return [_event(item) for item in events], dropped
+    return [AuditEvent.from_wire(item) for item in events], dropped
 
 
 class AuditLog:
@@ -152,12 +173,14 @@ class AuditLog:
         Args:
             op: the FUSE operation name (cut to :data:`MAX_OP_CHARS`).
             path: its sandbox path (cut to :data:`MAX_PATH_CHARS`).
-            err: 0 for success, else the errno (a positive int).
+            err: 0 for success, else the errno (its absolute value is kept).
         """
         if len(self._events) >= self.capacity:
             self._dropped += 1
             return
-        self._events.append(AuditEvent(time.time(), _cut(op, MAX_OP_CHARS), _cut(path, MAX_PATH_CHARS), int(err)))
+        # abs: a -errno from a C wrapper is still that errno (a negative one would fail from_wire)
+        event = AuditEvent(time.time(), _cut(op, MAX_OP_CHARS), _cut(path, MAX_PATH_CHARS), abs(int(err)))
+        self._events.append(event)
 
     def drain(self, max_events: int = 2000, *,
               max_wire_bytes: int = MAX_MESSAGE_BYTES - _ENVELOPE_BYTES) -> tuple[list[AuditEvent], int]:
