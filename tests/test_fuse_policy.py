@@ -1,10 +1,9 @@
 """The overlay's pure-Python policy pieces: rules, audit log, fault rules, quotas.
 
 No FUSE mount is needed: these modules never import pyfuse3.  The quota
-walk runs over a real tree in ``tmp_path`` through ``O_PATH`` handles
-(``Root.handle()`` where it exists, else a minimal stand-in with the same
-methods); one test mounts a tmpfs inside ``tmp_path`` (root only) to show
-the walk never crosses into another ``st_dev``.
+walk runs over a real tree in ``tmp_path`` through ``Root.handle()``; one
+test mounts a tmpfs inside ``tmp_path`` (root only, unmounted in its
+teardown) to show the walk never crosses into another ``st_dev``.
 """
 
 from __future__ import annotations
@@ -557,46 +556,9 @@ def test_quota_refuses_bad_limits(limits):
 # --------------------------------------------------------------------------- quota: measure
 
 
-class _FdHandle:
-    """A stand-in for ``sandbox_fs.root.Handle`` (until it lands): an O_PATH fd, the four methods measure uses."""
-
-    opened = 0
-    closed = 0
-
-    def __init__(self, fd):
-        self.fd = fd
-        _FdHandle.opened += 1
-
-    def stat(self):
-        return os.stat(self.fd)
-
-    def listdir(self):
-        dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
-        try:
-            with os.scandir(dfd) as it:
-                return [(os.fsencode(e.name), e.inode(), 0) for e in it]
-        finally:
-            os.close(dfd)
-
-    def lookup(self, name):
-        return _FdHandle(os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd))
-
-    def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-            _FdHandle.closed += 1
-
-
 def _measure(path: Path) -> tuple[int, int]:
-    if hasattr(sandbox_fs.root.Root, "handle"):
-        with open_root(path) as root, root.handle() as h:
-            return Quota().measure(h)
-    h = _FdHandle(os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-    try:
+    with open_root(path) as root, root.handle() as h:
         return Quota().measure(h)
-    finally:
-        h.close()
 
 
 def _model_usage(top: Path) -> tuple[int, int]:

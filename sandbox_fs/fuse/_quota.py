@@ -28,20 +28,13 @@ charge are never split by another request).
 from __future__ import annotations
 
 import errno
-import os
 import stat
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator
 
-__all__ = ["Quota", "WalkHandle"]
+if TYPE_CHECKING:
+    from ..root import Handle
 
-
-class WalkHandle(Protocol):
-    """What :meth:`Quota.measure` uses of a :class:`sandbox_fs.root.Handle` (an ``O_PATH`` fd)."""
-
-    def stat(self, /) -> os.stat_result: ...
-    def listdir(self, /) -> list[tuple[bytes, int, int]]: ...
-    def lookup(self, name: bytes, /) -> WalkHandle: ...
-    def close(self, /) -> None: ...
+__all__ = ["Quota"]
 
 
 def _check_limit(name: str, value: int | None) -> None:
@@ -120,7 +113,7 @@ class Quota:
         """Charge ``delta`` inodes (negative: give them back); usage never goes below 0."""
         self._inodes = max(0, self._inodes + delta)
 
-    def measure(self, handle: WalkHandle) -> tuple[int, int]:
+    def measure(self, handle: Handle) -> tuple[int, int]:
         """Set usage to what the tree beneath ``handle`` holds now, by an fd walk.
 
         Every entry is reached by :meth:`~sandbox_fs.root.Handle.lookup` of
@@ -135,7 +128,8 @@ class Quota:
 
         Args:
             handle: a directory handle on the workspace root (borrowed: not
-                closed; every handle the walk opens is closed).
+                closed; every handle the walk opens is closed).  Only its
+                ``stat``, ``listdir``, ``lookup`` and ``close`` are used.
 
         Returns:
             ``(bytes, inodes)``, now also :attr:`bytes` and :attr:`inodes`.
@@ -147,7 +141,7 @@ class Quota:
         dev = handle.stat().st_dev
         seen: set[tuple[int, int]] = set()
         nbytes = ninodes = 0
-        stack: list[tuple[WalkHandle, Iterator[tuple[bytes, int, int]]]] = [(handle, iter(handle.listdir()))]
+        stack: list[tuple[Handle, Iterator[tuple[bytes, int, int]]]] = [(handle, iter(handle.listdir()))]
         try:
             while stack:
                 parent, names = stack[-1]
