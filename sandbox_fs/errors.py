@@ -44,6 +44,8 @@ operation again may succeed::
     | `materialize_limit` | `MaterializeLimitError` | `sandbox_fs.materialize` | no |
     | `materialize_limiter_tokens` | `LimiterTokensError` | `sandbox_fs.materialize` | no |
     | `mount_needs_overlay` | `MountNeedsOverlayError` | `sandbox_fs.materialize` | no |
+    | `overlay_error` | `OverlayError` | `sandbox_fs.fuse` | no |
+    | `overlay_unavailable` | `OverlayUnavailableError` | `sandbox_fs.fuse` | no |
     | `snapshot_error` | `SnapshotError` | `sandbox_fs.snapshot` | no |
     | `snapshot_not_found` | `SnapshotNotFoundError` | `sandbox_fs.snapshot` | no |
     | `snapshot_corrupt` | `SnapshotCorruptError` | `sandbox_fs.snapshot` | no |
