@@ -144,9 +144,12 @@ def check_symlink(link_rel: str, target: bytes) -> None:
     tree's state, not the request's, and persist checks it when it runs.
 
     Args:
-        link_rel: the sandbox path of the link to create, relative to the
-            workspace root (``"a/b/link"``; components joined by ``/``, with
-            no empty, ``.`` or ``..`` component).
+        link_rel: the path of the link to create relative to the root of
+            the tree it is made in (``"a/b/link"``; components joined by
+            ``/``, with no empty, ``.`` or ``..`` component): the workspace
+            root, or for a link inside a host-directory mount, that mount's
+            root, so a link never points out of the host directory it is
+            made in when the host follows it.
         target: the link's target, as the kernel passed it.
 
     Raises:
