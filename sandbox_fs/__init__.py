@@ -7,7 +7,6 @@ capability object every file operation goes through.
 from __future__ import annotations
 
 import functools
-import os
 
 from . import _native
 from .errors import (
@@ -77,18 +76,15 @@ def features() -> dict[str, object]:
 
     Returns:
         ``{"openat2": bool, "landlock_abi": int (0 when unavailable),
-        "fuse": bool (``/dev/fuse`` is a character device we can open),
+        "fuse": bool (the FUSE overlay can run: ``/dev/fuse`` opens, pyfuse3
+        imports and ``fsopen("fuse")`` is permitted; the reason when not:
+        ``fuse_reason`` in ``sandbox-fs features --json``),
         "resolver": "openat2" | "fallback" (the default resolver now)}``.
     """
+    from ._features import fuse_status  # noqa: PLC0415
+
     abi = _native.landlock_abi()
-    fuse = False
-    try:
-        # host-access: features() probe of a fixed device node
-        fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-        os.close(fd)
-        fuse = True
-    except OSError:
-        fuse = False
+    fuse, _reason = fuse_status()
     return {
         "openat2": _native.have_openat2(),
         "landlock_abi": abi if abi > 0 else 0,

@@ -12,10 +12,12 @@ and for the namespaces an ``unshare(2)`` in a forked child that exits at once.
 from __future__ import annotations
 
 import ctypes
+import errno
+import functools
 import os
 from typing import Any
 
-__all__ = ["host_features", "cgroup_dirs", "can_unshare"]
+__all__ = ["host_features", "cgroup_dirs", "can_unshare", "fuse_status"]
 
 # <linux/sched.h>
 CLONE_NEWNS = 0x00020000
@@ -83,6 +85,38 @@ def can_unshare(flags: int) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+@functools.lru_cache(maxsize=1)
+def fuse_status() -> tuple[bool, str | None]:
+    """Can the FUSE overlay run here?  ``(usable, reason)``; ``reason`` is None when it can.
+
+    Three cheap probes, in order, the first failing one giving the reason:
+    ``/dev/fuse`` opens read-write; :mod:`pyfuse3` imports (the extra
+    ``sandbox-fs[fuse]``); ``fsopen("fuse")`` is permitted (the privilege to
+    make a FUSE mount; the context is closed at once, nothing is mounted).
+    Probed once per process.
+    """
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)  # host-access: probe of a fixed device node
+    except OSError as exc:
+        return False, f"/dev/fuse cannot be opened ({errno.errorcode.get(exc.errno or 0, 'error')})"
+    os.close(fd)
+    try:
+        import pyfuse3  # noqa: F401, PLC0415
+    except Exception:  # ImportError, or a pyfuse3 whose libfuse3 is missing
+        return False, "pyfuse3 is not installed (the extra sandbox-fs[fuse])"
+    from . import _native  # noqa: PLC0415
+
+    fsopen = getattr(_native, "fsopen", None)
+    if fsopen is None:
+        return False, "this sandbox-fs build has no fsopen(2) wrapper"
+    fs_fd = fsopen(b"fuse", _native.FSOPEN_CLOEXEC)  # an fd, or -errno
+    if fs_fd < 0:
+        name = errno.errorcode.get(-fs_fd, "error")
+        return False, f"fsopen(\"fuse\") is refused ({name}: no privilege to make a FUSE mount)"
+    os.close(fs_fd)
+    return True, None
+
+
 def _seccomp_filters() -> bool:
     """The kernel takes seccomp filters (``SECCOMP_RET_ERRNO``, what the exec helper's allow-list uses)."""
     actions = _read("/proc/sys/kernel/seccomp/actions_avail")
@@ -113,7 +147,8 @@ def host_features() -> dict[str, Any]:
         ``cgroup1_pids``, ``rlimit_nproc``: bool each; ``bound``: the one a run
         gets, ``"cgroup2.pids"``, ``"rlimit.nproc"``, ``"cgroup1.pids"`` or
         ``"none"``; ``cgroup2_dir``, ``cgroup1_pids_dir``: str or None),
-        ``fuse`` (bool), ``identity`` (``root``, ``leasable``: bool; ``base``,
+        ``fuse`` (bool: the FUSE overlay can run, see :func:`fuse_status`),
+        ``fuse_reason`` (str, why it cannot; None when it can), ``identity`` (``root``, ``leasable``: bool; ``base``,
         ``count``: the range leased from, ints; ``runs_as``: ``"leased"`` or
         ``"host"``).
     """
@@ -136,6 +171,7 @@ def host_features() -> dict[str, Any]:
         "mount_namespace": can_unshare(userns | CLONE_NEWNS),
         "processes": _process_bounds(root, leased),
         "fuse": bool(kernel["fuse"]),
+        "fuse_reason": fuse_status()[1],
         "identity": {"root": root, "leasable": root, "base": base, "count": count,
                      "runs_as": "leased" if leased else "host"},
     }

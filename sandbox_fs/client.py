@@ -186,6 +186,13 @@ class ClientOptions:
         identity: who confined commands run as (``SessionConfig.identity``):
             ``"auto"`` leases one uid/gid per live session on a root host.
         identity_range: ``(base, count)`` of the leased ids (None: the default).
+        confinement: the default ``confinement`` of the sessions' commands,
+            and whether an overlay that cannot run is refused (``"required"``)
+            or the session runs without it (``SessionConfig.confinement``).
+        overlay: serve each session's workspace through the FUSE overlay
+            (``SessionConfig.overlay``; extra ``sandbox-fs[fuse]``).
+        overlay_policy: the overlay's :class:`~sandbox_fs.fuse.OverlayPolicy`
+            (quotas, audit buffer, ...), or None for its defaults.
     """
 
     workspaces_dir: str
@@ -204,6 +211,9 @@ class ClientOptions:
     manifest_loader: Callable[[Any, str], Any] | None = None
     identity: Literal["auto", "host"] | tuple[int, int] = "auto"
     identity_range: tuple[int, int] | None = None
+    confinement: Literal["required", "best_effort", "none"] = "required"
+    overlay: bool = False
+    overlay_policy: Any = None  # an OverlayPolicy (sandbox_fs.fuse is imported only when used)
 
     def __post_init__(self) -> None:
         if self.state_key is not None and (not isinstance(self.state_key, bytes) or len(self.state_key) < 16):
@@ -359,7 +369,8 @@ class LocalSandboxClient:
             grants=o.extra_path_grants, workspace_path=o.workspace_path, base_dir=o.base_dir,
             limits=o.limits, archive_limits=o.archive_limits, on_unrestorable=o.on_unrestorable,
             max_read_bytes=o.max_read_bytes, hook_timeout_s=o.hook_timeout_s, materialize=o.materialize,
-            identity=o.identity, identity_range=o.identity_range)
+            identity=o.identity, identity_range=o.identity_range, confinement=o.confinement,
+            overlay=o.overlay, overlay_policy=o.overlay_policy)
 
     def create(self, manifest: Any = None, snapshot: str | None = None, *,
                root: str | os.PathLike[str] | None = None, session_id: str | None = None) -> Session:

@@ -34,6 +34,17 @@ reattached or rebuilt, then given the session's id.  A confined command can
 remove or rewrite its own workspace's id, which only makes that workspace be
 refused or rebuilt; it cannot claim another session's random id.
 
+The FUSE overlay (``SessionConfig.overlay``, extra ``sandbox-fs[fuse]``):
+:meth:`Session.start` hydrates into the backing workspace directly, starts
+the overlay daemon on it (:class:`sandbox_fs.fuse.Overlay`), then applies
+the manifest through the mount.  While it runs the workspace is exclusive to
+it: every host-side session operation (read, write, ls, stat, mkdir, rm,
+rename, extract) acts through the mount's Root, so quotas count it, audit
+records it and the kernel's caches stay right; commands run in a private
+root on the mount.  Persist reads the backing workspace directly.
+:meth:`Session.shutdown` stops it (also after a cancel, or after the daemon
+died).
+
 Blocking filesystem work runs in worker threads, one hop per whole
 operation (a start, a persist, one file operation), never one per file.
 """
@@ -47,7 +58,7 @@ import re
 import secrets
 import stat as _stat
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Sequence
 
 import trio
 
@@ -55,6 +66,9 @@ from .errors import InvalidPathError, SandboxError
 from .paths import Grant, PathPolicy, normalize
 from .root import DirEntry, Root, open_root
 from . import snapshot as _snap
+
+if TYPE_CHECKING:  # the overlay is optional (extra sandbox-fs[fuse]): imported only when a session uses it
+    from .fuse import AuditEvent, FaultRule, Overlay, OverlayPolicy  # type: ignore[attr-defined]
 
 __all__ = [
     "Session",
@@ -197,6 +211,20 @@ class SessionConfig:
             ``(uid, gid)`` (see ``ConfinementPolicy.identity``).
         identity_range: ``(base, count)`` the ``"auto"`` lease is taken
             from (None: the documented default range).
+        confinement: the default ``confinement`` of the session's commands
+            (an :meth:`Session.exec` keyword wins), and what an overlay that
+            cannot run means: ``"required"`` refuses
+            (:class:`~sandbox_fs.fuse.OverlayUnavailableError`),
+            ``"best_effort"`` / ``"none"`` run without it (see
+            :attr:`Session.overlay_active`).
+        overlay: serve the workspace through the FUSE overlay
+            (:mod:`sandbox_fs.fuse`, extra ``sandbox-fs[fuse]``) while the
+            session is started: confined commands and every host-side session
+            operation then act through the mount (quotas, audit events, fault
+            rules, a private root for commands).
+        overlay_policy: the overlay's :class:`~sandbox_fs.fuse.OverlayPolicy`
+            (quotas, allowed special files, audit buffer, cache timeouts);
+            None for its defaults.  Ignored without ``overlay``.
     """
 
     session_id: str
@@ -216,6 +244,9 @@ class SessionConfig:
     max_ptys: int = 8
     identity: Literal["auto", "host"] | tuple[int, int] = "auto"
     identity_range: tuple[int, int] | None = None
+    confinement: Literal["required", "best_effort", "none"] = "required"
+    overlay: bool = False
+    overlay_policy: OverlayPolicy | None = None
 
 
 def _materialize_default() -> Callable[..., Awaitable[Any]] | None:
@@ -226,12 +257,30 @@ def _materialize_default() -> Callable[..., Awaitable[Any]] | None:
     return materialize
 
 
-def _materialize_options(cfg: SessionConfig) -> Any:
+def _materialize_options(cfg: SessionConfig, *, overlay: bool = False) -> Any:
     try:
         from .materialize import MaterializeOptions  # noqa: PLC0415
     except ImportError:
         return {"base_dir": cfg.base_dir, "extra_path_grants": list(cfg.grants)}
-    return MaterializeOptions(base_dir=cfg.base_dir, extra_path_grants=list(cfg.grants))
+    return MaterializeOptions(base_dir=cfg.base_dir, extra_path_grants=list(cfg.grants), overlay=overlay)
+
+
+def _overlay_blocker() -> str | None:
+    """Why the overlay cannot run on this host or build (None: it can); a cheap probe, cached."""
+    from ._features import fuse_status  # noqa: PLC0415
+
+    usable, reason = fuse_status()
+    return None if usable else (reason or "FUSE is not usable here")
+
+
+def _accepts_private_root(fn: Callable[..., Any]) -> bool:
+    """``fn`` (an exec entry point) takes the ``private_root`` keyword."""
+    import inspect  # noqa: PLC0415
+
+    try:
+        return "private_root" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class Session:
@@ -288,6 +337,9 @@ class Session:
         self._pty_manager: Any = None
         self._bound_run: str | None = None
         self._lease: Any = None
+        self._overlay: Overlay | None = None  # the running FUSE overlay (SessionConfig.overlay)
+        self._direct_policy: PathPolicy | None = None  # the policy on the backing workspace while it runs
+        self._overlay_reason: str | None = None  # why an asked-for overlay is not running (best_effort)
         self.last_persist: _snap.PersistReport | None = None
         self.close_errors: list[Exception] = []  # the errors of the last aclose's steps
 
@@ -347,11 +399,12 @@ class Session:
         return None
 
     def _exec_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Give a call whose policy says ``identity="auto"`` the session's identity."""
+        """The session's defaults for a command: its ``confinement``, and its identity where the policy says ``"auto"``."""
         from . import exec as _exec  # noqa: PLC0415
 
+        kwargs.setdefault("confinement", self.config.confinement)
         policy = kwargs.get("policy") or _exec.ConfinementPolicy()
-        if policy.identity == "auto" and kwargs.get("confinement", "required") != "none":
+        if policy.identity == "auto" and kwargs["confinement"] != "none":
             ident = self._lease.ids if self._lease is not None else self.config.identity
             if ident != "auto":  # "auto" left: a non-root host, where it means the host's ids
                 kwargs["policy"] = dataclasses.replace(policy, identity=ident)
@@ -421,28 +474,48 @@ class Session:
                 another snapshot generation than the store's current one, without
                 ``allow_rollback`` (nothing changed).
             SessionError: the session was already started or closed.
+            OverlayUnavailableError: ``SessionConfig.overlay`` with
+                ``confinement="required"`` and the overlay cannot run here (no
+                ``/dev/fuse``, no pyfuse3, no privilege to mount); raised
+                before the workspace is touched when the probe of
+                ``features()["fuse"]`` tells, else after start's cleanup.  With
+                ``"best_effort"`` or ``"none"`` the session starts without it
+                (:attr:`overlay_active` is False; :meth:`describe` says why).
+            OverlayError: the overlay daemon failed while starting.
             SandboxError / OSError: from hydrate or materialize; everything
                 start created (the owned workspace directory, open Roots) is
                 removed first.
 
+        With ``SessionConfig.overlay``: the snapshot is hydrated into the
+        backing workspace directly, then the overlay daemon is started on it,
+        then the manifest is applied through the mount (so quotas count it).
+
         Cancellation:
-            A cancel during start cleans up like a failure (shielded) and
-            re-raises ``trio.Cancelled``; a caller-owned workspace may be
-            left partly filled.
+            A cancel during start cleans up like a failure (shielded: the
+            overlay daemon is stopped, its fds closed) and re-raises
+            ``trio.Cancelled``; a caller-owned workspace may be left partly
+            filled.
         """
         if self._started or self._closed:
             await trio.lowlevel.checkpoint()
             raise SessionError("start: the session was already started or closed", sandbox_path=None)
         created = [False]
         try:
+            mounts: list[Any] = []
+            if self.config.overlay:  # refused before anything is touched: an overlay that cannot run, bad mounts
+                self._overlay_unavailable(await trio.to_thread.run_sync(_overlay_blocker))
+                mounts = self._plan_mounts(overlay=self._overlay_reason is None)
             mode = await trio.to_thread.run_sync(self._prepare_sync, created)
             assert self._policy is not None  # set by _prepare_sync
+            if self.config.overlay and self._overlay_reason is None:
+                await self._mount_overlay(mounts)  # hydrate went to the backing workspace; the manifest goes through it
             if self.manifest is not None:
                 mat = self.config.materialize or _materialize_default()
                 if mat is None:
                     raise FeatureUnavailableError("a manifest needs sandbox_fs.materialize, which is not installed",
                                                   sandbox_path=None)
-                await mat(self._policy.workspace, self.manifest, _materialize_options(self.config),
+                await mat(self._policy.workspace, self.manifest,
+                          _materialize_options(self.config, overlay=self._overlay is not None),
                           only_ephemeral=(mode != "materialized"))
             else:
                 await trio.lowlevel.checkpoint()
@@ -451,7 +524,9 @@ class Session:
             self._started = True
             return self
         except BaseException:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):  # bounded: the overlay's close ends in SIGKILL
+                with contextlib.suppress(Exception):
+                    await self._close_overlay()
                 with contextlib.suppress(Exception):
                     await trio.to_thread.run_sync(self._undo_start, created[0])
             raise
@@ -580,13 +655,16 @@ class Session:
 
     def _undo_start(self, created: bool) -> None:
         errors: list[BaseException] = []
-        for close in (self._policy.close if self._policy else None, self._root.close if self._root else None):
+        for close in (self._policy.close if self._policy else None,
+                      self._direct_policy.close if self._direct_policy else None,
+                      self._root.close if self._root else None):
             if close is not None:
                 try:
                     close()
                 except Exception as exc:  # pragma: no cover - close is idempotent
                     errors.append(exc)
         self._policy = None
+        self._direct_policy = None
         self._root = None
         if self._lease is not None:  # processes are gone (shutdown, or start never ran one)
             self._lease.release()
@@ -648,9 +726,16 @@ class Session:
     async def shutdown(self) -> None:
         """Tear down processes (the attached supervisor) and mounts.  Idempotent.
 
+        PTYs, then the supervisor's processes, then the shutdown hooks (last
+        registered first), then the FUSE overlay: its daemon is asked to stop
+        (bounded wait, then SIGKILL) and every fd on the mount is closed, also
+        when the daemon already died.  After it, session file operations act
+        on the backing workspace directly.
+
         Raises:
-            Exception: from the supervisor's ``kill_all`` or a shutdown hook
-                (all hooks still run; the first error is re-raised).
+            Exception: from the supervisor's ``kill_all``, a shutdown hook or
+                the overlay's close (every step still runs; the first error is
+                re-raised).
 
         Cancellation:
             Runs shielded: a cancel waits for processes and mounts to go.
@@ -679,6 +764,10 @@ class Session:
                     await fn(self)
                 except Exception as exc:
                     errors.append(exc)
+            try:
+                await self._close_overlay()
+            except Exception as exc:
+                errors.append(exc)
             await trio.lowlevel.checkpoint()
         if errors:
             raise errors[0]
@@ -1099,11 +1188,21 @@ class Session:
         session's PathPolicy (grants) and the session's process supervisor
         are passed for you; every other keyword goes through unchanged.
 
+        With the overlay running, the command gets a private root with the
+        mount at ``SessionConfig.workspace_path`` (``ExecResult.overlay`` is
+        True); without it, the workspace directly.  ``confinement`` defaults
+        to ``SessionConfig.confinement``.
+
         Returns:
             :class:`sandbox_fs.exec.ExecResult`.
 
         Raises:
             SessionNotStartedError: the session is not started.
+            OverlayUnavailableError: ``SessionConfig.overlay`` is set and the
+                overlay is not running (it could not run at start) while this
+                command asks ``confinement="required"``; or this sandbox-fs's
+                exec helper cannot give a command a private root.
+            OverlayError: the overlay daemon died (the mount is gone).
             ConfinementError, CommandNotFoundError, ExecTimeoutError, ExecFailedError:
                 see :func:`sandbox_fs.exec.run_confined`.
 
@@ -1113,13 +1212,260 @@ class Session:
         """
         from . import exec as _exec  # noqa: PLC0415
 
-        workspace, policy = self.workspace, self.policy
+        try:
+            workspace, policy = self.workspace, self.policy
+            kwargs = self._exec_kwargs(kwargs)
+            self._add_private_root(kwargs, _accepts_private_root(_exec.run_confined))
+        except BaseException:
+            await trio.lowlevel.checkpoint()
+            raise
         if self._supervisor is None:
             self._supervisor = _exec.ProcessSupervisor()
             self._own_supervisor = True
         kwargs.setdefault("supervisor", self._supervisor)
         return await _exec.run_confined(argv, workspace=workspace, workspace_host_path=self.config.workspace_dir,
-                                        grants=policy, **self._exec_kwargs(kwargs))
+                                        grants=policy, **kwargs)
+
+    # --------------------------------------------------------------- overlay
+
+    @property
+    def overlay(self) -> Overlay | None:
+        """The running FUSE overlay (:class:`sandbox_fs.fuse.Overlay`), or None.
+
+        None before :meth:`start`, after :meth:`shutdown`, without
+        ``SessionConfig.overlay``, and when the overlay could not run and the
+        session started without it (see :attr:`overlay_unavailable_reason`).
+        Its ``root`` is the Root session file operations use; its
+        ``mount_fd`` is borrowed (never close it).
+        """
+        return self._overlay
+
+    @property
+    def overlay_active(self) -> bool:
+        """True while the session's workspace is served through the FUSE overlay."""
+        return self._overlay is not None
+
+    @property
+    def overlay_unavailable_reason(self) -> str | None:
+        """Why an asked-for overlay is not running (``confinement`` was not ``"required"``), or None."""
+        return self._overlay_reason
+
+    def _overlay_unavailable(self, reason: str | None) -> None:
+        """Record that the overlay cannot run (``reason``; None: it can), or refuse under ``"required"``.
+
+        Raises:
+            OverlayUnavailableError: ``reason`` is set and ``SessionConfig.confinement`` is ``"required"``.
+        """
+        if reason is None:
+            return
+        if self.config.confinement == "required":
+            from .fuse import OverlayUnavailableError  # noqa: PLC0415
+
+            raise OverlayUnavailableError(f"the overlay cannot run here: {reason} (confinement='best_effort' "
+                                          "runs the session without it)", sandbox_path=None)
+        self._overlay_reason = reason
+
+    def _plan_mounts(self, *, overlay: bool) -> list[Any]:
+        """The manifest's ``mount`` entries, checked against the grants and registered as mount points.
+
+        Raises:
+            MountNeedsOverlayError: a mount entry, and ``overlay`` is False.
+            ManifestTrustError: a mount entry names no grant, or asks a read-only one for writes.
+        """
+        if self.manifest is None or not hasattr(self.manifest, "mount_entries"):
+            return []
+        from .materialize import plan_mounts  # noqa: PLC0415
+
+        planned = plan_mounts(self.manifest, self.config.grants, overlay=overlay)
+        for m in planned:
+            self._mounts.add(self._relative(m.path))  # never persisted, never cleared by a restore
+        return planned
+
+    async def _mount_overlay(self, mounts: Sequence[Any]) -> None:
+        """Start the overlay on the backing workspace, serving ``mounts``; session operations then use its Root.
+
+        ``mounts`` are the manifest's :class:`~sandbox_fs.materialize.MountRequest`
+        entries: their placeholders are made in the backing workspace, and
+        each grant is handed to the daemon to serve there.
+
+        Raises:
+            OverlayUnavailableError: it cannot run and confinement is ``"required"``.
+            MountNeedsOverlayError: it cannot run, and the manifest has mount entries.
+            OverlayError: the daemon failed.
+        """
+        from . import fuse as _fuse  # noqa: PLC0415
+
+        assert self._root is not None and self._policy is not None
+        policy = self.config.overlay_policy or _fuse.OverlayPolicy()  # type: ignore[attr-defined]
+        grant_roots: list[Root] = []
+        try:
+            if mounts:
+                from .materialize import make_mount_points  # noqa: PLC0415
+
+                await trio.to_thread.run_sync(make_mount_points, self._root, mounts)
+                for m in mounts:
+                    grant_roots.append(self._policy.open_grant_root(m.grant, read_only=m.read_only))
+            served = [_fuse.OverlayMount(m.path, r, m.read_only)  # type: ignore[attr-defined]
+                      for m, r in zip(mounts, grant_roots)]
+            try:
+                ov = await _fuse.Overlay.start(self._root, policy=policy, mounts=served)  # type: ignore[attr-defined]
+            except _fuse.OverlayUnavailableError as exc:
+                self._overlay_unavailable(exc.reason)
+                self._plan_mounts(overlay=False)  # mount entries cannot be served without it: refused
+                return
+        finally:
+            for r in grant_roots:  # the daemon holds its own copies of the fds
+                r.close()
+        try:
+            view = await trio.to_thread.run_sync(PathPolicy, ov.root, self.config.workspace_path, self.config.grants)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await ov.aclose()
+            raise
+        self._overlay = ov
+        self._direct_policy, self._policy = self._policy, view
+
+    async def _close_overlay(self) -> None:
+        """Stop the overlay (if running) and go back to the backing workspace's policy.  Idempotent.
+
+        Raises:
+            OverlayError: from :meth:`Overlay.aclose` (its fds are closed all the same).
+        """
+        ov, self._overlay = self._overlay, None
+        if ov is None:
+            await trio.lowlevel.checkpoint()
+            return
+        view, direct = self._policy, self._direct_policy
+        self._policy, self._direct_policy = direct, None
+        try:
+            if view is not None:
+                view.close()  # its grant Roots and guarded view: no fd of ours stays on the mount
+        finally:
+            await ov.aclose()
+
+    def _running_overlay(self) -> Overlay:
+        """The running overlay.
+
+        Raises:
+            SessionNotStartedError: the session is not started.
+            OverlayUnavailableError: the session runs without the overlay.
+        """
+        self.policy  # noqa: B018 - raises SessionNotStartedError
+        if self._overlay is None:
+            from .fuse import OverlayUnavailableError  # noqa: PLC0415
+
+            why = self._overlay_reason or ("SessionConfig.overlay is off" if not self.config.overlay
+                                           else "it was shut down")
+            raise OverlayUnavailableError(f"the session runs without the overlay ({why})", sandbox_path=None)
+        return self._overlay
+
+    async def _aoverlay(self) -> Overlay:
+        try:
+            return self._running_overlay()
+        except BaseException:
+            await trio.lowlevel.checkpoint()
+            raise
+
+    def _add_private_root(self, kwargs: dict[str, Any], accepts: bool) -> None:
+        """Give a command the overlay as its private root's workspace (or refuse it; see :meth:`exec`)."""
+        if not self.config.overlay:
+            return
+        ov = self._overlay
+        if ov is None:
+            if kwargs.get("confinement", self.config.confinement) == "required":
+                self._running_overlay()  # raises OverlayUnavailableError with the reason
+            return
+        from . import exec as _exec  # noqa: PLC0415
+        from .fuse import OverlayError, OverlayUnavailableError  # noqa: PLC0415
+
+        private_root = getattr(_exec, "PrivateRoot", None)
+        if private_root is None or not accepts:
+            raise OverlayUnavailableError("this sandbox-fs's exec helper cannot run a command in a private root "
+                                          "on the overlay", sandbox_path=None)
+        if not ov.alive:
+            raise OverlayError("the overlay daemon is gone, so the workspace cannot be reached; close the session",
+                               sandbox_path=None)
+        kwargs["private_root"] = private_root(ov.mount_fd, self.config.workspace_path)
+
+    async def audit_events(self) -> tuple[list[AuditEvent], int]:
+        """Take the overlay's buffered audit events: ``(events, dropped)``.
+
+        Each :class:`~sandbox_fs.fuse.AuditEvent` is ``(time_s, op, path,
+        errno)`` (``path`` a workspace-relative sandbox path; ``errno`` 0 on
+        success), oldest first, each returned once.  ``dropped`` counts the
+        events lost since the last call because the daemon's buffer
+        (``OverlayPolicy.audit_capacity``) was full.
+
+        Raises:
+            SessionNotStartedError: the session is not started.
+            OverlayUnavailableError: the session runs without the overlay.
+            OverlayError: the daemon died or answered out of protocol.
+
+        Cancellation:
+            Events already taken from the daemon when the cancel arrives are lost.
+        """
+        ov = await self._aoverlay()
+        taken: tuple[list[AuditEvent], int] = await ov.audit_events()
+        return taken
+
+    async def set_faults(self, rules: Sequence[FaultRule]) -> None:
+        """Replace the overlay's fault rules with ``rules`` (a sequence of :class:`~sandbox_fs.fuse.FaultRule`).
+
+        Each rule makes the matching FUSE operations on matching sandbox
+        paths fail with its errno (EIO, ENOSPC or EACCES), at most ``times``
+        times.  An empty sequence clears them (see :meth:`clear_faults`).
+        Host-side session operations go through the mount, so rules apply to
+        them too.
+
+        Raises:
+            SessionNotStartedError, OverlayUnavailableError, OverlayError: as for :meth:`audit_events`.
+
+        Cancellation:
+            The new set may or may not be in force.
+        """
+        ov = await self._aoverlay()
+        await ov.set_faults(list(rules))
+
+    async def clear_faults(self) -> None:
+        """Remove every fault rule (:meth:`set_faults` with none).
+
+        Raises:
+            SessionNotStartedError, OverlayUnavailableError, OverlayError: as for :meth:`audit_events`.
+
+        Cancellation:
+            The rules may or may not be cleared.
+        """
+        await self.set_faults([])
+
+    async def set_quota(self, max_bytes: int | None, max_inodes: int | None) -> None:
+        """Set the overlay's quotas at run time (None: unlimited).
+
+        ``max_bytes`` bounds the apparent size of the workspace's regular
+        files (a hard-linked inode counted once), ``max_inodes`` its entries.
+        A write or create through the mount (a confined command's, or a host
+        session operation's) that would cross a limit fails whole with
+        ``OSError(EDQUOT)``; usage above a lowered limit stays until it shrinks.
+
+        Raises:
+            SessionNotStartedError, OverlayUnavailableError, OverlayError: as for :meth:`audit_events`.
+
+        Cancellation:
+            The new limits may or may not be in force.
+        """
+        ov = await self._aoverlay()
+        await ov.set_quota(max_bytes, max_inodes)
+
+    async def overlay_usage(self) -> dict[str, int]:
+        """The overlay's quota accounting: ``{"bytes": n, "inodes": n}``.
+
+        Raises:
+            SessionNotStartedError, OverlayUnavailableError, OverlayError: as for :meth:`audit_events`.
+
+        Cancellation:
+            Nothing is left behind.
+        """
+        ov = await self._aoverlay()
+        return dict(await ov.usage())
 
     # ------------------------------------------------------------------ PTYs
 
@@ -1148,16 +1494,23 @@ class Session:
 
         Raises:
             SessionNotStartedError: the session is not started.
+            OverlayUnavailableError, OverlayError: as for :meth:`exec`.
             ConfinementError, CommandNotFoundError: see :func:`sandbox_fs.exec.run_confined`.
 
         Cancellation:
             A cancel before the process started leaves nothing; after, the PTY
             stays registered and is terminated at :meth:`shutdown`.
         """
-        workspace, policy = self.workspace, self.policy
-        started: tuple[str, bytes] = await self._ptys().pty_exec_start(
-            argv, workspace=workspace, workspace_host_path=self.config.workspace_dir, grants=policy,
-            **self._exec_kwargs(kwargs))
+        try:
+            workspace, policy = self.workspace, self.policy
+            manager = self._ptys()
+            kwargs = self._exec_kwargs(kwargs)
+            self._add_private_root(kwargs, _accepts_private_root(manager.pty_exec_start))
+        except BaseException:
+            await trio.lowlevel.checkpoint()
+            raise
+        started: tuple[str, bytes] = await manager.pty_exec_start(
+            argv, workspace=workspace, workspace_host_path=self.config.workspace_dir, grants=policy, **kwargs)
         return started
 
     async def pty_write_stdin(self, pty_id: str, data: bytes) -> None:
@@ -1208,19 +1561,32 @@ class Session:
             return
         await self._pty_manager.pty_terminate_all()
 
+    def _overlay_line(self) -> list[str]:
+        """The ``overlay:`` line of :meth:`describe` (none without ``SessionConfig.overlay``)."""
+        if not self.config.overlay:
+            return []
+        if self._overlay is not None:
+            return ["overlay: on (FUSE; commands run in a private root on it)"]
+        if self._overlay_reason is not None:
+            return [f"overlay: off, running without it ({self._overlay_reason}; "
+                    f"confinement={self.config.confinement})"]
+        return ["overlay: asked, not running (the session is not started or was shut down)"]
+
     def describe(self) -> str:
         """A rendered tree of the manifest: one line per entry, indented by depth.
 
         Each line shows the entry name, its type and ``ephemeral`` when it is
         re-created on every start (and never persisted).  Secrets never appear.
+        With ``SessionConfig.overlay`` a second line says whether the overlay
+        runs, and if not, why.
 
         Raises:
             Nothing.
         """
         m = self.manifest
         if m is None:
-            return f"session {self.id}: no manifest\n"
-        lines = [f"session {self.id}: manifest {self._manifest_digest()[:12]}"]
+            return "\n".join([f"session {self.id}: no manifest", *self._overlay_line()]) + "\n"
+        lines = [f"session {self.id}: manifest {self._manifest_digest()[:12]}", *self._overlay_line()]
         flat = list(m.iter_entries()) if hasattr(m, "iter_entries") else []
         for fe in sorted(flat, key=lambda fe: fe.path.split("/")):
             depth = fe.path.count("/")

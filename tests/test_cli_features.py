@@ -15,7 +15,7 @@ from sandbox_fs import _features, _native
 
 SFS = [sys.executable, "-m", "sandbox_fs"]
 KEYS = {"version", "native_abi", "openat2", "resolver", "landlock_abi", "seccomp", "user_namespace",
-        "pid_namespace", "mount_namespace", "processes", "fuse", "identity"}
+        "pid_namespace", "mount_namespace", "processes", "fuse", "fuse_reason", "identity"}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,8 @@ def test_human_output_is_one_line_per_feature(found):
                      "mount namespace", "cgroup v2 pids", "cgroup v1 pids", "RLIMIT_NPROC binds", "process bound",
                      "fuse", "identity"]
     assert f"process bound: {found['processes']['bound']}" in lines
-    assert f"fuse: {'yes' if found['fuse'] else 'no'}" in lines
+    fuse_line = "fuse: yes" if found["fuse"] else f"fuse: no ({found['fuse_reason']}; --overlay is refused)"
+    assert fuse_line in lines
     abi = found["landlock_abi"]
     assert any(line.startswith(f"landlock: ABI {abi}" if abi else "landlock: no") for line in lines)
 
@@ -64,15 +65,37 @@ def test_landlock_matches_the_lsm_list(found):
     assert (found["landlock_abi"] > 0) == ("landlock" in lsms)
 
 
-def test_fuse_matches_dev_fuse(found):
+def _fsopen_fuse_permitted() -> bool:
+    """fsopen("fuse", FSOPEN_CLOEXEC) by a raw syscall (an independent read of the kernel's answer)."""
+    import ctypes
+    import platform
+
+    nr = {"x86_64": 430, "aarch64": 430}.get(platform.machine())
+    if nr is None:
+        pytest.skip(f"no fsopen syscall number known for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(nr, b"fuse", 1)
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+def test_fuse_matches_dev_fuse_pyfuse3_and_fsopen(found):
+    import importlib.util
+
     try:
         os.close(os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC))
-        usable = True
+        dev = True
     except OSError:
-        usable = False
+        dev = False
+    built = hasattr(_native, "fsopen")  # the native mount calls are in this build
+    usable = dev and importlib.util.find_spec("pyfuse3") is not None and built and _fsopen_fuse_permitted()
     assert found["fuse"] == usable
-    if found["fuse"]:
-        assert os.path.exists("/dev/fuse")
+    assert (found["fuse_reason"] is None) == usable
+    if not usable:
+        assert isinstance(found["fuse_reason"], str) and found["fuse_reason"]
+        assert found["fuse_reason"].startswith("/dev/fuse") or dev
 
 
 def test_seccomp_matches_proc(found):

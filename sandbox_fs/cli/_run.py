@@ -26,6 +26,16 @@ is 128 + the signal number.  If ``run`` itself is killed (SIGKILL), the
 command's init sees its lifeline close and ends the tree (see
 :class:`sandbox_fs.exec.ProcessSupervisor`).
 
+``--overlay`` serves the workspace through the FUSE overlay (extra
+``sandbox-fs[fuse]``, see :mod:`sandbox_fs.fuse`): the command runs in a
+private root on the mount, with ``--quota-bytes`` / ``--quota-inodes``
+bounding what the workspace may hold and ``--audit FILE`` writing every
+operation on the mount as JSON lines (``time_s``, ``op``, ``path``,
+``result``, ``errno``; mode 0600; a special file at FILE is refused before
+the command runs, never replaced).  Where the overlay cannot run,
+``--confinement required`` (the Linux default) refuses the run before
+anything is touched; ``best_effort`` runs without it and says so.
+
 Authority comes only from the command line (the operator): ``--base``,
 ``--grant``, ``--root``, ``--workspaces-dir`` and ``--snapshot-dir``.  The
 manifest is loaded as untrusted, and the state file carries no authority.
@@ -34,6 +44,7 @@ manifest is loaded as untrusted, and the state file carries no authority.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -83,6 +94,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-bytes", type=int_option(), default=None,
                    help="bound on captured stdout/stderr each (0 to 2**63-1)")
     p.add_argument("--json", action="store_true", help="print a JSON report instead of the command's output")
+    p.add_argument("--overlay", action="store_true",
+                   help="serve the workspace through the FUSE overlay (quotas, audit, a private root for CMD); "
+                        "refused where it cannot run unless --confinement best_effort")
+    p.add_argument("--audit", metavar="FILE",
+                   help="with --overlay: write the overlay's audit events here as JSON lines (mode 0600)")
+    p.add_argument("--quota-bytes", type=int_option(), default=None, metavar="N",
+                   help="with --overlay: most bytes the workspace's regular files may hold (0 to 2**63-1)")
+    p.add_argument("--quota-inodes", type=int_option(), default=None, metavar="N",
+                   help="with --overlay: most entries the workspace may hold (0 to 2**63-1)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
     _hostpath.add_flag(p)
@@ -105,6 +125,40 @@ class _Run:
     report: dict[str, Any] = field(default_factory=dict)  # the --json report (without the output)
     failed: Exception | None = None  # a refusal after the command ran (printed after its output)
     persisted: bool = True  # closing the session (persist) succeeded
+    audit: "_AuditSink | None" = None  # --audit: the events taken from the overlay
+    overlay: bool = False  # the session ran with the overlay
+    overlay_reason: str | None = None  # why it did not, when --overlay asked for it
+
+
+_AUDIT_FOLLOW_S = 0.25  # how often the audit buffer is drained while the command runs, seconds
+_AUDIT_MAX_EVENTS = 1_000_000  # most events kept for the file; more are counted as dropped
+
+
+@dataclass
+class _AuditSink:
+    """The audit events of one run, drained from the overlay's bounded buffer while the command runs."""
+
+    lines: list[bytes] = field(default_factory=list)
+    dropped: int = 0
+
+    async def drain(self, session: Any) -> None:
+        """Take what the overlay buffered (OverlayError and the like propagate)."""
+        events, dropped = await session.audit_events()
+        self.dropped += dropped
+        room = max(0, _AUDIT_MAX_EVENTS - len(self.lines))
+        self.dropped += max(0, len(events) - room)
+        for ev in events[:room]:
+            self.lines.append(json.dumps({"time_s": ev.time_s, "op": ev.op, "path": ev.path, "result": ev.result,
+                                          "errno": ev.errno}, ensure_ascii=True).encode() + b"\n")
+
+    async def follow(self, session: Any) -> None:
+        """Drain every _AUDIT_FOLLOW_S until cancelled; a failing drain ends it (the last drain reports)."""
+        while True:
+            await trio.sleep(_AUDIT_FOLLOW_S)
+            try:
+                await self.drain(session)
+            except Exception:
+                return
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -125,8 +179,14 @@ def _prepare(args: argparse.Namespace) -> _Run:
     from ..manifest import load_manifest  # noqa: PLC0415
 
     argv = _command(args)
-    # a state file that could not be written is refused before the command runs
+    if not args.overlay:
+        for flag, value in (("--audit", args.audit), ("--quota-bytes", args.quota_bytes),
+                            ("--quota-inodes", args.quota_inodes)):
+            if value is not None:
+                raise CliInputError(f"{flag} needs --overlay", sandbox_path=None)
+    # a state or audit file that could not be written is refused before the command runs
     _hostpath.check_output(args, args.state)
+    _hostpath.check_output(args, args.audit, label="audit")
     manifest = None
     root = host_path(args, args.root)
     if args.manifest:
@@ -145,6 +205,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
         snapshot_dir=host_path(args, args.snapshot_dir),
         extra_path_grants=tuple(parse_grant(g, args) for g in args.grant),
         base_dir=host_path(args, args.base),
+        confinement=args.confinement,
+        overlay=args.overlay,
+        overlay_policy=_overlay_policy(args),
     )
     exec_kw: dict[str, Any] = {"timeout_s": args.timeout, "confinement": args.confinement, "cwd": args.cwd}
     if args.max_output_bytes is not None:
@@ -154,7 +217,47 @@ def _prepare(args: argparse.Namespace) -> _Run:
         if env:
             exec_kw["env"] = env
             exec_kw["secret_env"] = secret
-    return _Run(args, argv, manifest, root, options, exec_kw, ConfinementPolicy().kill_grace_s)
+    run = _Run(args, argv, manifest, root, options, exec_kw, ConfinementPolicy().kill_grace_s)
+    run.audit = _AuditSink() if args.audit else None
+    return run
+
+
+def _overlay_policy(args: argparse.Namespace) -> Any:
+    """The OverlayPolicy --quota-bytes / --quota-inodes ask for (None: the overlay's defaults)."""
+    if not args.overlay or (args.quota_bytes is None and args.quota_inodes is None):
+        return None
+    from ..fuse import OverlayPolicy  # noqa: PLC0415
+
+    return OverlayPolicy(max_bytes=args.quota_bytes, max_inodes=args.quota_inodes)
+
+
+async def _exec(run: _Run, session: Any) -> Any:
+    """``session.exec`` of the command; with --audit, the audit buffer is drained while it runs."""
+    sink = run.audit
+    if sink is None or not session.overlay_active:
+        return await session.exec(run.argv, **run.exec_kw)
+    result: Any = None
+    failure: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sink.follow, session)
+        try:
+            result = await session.exec(run.argv, **run.exec_kw)
+        except Exception as exc:  # re-raised bare below (not in an ExceptionGroup)
+            failure = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return result
+
+
+def _write_audit(run: _Run) -> None:
+    """Write the --audit file: the events, one JSON object a line (empty when the overlay did not run)."""
+    from ..root import write_host_file_atomic  # noqa: PLC0415
+
+    assert run.audit is not None and run.args.audit is not None
+    write_host_file_atomic(host_path(run.args, run.args.audit), b"".join(run.audit.lines), mode=0o600,
+                           label="audit")
 
 
 async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None:
@@ -171,8 +274,11 @@ async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None
         session.attach_supervisor(sup)
         try:
             async with session:
+                run.overlay, run.overlay_reason = session.overlay_active, session.overlay_unavailable_reason
                 with exec_scope:  # cancelled only when a signal stops the run
-                    run.result = await session.exec(run.argv, **run.exec_kw)
+                    run.result = await _exec(run, session)
+                if run.audit is not None and session.overlay_active:
+                    await run.audit.drain(session)
         except Exception as exc:
             if run.result is None and not run.stopped:
                 raise  # the command did not run to the end: nothing of it to print
@@ -184,6 +290,11 @@ async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None
                 _hostpath.write_json(args, args.state, state)
         except Exception as exc:
             run.failed = run.failed or exc
+        if run.audit is not None:
+            try:
+                _write_audit(run)
+            except Exception as exc:
+                run.failed = run.failed or exc
         result = run.result
         ran = result is not None
         run.report = {
@@ -198,6 +309,11 @@ async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None
             "stdout_truncated": result.stdout_truncated if ran else False,
             "stderr_truncated": result.stderr_truncated if ran else False,
         }
+        if args.overlay:
+            run.report["overlay"] = run.overlay
+            run.report["overlay_reason"] = run.overlay_reason
+        if run.audit is not None:
+            run.report["audit"] = {"events": len(run.audit.lines), "dropped": run.audit.dropped}
 
 
 async def _supervised(run: _Run) -> None:
@@ -261,6 +377,8 @@ def _print_outcome(run: _Run) -> None:
               f"{'; snapshot ' + escape_text(str(snap)) if snap else ''}"
               f"{'' if run.persisted else '; closing the session failed, nothing new persisted'}",
               file=sys.stderr)
+        if args.overlay:
+            print(_overlay_note(run), file=sys.stderr)
     sys.stdout.flush()
     if run.stopped:
         name = signal.Signals(run.stopped[0]).name
@@ -288,6 +406,20 @@ def handle(args: argparse.Namespace) -> int:
         return 128 + run.stopped[0]
     code = run.result.exit_code
     return code if 0 <= code <= 255 else 128 + (-code if code < 0 else 0)
+
+
+def _overlay_note(run: _Run) -> str:
+    """The stderr line on the overlay of a ``run --overlay`` (and its audit file)."""
+    if not run.overlay:
+        return (f"sandbox-fs: overlay: off, the command ran without it "
+                f"({escape_text(str(run.overlay_reason))}; --confinement {run.args.confinement})"
+                f"{'; the audit file is empty' if run.audit is not None else ''}")
+    audit = ""
+    if run.audit is not None:
+        audit = f"; {len(run.audit.lines)} audit events written"
+        if run.audit.dropped:
+            audit += f", {run.audit.dropped} dropped (the overlay's audit buffer was full)"
+    return f"sandbox-fs: overlay: on{audit}"
 
 
 def _error_dict(exc: BaseException) -> dict[str, Any]:
