@@ -24,9 +24,9 @@ Errors: every failure of the file system is an ``OSError`` with its errno
 here are :class:`ReadOnlyError` (EROFS: any change through a handle of a
 read-only Root), :class:`PathEscapeError` (EXDEV: a link or rename between
 handles of different Roots), :class:`SymlinkRefusedError` (ELOOP:
-:meth:`Handle.open` met a symlink), :class:`SpecialFileError` (ENXIO is
-remapped to it: :meth:`Handle.open` met a FIFO, socket or device) and, with
-errno EBADF, a plain ``OSError`` when the handle or its Root is closed.  The
+:meth:`Handle.open` met a symlink), :class:`SpecialFileError` (errno EINVAL:
+:meth:`Handle.open` met a FIFO, socket or device) and, with errno EBADF, a
+plain ``OSError`` when the handle or its Root is closed.  The
 one exception that is not an ``OSError`` is :class:`InvalidPathError` for a
 malformed name (and ``TypeError`` for a name that is not ``bytes``).
 
@@ -189,6 +189,29 @@ class Handle:
             raise ReadOnlyError(f"{op}: this handle's Root is read-only", sandbox_path=label,
                                 context={"operation": op})
 
+    def _writable_leaf(self, fd: int, name: bytes, op: str, label: str | None) -> None:
+        """:meth:`_writable`, and where read-only grants are nested in the Root: ``name`` is not one of them."""
+        self._writable(op, label)
+        deny = self._root._deny
+        if deny:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return  # nothing there (the call itself reports it)
+            if (st.st_dev, st.st_ino) in deny:
+                raise ReadOnlyError(f"{op}: this directory is a read-only grant", sandbox_path=label,
+                                    context={"operation": op})
+
+    def _writable_inplace(self, fd: int, op: str, label: str | None) -> None:
+        """:meth:`_writable`, and where read-only grants are nested in the Root: not a multiply-linked file."""
+        self._writable(op, label)
+        if self._root._deny:
+            st = os.fstat(fd)
+            if _stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                raise ReadOnlyError(f"{op}: in-place change of a multiply-linked file where read-only grants "
+                                    "are nested (it could be a hard link into one)", sandbox_path=label,
+                                    context={"operation": op})
+
     def _same_root(self, other: "Handle", op: str, label: str | None) -> None:
         if type(other) is not Handle:
             raise TypeError(f"{op}: expected a Handle, not {type(other).__name__}")
@@ -326,7 +349,7 @@ class Handle:
                 ENOSYS: a kernel older than 6.6 (no fchmodat2).
         """
         fd = self._fd(label)
-        self._writable("chmod", label)
+        self._writable_inplace(fd, "chmod", label)
         if type(mode) is not int or mode < 0 or mode > 0o7777:
             _fail(errno.EINVAL, "chmod", label)
         _check(_native.fchmod_empty(fd, mode), "chmod", label)
@@ -342,7 +365,7 @@ class Handle:
             OSError: EPERM without the privilege; EINVAL for an id out of range.
         """
         fd = self._fd(label)
-        self._writable("chown", label)
+        self._writable_inplace(fd, "chown", label)
         if type(uid) is not int or type(gid) is not int or uid < -1 or gid < -1:
             _fail(errno.EINVAL, "chown", label)
         _check(_native.fchown_empty(fd, uid, gid), "chown", label)
@@ -360,7 +383,7 @@ class Handle:
             OSError: EPERM/EACCES without the right; EINVAL for a time out of range.
         """
         fd = self._fd(label)
-        self._writable("set_times", label)
+        self._writable_inplace(fd, "set_times", label)
         how = 0
         if atime_ns is None:
             how, atime_ns = _native.TIME_ATIME_OMIT, 0
@@ -559,7 +582,7 @@ class Handle:
             OSError: ENOENT, EISDIR (a directory), EACCES/EPERM, EBUSY.
         """
         fd = self._dir_fd(name, label)
-        self._writable("unlink", label)
+        self._writable_leaf(fd, name, "unlink", label)
         try:
             os.unlink(name, dir_fd=fd)
         except OSError as exc:
@@ -574,7 +597,7 @@ class Handle:
                 ENOTEMPTY, EBUSY (a mount point).
         """
         fd = self._dir_fd(name, label)
-        self._writable("rmdir", label)
+        self._writable_leaf(fd, name, "rmdir", label)
         try:
             os.rmdir(name, dir_fd=fd)
         except OSError as exc:
@@ -599,10 +622,10 @@ class Handle:
                 EXDEV (another file system), EBUSY.
         """
         fd = self._dir_fd(name, label)
-        self._writable("rename", label)
         self._same_root(newdir, "rename", label)
         nfd = newdir._dir_fd(newname, label)
-        newdir._writable("rename", label)
+        self._writable_leaf(fd, name, "rename", label)
+        newdir._writable_leaf(nfd, newname, "rename", label)
         if type(flags) is not int or flags & ~_RENAME_FLAGS:
             _fail(errno.EINVAL, "rename", label)
         _check(_native.renameat2_fn(fd, name, nfd, newname, flags), "rename", label)

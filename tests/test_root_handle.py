@@ -10,9 +10,12 @@ every change.
 from __future__ import annotations
 
 import errno
+import importlib
 import os
+import pkgutil
 import stat
 import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -449,71 +452,114 @@ NAME = st.one_of(
 )
 
 
+def _preload_hypothesis() -> None:
+    import hypothesis
+
+    for mod in pkgutil.walk_packages(hypothesis.__path__, "hypothesis."):
+        if not mod.name.startswith("hypothesis.extra"):
+            try:
+                importlib.import_module(mod.name)
+            except ImportError:
+                pass
+
+
+def _run_contained(base: Path, fn) -> None:
+    """Run ``fn(top)`` where ``top`` is ``base`` as ``fn`` sees it.
+
+    As root: in a forked child chrooted to ``base``, so that a name that got through (say
+    ``b"/x"``) lands inside ``base`` where the test sees it, never in the host's ``/``.  Without
+    the privilege to chroot, in this process (an unprivileged user cannot write to ``/``).
+    """
+    if os.geteuid() != 0:
+        fn(base)
+        return
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            _preload_hypothesis()  # it imports modules lazily (shrinking ...): none can be found after chroot
+            os.chroot(base)
+            os.chdir("/")
+            fn(Path("/"))
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the contained property check failed (its traceback is above)"
+
+
 def test_generated_names_never_reach_outside_the_held_directory(layout):
     """No generated name creates, opens or changes anything outside the held directory ws/a/b."""
     (layout.ws / "a" / "b").mkdir(parents=True)
     _write(layout.ws / "a" / "sentinel.txt", b"guard")
-    outside_before = layout.snapshot()
-    r = sandbox_fs.open_root(layout.ws)
-    held = r.handle("a/b")
-    guard = layout.ws / "a"
-
-    def guarded() -> dict:
-        return {k: v for k, v in tree_digest(guard).items() if k != "." and not k.startswith("b")}
-
-    guard_before = guarded()
-
-    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(name=NAME, op=st.sampled_from(["lookup", "open", "create", "mkdir", "mknod", "symlink", "unlink",
-                                          "rmdir", "link", "rename_from", "rename_to"]))
-    def check(name: bytes, op: str) -> None:
-        valid = bool(name) and name not in (b".", b"..") and b"/" not in name and b"\0" not in name
-        fd = -1
-        try:
-            if op == "lookup":
-                held.lookup(name).close()
-            elif op == "open":
-                fd = held.open(name, os.O_RDONLY)
-            elif op == "create":
-                fd = held.open(name, os.O_CREAT | os.O_WRONLY, 0o600)
-            elif op == "mkdir":
-                held.mkdir(name, 0o700).close()
-            elif op == "mknod":
-                held.mknod(name, stat.S_IFIFO | 0o600).close()
-            elif op == "symlink":
-                held.symlink(name, b"target").close()
-            elif op == "unlink":
-                held.unlink(name)
-            elif op == "rmdir":
-                held.rmdir(name)
-            elif op == "link":
-                with held.lookup(b"seed") as seed:
-                    held.link(seed, name).close()
-            elif op == "rename_from":
-                held.rename(name, held, b"renamed")
-            else:
-                held.rename(b"seed", held, name)
-            assert valid, f"{name!r} was accepted"
-        except InvalidPathError:
-            assert not valid, f"{name!r} was refused"
-        except OSError:  # ENAMETOOLONG, ENOENT, EEXIST ...: only a valid name reaches the kernel
-            assert valid, f"{name!r} reached the kernel"
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            assert layout.snapshot() == outside_before
-            assert guarded() == guard_before
-            for entry in os.scandir(layout.ws / "a" / "b"):  # reset the held directory
-                p = Path(entry.path)
-                p.rmdir() if entry.is_dir(follow_symlinks=False) else p.unlink()
-            _write(layout.ws / "a" / "b" / "seed", b"seed")
-
     _write(layout.ws / "a" / "b" / "seed", b"seed")
-    try:
-        check()
-    finally:
-        held.close()
-        r.close()
+
+    def property_check(top: Path) -> None:
+        held_dir = top / "ws" / "a" / "b"
+
+        def rest() -> dict:  # everything under top (the outside sentinel tree included) but the held directory
+            return {k: v for k, v in tree_digest(top).items() if k != "ws/a/b" and not k.startswith("ws/a/b/")}
+
+        before = rest()
+        r = sandbox_fs.open_root(top / "ws")
+        held = r.handle("a/b")
+
+        @settings(max_examples=300, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(name=NAME, op=st.sampled_from(["lookup", "open", "create", "mkdir", "mknod", "symlink", "unlink",
+                                              "rmdir", "link", "rename_from", "rename_to"]))
+        def check(name: bytes, op: str) -> None:
+            valid = bool(name) and name not in (b".", b"..") and b"/" not in name and b"\0" not in name
+            fd = -1
+            try:
+                if op == "lookup":
+                    held.lookup(name).close()
+                elif op == "open":
+                    fd = held.open(name, os.O_RDONLY)
+                elif op == "create":
+                    fd = held.open(name, os.O_CREAT | os.O_WRONLY, 0o600)
+                elif op == "mkdir":
+                    held.mkdir(name, 0o700).close()
+                elif op == "mknod":
+                    held.mknod(name, stat.S_IFIFO | 0o600).close()
+                elif op == "symlink":
+                    held.symlink(name, b"target").close()
+                elif op == "unlink":
+                    held.unlink(name)
+                elif op == "rmdir":
+                    held.rmdir(name)
+                elif op == "link":
+                    with held.lookup(b"seed") as seed:
+                        held.link(seed, name).close()
+                elif op == "rename_from":
+                    held.rename(name, held, b"renamed")
+                else:
+                    held.rename(b"seed", held, name)
+                assert valid, f"{name!r} was accepted"
+            except InvalidPathError:
+                assert not valid, f"{name!r} was refused"
+            except OSError:  # ENAMETOOLONG, ENOENT, EEXIST ...: only a valid name reaches the kernel
+                assert valid, f"{name!r} reached the kernel"
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+                assert rest() == before, f"{op} {name!r} changed something outside the held directory"
+                for entry in os.scandir(held_dir):  # reset the held directory
+                    p = Path(entry.path)
+                    p.rmdir() if entry.is_dir(follow_symlinks=False) else p.unlink()
+                _write(held_dir / "seed", b"seed")
+
+        try:
+            check()
+        finally:
+            held.close()
+            r.close()
+
+    before = layout.snapshot()
+    _run_contained(layout.base, property_check)
+    layout.assert_outside_unchanged(before)
 
 
 # ------------------------------------------------------------------------ TOCTOU
@@ -661,3 +707,71 @@ def test_two_roots_on_the_same_directory_are_the_same_tree(layout):
             a.handle() as ha, b.handle() as hb, hb.lookup(b"f") as f:
         ha.link(f, b"g").close()
     assert os.lstat(layout.ws / "g").st_ino == os.lstat(layout.ws / "f").st_ino
+
+
+# ------------------------------------------------- read-only grants nested in the Root
+
+
+@pytest.fixture
+def denying(layout):
+    """A Root on ws where the directory ws/grant is denied to writes (a read-only grant nested in it)."""
+    (layout.ws / "grant" / "sub").mkdir(parents=True)
+    _write(layout.ws / "grant" / "g", b"granted")
+    _write(layout.ws / "free", b"free")
+    os.link(layout.ws / "free", layout.ws / "free2")
+    st_ = os.lstat(layout.ws / "grant")
+    with sandbox_fs.open_root(layout.ws) as base, base.with_options(deny_write_ids=frozenset({(st_.st_dev, st_.st_ino)})) as r:
+        yield r
+
+
+def test_handles_in_a_nested_read_only_grant_are_read_only(denying, layout):
+    before = tree_digest(layout.ws / "grant")
+    with denying.handle() as top, top.lookup(b"grant") as g, g.lookup(b"sub") as sub, \
+            denying.handle("grant/sub") as sub2, denying.handle("grant/g") as gf:
+        assert not top.read_only
+        assert g.read_only and sub.read_only and sub2.read_only and gf.read_only
+        for h in (g, sub, sub2):
+            with pytest.raises(ReadOnlyError):
+                h.mkdir(b"x", 0o755)
+        with pytest.raises(ReadOnlyError):
+            gf.chmod(0o600)
+        with pytest.raises(ReadOnlyError):  # the grant itself, removed or renamed from its writable parent
+            top.rmdir(b"grant")
+        with pytest.raises(ReadOnlyError):
+            top.rename(b"grant", top, b"moved")
+        with pytest.raises(ReadOnlyError):
+            top.rename(b"free", top, b"grant", _native.RENAME_EXCHANGE)
+        with pytest.raises(ReadOnlyError):  # a read-only file given a writable name
+            top.link(gf, b"stolen")
+    assert tree_digest(layout.ws / "grant") == before
+    assert not (layout.ws / "stolen").exists() and (layout.ws / "free").read_bytes() == b"free"
+
+
+def test_multiply_linked_files_are_not_changed_in_place_where_grants_are_nested(denying, layout):
+    with denying.handle() as top, top.lookup(b"free") as f:
+        with pytest.raises(ReadOnlyError):
+            top.open(b"free", os.O_WRONLY)
+        with pytest.raises(ReadOnlyError):
+            f.chmod(0o600)
+        with pytest.raises(ReadOnlyError):
+            f.set_times(0, 0)
+        os.close(top.open(b"free", os.O_RDONLY))  # reading stays allowed
+        top.unlink(b"free2")
+        fd = top.open(b"free", os.O_WRONLY | os.O_APPEND)  # one link now: allowed
+        os.write(fd, b"+")
+        os.close(fd)
+    assert (layout.ws / "free").read_bytes() == b"free+"
+
+
+def test_root_handle_with_each_resolver(resolver, layout):
+    (layout.ws / "d" / "e").mkdir(parents=True)
+    os.symlink(str(layout.outside), layout.ws / "d" / "out")
+    with sandbox_fs.open_root(layout.ws) as r:
+        assert r.resolver == resolver
+        with r.handle("d/e") as h:
+            assert h.key[1] == os.lstat(layout.ws / "d" / "e").st_ino
+        with pytest.raises(PathEscapeError):
+            r.handle("d/out/secret.txt")
+        with pytest.raises(PathEscapeError):
+            r.handle("d/../../outside")
+
