@@ -18,3 +18,4 @@
 #include "copy.h"
 #include "extract.h"
 #include "landlock.h"
+#include "mount.h"

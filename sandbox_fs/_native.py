@@ -359,3 +359,45 @@ def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]",
                                  ffi.from_buffer("int64_t[]", nums), ffi.from_buffer("char[]", names),
                                  len(names), n, out, uid, gid)
     return done, int(out[0]), int(out[1])
+
+
+# The new mount API (native/mount.c), for the FUSE overlay daemon's detached mount.
+FSOPEN_CLOEXEC = lib.FSOPEN_CLOEXEC
+FSMOUNT_CLOEXEC = lib.FSMOUNT_CLOEXEC
+MOUNT_ATTR_NOSUID = lib.MOUNT_ATTR_NOSUID
+MOUNT_ATTR_NODEV = lib.MOUNT_ATTR_NODEV
+
+
+def fsopen(fsname: bytes, flags: int) -> int:
+    """fsopen(2): a new filesystem context fd for ``fsname`` (``FSOPEN_CLOEXEC``).
+
+    Returns:
+        The context fd, or -errno (-EPERM without CAP_SYS_ADMIN, -ENODEV for
+        an unknown filesystem type).  Never raises.
+    """
+    return lib.sfs_fsopen(fsname, flags)
+
+
+def fsconfig_string(fs_fd: int, key: bytes, value: bytes) -> int:
+    """fsconfig(2) ``FSCONFIG_SET_STRING`` of ``key`` to ``value``.  Returns 0 or -errno; never raises."""
+    return lib.sfs_fsconfig_string(fs_fd, key, value)
+
+
+def fsconfig_flag(fs_fd: int, key: bytes) -> int:
+    """fsconfig(2) ``FSCONFIG_SET_FLAG`` of ``key``.  Returns 0 or -errno; never raises."""
+    return lib.sfs_fsconfig_flag(fs_fd, key)
+
+
+def fsconfig_create(fs_fd: int) -> int:
+    """fsconfig(2) ``FSCONFIG_CMD_CREATE``: create the superblock.  Returns 0 or -errno; never raises."""
+    return lib.sfs_fsconfig_create(fs_fd)
+
+
+def fsmount(fs_fd: int, flags: int, attr_flags: int) -> int:
+    """fsmount(2): a mount of the created context, attached nowhere (``MOUNT_ATTR_*`` in ``attr_flags``).
+
+    Returns:
+        An ``O_PATH`` fd on the mount's root, or -errno.  Never raises.
+    """
+    return lib.sfs_fsmount(fs_fd, flags, attr_flags)
+
