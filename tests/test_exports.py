@@ -68,6 +68,10 @@ PUBLIC = {
         "ArchiveFormatError", "ArchiveLimitError", "ArchiveLimits", "ExtractPolicy", "ExtractReport",
         "FORMATS", "SkippedMember", "UnsafeArchiveMemberError", "extract", "extract_async",
     ],
+    "sandbox_fs.fuse": [
+        "AuditEvent", "FaultRule", "Overlay", "OverlayError", "OverlayMount", "OverlayPolicy",
+        "OverlayUnavailableError",
+    ],
     "sandbox_fs.cli": [
         "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_USAGE", "build_parser", "exception_leaves", "main",
     ],

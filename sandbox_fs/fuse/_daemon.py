@@ -1,0 +1,386 @@
+"""The overlay daemon: ``python -m sandbox_fs.fuse._daemon FD``, one FUSE mount per process.
+
+``FD`` is the daemon's end of the control socketpair
+(:mod:`sandbox_fs.fuse._protocol`).  The first message is ``config``: the
+policy, the mounts, and their fds (the workspace's ``O_PATH`` directory fd,
+then one per mount).  The daemon then:
+
+1. raises its ``RLIMIT_NOFILE`` soft and hard limits (to ``fs.nr_open``, at
+   most 2**20): every inode the kernel knows holds one ``O_PATH`` fd;
+2. measures the workspace's usage for the quota;
+3. opens ``/dev/fuse`` and makes a *detached* mount (``fsopen("fuse")``,
+   ``fsconfig`` with ``allow_other`` and ``default_permissions``,
+   ``fsmount``): attached nowhere, so it appears in no mount table and
+   dissolves when the last fd on it closes;
+4. sends ``ready`` with the mount fd and the measured usage, then the
+   config reply, and closes its own copy of the mount fd;
+5. serves ``pyfuse3.main()`` and the control channel side by side.
+
+It exits when the control socket reaches EOF (the host closed it or died),
+on ``shutdown``, or when the mount is gone (every fd on it closed).  A
+parent-death signal is not used: the host spawns it from a trio worker
+thread, and ``PR_SET_PDEATHSIG`` fires when that *thread* exits.
+
+Invalidation runs on one dedicated thread (:class:`Invalidator`): the
+``invalidate_*`` calls can deadlock when made from a request handler.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import resource
+import socket
+import sys
+import threading
+from typing import Any
+
+import pyfuse3
+import trio
+
+from .. import _native
+from ..root import Root
+from . import _protocol
+from ._audit import AuditLog
+from ._audit import to_wire as audit_to_wire
+from ._faults import FaultRule, FaultRules
+from ._inodes import ROOT_INODE, InodeTable, Tree
+from ._ops import OverlayOps
+from ._quota import Quota
+from ._rules import OverlayPolicy
+
+log = logging.getLogger("sandbox_fs.fuse.daemon")
+
+NOFILE_MAX = 1 << 20
+"""The most ``RLIMIT_NOFILE`` the daemon asks for."""
+
+AUDIT_BATCH = 2000
+"""Most audit events drained into one ``audit`` message (fewer when their size needs it)."""
+
+
+def raise_nofile() -> int:
+    """Raise this process's ``RLIMIT_NOFILE`` as far as allowed; returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            ceiling = min(int(f.read()), NOFILE_MAX)
+    except (OSError, ValueError):
+        ceiling = hard
+    for limit in (max(hard, ceiling), hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+            return limit
+        except (OSError, ValueError):
+            continue
+    return soft
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        raise OSError(-ret, f"{what}: {os.strerror(-ret)}")
+    return ret
+
+
+def make_mount(dev_fd: int, allow_devices: bool) -> int:
+    """A detached FUSE mount served through ``dev_fd``; returns its ``O_PATH`` mount fd.
+
+    Always ``nosuid``; ``nodev`` unless the policy allows device nodes.
+
+    Raises:
+        OSError: EPERM without CAP_SYS_ADMIN, or any other fsopen/fsconfig/fsmount failure.
+    """
+    fs_fd = _check(_native.fsopen(b"fuse", _native.FSOPEN_CLOEXEC), "fsopen")
+    try:
+        for key, value in ((b"fd", str(dev_fd).encode()), (b"rootmode", b"40000"),
+                           (b"user_id", b"0"), (b"group_id", b"0")):
+            _check(_native.fsconfig_string(fs_fd, key, value), "fsconfig")
+        for flag in (b"default_permissions", b"allow_other"):
+            _check(_native.fsconfig_flag(fs_fd, flag), "fsconfig")
+        _check(_native.fsconfig_create(fs_fd), "fsconfig create")
+        attrs = _native.MOUNT_ATTR_NOSUID | (0 if allow_devices else _native.MOUNT_ATTR_NODEV)
+        return _check(_native.fsmount(fs_fd, _native.FSMOUNT_CLOEXEC, attrs), "fsmount")
+    finally:
+        os.close(fs_fd)
+
+
+class Invalidator:
+    """The one thread that calls ``pyfuse3.invalidate_entry`` / ``invalidate_inode``.
+
+    Jobs are lists of ``("entry", parent ino, name)`` and ``("inode", ino,
+    attr_only)``; :meth:`run` returns once the kernel processed all of them.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="sfs-invalidate", daemon=True)
+        self._thread.start()
+        self.busy = False
+
+    async def run(self, jobs: list[tuple[str, int, Any]]) -> int:
+        """Invalidate ``jobs`` on the thread; returns how many failed (other than ENOENT).
+
+        Cancellation: the thread still completes the jobs; nothing is reported.
+        """
+        if not jobs:
+            return 0
+        done = trio.Event()
+        box: dict[str, int] = {}
+        self._jobs.put((jobs, trio.lowlevel.current_trio_token(), done, box))
+        await done.wait()
+        return box.get("failed", 0)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            jobs, token, done, box = item
+            self.busy = True
+            failed = 0
+            for kind, a, b in jobs:
+                try:
+                    if kind == "entry":
+                        pyfuse3.invalidate_entry(a, b)
+                    else:
+                        pyfuse3.invalidate_inode(a, attr_only=b)
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        failed += 1
+            box["failed"] = failed
+            self.busy = False
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                return
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the thread; True when it ended within ``timeout_s`` seconds."""
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
+class Daemon:
+    """One overlay daemon: its tables, policy state and control channel."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.ops: OverlayOps | None = None
+        self.invalidator: Invalidator | None = None
+        self.roots: list[Root] = []
+        self.dev_fd = -1
+
+    # ------------------------------------------------------------ channel
+
+    async def recv(self) -> tuple[dict[str, Any], list[int]] | None:
+        while True:
+            try:
+                return _protocol.recv(self.sock)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.sock)
+            except (ConnectionResetError, BrokenPipeError):
+                return None
+
+    async def send(self, msg: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+        while True:
+            try:
+                _protocol.send(self.sock, msg, fds)
+                return
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self.sock)
+
+    # ------------------------------------------------------------- config
+
+    def configure(self, op: dict[str, Any], fds: list[int]) -> tuple[int, dict[str, int]]:
+        """Build the trees, tables and the mount from ``config``; returns ``(mount fd, usage)``.
+
+        Raises:
+            OSError: the mount could not be made (EPERM: no privilege), or a
+                tree's fd is not a directory.
+            ValueError: the config is malformed.
+        """
+        policy = OverlayPolicy.model_validate(op["policy"])
+        mounts_cfg = list(op.get("mounts", []))
+        if len(fds) != 1 + len(mounts_cfg):
+            raise ValueError("config carries the wrong number of fds")
+        resolver = _native.choose_resolver()
+        ws_ro = bool(op.get("read_only", False)) or policy.read_only
+        for fd, ro in zip(fds, [ws_ro] + [bool(m["read_only"]) or policy.read_only for m in mounts_cfg]):
+            self.roots.append(Root(fd, read_only=ro, no_symlinks=False, resolver=resolver, label=""))
+        fds.clear()
+        workspace = Tree(0, self.roots[0], ws_ro, False, policy.entry_timeout_s, policy.attr_timeout_s)
+        mounts: dict[str, Tree] = {}
+        for i, m in enumerate(mounts_cfg, 1):
+            path = "/".join(p for p in str(m["path"]).split("/") if p not in ("", "."))
+            mounts[path] = Tree(i, self.roots[i], bool(m["read_only"]) or policy.read_only, True,
+                                policy.shared_timeout_s, policy.shared_timeout_s, mount_path=path)
+        quota = Quota()
+        root_handle = self.roots[0].handle(".")
+        quota.measure(root_handle)
+        quota.set_limits(policy.max_bytes, policy.max_inodes)
+        table = InodeTable(root_handle, workspace)
+        self.ops = OverlayOps(table, policy, mounts, AuditLog(policy.audit_capacity), FaultRules(), quota)
+        self.dev_fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        mount_fd = make_mount(self.dev_fd, bool(policy.allow_special & {"chr", "blk"}))
+        return mount_fd, {"bytes": quota.bytes, "inodes": quota.inodes}
+
+    # ------------------------------------------------------------ control
+
+    async def handle(self, op: dict[str, Any]) -> dict[str, Any]:
+        """One control op -> its result (``{"ok": true, ...}`` or ``{"ok": false, "errno", "reason"}``)."""
+        assert self.ops is not None
+        kind = op.get("op")
+        try:
+            if kind == "invalidate":
+                return await self.invalidate(op)
+            if kind == "faults":
+                rules = [FaultRule.model_validate(r) for r in op.get("rules", [])]
+                if rules:
+                    self.ops.faults.set(rules)
+                else:
+                    self.ops.faults.clear()
+            elif kind == "quota":
+                self.ops.quota.set_limits(op.get("max_bytes"), op.get("max_inodes"))
+            elif kind == "usage":
+                return {"ok": True, "bytes": self.ops.quota.bytes, "inodes": self.ops.quota.inodes}
+            elif kind == "audit":
+                await self.flush_audit()
+            elif kind == "shutdown":
+                pass
+            else:
+                return {"ok": False, "errno": errno.EINVAL, "reason": f"unknown op {kind!r}"}
+        except (ValueError, TypeError, KeyError) as e:
+            return {"ok": False, "errno": errno.EINVAL, "reason": f"bad {kind} request: {type(e).__name__}"}
+        except OSError as e:
+            return {"ok": False, "errno": e.errno or errno.EIO, "reason": f"{kind} failed"}
+        return {"ok": True}
+
+    async def invalidate(self, op: dict[str, Any]) -> dict[str, Any]:
+        assert self.ops is not None and self.invalidator is not None
+        table = self.ops.table
+        jobs: list[tuple[str, int, Any]] = []
+        if op.get("all"):
+            jobs += [("entry", p, n) for p, n, _ in table.dentries()]
+            nodes = list(table.inodes())
+        else:
+            nodes = []
+            for path in op.get("paths", []):
+                if not isinstance(path, str):
+                    raise TypeError("paths must be strings")
+                found = table.resolve(path)
+                if found is None:
+                    if path.strip("/.") == "":
+                        nodes.append(table.get(ROOT_INODE))
+                    continue
+                parent, name, node = found
+                jobs.append(("entry", parent, name))
+                jobs.append(("inode", parent, True))
+                if node is not None:
+                    nodes.append(node)
+        for node in nodes:
+            # an open file keeps its pages until its next open (PLATFORM.md §9)
+            if node.opens:
+                node.data_stale = True
+            jobs.append(("inode", node.ino, bool(node.opens)))
+        failed = await self.invalidator.run(jobs)
+        return {"ok": True, "invalidated": len(jobs), "failed": failed}
+
+    async def flush_audit(self) -> None:
+        """Send every buffered audit event now, as ``audit`` messages (tag 0), each one datagram."""
+        assert self.ops is not None
+        while True:
+            events, dropped = self.ops.audit.drain(AUDIT_BATCH)
+            if not events and not dropped:
+                return
+            await self.send(audit_to_wire(events, dropped))
+            if not len(self.ops.audit):
+                return
+
+    async def control(self) -> None:
+        """Serve control requests until EOF or ``shutdown``."""
+        while True:
+            got = await self.recv()
+            if got is None:
+                return
+            msg, fds = got
+            for fd in fds:
+                os.close(fd)
+            ops = msg.get("ops")
+            if not isinstance(ops, list):
+                await self.send({"tag": msg["tag"], "results": [], "error": "no ops"})
+                continue
+            results = [await self.handle(op) if isinstance(op, dict) else
+                       {"ok": False, "errno": errno.EINVAL, "reason": "op is not an object"} for op in ops]
+            await self.send({"tag": msg["tag"], "results": results})
+            if any(isinstance(op, dict) and op.get("op") == "shutdown" for op in ops):
+                return
+
+    # -------------------------------------------------------------- serve
+
+    async def serve(self) -> int:
+        """Configure, mount, serve; returns the exit status."""
+        got = await self.recv()
+        if got is None:
+            return 0
+        msg, fds = got
+        ops = msg.get("ops") or [{}]
+        try:
+            if ops[0].get("op") != "config":
+                raise ValueError("the first message must be config")
+            mount_fd, usage = self.configure(ops[0], fds)
+        except Exception as e:
+            for fd in fds:
+                os.close(fd)
+            err = e.errno if isinstance(e, OSError) and e.errno else errno.EINVAL
+            await self.send({"tag": msg["tag"], "results": [
+                {"ok": False, "errno": err, "reason": f"setup failed ({errno.errorcode.get(err, err)})",
+                 "detail": f"{type(e).__name__}: {e}"}]})
+            return 1
+        assert self.ops is not None
+        os.set_inheritable(self.dev_fd, True)
+        pyfuse3.init(self.ops, f"/dev/fd/{self.dev_fd}", set())
+        self.invalidator = Invalidator()
+        try:
+            await self.send({"tag": 0, "event": "ready", "usage": usage}, [mount_fd])
+            await self.send({"tag": msg["tag"], "results": [{"ok": True}]})
+        finally:
+            os.close(mount_fd)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._main_then_cancel, nursery.cancel_scope)
+            await self.control()
+            # terminate inside the nursery, close only after it (PLATFORM.md §3 gotcha 1)
+            pyfuse3.terminate()
+        if self.invalidator.stop():
+            pyfuse3.close(unmount=False)
+        self.ops.table.close()
+        for root in self.roots:
+            root.close()
+        return 0
+
+    async def _main_then_cancel(self, scope: trio.CancelScope) -> None:
+        try:
+            await pyfuse3.main()
+        finally:
+            scope.cancel()  # the mount is gone: stop serving the channel too
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m sandbox_fs.fuse._daemon FD``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m sandbox_fs.fuse._daemon FD", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="sfs-overlay: %(levelname)s %(message)s")
+    raise_nofile()
+    sock = socket.socket(fileno=int(args[0]))
+    sock.setblocking(False)
+    try:
+        return trio.run(Daemon(sock).serve)
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

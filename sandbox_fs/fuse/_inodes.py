@@ -1,0 +1,266 @@
+"""The overlay daemon's inode table: FUSE inode numbers to held :class:`~sandbox_fs.root.Handle` objects.
+
+Every inode the kernel knows is one :class:`Inode`, keyed by the tree it
+belongs to and its backing ``(st_dev, st_ino)``, so hard links to one
+backing inode share one FUSE inode.  It holds an ``O_PATH`` handle, never a
+path.  The dentry table maps ``(parent FUSE inode, name)`` to the FUSE inode
+the kernel was last told that name refers to; it is what gives the *sandbox
+path* shown in audit events and matched by fault rules (at the time of the
+event), what invalidation walks, and how an inode known only by its handle is
+reopened for I/O (through one of its dentries, then verified).
+
+Nothing here does I/O other than closing handles, and nothing imports
+pyfuse3: the table is plain data, used from the daemon's trio thread only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..root import Handle, Root
+
+ROOT_INODE = 1
+"""The FUSE inode number of the workspace root (``pyfuse3.ROOT_INODE``)."""
+
+MAX_PATH_DEPTH = 4096
+"""Most dentries :meth:`InodeTable.path_of` follows (a guard against a cycle in a corrupt table)."""
+
+
+@dataclass(eq=False)
+class Tree:
+    """One backing tree served by the overlay: the workspace (index 0) or a host-directory mount.
+
+    Attributes:
+        index: 0 for the workspace, 1.. for the mounts in configuration order.
+        root: the capability on the tree's root directory (owned by the daemon).
+        read_only: every mutation in the tree fails with EROFS.
+        shared: the tree can change behind the overlay's back (a host
+            directory): short timeouts, ``keep_cache`` only while a file's
+            mtime and size are unchanged.
+        entry_timeout_s, attr_timeout_s: kernel cache validity given with
+            every entry and attribute reply, in seconds.
+        mount_path: the sandbox path the tree is mounted at (``""`` for the workspace).
+    """
+
+    index: int
+    root: Root
+    read_only: bool
+    shared: bool
+    entry_timeout_s: float
+    attr_timeout_s: float
+    mount_path: str = ""
+
+
+@dataclass(eq=False)
+class Inode:
+    """One inode the kernel knows.
+
+    Attributes:
+        ino: the FUSE inode number (never reused within one daemon).
+        handle: the ``O_PATH`` handle on the backing inode (closed by :meth:`InodeTable.forget`).
+        key: ``(tree index, st_dev, st_ino)``.
+        tree: the tree it belongs to.
+        lookups: the kernel's lookup count (lookup, readdirplus entries,
+            create, mkdir, mknod, symlink, link each add one; forget subtracts).
+        opens: open file handles on it (quota of an unlinked inode is
+            released at the last release).
+        dentry: the ``(parent ino, name)`` it was last known by (kept after
+            the name is removed, for the paths of audit events on an
+            unlinked-but-open file); None for the workspace root.
+        links: every ``(parent ino, name)`` of it in the dentry table.
+        orphaned: its last name was removed while it was open: its bytes and
+            inode are still charged to the quota until the last release.
+        cache_stamp: ``(st_mtime_ns, st_size)`` when a file of a shared tree
+            was last opened with ``keep_cache`` (None: not yet).
+        data_stale: the backing file was invalidated while open: the next
+            open drops the kernel's page cache (``keep_cache=False``).
+    """
+
+    ino: int
+    handle: Handle
+    key: tuple[int, int, int]
+    tree: Tree
+    lookups: int = 0
+    opens: int = 0
+    dentry: tuple[int, bytes] | None = None
+    links: set[tuple[int, bytes]] = field(default_factory=set)
+    orphaned: bool = False
+    cache_stamp: tuple[int, int] | None = None
+    data_stale: bool = False
+
+
+class InodeTable:
+    """FUSE inode numbers <-> :class:`Inode`, plus the dentry table.
+
+    Not thread-safe: used from the daemon's trio thread only (the
+    invalidation thread gets copies of what it needs).
+    """
+
+    def __init__(self, root_handle: Handle, workspace: Tree) -> None:
+        """Start with the workspace root as inode 1 (lookup count 1, never forgotten).
+
+        Args:
+            root_handle: a handle on the workspace root; owned by the table from now on.
+            workspace: the workspace's :class:`Tree` (index 0).
+        """
+        self._by_ino: dict[int, Inode] = {}
+        self._by_key: dict[tuple[int, int, int], Inode] = {}
+        self._children: dict[tuple[int, bytes], int] = {}
+        self._next_ino = ROOT_INODE + 1
+        dev, ino = root_handle.key
+        root = Inode(ROOT_INODE, root_handle, (workspace.index, dev, ino), workspace, lookups=1)
+        self._by_ino[ROOT_INODE] = root
+        self._by_key[root.key] = root
+
+    def __len__(self) -> int:
+        return len(self._by_ino)
+
+    def get(self, ino: int) -> Inode:
+        """The inode ``ino``.  Raises ``OSError(ESTALE)`` for an inode the table does not hold."""
+        try:
+            return self._by_ino[ino]
+        except KeyError:
+            raise OSError(errno.ESTALE, "unknown inode") from None
+
+    def find(self, ino: int) -> Inode | None:
+        """The inode ``ino``, or None."""
+        return self._by_ino.get(ino)
+
+    def child(self, parent: int, name: bytes) -> Inode | None:
+        """The inode the dentry ``(parent, name)`` refers to, or None when the table has no such dentry."""
+        ino = self._children.get((parent, name))
+        return None if ino is None else self._by_ino.get(ino)
+
+    def learn(self, parent: int, name: bytes, handle: Handle, tree: Tree) -> tuple[Inode, bool]:
+        """Record that ``name`` in ``parent`` is the inode ``handle`` is on.
+
+        The handle is owned by the table from now on: closed here when the
+        inode is already known under its key (the known handle is kept).
+        The lookup count is *not* changed: the caller adds one when the
+        kernel was told about the entry.
+
+        Returns:
+            ``(inode, new)``: ``new`` is True when the inode was not in the table.
+        """
+        dev, st_ino = handle.key
+        key = (tree.index, dev, st_ino)
+        node = self._by_key.get(key)
+        new = node is None
+        if node is None:
+            node = Inode(self._next_ino, handle, key, tree)
+            self._next_ino += 1
+            self._by_ino[node.ino] = node
+            self._by_key[key] = node
+        else:
+            handle.close()
+        self.add_dentry(parent, name, node)
+        return node, new
+
+    def add_dentry(self, parent: int, name: bytes, node: Inode) -> None:
+        """``(parent, name)`` now refers to ``node`` (replacing what it referred to in the table)."""
+        old = self._children.get((parent, name))
+        if old is not None and old != node.ino:
+            self._unlink_from(old, parent, name)
+        self._children[(parent, name)] = node.ino
+        node.links.add((parent, name))
+        node.dentry = (parent, name)
+        node.orphaned = False
+
+    def remove_dentry(self, parent: int, name: bytes) -> Inode | None:
+        """Forget the dentry ``(parent, name)``; returns the inode it referred to (None if unknown)."""
+        ino = self._children.pop((parent, name), None)
+        if ino is None:
+            return None
+        return self._unlink_from(ino, parent, name)
+
+    def _unlink_from(self, ino: int, parent: int, name: bytes) -> Inode | None:
+        node = self._by_ino.get(ino)
+        if node is None:
+            return None
+        node.links.discard((parent, name))
+        if node.dentry == (parent, name) and node.links:
+            node.dentry = next(iter(node.links))
+        return node
+
+    def drop_if_unused(self, node: Inode) -> None:
+        """Remove ``node`` when the kernel was never told about it (lookup count 0, not open)."""
+        if node.lookups == 0 and node.opens == 0 and node.ino != ROOT_INODE:
+            self._drop(node)
+
+    def forget(self, ino: int, nlookup: int) -> None:
+        """Subtract ``nlookup`` from the lookup count; at 0 the handle is closed and the inode removed."""
+        node = self._by_ino.get(ino)
+        if node is None or ino == ROOT_INODE:
+            return
+        node.lookups = max(0, node.lookups - nlookup)
+        if node.lookups == 0 and node.opens == 0:
+            self._drop(node)
+
+    def _drop(self, node: Inode) -> None:
+        del self._by_ino[node.ino]
+        if self._by_key.get(node.key) is node:
+            del self._by_key[node.key]
+        for dentry in node.links:
+            if self._children.get(dentry) == node.ino:
+                del self._children[dentry]
+        node.links.clear()
+        node.handle.close()
+
+    def path_of(self, ino: int, name: bytes | None = None) -> str:
+        """The sandbox path of ``ino`` (plus ``name`` beneath it), relative to the workspace root.
+
+        ``""`` is the workspace root.  A dentry chain that reaches an inode the
+        table no longer holds starts with ``"?"``.  Names are decoded with
+        ``os.fsdecode`` (undecodable bytes as surrogate escapes).
+        """
+        parts: list[bytes] = [] if name is None else [name]
+        cur = ino
+        for _ in range(MAX_PATH_DEPTH):
+            if cur == ROOT_INODE:
+                break
+            node = self._by_ino.get(cur)
+            if node is None or node.dentry is None:
+                parts.append(b"?")
+                break
+            cur, part = node.dentry
+            parts.append(part)
+        return os.fsdecode(b"/".join(reversed(parts)))
+
+    def resolve(self, path: str) -> tuple[int, bytes, Inode | None] | None:
+        """Walk the dentry table along sandbox ``path`` (``a/b/c``).
+
+        Returns:
+            ``(parent ino, last name, inode or None)`` for the last component
+            when every directory before it is in the table, else None (the
+            kernel cannot have cached anything beneath an unknown directory).
+        """
+        names = [os.fsencode(p) for p in path.split("/") if p not in ("", ".")]
+        if not names:
+            return None
+        cur = ROOT_INODE
+        for part in names[:-1]:
+            ino = self._children.get((cur, part))
+            if ino is None:
+                return None
+            cur = ino
+        last = names[-1]
+        return cur, last, self.child(cur, last)
+
+    def dentries(self) -> list[tuple[int, bytes, int]]:
+        """A copy of the dentry table: ``(parent ino, name, ino)`` each."""
+        return [(p, n, i) for (p, n), i in self._children.items()]
+
+    def inodes(self) -> Iterator[Inode]:
+        """Every inode in the table (do not change the table while iterating)."""
+        return iter(self._by_ino.values())
+
+    def close(self) -> None:
+        """Close every handle (the daemon is stopping)."""
+        for node in list(self._by_ino.values()):
+            node.handle.close()
+        self._by_ino.clear()
+        self._by_key.clear()
+        self._children.clear()

@@ -1,0 +1,226 @@
+"""The overlay daemon end to end: Overlay.start on a tmp workspace, requests through the detached mount.
+
+Needs root, /dev/fuse and pyfuse3 (skipped with the reason otherwise).  The
+daemon is another process, so blocking host-side calls on the mount are fine;
+plain ``os.*(..., dir_fd=mount_fd)`` calls run in a worker thread anyway.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import signal
+import stat
+
+import pytest
+import trio
+
+from sandbox_fs import _native
+from sandbox_fs.fuse import FaultRule, Overlay, OverlayError, OverlayPolicy
+from sandbox_fs.root import open_root
+
+if not os.path.exists("/dev/fuse"):
+    pytest.skip("the FUSE overlay needs /dev/fuse", allow_module_level=True)
+if os.geteuid() != 0:
+    pytest.skip("the FUSE overlay daemon needs root (fsopen needs CAP_SYS_ADMIN)", allow_module_level=True)
+if importlib.util.find_spec("pyfuse3") is None:
+    pytest.skip("the FUSE overlay needs pyfuse3 (the fuse extra)", allow_module_level=True)
+
+
+@pytest.fixture
+def ws_dir(tmp_path):
+    d = tmp_path / "ws"
+    d.mkdir()
+    (d / "hello.txt").write_bytes(b"hello\n")
+    (d / "sub").mkdir()
+    (d / "sub" / "inner").write_bytes(b"x" * 100)
+    return d
+
+
+@pytest.fixture
+async def overlay(ws_dir):
+    ws = open_root(ws_dir)
+    ov = await Overlay.start(ws, policy=OverlayPolicy())
+    try:
+        yield ov
+    finally:
+        await ov.aclose()
+        ws.close()
+
+
+def fuse_mounts(pid: int | str = "self") -> list[str]:
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return [line for line in f if " - fuse" in line]
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+async def in_thread(fn, *args):
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+async def test_start_reports_usage_and_serves_the_workspace(overlay):
+    assert overlay.alive
+    assert overlay.initial_usage == {"bytes": 106, "inodes": 3}
+    assert sorted(overlay.root.listdir(".")) == ["hello.txt", "sub"]
+    assert overlay.root.read_bytes("hello.txt") == b"hello\n"
+    st = overlay.root.stat("sub/inner")
+    assert stat.S_ISREG(st.st_mode) and st.st_size == 100
+
+
+async def test_basic_ops_through_root(overlay, ws_dir):
+    r = overlay.root
+    r.write_bytes("new.txt", b"abc")
+    r.mkdir("d/e", parents=True)
+    r.write_bytes("d/e/f", b"123456")
+    r.rename("new.txt", "d/moved.txt")
+    r.symlink("e/f", "d/link")
+    r.link("d/e/f", "hard")
+    r.chmod("hard", 0o600)
+    r.utime("hard", ns=(1_000_000_000, 2_000_000_000))
+    assert r.read_bytes("d/link") == b"123456"
+    assert (ws_dir / "d" / "moved.txt").read_bytes() == b"abc"
+    assert os.stat(ws_dir / "hard").st_ino == os.stat(ws_dir / "d" / "e" / "f").st_ino
+    st = r.lstat("hard")
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_mtime_ns == 2_000_000_000 and st.st_nlink == 2
+    r.remove("d/moved.txt")
+    assert not (ws_dir / "d" / "moved.txt").exists()
+    r.rmtree("d")
+    assert sorted(os.listdir(ws_dir)) == ["hard", "hello.txt", "sub"]
+    assert await overlay.usage() == {"bytes": 106 + 6, "inodes": 4}
+
+
+def plain_os_ops(mfd: int) -> dict:
+    out = {}
+    fd = os.open("plain", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o640, dir_fd=mfd)
+    os.write(fd, b"0123456789")
+    os.ftruncate(fd, 4)
+    os.close(fd)
+    fd = os.open("plain", os.O_WRONLY | os.O_APPEND, dir_fd=mfd)
+    os.write(fd, b"++")
+    os.close(fd)
+    fd = os.open("plain", os.O_RDONLY, dir_fd=mfd)
+    out["read"] = os.read(fd, 100)
+    os.close(fd)
+    os.mkdir("pd", 0o750, dir_fd=mfd)
+    os.symlink("../plain", "pd/ln", dir_fd=mfd)
+    out["readlink"] = os.readlink("pd/ln", dir_fd=mfd)
+    os.rename("plain", "pd/plain2", src_dir_fd=mfd, dst_dir_fd=mfd)
+    out["listdir"] = sorted(os.listdir(os.open("pd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)))
+    out["mode"] = stat.S_IMODE(os.stat("pd/plain2", dir_fd=mfd).st_mode)
+    os.chmod("pd/plain2", 0o604, dir_fd=mfd)
+    out["mode2"] = stat.S_IMODE(os.stat("pd/plain2", dir_fd=mfd).st_mode)
+    os.unlink("pd/ln", dir_fd=mfd)
+    try:
+        os.stat("pd/ln", dir_fd=mfd, follow_symlinks=False)
+    except FileNotFoundError:
+        out["gone"] = True
+    return out
+
+
+async def test_basic_ops_through_plain_os_calls_on_the_mount_fd(overlay, ws_dir):
+    out = await in_thread(plain_os_ops, overlay.mount_fd)
+    assert out == {"read": b"0123++", "readlink": "../plain", "listdir": ["ln", "plain2"], "mode": 0o640,
+                   "mode2": 0o604, "gone": True}
+    assert (ws_dir / "pd" / "plain2").read_bytes() == b"0123++"
+
+
+async def test_statfs_and_root_stat(overlay):
+    sv = await in_thread(os.statvfs, f"/proc/self/fd/{overlay.mount_fd}")
+    assert sv.f_bsize > 0 and sv.f_blocks > 0
+    assert stat.S_ISDIR(os.fstat(overlay.mount_fd).st_mode)
+
+
+async def test_fault_rule_fires_only_where_it_says_and_the_mount_survives(overlay):
+    await overlay.set_faults([FaultRule(ops=frozenset({"open"}), path="sub", errno=errno.EIO)])
+    with pytest.raises(OSError) as info:
+        overlay.root.read_bytes("sub/inner")
+    assert info.value.errno == errno.EIO
+    assert overlay.root.read_bytes("hello.txt") == b"hello\n"
+    await overlay.set_faults([])
+    assert overlay.root.read_bytes("sub/inner") == b"x" * 100
+    events, dropped = await overlay.audit_events()
+    assert dropped == 0
+    assert ("open", "sub/inner", errno.EIO) in [(e.op, e.path, e.errno) for e in events]
+    assert overlay.alive
+
+
+async def test_a_bad_request_gets_an_errno_and_the_mount_survives(overlay):
+    # RENAME_WHITEOUT (4) is not supported by the overlay: EINVAL from the daemon, not a dead mount
+    ret = await in_thread(_native.renameat2_raw, overlay.mount_fd, b"hello.txt", overlay.mount_fd, b"w", 4)
+    assert ret == -errno.EINVAL
+    assert overlay.root.read_bytes("hello.txt") == b"hello\n"
+    assert overlay.alive
+
+
+async def test_forget_releases_the_daemons_fds(overlay):
+    for i in range(300):
+        overlay.root.write_bytes(f"f{i}", b"")
+    before = fd_count(overlay.pid)
+    await overlay.invalidate(None)  # the kernel drops its dentries, then forgets the inodes
+    for _ in range(100):
+        if fd_count(overlay.pid) < before - 250:
+            break
+        await trio.sleep(0.05)
+    assert fd_count(overlay.pid) < before - 250
+    assert overlay.root.read_bytes("hello.txt") == b"hello\n"
+
+
+async def test_invalidate_makes_a_backing_change_visible_at_once(overlay, ws_dir):
+    assert overlay.root.read_bytes("hello.txt") == b"hello\n"
+    assert overlay.root.stat("hello.txt").st_size == 6
+    (ws_dir / "hello.txt").write_bytes(b"changed behind the mount\n")
+    (ws_dir / "sub" / "inner").unlink()
+    await overlay.invalidate(["hello.txt", "sub/inner"])
+    assert overlay.root.stat("hello.txt").st_size == 25
+    assert overlay.root.read_bytes("hello.txt") == b"changed behind the mount\n"
+    assert not overlay.root.exists("sub/inner")
+
+
+async def test_quota_refuses_a_write_past_the_limit(overlay):
+    await overlay.set_quota(200, 10)
+    overlay.root.write_bytes("q", b"a" * 90)
+    with pytest.raises(OSError) as info:
+        overlay.root.write_bytes("q2", b"b" * 50)
+    assert info.value.errno == errno.EDQUOT
+    usage = await overlay.usage()
+    assert usage["bytes"] <= 200
+
+
+async def test_sigkill_of_the_daemon_leaves_nothing_and_a_new_overlay_starts(ws_dir):
+    host_mounts = fuse_mounts()
+    ws = open_root(ws_dir)
+    try:
+        ov = await Overlay.start(ws, policy=OverlayPolicy())
+        try:
+            assert ov.root.read_bytes("hello.txt") == b"hello\n"
+            assert fuse_mounts(ov.pid) == fuse_mounts() == host_mounts
+            os.kill(ov.pid, signal.SIGKILL)
+            for _ in range(200):
+                if not is_running(ov.pid):
+                    break
+                await trio.sleep(0.02)
+            with pytest.raises(OSError):
+                ov.root.read_bytes("sub/inner")
+            with pytest.raises(OverlayError):
+                await ov.usage()
+            assert not ov.alive
+        finally:
+            await ov.aclose()
+        assert ov.mount_fd == -1
+        assert fuse_mounts() == host_mounts
+        async with await Overlay.start(ws, policy=OverlayPolicy()) as ov2:
+            assert ov2.root.read_bytes("hello.txt") == b"hello\n"
+    finally:
+        ws.close()
