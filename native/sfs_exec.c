@@ -107,6 +107,25 @@
  *                      write; EOF (the host died) ends the tree
  *   --no-pid-ns        with --init: the subreaper fallback even where a PID
  *                      namespace could be made (tests of that fallback)
+ *   --private-root FD  instead of --ro-mounts: run the command in a root of its
+ *                      own (root only, with --init in a PID namespace; see
+ *                      sfs_exec_root.h): a tmpfs holding the --sys-tree
+ *                      trees read-only, --sys-link symlinks, a private /tmp,
+ *                      a minimal /dev, its own /proc, the grants (--rw-tree,
+ *                      --reach-tree, --ro-tree, --pin-tree) at their paths,
+ *                      and last the clone of FD (the workspace's detached
+ *                      mount, made with fsmount) at --workspace-path
+ *   --workspace-path P with --private-root: where the workspace is mounted
+ *                      (absolute, no "." or ".." components)
+ *   --sys-tree FD      with --private-root: a system directory (/usr, /etc
+ *                      ...) bound read-only at its own path; repeatable
+ *   --sys-link P=T     with --private-root: a symlink P -> T in the new root
+ *                      (/bin=usr/bin on merged-/usr systems); repeatable
+ *   --cwd-rel REL      with --private-root: the working directory, resolved
+ *                      beneath the workspace in the new root (RESOLVE_BENEATH);
+ *                      without it --cwd FD names a directory of a grant
+ *   --tmp-access ACCESS with --private-root and --ruleset: add a Landlock rule
+ *                      for the private /tmp with these access bits
  *   --proc-self ACCESS add a Landlock rule for this process's own /proc/PID
  *                      directory (it is the target's after execve) with the
  *                      given access bits, before restricting
@@ -207,6 +226,8 @@ struct sfs_path_beneath {
 } __attribute__((packed));
 
 static int status_fd = -1;
+/* Set in the target by --init when it runs in a PID namespace of its own. */
+static int in_own_pid_ns;
 
 /* Report the failed stage and errno to the parent, then exit 127. */
 static void fail(const char *stage, int err)
@@ -674,6 +695,7 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int ipcns_f
     }
 }
 
+#include "sfs_exec_root.h"     /* --private-root: the command's own root */
 
 /* ---- the target's environment ------------------------------------------ */
 
@@ -1252,6 +1274,18 @@ static void parse_socket_rule(const char *spec, struct sfs_socket_rule *rule)
     rule->proto = v[2];
 }
 
+/* A Landlock rule for a directory of our own (after the mount steps): /proc/self, the private /tmp. */
+static void add_path_rule(int ruleset_fd, const char *path, long long access, const char *stage)
+{
+    int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        fail(stage, errno);
+    struct sfs_path_beneath rule = { (uint64_t)access, fd };
+    if (syscall(SYS_landlock_add_rule, ruleset_fd, 1 /* PATH_BENEATH */, &rule, 0U) < 0)
+        fail(stage, errno);
+    close(fd);
+}
+
 int main(int argc, char **argv)
 {
     int ruleset_fd = -1, cwd_fd = -1, cgroup_fd = -1, tty = 0, drop_caps = 0, ro_mounts = 0;
@@ -1261,11 +1295,12 @@ int main(int argc, char **argv)
     char **envp = environ;
     char *masks[SFS_MAX_MASKS];
     int nmasks = 0;
-    long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = -1;
+    long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = -1, tmp_access = 0;
     struct sfs_socket_rule sockets[SFS_MAX_SOCKETS];
     int nsockets = 0;
     long long run_uid = -1, run_gid = -1;
     int reach[SFS_MAX_TREES], nreach = 0;
+    struct sfs_private priv = { .ws_fd = -1, .ws_path = NULL, .cwd_rel = NULL, .nsys = 0, .nlinks = 0 };
     int i;
 
     /* First pass: --status, so later usage errors are reported through it. */
@@ -1340,6 +1375,26 @@ int main(int argc, char **argv)
                 fail("usage", E2BIG);
             reach[nreach++] = parse_fd(v);
         }
+        else if (strcmp(a, "--private-root") == 0)
+            priv.ws_fd = parse_fd(v);
+        else if (strcmp(a, "--workspace-path") == 0) {
+            if (!plain_abs_path(v))
+                fail("usage", EINVAL);
+            priv.ws_path = v;
+        }
+        else if (strcmp(a, "--cwd-rel") == 0)
+            priv.cwd_rel = v;
+        else if (strcmp(a, "--sys-tree") == 0) {
+            if (priv.nsys == SFS_MAX_TREES)
+                fail("usage", E2BIG);
+            priv.sys[priv.nsys++] = parse_fd(v);
+        } else if (strcmp(a, "--sys-link") == 0) {
+            if (priv.nlinks == SFS_MAX_LINKS)
+                fail("usage", E2BIG);
+            if (!sys_link_spec(v))
+                fail("usage", EINVAL);
+            priv.links[priv.nlinks++] = (char *)v;
+        }
         else if (strcmp(a, "--rw-tree") == 0) {
             if (ntrees == SFS_MAX_TREES)
                 fail("usage", E2BIG);
@@ -1361,13 +1416,14 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--unshare") == 0) {
             if (parse_int(v, &unshare_flags))
                 fail("usage", EINVAL);
-        } else if (strcmp(a, "--proc-self") == 0) {
-            if (parse_int(v, &proc_self_access))
+        } else if (strcmp(a, "--proc-self") == 0 || strcmp(a, "--tmp-access") == 0) {
+            if (parse_int(v, a[2] == 'p' ? &proc_self_access : &tmp_access))
                 fail("usage", EINVAL);
         } else
             fail("usage", EINVAL);
     }
-    if (i >= argc || (run_uid < 0) != (run_gid < 0))
+    if (i >= argc || (run_uid < 0) != (run_gid < 0) || (priv.ws_fd >= 0) != (priv.ws_path != NULL)
+        || (priv.ws_fd >= 0 && (ro_mounts || mntns_fd >= 0 || hold_ns)))
         fail("usage", EINVAL);
     if (env_fd >= 0)
         envp = read_env(env_fd);        /* data for the target's execve only */
@@ -1385,6 +1441,8 @@ int main(int argc, char **argv)
         fail("tty", errno);
     if (mntns_fd >= 0)
         join_mount_ns(userns_fd, mntns_fd, netns_fd, ipcns_fd, &cwd_fd);
+    else if (priv.ws_fd >= 0)
+        private_root(&priv, trees, ntrees, reach, nreach, &binds, tty, &cwd_fd);
     else if (ro_mounts)
         read_only_mounts(trees, ntrees, &binds, reach, nreach, masks, nmasks, &cwd_fd);
     if (unshare_flags && unshare((int)unshare_flags) < 0)
@@ -1412,15 +1470,10 @@ int main(int argc, char **argv)
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         fail("no_new_privs", errno);
     if (ruleset_fd >= 0) {
-        if (proc_self_access) {
-            int pfd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);
-            if (pfd < 0)
-                fail("proc_self", errno);
-            struct sfs_path_beneath rule = { (uint64_t)proc_self_access, pfd };
-            if (syscall(SYS_landlock_add_rule, ruleset_fd, 1 /* PATH_BENEATH */, &rule, 0U) < 0)
-                fail("proc_self", errno);
-            close(pfd);
-        }
+        if (proc_self_access)
+            add_path_rule(ruleset_fd, "/proc/self", proc_self_access, "proc_self");
+        if (tmp_access && priv.ws_fd >= 0)
+            add_path_rule(ruleset_fd, "/tmp", tmp_access, "privroot");
         if (syscall(SYS_landlock_restrict_self, ruleset_fd, 0U) < 0)
             fail("landlock", errno);
         close(ruleset_fd);

@@ -277,6 +277,7 @@ static void start_init(int cgroup_fd, int lifeline_fd, int *userns_fd, int want_
         close(exec_fds[0]);
         close(status_fd);
         status_fd = exec_fds[1];
+        in_own_pid_ns = ns;
         return;
     }
     close(exec_fds[1]);

@@ -43,7 +43,7 @@ from ._errors import (
     PtyNotFoundError,
 )
 from ._helper import helper_path
-from ._models import Confinement, ConfinementPolicy, ExecResult  # noqa: F401  (Confinement: as before)
+from ._models import Confinement, ConfinementPolicy, ExecResult, PrivateRoot  # noqa: F401  (Confinement: as before)
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
 from ._pty import PtyManager
 from ._ruleset import build_ruleset
@@ -59,6 +59,7 @@ __all__ = [
     "ConfinementError",
     "PtyNotFoundError",
     "ConfinementPolicy",
+    "PrivateRoot",
     "ProcessSupervisor",
     "PtyManager",
     "run_confined",

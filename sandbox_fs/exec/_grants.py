@@ -24,7 +24,7 @@ def grant_roots(grants: Grants) -> list[tuple[Root, bool]]:
     return [(r, bool(ro) or r.read_only) for r, ro in grants]
 
 
-def _is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
+def is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
     """True when directory ``child_fd`` is ``ancestor`` or below it (walking ``..`` by fd)."""
     cur = os.dup(child_fd)
     try:
@@ -72,7 +72,7 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
         grant_fd = root.fileno_dup()
         try:
             for what, ident in writable:
-                if not _is_beneath(grant_fd, ident):
+                if not is_beneath(grant_fd, ident):
                     continue
                 if ident == root.identity:
                     raise ConfinementError(f"a read-only grant is also {what}: give each directory one mode",
@@ -92,7 +92,7 @@ def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, bi
         rw_fd = r.fileno_dup()
         try:
             for g in nested:
-                if _is_beneath(rw_fd, g.identity):
+                if is_beneath(rw_fd, g.identity):
                     raise ConfinementError(
                         "a read-write grant inside a read-only grant that is itself inside a writable tree "
                         "cannot be enforced", sandbox_path=r.label or None)

@@ -86,6 +86,7 @@ _STAGE_TEXT = {
     "usage": "the exec helper was called wrongly",
     "identity": "switching to the unprivileged identity failed",
     "reach": "making a granted tree reachable for the unprivileged identity failed",
+    "privroot": "building the command's private root failed",
 }
 
 

@@ -14,7 +14,8 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterable, Iterable, Literal, Mapping, Sequence
 
-from ..errors import redact
+from ..errors import InvalidPathError, redact
+from ..paths import normalize
 from . import _identity, _seccomp
 from ._env import build_env
 from ._errors import ConfinementError, ExecError
@@ -178,6 +179,59 @@ class ConfinementPolicy:
         return _seccomp.socket_args(self)
 
 
+#: Sandbox paths a private root's ``workspace_path`` may not be at or under: the
+#: mounts the helper makes itself and the read-only system trees.
+_RESERVED_ROOT_PATHS = ("/proc", "/dev", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+@dataclass(frozen=True)
+class PrivateRoot:
+    """Run the command in a root of its own, with the workspace overlay at ``workspace_path``.
+
+    The exec helper builds, in the command's private mount namespace: a
+    tmpfs root (read-only); the read-only system set (``/usr``, ``/etc``,
+    ``/bin`` ...) bound read-only, nosuid, nodev; a private ``/tmp``
+    (tmpfs, 256 MiB); a minimal ``/dev`` (``null``, ``zero``, ``full``,
+    ``random``, ``urandom``; ``tty`` and the PTY slave on a PTY); a
+    ``/proc`` of the command's own PID namespace; each grant at its host
+    path by its mode; and last (so nothing shadows it) a clone of
+    ``workspace_fd`` at ``workspace_path``.  Nothing else of the host is
+    there: a symlink to an absolute path planted in the workspace resolves
+    in this root, never on the host.  Landlock stays on, with the
+    workspace rule on ``workspace_fd``'s root.  Root hosts only.
+
+    Attributes:
+        workspace_fd: borrowed ``O_PATH`` fd on the root of a *detached*
+            mount made with ``fsmount`` (the overlay's mount fd); it stays
+            the caller's and must stay open for the call.
+        workspace_path: the workspace's path in the command's root
+            (absolute; not ``/``, and not at or under ``/proc``, ``/dev`` or
+            a system tree).  ``HOME`` and ``TMPDIR`` default beneath it.
+
+    Raises:
+        ExecError: ``workspace_fd`` is not a non-negative int, or
+            ``workspace_path`` is not such a path.
+    """
+
+    workspace_fd: int
+    workspace_path: str = "/workspace"
+
+    def __post_init__(self) -> None:
+        fd = self.workspace_fd
+        if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
+            raise ExecError("PrivateRoot.workspace_fd must be an open file descriptor")
+        path = self.workspace_path
+        try:
+            shown = normalize(path, allow_absolute=True) if isinstance(path, str) else None
+        except InvalidPathError:
+            shown = None
+        if (shown is None or shown != path or not shown.startswith("/") or shown == "/"
+                or any(shown == r or shown.startswith(r + "/") for r in _RESERVED_ROOT_PATHS)):
+            raise ExecError("PrivateRoot.workspace_path must be a normalized absolute path other than /, "
+                            "outside /proc, /dev and the system trees",
+                            context={"workspace_path": str(path)[:200]})
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """What a command did.
@@ -203,6 +257,8 @@ class ExecResult:
             enforces it: a non-root command).  Empty when none holds (then
             only ``confinement="best_effort"`` or ``"none"`` ran it).
         identity: ``(uid, gid)`` the child ran as, or None for the host's own.
+        overlay: the command ran in its private root (:class:`PrivateRoot`),
+            seeing the workspace only through the overlay.
     """
 
     exit_code: int
@@ -219,6 +275,7 @@ class ExecResult:
     stderr_bytes: int = 0
     process_bounds: tuple[str, ...] = ()
     identity: tuple[int, int] | None = None
+    overlay: bool = False
 
     def __repr__(self) -> str:
         return (f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes"
@@ -301,6 +358,7 @@ class ExecRequest:
         timeout_s: seconds before the tree is ended (None: no limit).
         max_output_bytes: bytes kept per stream.
         check: a non-zero exit raises :class:`~sandbox_fs.exec.ExecFailedError`.
+        private_root: the command's own root (:class:`PrivateRoot`), or None.
     """
 
     command: tuple[str, ...]
@@ -317,13 +375,15 @@ class ExecRequest:
     timeout_s: float | None = None
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     check: bool = False
+    private_root: PrivateRoot | None = None
 
     @classmethod
     def build(cls, argv: Sequence[str], *, workspace: Root, workspace_host_path: str, grants: Grants,
               cwd: str, env: Mapping[str, str] | None, secret_env: Iterable[str],
               shell: bool | Sequence[str], confinement: str, policy: ConfinementPolicy, tty: bool = False,
               stdin: bytes | AsyncIterable[bytes] | None = None, timeout_s: float | None = None,
-              max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, check: bool = False) -> ExecRequest:
+              max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, check: bool = False,
+              private_root: PrivateRoot | None = None) -> ExecRequest:
         """Check the arguments of :func:`~sandbox_fs.exec.run_confined` (or a PTY start) and build the request.
 
         Nothing is opened or started here; every argument error is raised
@@ -333,7 +393,8 @@ class ExecRequest:
             ExecError: bad ``argv``/``shell``, an unknown ``confinement`` or
                 namespace name, a malformed ``policy.identity``, or a
                 ``timeout_s`` that is not a finite number > 0.
-            ConfinementError: ``policy.namespaces`` on a non-root host.
+            ConfinementError: ``policy.namespaces`` or ``private_root`` on a
+                non-root host.
             InvalidEnvError: a malformed ``env`` entry.
         """
         caller_env = dict(env or {})
@@ -345,7 +406,13 @@ class ExecRequest:
         if bad_ns:
             raise ExecError(f"unknown namespaces: {sorted(bad_ns)}", secrets=secrets)
         command = _command(argv, shell)
-        child_env = build_env(caller_env, workspace_host_path=workspace_host_path)
+        if private_root is not None and not isinstance(private_root, PrivateRoot):
+            raise ExecError("private_root must be a PrivateRoot or None", secrets=secrets)
+        if private_root is not None and os.geteuid() != 0:
+            raise ConfinementError("a private root for the command needs a root host", secrets=secrets)
+        # HOME and TMPDIR name the workspace as the command sees it.
+        seen_at = private_root.workspace_path if private_root is not None else workspace_host_path
+        child_env = build_env(caller_env, workspace_host_path=seen_at)
         if tty:
             child_env.setdefault("TERM", "xterm")
         if policy.namespaces and os.geteuid() != 0:
@@ -356,7 +423,7 @@ class ExecRequest:
                    grants=grants, cwd=cwd, child_env=child_env, secrets=secrets,
                    confinement=confinement,  # type: ignore[arg-type]
                    policy=policy, tty=tty, stdin=stdin, timeout_s=_check_timeout(timeout_s, secrets),
-                   max_output_bytes=max_output_bytes, check=check)
+                   max_output_bytes=max_output_bytes, check=check, private_root=private_root)
 
     @property
     def argv0(self) -> str:

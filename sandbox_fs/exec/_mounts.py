@@ -1,14 +1,17 @@
-"""The read-only mount layer's arguments: read-only binds of nested grants, pinned parents, masks."""
+"""The mount layers' arguments: read-only binds of nested grants, pinned parents, masks; the private root."""
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import TYPE_CHECKING, Sequence
 
-from ._grants import Grants, grant_roots, _nested_read_only, rw_grant_trees
+from ._grants import Grants, _nested_read_only, grant_roots, is_beneath, rw_grant_trees
+from ._landlock import SYSTEM_READ_EXEC_DIRS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..root import Root
+    from ._models import PrivateRoot
 
 
 def _ro_binds(workspace: Root, grants: Grants) -> list[Root]:
@@ -31,7 +34,19 @@ def _ro_bind_args(workspace: Root, grants: Grants,
         nested = _ro_binds(workspace, grants)
     if not nested:
         return [], []
-    writable = {r.identity for r in rw_grant_trees(workspace, grants)}
+    return ro_bind_pin_args(nested, {r.identity for r in rw_grant_trees(workspace, grants)})
+
+
+def ro_bind_pin_args(nested: Sequence[Root], writable: set[tuple[int, int]]) -> tuple[list[str], list[int]]:
+    """``--ro-tree`` for each of ``nested`` and ``--pin-tree`` for each directory up to a ``writable`` tree.
+
+    Args:
+        nested: read-only grants, each beneath one of the writable trees.
+        writable: ``(st_dev, st_ino)`` of the writable trees' roots.
+
+    Returns:
+        ``(args, fds)``: the arguments and the new fds they name (the caller's to close).
+    """
     pins: dict[tuple[int, int], tuple[str, int]] = {}
     fds: list[int] = []
     args: list[str] = []
@@ -58,6 +73,82 @@ def _ro_bind_args(workspace: Root, grants: Grants,
             os.close(fd)
         raise
     return args, fds
+
+
+def private_root_args(private_root: PrivateRoot, grants: Grants) -> tuple[list[str], list[int]]:
+    """The helper's ``--private-root`` arguments, and the new fds they name (the caller's to close).
+
+    The workspace overlay (a dup of ``private_root.workspace_fd``) at its
+    path; the system set's directories (``/usr``, ``/etc`` and those of
+    :data:`~sandbox_fs.exec._landlock.SYSTEM_READ_EXEC_DIRS` that are real
+    directories) as ``--sys-tree``, and those that are symlinks into
+    ``/usr`` or ``/etc`` (merged ``/usr``: ``/bin -> usr/bin``) as
+    ``--sys-link``; read-write grants as ``--rw-tree``; read-only grants as
+    ``--reach-tree``, or, when nested in a read-write grant, as
+    ``--ro-tree`` with their parents up to it pinned (:func:`ro_bind_pin_args`).
+    The workspace's backing directory is not among them: the command sees
+    the workspace only through the overlay.
+    """
+    fds: list[int] = []
+    try:
+        ws = os.dup(private_root.workspace_fd)
+        fds.append(ws)
+        args = ["--private-root", str(ws), "--workspace-path", private_root.workspace_path]
+        for path in (*SYSTEM_READ_EXEC_DIRS, "/etc"):
+            args += _system_tree_arg(path, fds)
+        roots = grant_roots(grants)
+        rw = [r for r, ro in roots if not ro]
+        writable = {r.identity for r in rw}
+        nested: list[Root] = []
+        for root in rw:
+            fd = root.fileno_dup()
+            fds.append(fd)
+            args += ["--rw-tree", str(fd)]
+        for root, ro in roots:
+            if not ro:
+                continue
+            fd = root.fileno_dup()
+            if any(is_beneath(fd, w) for w in writable):
+                os.close(fd)
+                nested.append(root)
+                continue
+            fds.append(fd)
+            args += ["--reach-tree", str(fd)]
+        if nested:
+            pin_args, pin_fds = ro_bind_pin_args(nested, writable)
+            fds += pin_fds
+            args += pin_args
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return args, fds
+
+
+def _system_tree_arg(path: str, fds: list[int]) -> list[str]:
+    """``--sys-tree FD`` (fd appended to ``fds``) or ``--sys-link PATH=TARGET`` for one system path, or nothing."""
+    try:
+        st = os.lstat(path)  # host-access: system set: a fixed system path (directory or merged-/usr link)
+    except OSError:
+        return []
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)  # host-access: system set: the link's text, recreated in the private root
+        except OSError:
+            return []
+        real = os.path.realpath(path)  # host-access: system set: where a fixed system link lands
+        if not real.startswith(("/usr/", "/etc/")):
+            return []
+        return ["--sys-link", f"{path}={target}"]
+    if not stat.S_ISDIR(st.st_mode):
+        return []
+    try:
+        # host-access: system set: O_PATH fd of a fixed system directory, bound read-only in the private root
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    fds.append(fd)
+    return ["--sys-tree", str(fd)]
 
 
 _CGROUP_MOUNTS: tuple[str, ...] | None = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..paths import PathPolicy
+from ..paths import PathPolicy, normalize
 from . import _helper, _identity, _landlock
 from ._bounds import read_process_bounds
 from ._cgroups import CgroupTree, PidsV1Tree
@@ -24,7 +24,7 @@ from ._errors import ConfinementError
 from ._grants import check_rw_grants, grant_roots, ro_grant_trees, rw_grant_trees
 from ._helper import helper_or_raise, ro_mounts_available
 from ._models import CLONE_NEWCGROUP, NS_FLAGS, ExecRequest, explicit_identity
-from ._mounts import _mask_dirs, _ro_bind_args, _ro_binds
+from ._mounts import _mask_dirs, _ro_bind_args, _ro_binds, private_root_args
 from ._ruleset import build_ruleset
 from ._seccomp import _SECCOMP_KEYS, _SECCOMP_TCP
 from ._supervisor import ProcessSupervisor
@@ -52,6 +52,7 @@ class Prepared:
         pids_leaf: its cgroup v1 pids leaf, if any.
         process_bounds: see :attr:`ExecResult.process_bounds`.
         identity: ``(uid, gid)`` the command runs as (None: the host's own).
+        overlay: the command runs in its private root (``--private-root``).
     """
 
     helper_argv: list[str]
@@ -68,6 +69,7 @@ class Prepared:
     pids_leaf: str | None = None
     process_bounds: tuple[str, ...] = ()
     identity: tuple[int, int] | None = None
+    overlay: bool = False
 
     def pass_fd(self, fd: int) -> str:
         """Hand ``fd`` to the helper (closed here after the spawn); returns it as an argument."""
@@ -116,8 +118,8 @@ def _mount_layer_applies(request: ExecRequest, helper: str) -> bool:
 
 async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNamespaces | None:
     """The supervisor's read-only mount namespace for this run's trees (None: the helper makes one)."""
-    if not _mount_layer_applies(request, _helper.helper_path()):
-        return None
+    if request.private_root is not None or not _mount_layer_applies(request, _helper.helper_path()):
+        return None  # a private root is the command's own: made per run
     workspace, grants = request.workspace, request.grants
     ro = _ro_binds(workspace, grants)
     bind = _ro_bind_args(workspace, grants, ro)
@@ -213,6 +215,8 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
             layer_args, flags = _mount_layer(prep, request, helper, mount_ns, flags)
             args += layer_args
             args += _seccomp_args(prep, request)
+        elif request.private_root is not None:
+            args += _private_root_args(prep, request)
         if flags:
             args += ["--unshare", str(flags)]
         prep.helper_argv = args + ["--", *request.command]
@@ -228,13 +232,18 @@ def _io_args(prep: Prepared, request: ExecRequest) -> list[str]:
     prep.status_r = status_r
     args = ["--status", prep.pass_fd(status_w)]
     args += ["--env-fd", prep.pass_fd(env_blob_fd(prep.env, prep.secrets))]
-    cwd, grants = request.cwd, request.grants
+    cwd, grants, workspace = request.cwd, request.grants, request.workspace
+    root, rel = workspace, cwd
     if isinstance(grants, PathPolicy) and cwd.startswith("/"):
         resolved = grants.resolve(cwd)
-        cwd_fd = resolved.root.open_dir_fd(resolved.rel or ".")
-    else:
-        cwd_fd = request.workspace.open_dir_fd(cwd or ".")
-    return args + ["--cwd", prep.pass_fd(cwd_fd)]
+        root, rel = resolved.root, resolved.rel
+    cwd_fd = root.open_dir_fd(rel or ".")
+    args += ["--cwd", prep.pass_fd(cwd_fd)]
+    if request.private_root is not None and root.identity == workspace.identity:
+        # In the private root the workspace is the overlay at workspace_path: the
+        # helper resolves the same sandbox path beneath it (RESOLVE_BENEATH).
+        args += ["--cwd-rel", normalize(rel) if rel else ""]
+    return args
 
 
 def _cgroup_args(prep: Prepared, request: ExecRequest, supervisor: ProcessSupervisor) -> list[str]:
@@ -270,11 +279,16 @@ def _landlock_args(prep: Prepared, request: ExecRequest, helper: str) -> list[st
             raise ConfinementError("Landlock is not available on this kernel; "
                                    "confinement='required' fails closed", secrets=prep.secrets)
         return []
+    private_root = request.private_root
     ruleset = build_ruleset(request.workspace, request.grants, request.policy, tty=request.tty, abi=version,
-                            read_only_binds=request.policy.read_only_mounts and ro_mounts_available(helper))
+                            read_only_binds=private_root is not None or (
+                                request.policy.read_only_mounts and ro_mounts_available(helper)),
+                            workspace_fd=private_root.workspace_fd if private_root is not None else None)
     prep.level, prep.abi = "landlock", version
-    return ["--ruleset", prep.pass_fd(ruleset.fd),
-            "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
+    args = ["--ruleset", prep.pass_fd(ruleset.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
+    if private_root is not None:  # its /tmp exists only in the command's root: the helper adds its rule
+        args += ["--tmp-access", str(_landlock.fs_read_write(version))]
+    return args
 
 
 def _mount_layer(prep: Prepared, request: ExecRequest, helper: str, mount_ns: HeldNamespaces | None,
@@ -291,7 +305,9 @@ def _mount_layer(prep: Prepared, request: ExecRequest, helper: str, mount_ns: He
                and not policy.allow_tcp_connect and not policy.allow_tcp_bind)
     held_net = held_ipc = False
     args: list[str] = []
-    if policy.read_only_mounts and ro_mounts_available(helper):
+    if request.private_root is not None:
+        args = _private_root_args(prep, request)
+    elif policy.read_only_mounts and ro_mounts_available(helper):
         if mount_ns is not None:
             args, held_net, held_ipc = _held_ns_args(prep, mount_ns, isolate, flags)
         else:
@@ -338,6 +354,15 @@ def _fresh_mount_layer_args(prep: Prepared, request: ExecRequest) -> list[str]:
         args += ["--reach-tree", prep.pass_fd(tree.fileno_dup())]
     for d in _mask_dirs(trees):
         args += ["--mask", d]
+    return args
+
+
+def _private_root_args(prep: Prepared, request: ExecRequest) -> list[str]:
+    """The command's own root (:class:`PrivateRoot`): the overlay, the system trees, the grants."""
+    assert request.private_root is not None
+    args, fds = private_root_args(request.private_root, request.grants)
+    prep.pass_fds.extend(fds)
+    prep.ro_mounts = prep.overlay = True
     return args
 
 

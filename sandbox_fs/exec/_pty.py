@@ -18,7 +18,7 @@ from ..paths import PathPolicy
 from ..root import Root
 from ._errors import ExecError, PtyNotFoundError
 from ._helper import _STATUS_TIMEOUT_S, _status_error
-from ._models import Confinement, ConfinementPolicy, ExecRequest
+from ._models import Confinement, ConfinementPolicy, ExecRequest, PrivateRoot
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES
 from ._prepare import Prepared, prepare_run
 from ._spawn import _abort_spawn, _spawn
@@ -98,12 +98,15 @@ class PtyManager:
         rows: int = 24,
         cols: int = 80,
         first_output_timeout_s: float = 0.5,
+        private_root: PrivateRoot | None = None,
     ) -> tuple[str, bytes]:
         """Start ``argv`` on a new PTY, confined like :func:`run_confined`.
 
         Args:
             argv, workspace, workspace_host_path, grants, cwd, env, secret_env,
-                shell, confinement, policy: as for :func:`run_confined`.
+                shell, confinement, policy, private_root: as for
+                :func:`run_confined`; in a private root ``/dev`` also holds
+                ``tty`` and the PTY's slave at its ``/dev/pts`` name.
                 ``TERM`` defaults to ``xterm`` when neither the host allow-list
                 nor ``env`` sets it.
             rows, cols: the terminal size.
@@ -123,7 +126,8 @@ class PtyManager:
         await trio.lowlevel.checkpoint()
         request = ExecRequest.build(argv, workspace=workspace, workspace_host_path=workspace_host_path,
                                     grants=grants, cwd=cwd, env=env, secret_env=secret_env, shell=shell,
-                                    confinement=confinement, policy=policy, tty=True)
+                                    confinement=confinement, policy=policy, tty=True,
+                                    private_root=private_root)
         if len(self._ptys) >= self.max_live:
             await self._prune_one()
         prep = await prepare_run(request, self.supervisor)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPolicy | None = None,
                   policy: "ConfinementPolicy | None" = None, *, tty: bool = False,
-                  abi: int | None = None, read_only_binds: bool = False) -> _landlock.Ruleset:
+                  abi: int | None = None, read_only_binds: bool = False,
+                  workspace_fd: int | None = None) -> _landlock.Ruleset:
     """Build the Landlock ruleset for one confined process, from file descriptors.
 
     Rules: read-write beneath the workspace (read-only when the Root is), each
@@ -36,6 +37,11 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
         read_only_binds: the caller's child gets the read-only mount layer,
             which covers each read-only grant nested in a writable tree with
             a read-only bind (``--ro-tree``), so such a grant is not refused.
+        workspace_fd: the workspace rule's object instead of the workspace
+            Root's fd: the root of the overlay's detached mount when the
+            command runs in a private root (its clone shares that root's
+            inode; the backing directory is not in the command's root).
+            Borrowed; the rule's rights follow ``workspace.read_only``.
 
     Returns:
         A :class:`sandbox_fs.exec._landlock.Ruleset`; the caller closes it.
@@ -61,7 +67,7 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
                                diagnostic=str(exc)) from None
     try:
         read_write = _landlock.fs_read_write(version)
-        ws_fd = workspace.fileno_dup()
+        ws_fd = workspace.fileno_dup() if workspace_fd is None else os.dup(workspace_fd)
         try:
             ruleset.add_fd(ws_fd, _landlock.FS_READ_EXEC if workspace.read_only else read_write)
         finally:

@@ -16,7 +16,7 @@ from ..root import Root
 from ._cgroups import CgroupTree
 from ._errors import ExecFailedError, ExecTimeoutError
 from ._helper import _HELPER_ENV, _STATUS_TIMEOUT_S, _Status, _status_error
-from ._models import Confinement, ConfinementPolicy, ExecRequest, ExecResult
+from ._models import Confinement, ConfinementPolicy, ExecRequest, ExecResult, PrivateRoot
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES, _HeadTail
 from ._prepare import Prepared, prepare_run
 from ._supervisor import ProcessSupervisor, _ForeignChild, _Tracked
@@ -89,6 +89,7 @@ async def run_confined(
     supervisor: ProcessSupervisor | None = None,
     policy: ConfinementPolicy = ConfinementPolicy(),
     check: bool = False,
+    private_root: PrivateRoot | None = None,
 ) -> ExecResult:
     """Run a command confined to the workspace and return its result.
 
@@ -129,6 +130,13 @@ async def run_confined(
             private supervisor is made and closed before this returns.
         policy: rlimits, network ports, namespaces, grace periods.
         check: raise :class:`ExecFailedError` on a non-zero exit status.
+        private_root: run the command in a root of its own built around the
+            workspace overlay (:class:`PrivateRoot`; root hosts only): it
+            sees the overlay at ``private_root.workspace_path``, the system
+            set, a private ``/tmp``, a minimal ``/dev``, its own ``/proc`` and
+            the grants at their host paths, nothing else of the host.  A
+            ``cwd`` beneath the workspace is entered there.  Reported in
+            :attr:`ExecResult.overlay`.
 
     Returns:
         :class:`ExecResult`; a non-zero exit is a result, not an exception.
@@ -136,7 +144,8 @@ async def run_confined(
     Raises:
         ConfinementError: ``confinement="required"`` and Landlock is
             unavailable, or no process-count bound can be enforced, or a
-            confinement step fails (fails closed); on a root host, no
+            confinement step fails (fails closed: building the private root
+            included); ``private_root`` on a non-root host; on a root host, no
             identity can be leased, the workspace cannot be re-owned, or a
             read-write grant is not owned by the identity.
         CommandNotFoundError: the program does not exist or may not be
@@ -147,7 +156,8 @@ async def run_confined(
             :data:`MAX_ENV_BYTES` bytes or :data:`MAX_ENV_ENTRIES` entries.
         ExecError: bad ``argv``/``shell``/``confinement`` values, a
             ``timeout_s`` that is not a finite number of seconds > 0, a
-            malformed ``policy.identity``, or the cwd cannot be entered.
+            malformed ``policy.identity``, a ``private_root`` that is not a
+            :class:`PrivateRoot`, or the cwd cannot be entered.
         PathEscapeError, FileNotFoundError, NotADirectoryError: ``cwd`` does
             not resolve to a directory beneath the workspace.
 
@@ -159,7 +169,7 @@ async def run_confined(
     request = ExecRequest.build(argv, workspace=workspace, workspace_host_path=workspace_host_path, grants=grants,
                                 cwd=cwd, env=env, secret_env=secret_env, shell=shell, confinement=confinement,
                                 policy=policy, stdin=stdin, timeout_s=timeout_s,
-                                max_output_bytes=max_output_bytes, check=check)
+                                max_output_bytes=max_output_bytes, check=check, private_root=private_root)
     own = supervisor is None
     sup = supervisor if supervisor is not None else ProcessSupervisor(use_cgroup=policy.use_cgroup,
                                                                      pids_max=policy.pids_max,
@@ -195,7 +205,7 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
         duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
         read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
         stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds,
-        identity=prep.identity)
+        identity=prep.identity, overlay=prep.overlay)
     _raise_if_timed_out_or_failed(request, prep, result, timed_out)
     return result
 
