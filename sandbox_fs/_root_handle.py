@@ -465,6 +465,38 @@ class Handle:
             self._refuse_shared_write(ret, label)
         return ret
 
+    def create(self, name: bytes, flags: int, mode: int = 0o644, *, owner: tuple[int, int] | None = None,
+               label: str | None = None) -> tuple[int, "Handle"]:
+        """:meth:`open` with ``O_CREAT`` added, and a handle on the very inode opened (a FUSE create).
+
+        The handle is taken by :meth:`lookup` of ``name`` right after the
+        open and checked to be the inode the fd is open on.
+
+        Returns:
+            ``(fd, handle)``: the caller owns both.
+
+        Raises:
+            OSError(ESTALE): another process replaced ``name`` between the
+                open and the lookup (nothing is returned; the file made stays).
+            InvalidPathError, ReadOnlyError, SymlinkRefusedError,
+            SpecialFileError, OSError: as :meth:`open`.
+        """
+        fd = self.open(name, flags | os.O_CREAT, mode, owner=owner, label=label)
+        try:
+            st = os.fstat(fd)
+            handle = self.lookup(name, label=label)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            if handle.key != (st.st_dev, st.st_ino):
+                _fail(errno.ESTALE, "create", label)
+        except BaseException:
+            handle.close()
+            os.close(fd)
+            raise
+        return fd, handle
+
     def _open_failed(self, err: int, label: str | None) -> None:
         if err == errno.ENXIO:
             from .root import SpecialFileError  # the module that defines it imports this one
@@ -555,9 +587,10 @@ class Handle:
             ReadOnlyError: this handle or ``src`` is read-only (a link would
                 make a read-only file writable through the new name).
             PathEscapeError: ``src`` belongs to another Root (EXDEV).
-            OSError: EEXIST; EPERM (``src`` is a directory, or no
-                CAP_DAC_READ_SEARCH); ENOENT (``src`` was unlinked); EXDEV
-                (another file system); EMLINK.
+            OSError: EEXIST; EPERM (``src`` is a directory; or, without
+                CAP_DAC_READ_SEARCH, ``src``'s fd was opened with other
+                credentials: Linux >= 6.10 allows the opener's own);
+                ENOENT (``src`` was unlinked); EXDEV (another file system); EMLINK.
         """
         fd = self._dir_fd(name, label)
         self._writable("link", label)

@@ -775,3 +775,21 @@ def test_root_handle_with_each_resolver(resolver, layout):
         with pytest.raises(PathEscapeError):
             r.handle("d/../../outside")
 
+
+
+def test_create_gives_the_fd_and_a_handle_on_the_same_inode(top, layout):
+    fd, h = top.create(b"new", os.O_WRONLY | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, b"x")
+        assert h.key == (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == (os.lstat(layout.ws / "new").st_dev,
+                                                                       os.lstat(layout.ws / "new").st_ino)
+        assert stat.S_ISREG(h.stat().st_mode)
+    finally:
+        os.close(fd)
+        h.close()
+    with pytest.raises(FileExistsError):
+        top.create(b"new", os.O_WRONLY | os.O_EXCL)
+    fd, h = top.create(b"new", os.O_RDWR)  # without O_EXCL: the existing file
+    os.close(fd)
+    h.close()
+    assert (layout.ws / "new").read_bytes() == b"x"
