@@ -224,3 +224,176 @@ async def test_sigkill_of_the_daemon_leaves_nothing_and_a_new_overlay_starts(ws_
             assert ov2.root.read_bytes("hello.txt") == b"hello\n"
     finally:
         ws.close()
+
+
+async def test_readdir_of_10k_entries_lists_each_once_and_counts_lookups(ws_dir):
+    big = ws_dir / "big"
+    big.mkdir()
+    for i in range(10_000):
+        (big / f"e{i:05d}").write_bytes(b"")
+    ws = open_root(ws_dir)
+    try:
+        async with await Overlay.start(ws, policy=OverlayPolicy()) as ov:
+            names = await in_thread(ov.root.listdir, "big")
+            assert sorted(names) == sorted(os.listdir(big))
+            assert len(names) == 10_000
+            # the readdirplus replies filled the attribute cache: every entry has its inode
+            assert fd_count(ov.pid) >= 10_000
+            await ov.invalidate(None)
+            for _ in range(100):
+                if fd_count(ov.pid) < 1_000:
+                    break
+                await trio.sleep(0.05)
+            assert fd_count(ov.pid) < 1_000
+    finally:
+        ws.close()
+
+
+async def test_rename_flags_and_hard_links(overlay, ws_dir):
+    r = overlay.root
+    r.write_bytes("a", b"A")
+    r.write_bytes("b", b"B")
+    mfd = overlay.mount_fd
+    assert await in_thread(_native.renameat2_raw, mfd, b"a", mfd, b"b", _native.RENAME_NOREPLACE) == -errno.EEXIST
+    assert await in_thread(_native.renameat2_raw, mfd, b"a", mfd, b"b", _native.RENAME_EXCHANGE) == 0
+    assert r.read_bytes("a") == b"B" and r.read_bytes("b") == b"A"
+    assert (ws_dir / "a").read_bytes() == b"B"
+    r.link("a", "a2")
+    r.rename("b", "a")  # over a name of a two-link inode: the other link keeps it
+    assert r.read_bytes("a") == b"A" and r.read_bytes("a2") == b"B"
+    assert r.lstat("a2").st_nlink == 1
+
+
+async def test_unlinked_open_file_keeps_its_quota_until_the_last_release(overlay):
+    base = (await overlay.usage())["bytes"]
+
+    def scenario(mfd):
+        fd = os.open("big", os.O_CREAT | os.O_RDWR, 0o644, dir_fd=mfd)
+        os.write(fd, b"z" * 5000)
+        os.unlink("big", dir_fd=mfd)
+        return fd
+
+    fd = await in_thread(scenario, overlay.mount_fd)
+    try:
+        assert (await overlay.usage())["bytes"] == base + 5000
+        assert os.pread(fd, 4, 0) == b"zzzz"
+    finally:
+        await in_thread(os.close, fd)
+    for _ in range(50):
+        if (await overlay.usage())["bytes"] == base:
+            break
+        await trio.sleep(0.02)
+    assert (await overlay.usage())["bytes"] == base
+
+
+async def test_policy_refusals_through_the_mount(overlay, ws_dir):
+    mfd = overlay.mount_fd
+
+    def attempt(fn, *args, **kw):
+        try:
+            fn(*args, **kw)
+        except OSError as e:
+            return e.errno
+        return 0
+
+    assert await in_thread(lambda: attempt(os.mkfifo, "fifo", dir_fd=mfd)) == errno.EPERM
+    assert await in_thread(lambda: attempt(os.symlink, "/etc/hostname", "abs", dir_fd=mfd)) == errno.EPERM
+    assert await in_thread(lambda: attempt(os.symlink, "../../x", "sub/up", dir_fd=mfd)) == errno.EPERM
+    assert await in_thread(lambda: attempt(os.chmod, "hello.txt", 0o4755, dir_fd=mfd)) == errno.EPERM
+    # mkdir(2) ignores S_ISGID in its mode; one inherited from a set-group-ID parent is removed
+    os.chmod(ws_dir / "sub", 0o2755)
+    assert await in_thread(lambda: attempt(os.mkdir, "sub/sg", 0o2755, dir_fd=mfd)) == 0
+    assert stat.S_IMODE((ws_dir / "sub" / "sg").stat().st_mode) == 0o755
+    assert await in_thread(lambda: attempt(os.symlink, "../hello.txt", "sub/ok", dir_fd=mfd)) == 0
+    assert not (ws_dir / "fifo").exists() and not (ws_dir / "abs").is_symlink()
+    assert stat.S_IMODE((ws_dir / "hello.txt").stat().st_mode) & 0o7000 == 0
+
+
+async def test_read_only_policy_gives_erofs(ws_dir):
+    ws = open_root(ws_dir)
+    try:
+        async with await Overlay.start(ws, policy=OverlayPolicy(read_only=True)) as ov:
+            assert ov.root.read_bytes("hello.txt") == b"hello\n"
+            for fn, args in ((os.mkdir, ("d",)), (os.unlink, ("hello.txt",)),
+                             (os.open, ("hello.txt", os.O_WRONLY))):
+                with pytest.raises(OSError) as info:
+                    await in_thread(lambda: fn(*args, dir_fd=ov.mount_fd))
+                assert info.value.errno == errno.EROFS
+    finally:
+        ws.close()
+    assert sorted(os.listdir(ws_dir)) == ["hello.txt", "sub"]
+
+
+async def test_a_read_only_host_mount_is_served_at_its_path(ws_dir, tmp_path):
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "data").write_bytes(b"from the host")
+    (ws_dir / "sub" / "mnt").mkdir()  # the placeholder
+    ws, hroot = open_root(ws_dir), open_root(host)
+    try:
+        from sandbox_fs.fuse import OverlayMount
+        async with await Overlay.start(ws, policy=OverlayPolicy(),
+                                       mounts=[OverlayMount("sub/mnt", hroot, read_only=True)]) as ov:
+            assert ov.root.read_bytes("sub/mnt/data") == b"from the host"
+            assert "mnt" in ov.root.listdir("sub")
+            with pytest.raises(OSError) as info:
+                ov.root.write_bytes("sub/mnt/new", b"x")
+            assert info.value.errno == errno.EROFS
+            with pytest.raises(OSError) as info:  # a hard link out of the read-only tree
+                ov.root.link("sub/mnt/data", "stolen")
+            assert info.value.errno in (errno.EXDEV, errno.EROFS)
+            with pytest.raises(OSError) as info:
+                ov.root.rmdir("sub/mnt")
+            assert info.value.errno in (errno.EBUSY, errno.EROFS)
+            # shared tree: a host-side change shows once its short timeout expired
+            (host / "data").write_bytes(b"changed on the host")
+            await ov.invalidate(["sub/mnt/data"])
+            assert ov.root.read_bytes("sub/mnt/data") == b"changed on the host"
+            events, _ = await ov.audit_events()
+            assert ("open", "sub/mnt/data", 0) in [(e.op, e.path, e.errno) for e in events]
+    finally:
+        ws.close()
+        hroot.close()
+    assert sorted(os.listdir(host)) == ["data"]
+
+
+async def test_creates_belong_to_the_requesting_uid(overlay, ws_dir):
+    (ws_dir / "open").mkdir(mode=0o777)
+    os.chmod(ws_dir / "open", 0o777)
+    code = ("import os,sys; m=int(sys.argv[1]); fd=os.open('open/mine', os.O_CREAT|os.O_WRONLY, 0o644, dir_fd=m);"
+            "os.close(fd); os.mkdir('open/dir', dir_fd=m)")
+    import sys
+    proc = await trio.run_process(
+        ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", sys.executable, "-c", code,
+         str(overlay.mount_fd)], pass_fds=(overlay.mount_fd,), check=False)
+    assert proc.returncode == 0
+    for name in ("mine", "dir"):
+        st = (ws_dir / "open" / name).lstat()
+        assert (st.st_uid, st.st_gid) == (4242, 4242)
+
+
+async def test_sigkill_of_the_host_ends_the_daemon(ws_dir):
+    import sys
+    code = ("import sys, os, trio\n"
+            "from sandbox_fs.root import open_root\n"
+            "from sandbox_fs.fuse import Overlay, OverlayPolicy\n"
+            "async def main():\n"
+            "    ov = await Overlay.start(open_root(sys.argv[1]), policy=OverlayPolicy())\n"
+            "    print(ov.pid, flush=True)\n"
+            "    await trio.sleep(600)\n"
+            "trio.run(main)\n")
+    async with trio.open_nursery() as nursery:
+        proc = await nursery.start(lambda task_status: trio.run_process(
+            [sys.executable, "-c", code, str(ws_dir)], stdout=-1, check=False, task_status=task_status))
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = await proc.stdout.receive_some(100)
+            assert chunk, "the host exited early"
+            line += chunk
+        daemon_pid = int(line)
+        proc.kill()
+    for _ in range(250):
+        if not is_running(daemon_pid):
+            break
+        await trio.sleep(0.02)
+    assert not is_running(daemon_pid)

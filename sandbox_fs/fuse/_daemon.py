@@ -116,7 +116,6 @@ class Invalidator:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="sfs-invalidate", daemon=True)
         self._thread.start()
-        self.busy = False
 
     async def run(self, jobs: list[tuple[str, int, Any]]) -> int:
         """Invalidate ``jobs`` on the thread; returns how many failed (other than ENOENT).
@@ -137,7 +136,6 @@ class Invalidator:
             if item is None:
                 return
             jobs, token, done, box = item
-            self.busy = True
             failed = 0
             for kind, a, b in jobs:
                 try:
@@ -149,7 +147,6 @@ class Invalidator:
                     if e.errno != errno.ENOENT:
                         failed += 1
             box["failed"] = failed
-            self.busy = False
             try:
                 token.run_sync_soon(done.set)
             except trio.RunFinishedError:

@@ -195,7 +195,12 @@ class OverlayOps(pyfuse3.Operations):
             self.quota.add_inodes(1)
         node, _ = self.table.learn(pnode.ino, name, handle, pnode.tree)
         node.lookups += 1
-        return self._attr(node, node.handle.stat())
+        st = node.handle.stat()
+        if st.st_mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(st.st_mode):
+            # a directory made in a set-group-ID directory inherits the bit: never keep it
+            node.handle.chmod(stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            st = node.handle.stat()
+        return self._attr(node, st)
 
     def _release_unlinked(self, node: Inode | None, handle: Handle) -> None:
         """After a name was removed: uncharge the inode if that was its last link and nothing holds it open."""

@@ -124,7 +124,7 @@ class Overlay:
             fds.extend(m.root.fileno_dup() for m in mounts)
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "sandbox_fs.fuse._daemon", str(daemon.fileno())],
-                pass_fds=(daemon.fileno(),), stdin=subprocess.DEVNULL)
+                pass_fds=(daemon.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
             daemon.close()
             host.setblocking(False)
             self = cls(process, host, policy)
