@@ -35,7 +35,7 @@ import json
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,6 +45,9 @@ from .paths import Grant
 from .root import Root, open_root
 from .session import Session, SessionConfig, SessionError
 from .snapshot import LocalSnapshotStore, NoSnapshot, SnapshotLimits, SnapshotStore, validate_name
+
+if TYPE_CHECKING:  # the overlay is optional: sandbox_fs.fuse is imported only by a session that uses it
+    from .fuse import OverlayPolicy
 
 __all__ = [
     "ClientOptions",
@@ -213,7 +216,7 @@ class ClientOptions:
     identity_range: tuple[int, int] | None = None
     confinement: Literal["required", "best_effort", "none"] = "required"
     overlay: bool = False
-    overlay_policy: Any = None  # an OverlayPolicy (sandbox_fs.fuse is imported only when used)
+    overlay_policy: OverlayPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.state_key is not None and (not isinstance(self.state_key, bytes) or len(self.state_key) < 16):

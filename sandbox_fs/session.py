@@ -68,7 +68,7 @@ from .root import DirEntry, Root, open_root
 from . import snapshot as _snap
 
 if TYPE_CHECKING:  # the overlay is optional (extra sandbox-fs[fuse]): imported only when a session uses it
-    from .fuse import AuditEvent, FaultRule, Overlay, OverlayPolicy  # type: ignore[attr-defined]
+    from .fuse import AuditEvent, FaultRule, Overlay, OverlayPolicy
 
 __all__ = [
     "Session",
@@ -1296,7 +1296,7 @@ class Session:
         from . import fuse as _fuse  # noqa: PLC0415
 
         assert self._root is not None and self._policy is not None
-        policy = self.config.overlay_policy or _fuse.OverlayPolicy()  # type: ignore[attr-defined]
+        policy = self.config.overlay_policy or _fuse.OverlayPolicy()
         grant_roots: list[Root] = []
         try:
             if mounts:
@@ -1305,10 +1305,10 @@ class Session:
                 await trio.to_thread.run_sync(make_mount_points, self._root, mounts)
                 for m in mounts:
                     grant_roots.append(self._policy.open_grant_root(m.grant, read_only=m.read_only))
-            served = [_fuse.OverlayMount(m.path, r, m.read_only)  # type: ignore[attr-defined]
+            served = [_fuse.OverlayMount(m.path, r, m.read_only)
                       for m, r in zip(mounts, grant_roots)]
             try:
-                ov = await _fuse.Overlay.start(self._root, policy=policy, mounts=served)  # type: ignore[attr-defined]
+                ov = await _fuse.Overlay.start(self._root, policy=policy, mounts=served)
             except _fuse.OverlayUnavailableError as exc:
                 self._overlay_unavailable(exc.reason)
                 self._plan_mounts(overlay=False)  # mount entries cannot be served without it: refused

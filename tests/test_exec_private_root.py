@@ -1,11 +1,11 @@
 """The private root of a confined command (issue 13, part 5): ``run_confined(private_root=...)``.
 
-Most tests stand the workspace overlay in with a detached mount of the same
-kind: ``fsopen("tmpfs")``/``fsmount`` filled with files (its root inode is
-not the workspace directory's, as with FUSE, so the Landlock workspace rule
-must be on the mount), or ``open_tree(OPEN_TREE_CLONE)`` of a backing
-directory (writes land in that directory); the syscalls are made with ctypes
-here, in the test only.  The last test uses the FUSE overlay itself.
+Until the FUSE overlay lands, the workspace overlay is stood in for by a
+detached mount of the same kind: ``fsopen("tmpfs")``/``fsmount`` filled with
+files (its root inode is not the workspace directory's, as with FUSE, so the
+Landlock workspace rule must be on the mount), or ``open_tree(OPEN_TREE_CLONE)``
+of a backing directory (writes land in that directory).  The syscalls are
+made with ctypes here, in the test only.
 
 Each test that a host object is out of reach has a positive control: the
 same command without the private root (or without Landlock) reaches it, so
@@ -16,7 +16,6 @@ said otherwise.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import shutil
 import stat
@@ -367,46 +366,3 @@ def test_the_system_devices_are_the_landlock_set():
     assert {os.path.basename(p) for p, _a in _landlock.SYSTEM_DEVICES} == DEV_NAMES - {
         "fd", "stdin", "stdout", "stderr"}
     assert all(stat.S_ISCHR(os.stat(p).st_mode) for p, _a in _landlock.SYSTEM_DEVICES)
-
-
-_FUSE_MISSING = ("/dev/fuse is missing" if not os.path.exists("/dev/fuse")
-                 else "pyfuse3 (the fuse extra) is not installed" if importlib.util.find_spec("pyfuse3") is None
-                 else None)
-
-
-@pytest.mark.skipif(_FUSE_MISSING is not None, reason=f"the FUSE overlay cannot run: {_FUSE_MISSING}")
-async def test_the_real_overlay_as_the_private_roots_workspace(base):
-    """The FUSE overlay itself: its mount at workspace_path, writes in the backing dir, a planted link kept inside."""
-    from sandbox_fs.fuse import Overlay, OverlayPolicy
-
-    outside = base / "outside"
-    outside.mkdir()
-    sentinel = outside / "sentinel.txt"
-    sentinel.write_text("HOST SENTINEL\n")
-    os.utime(sentinel, (1000, 2000))  # atime < mtime: a read would move atime (relatime)
-    backing = base / "backing"
-    backing.mkdir()
-    (backing / "hello.txt").write_text("hello through FUSE\n")
-    (backing / "sentinel.txt").write_text("private view\n")
-    os.symlink(str(sentinel), backing / "link")  # planted host-side: the overlay refuses to make one
-    backing_root = open_root(backing)
-    ov = await Overlay.start(backing_root, policy=OverlayPolicy())
-    try:
-        script = (f"pwd; cat hello.txt; echo made > made.txt; cat link; [ -e {backing} ] && echo backing-seen; "
-                  "[ -e /root ] && echo root-seen; true")
-        r = await run_confined(sh(script), workspace=ov.root, workspace_host_path=str(backing),
-                               private_root=PrivateRoot(ov.mount_fd, workspace_path=str(outside)), check=True)
-        st = sentinel.stat()
-        assert (st.st_atime_ns, st.st_mtime_ns) == (1000 * 10**9, 2000 * 10**9), "the host sentinel was touched"
-        assert r.identity is not None and (backing / "made.txt").stat().st_uid == r.identity[0] != 0
-        # Control (which gives the workspace back to uid 0): with the host's root (and no Landlock) the kernel follows the link to the host's file.
-        control = await run_confined(sh("cat link"), workspace=ov.root, workspace_host_path=str(backing),
-                                     confinement="none")
-    finally:
-        await ov.aclose()
-        backing_root.close()
-    assert r.overlay and r.confinement == "landlock"
-    assert r.stdout.decode().splitlines() == [str(outside), "hello through FUSE", "private view"], r.stderr
-    assert (backing / "made.txt").read_text() == "made\n"
-    assert sentinel.read_text() == "HOST SENTINEL\n"
-    assert control.stdout == b"HOST SENTINEL\n" and not control.overlay

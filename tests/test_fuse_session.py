@@ -42,13 +42,18 @@ _WHY = _overlay_unusable()
 needs_overlay = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
 
 
-def _needs_private_root() -> None:
+def _private_root_missing() -> str | None:
     from sandbox_fs import exec as sfs_exec
 
     if not hasattr(sfs_exec, "PrivateRoot"):
-        pytest.skip("this build's exec has no PrivateRoot (a confined command cannot run on the overlay)")
+        return "this build's exec has no PrivateRoot (a confined command cannot run on the overlay)"
     if sandbox_fs.features()["landlock_abi"] == 0:
-        pytest.skip("kernel has no Landlock (a confined command with confinement=required is refused)")
+        return "kernel has no Landlock (a confined command with confinement=required is refused)"
+    return None
+
+
+_NO_PRIVATE_ROOT = _private_root_missing()
+needs_private_root = pytest.mark.skipif(_NO_PRIVATE_ROOT is not None, reason=_NO_PRIVATE_ROOT or "")
 
 
 def _daemon_pids() -> list[int]:
@@ -253,8 +258,8 @@ async def test_changes_are_visible_through_the_mount_at_once_both_ways(make_clie
 
 
 @needs_overlay
+@needs_private_root
 async def test_a_confined_command_sees_session_writes_and_the_session_sees_its_writes(make_client):
-    _needs_private_root()
     async with make_client().create() as session:
         await session.write("in.txt", b"to the command")
         result = await session.exec(["sh", "-c", "cat in.txt; printf back > out.txt"], timeout_s=60)
@@ -264,6 +269,28 @@ async def test_a_confined_command_sees_session_writes_and_the_session_sees_its_w
         await session.write("out.txt", b"changed by the host")
         again = await session.exec(["cat", "out.txt"], timeout_s=60)
         assert again.stdout == b"changed by the host"
+
+
+@needs_overlay
+@needs_private_root
+async def test_a_pty_command_runs_on_the_overlay_too(make_client):
+    async with make_client().create() as session:
+        await session.write("in.txt", b"pty-sees-this")
+        pty_id, out = await session.pty_exec_start(["sh", "-c", "cat in.txt; printf done > out.txt"],
+                                                   first_output_timeout_s=2.0)
+        for _ in range(100):  # until the command's output arrives (bounded; nothing timed is asserted)
+            if b"pty-sees-this" in out:
+                break
+            out += await session.pty_read(pty_id, timeout_s=0.2)
+        assert b"pty-sees-this" in out
+        for _ in range(100):
+            try:
+                if await session.read("out.txt") == b"done":
+                    break
+            except FileNotFoundError:
+                pass
+            await trio.sleep(0.05)
+        assert await session.read("out.txt") == b"done"
 
 
 @needs_overlay
@@ -336,8 +363,11 @@ async def test_persist_reads_the_backing_workspace_and_resumes_without_the_overl
         await session.write("a/b.txt", b"kept", parents=True)
     state = client.serialize_state(session)
     await client.delete(session)
-    async with make_client(overlay=False).resume(state) as plain:
+    plain_client = make_client(overlay=False)
+    async with plain_client.resume(state) as plain:
         assert await plain.read("a/b.txt") == b"kept"
+    state = plain_client.serialize_state(plain)  # its close persisted the next generation
+    await plain_client.delete(plain)
     async with client.resume(json.loads(json.dumps(state))) as again:  # hydrated into the backing, served
         assert again.start_mode == "restored" and again.overlay_active
         assert await trio.to_thread.run_sync(_read_at, again.overlay.mount_fd, "a/b.txt") == b"kept"
@@ -347,17 +377,17 @@ async def test_persist_reads_the_backing_workspace_and_resumes_without_the_overl
 async def test_cancel_during_start_leaves_no_daemon_and_no_fd(make_client):
     from sandbox_fs.manifest import load_manifest
 
-    client = make_client()
-    await trio.to_thread.run_sync(sandbox_fs.features)
-    before = _fds()
-    # at a point fixed by the code: after the mount, while the manifest is applied
     scope = trio.CancelScope()
 
     async def cancelled_materialize(*a, **k):
         scope.cancel()
         await trio.sleep_forever()
 
-    session = make_client(materialize=cancelled_materialize).create(manifest=load_manifest({"entries": {}}))
+    client, cancelling = make_client(), make_client(materialize=cancelled_materialize)
+    await trio.to_thread.run_sync(sandbox_fs.features)
+    before = _fds()
+    # at a point fixed by the code: after the mount, while the manifest is applied
+    session = cancelling.create(manifest=load_manifest({"entries": {}}))
     with scope:
         await session.start()
     assert scope.cancelled_caught and not session.started
@@ -391,6 +421,13 @@ async def test_daemon_killed_then_shutdown_works_and_a_new_session_starts(make_c
                 break
             await trio.sleep(0.025)
         assert not ov.alive
+        from sandbox_fs.fuse import OverlayError
+
+        with pytest.raises(OverlayError):
+            await session.audit_events()
+        if _NO_PRIVATE_ROOT is None:
+            with pytest.raises(OverlayError):  # never run on the backing workspace behind the overlay's back
+                await session.exec(["true"], timeout_s=30)
     finally:
         await session.aclose()
     assert session.closed and not session.overlay_active
@@ -401,3 +438,31 @@ async def test_daemon_killed_then_shutdown_works_and_a_new_session_starts(make_c
         await fresh.write("x", b"1")
         assert await trio.to_thread.run_sync(_read_at, fresh.overlay.mount_fd, "x") == b"1"
     assert _daemon_pids() == []
+
+
+@needs_overlay
+async def test_a_mount_entry_serves_its_grant_and_is_never_persisted(make_client, tmp_path):
+    from sandbox_fs.manifest import load_manifest
+    from sandbox_fs.paths import Grant
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "data.txt").write_text("from the host")
+    client = make_client(extra_path_grants=(Grant(str(ref), read_only=True, name="ref"),))
+    manifest = load_manifest({"entries": {"mnt": {"type": "mount", "grant": "ref"},
+                                          "own.txt": {"type": "file", "content": "mine"}}})
+    async with client.create(manifest=manifest) as session:
+        assert await session.read("mnt/data.txt") == b"from the host"
+        assert await trio.to_thread.run_sync(_read_at, session.overlay.mount_fd, "mnt/data.txt") == b"from the host"
+        with pytest.raises(OSError) as ei:  # a read-only mount
+            await session.write("mnt/new.txt", b"x")
+        assert ei.value.errno == errno.EROFS
+        assert sorted(os.listdir(ref)) == ["data.txt"]
+        backing = tmp_path / "wsdir" / session.id
+        assert (backing / "mnt").is_dir() and os.listdir(backing / "mnt") == []  # the placeholder
+    import tarfile
+
+    info = client.store.info(session.id)
+    with tarfile.open(tmp_path / "snaps" / info.archive) as tar:
+        names = tar.getnames()
+    assert "own.txt" in names and not [n for n in names if n.startswith("mnt")], names
