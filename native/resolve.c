@@ -667,13 +667,26 @@ static int chown_ids(int fd, int64_t uid, int64_t gid)
     return 0;
 }
 
-/* openat(dirfd, name) that created the file when made is set: with an owner, O_CREAT without
-   O_EXCL is tried as O_EXCL (made: ours), then without O_CREAT (existing: left alone), while a
-   racer keeps removing and re-making the name (bounded). */
-static int open_made(int dirfd, const char *name, int flags, mode_t mode, int owned, int *made)
+/* Give what this call made exactly the mode asked for when the process umask removed some of its
+   0777 bits: mode & 07777, plus the S_ISGID a directory inherits from a set-group-ID parent.  st is
+   the fstat of fd from before its owner was set.  0 or -errno. */
+static int exact_mode(int fd, const struct stat *st, mode_t mode)
+{
+    if ((st->st_mode & 0777) == (mode & 0777))
+        return 0;
+    mode_t want = (mode & 07777) | (S_ISDIR(st->st_mode) ? (st->st_mode & S_ISGID) : 0);
+    if (syscall(SYS_fchmodat2, fd, "", (unsigned int)want, AT_EMPTY_PATH) < 0)
+        return -errno;
+    return 0;
+}
+
+/* openat(dirfd, name) that says whether it created the file (made): O_CREAT without O_EXCL is
+   tried as O_EXCL (made: ours), then without O_CREAT (existing: left alone), while a racer keeps
+   removing and re-making the name (bounded). */
+static int open_made(int dirfd, const char *name, int flags, mode_t mode, int *made)
 {
     *made = 0;
-    if (!(flags & O_CREAT) || !owned) {
+    if (!(flags & O_CREAT)) {
         int fd = openat(dirfd, name, flags, mode);
         return fd < 0 ? -errno : fd;
     }
@@ -704,8 +717,9 @@ static int open_made(int dirfd, const char *name, int flags, mode_t mode, int ow
  * blocking on a special file (opened O_NONBLOCK, then a FIFO, socket or device is refused with
  * -ENXIO unless allow_special).  expect_ino >= 0: the opened inode must be (expect_dev, expect_ino),
  * else -ESTALE (O_TRUNC is then applied only after that check; O_CREAT is refused, -EINVAL).
- * uid or gid >= 0 with O_CREAT: a file this call created is fchown'ed through its fd (failure: the
- * file is removed again while the name is still it).  Returns the fd or -errno.
+ * A file this call created (O_CREAT) is given, through its fd, the owner uid/gid when either is
+ * >= 0, and exactly the mode asked (the process umask does not apply); on failure it is removed
+ * again while the name is still it.  Returns the fd or -errno.
  */
 int sfs_open_name(int dirfd, const char *name, uint64_t flags, uint64_t mode, int allow_special,
                   int64_t expect_dev, int64_t expect_ino, int64_t uid, int64_t gid)
@@ -720,7 +734,7 @@ int sfs_open_name(int dirfd, const char *name, uint64_t flags, uint64_t mode, in
         return -EINVAL;
     if (trunc_late)
         f &= ~O_TRUNC;
-    int fd = open_made(dirfd, name, f, (mode_t)(mode & 07777), uid >= 0 || gid >= 0, &made);
+    int fd = open_made(dirfd, name, f, (mode_t)(mode & 07777), &made);
     if (fd < 0)
         return fd;
     if (fstat(fd, &st) < 0)
@@ -729,11 +743,15 @@ int sfs_open_name(int dirfd, const char *name, uint64_t flags, uint64_t mode, in
         err = -ESTALE;
         goto fail;
     }
+    if ((flags & O_CREAT) && !made && S_ISDIR(st.st_mode)) {
+        err = -EISDIR;                      /* as open(2) of O_CREAT on a directory */
+        goto fail;
+    }
     if (!allow_special && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
         err = -ENXIO;
         goto fail;
     }
-    if (made && (err = chown_ids(fd, uid, gid)) < 0) {
+    if (made && ((err = chown_ids(fd, uid, gid)) < 0 || (err = exact_mode(fd, &st, (mode_t)mode)) < 0)) {
         unlink_if_same(dirfd, name, st.st_dev, st.st_ino, 0);
         goto fail;
     }
@@ -757,8 +775,8 @@ fail:
  * symlinkat(target)), then return an O_PATH|O_NOFOLLOW fd on it, checked to be what was made: the
  * same file type, one link (two for a directory), owned by this process's euid.  A name that
  * another process swapped meanwhile gives -ESTALE and is left alone.  uid or gid >= 0: the new
- * entry is given that owner through the fd (failure: it is removed again).  The process umask
- * applies to mode, as for mkdir(2)/mknod(2).  Returns the fd or -errno.
+ * entry is given that owner through the fd, then exactly the mode asked (the process umask does
+ * not apply; a symlink has no mode); on failure it is removed again.  Returns the fd or -errno.
  */
 int sfs_make_name(int dirfd, const char *name, int kind, uint32_t mode, uint64_t rdev, const char *target,
                   int64_t uid, int64_t gid)
@@ -795,7 +813,8 @@ int sfs_make_name(int dirfd, const char *name, int kind, uint32_t mode, uint64_t
         close(fd);
         return -ESTALE;                     /* not what this call made: left alone */
     }
-    if ((uid >= 0 || gid >= 0) && (err = chown_ids(fd, uid, gid)) < 0) {
+    if (((uid >= 0 || gid >= 0) && (err = chown_ids(fd, uid, gid)) < 0) ||
+        (type != S_IFLNK && (err = exact_mode(fd, &st, (mode_t)mode)) < 0)) {
         unlink_if_same(dirfd, name, st.st_dev, st.st_ino, type == S_IFDIR);
         close(fd);
         return err;

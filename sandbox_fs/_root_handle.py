@@ -432,7 +432,9 @@ class Handle:
             name: one component (bytes).
             flags: ``os.O_*`` flags; any of O_WRONLY, O_RDWR, O_CREAT, O_TRUNC,
                 O_APPEND is a change (refused on a read-only handle).
-            mode: permission bits for a file created (the process umask applies).
+            mode: permission bits of a file this call creates, given exactly
+                (the process umask does not apply: the caller applies the
+                requester's, as the FUSE kernel module does before a request).
             owner: ``(uid, gid)`` given, through its fd, to a file this call
                 created (O_CREAT); an existing file is left alone.  None: the
                 Root's owner, if it has one.
@@ -528,10 +530,13 @@ class Handle:
 
     def mkdir(self, name: bytes, mode: int = 0o755, *, owner: tuple[int, int] | None = None,
               label: str | None = None) -> "Handle":
-        """Make directory ``name`` (``mkdirat``; the process umask applies) and return a handle on it.
+        """Make directory ``name`` (``mkdirat``) with exactly ``mode`` and return a handle on it.
 
         The handle is opened ``O_PATH|O_NOFOLLOW`` right after and checked to
         be the directory made (a directory, two links, owned by this process).
+        Then the owner is set, and the mode where the process umask took bits
+        away (``fchmodat2`` on the handle): the umask never applies, and a
+        set-group-ID parent's S_ISGID is kept.
 
         Args:
             owner: ``(uid, gid)`` given to the new directory through its fd;
@@ -550,8 +555,8 @@ class Handle:
               label: str | None = None) -> "Handle":
         """Make a regular file, FIFO, socket or device ``name`` (``mknodat``) and return a handle on it.
 
-        No policy on the kind (that is the caller's).  Checked as :meth:`mkdir`
-        (one link instead of two).
+        No policy on the kind (that is the caller's).  Checked, owned and
+        moded as :meth:`mkdir` (one link instead of two).
 
         Args:
             mode: file type (``stat.S_IF*``; 0 means regular) and permission bits.

@@ -128,7 +128,7 @@ def _kinds(path: Path) -> dict[bytes, tuple[int, int]]:
 
 
 def test_mkdir_mknod_symlink_open_match_plain_directory(top, layout, twin):
-    old = os.umask(0o022)
+    old = os.umask(0)  # the plain calls then give the exact modes, as Handle always does
     try:
         d = top.mkdir(b"dir", 0o751)
         os.mkdir(twin / "dir", 0o751)
@@ -141,8 +141,9 @@ def test_mkdir_mknod_symlink_open_match_plain_directory(top, layout, twin):
         fd = top.open(b"file", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o666)
         os.write(fd, b"hello")
         os.close(fd)
-        _write(twin / "file", b"hello")
-        os.chmod(twin / "file", 0o666 & ~0o022)
+        fd = os.open(twin / "file", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o666)
+        os.write(fd, b"hello")
+        os.close(fd)
     finally:
         os.umask(old)
     assert _kinds(layout.ws) == _kinds(twin)
@@ -793,3 +794,41 @@ def test_create_gives_the_fd_and_a_handle_on_the_same_inode(top, layout):
     os.close(fd)
     h.close()
     assert (layout.ws / "new").read_bytes() == b"x"
+
+
+def test_modes_are_exact_whatever_the_process_umask(top, layout):
+    old = os.umask(0o077)
+    try:
+        top.mkdir(b"d", 0o775).close()
+        top.mknod(b"n", stat.S_IFREG | 0o664).close()
+        top.mknod(b"p", stat.S_IFIFO | 0o666).close()
+        os.close(top.open(b"f", os.O_CREAT | os.O_WRONLY, 0o644))
+        os.close(top.open(b"e", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640))
+        _write(layout.ws / "existing")
+        os.chmod(layout.ws / "existing", 0o600)
+        os.close(top.open(b"existing", os.O_CREAT | os.O_WRONLY, 0o666))  # not made: left alone
+    finally:
+        os.umask(old)
+    modes = {n: stat.S_IMODE(os.lstat(layout.ws / n).st_mode) for n in ("d", "n", "p", "f", "e", "existing")}
+    assert modes == {"d": 0o775, "n": 0o664, "p": 0o666, "f": 0o644, "e": 0o640, "existing": 0o600}
+
+
+def test_a_directory_keeps_the_set_group_id_it_inherits(top, layout):
+    (layout.ws / "sg").mkdir()
+    os.chmod(layout.ws / "sg", 0o2775)
+    old = os.umask(0o022)
+    try:
+        with top.lookup(b"sg") as sg:
+            sg.mkdir(b"child", 0o775).close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(layout.ws / "sg" / "child").st_mode) == 0o2775
+
+
+def test_o_creat_on_an_existing_directory_is_eisdir_as_open(top, layout, twin):
+    (layout.ws / "d").mkdir()
+    (twin / "d").mkdir()
+    with pytest.raises(IsADirectoryError):
+        os.open(twin / "d", os.O_CREAT | os.O_RDONLY)
+    with pytest.raises(IsADirectoryError):
+        top.open(b"d", os.O_CREAT | os.O_RDONLY)
