@@ -13,8 +13,9 @@ then one per mount).  The daemon then:
    ``fsmount``): attached nowhere, so it appears in no mount table and
    dissolves when the last fd on it closes;
 4. sends ``ready`` with the mount fd and the measured usage, then the
-   config reply, and closes its own copy of the mount fd;
-5. serves ``pyfuse3.main()`` and the control channel side by side.
+   config reply;
+5. serves ``pyfuse3.main()`` and the control channel side by side, raises
+   the mount's read-ahead, and closes its own copy of the mount fd.
 
 It exits when the control socket reaches EOF (the host closed it or died),
 on ``shutdown``, or when the mount is gone (every fd on it closed).  A
@@ -55,6 +56,9 @@ log = logging.getLogger("sandbox_fs.fuse.daemon")
 
 NOFILE_MAX = 1 << 20
 """The most ``RLIMIT_NOFILE`` the daemon asks for."""
+
+READ_AHEAD_KB = 1024
+"""Read-ahead of the mount, in KiB (the kernel's default 128 gave 0.85 GiB/s through the daemon, this 1.5)."""
 
 AUDIT_BATCH = 2000
 """Most audit events drained into one ``audit`` message (fewer when their size needs it)."""
@@ -103,6 +107,24 @@ def make_mount(dev_fd: int, allow_devices: bool) -> int:
         return _check(_native.fsmount(fs_fd, _native.FSMOUNT_CLOEXEC, attrs), "fsmount")
     finally:
         os.close(fs_fd)
+
+
+async def tune_readahead(mount_fd: int) -> None:
+    """Raise the mount's read-ahead to READ_AHEAD_KB (best effort, as root), then close ``mount_fd``.
+
+    The mount's device number needs a ``fstat`` of the mount, which the
+    daemon itself answers: so it is made from a worker thread, once
+    ``pyfuse3.main()`` serves (never block on the mount from the trio thread).
+    """
+    try:
+        st = await trio.to_thread.run_sync(os.fstat, mount_fd, abandon_on_cancel=True)
+        bdi = f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb"
+        with open(bdi, "w") as f:
+            f.write(str(READ_AHEAD_KB))
+    except OSError:
+        pass
+    finally:
+        os.close(mount_fd)
 
 
 class Invalidator:
@@ -342,10 +364,12 @@ class Daemon:
         try:
             await self.send({"tag": 0, "event": "ready", "usage": usage}, [mount_fd])
             await self.send({"tag": msg["tag"], "results": [{"ok": True}]})
-        finally:
+        except BaseException:
             os.close(mount_fd)
+            raise
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._main_then_cancel, nursery.cancel_scope)
+            nursery.start_soon(tune_readahead, mount_fd)
             await self.control()
             # terminate inside the nursery, close only after it (PLATFORM.md §3 gotcha 1)
             pyfuse3.terminate()
