@@ -325,7 +325,7 @@ class Handle:
                         continue
                     _check(n, "listdir", label)
                     return out
-                view = bytes(buf[:n])
+                view = bytes(memoryview(buf)[:n])
                 pos = 0
                 while pos < n:
                     d_ino, _, reclen, d_type = unpack(view, pos)

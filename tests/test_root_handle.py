@@ -832,3 +832,20 @@ def test_o_creat_on_an_existing_directory_is_eisdir_as_open(top, layout, twin):
         os.open(twin / "d", os.O_CREAT | os.O_RDONLY)
     with pytest.raises(IsADirectoryError):
         top.open(b"d", os.O_CREAT | os.O_RDONLY)
+
+
+def test_the_handle_module_never_names_proc_or_builds_a_path():
+    """Nothing in Handle reopens /proc/self/fd/N (a magic link) or joins path strings (docstrings aside)."""
+    import ast
+
+    from sandbox_fs import _root_handle
+
+    tree = ast.parse(Path(_root_handle.__file__).read_text())
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    consts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docs
+              and isinstance(n.value, (str, bytes))]
+    assert not [c for c in consts if "proc" in (c.decode("latin-1") if isinstance(c, bytes) else c)]
+    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not attrs & {"path", "fspath", "fsdecode", "join", "fd_chmod", "fd_set_times", "_via_proc"}
