@@ -25,7 +25,8 @@
  *          --tty also tty and the PTY slave at /dev/pts/N, and the symlinks
  *          fd, stdin, stdout, stderr into /proc/self/fd;
  *        - /proc: a new proc instance of the command's own PID namespace
- *          (nosuid, nodev, noexec); refused (ENOTSUP) when the command has no
+ *          (read-only, as the read-only mount layer leaves the host's, nosuid,
+ *          nodev, noexec); refused (ENOTSUP) when the command has no
  *          PID namespace of its own, since it would show the host's processes;
  *        - the grants at their host paths, outer first (read-write ones
  *          nosuid, nodev; read-only ones and --ro-tree also read-only;
@@ -437,8 +438,8 @@ static void private_root(const struct sfs_private *pr, const int *rw, int nrw, c
     own_mount(tmp);
     attach(tmp, beneath(root, "/tmp"));
     private_dev(root, &devs);
-    attach(new_mount("proc", NULL, SFS_MOUNT_ATTR_NOSUID | SFS_MOUNT_ATTR_NODEV | SFS_MOUNT_ATTR_NOEXEC),
-           beneath(root, "/proc"));
+    attach(new_mount("proc", NULL, SFS_MOUNT_ATTR_RDONLY | SFS_MOUNT_ATTR_NOSUID | SFS_MOUNT_ATTR_NODEV
+                     | SFS_MOUNT_ATTR_NOEXEC), beneath(root, "/proc"));
     for (int t = 0; t < n; t++) {       /* system trees, then grants outer first */
         attach(trees[t].clone, beneath(root, trees[t].path));
         free(trees[t].path);

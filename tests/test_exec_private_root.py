@@ -1,11 +1,11 @@
 """The private root of a confined command (issue 13, part 5): ``run_confined(private_root=...)``.
 
-Until the FUSE overlay lands, the workspace overlay is stood in for by a
-detached mount of the same kind: ``fsopen("tmpfs")``/``fsmount`` filled with
-files (its root inode is not the workspace directory's, as with FUSE, so the
-Landlock workspace rule must be on the mount), or ``open_tree(OPEN_TREE_CLONE)``
-of a backing directory (writes land in that directory).  The syscalls are
-made with ctypes here, in the test only.
+Most tests stand the workspace overlay in with a detached mount of the same
+kind: ``fsopen("tmpfs")``/``fsmount`` filled with files (its root inode is
+not the workspace directory's, as with FUSE, so the Landlock workspace rule
+must be on the mount), or ``open_tree(OPEN_TREE_CLONE)`` of a backing
+directory (writes land in that directory); the syscalls are made with ctypes
+here, in the test only.  The last test uses the FUSE overlay itself.
 
 Each test that a host object is out of reach has a positive control: the
 same command without the private root (or without Landlock) reaches it, so
@@ -16,6 +16,7 @@ said otherwise.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import shutil
 import stat
@@ -262,7 +263,8 @@ async def test_landlock_stays_on_inside_the_private_root(tmpfs_ws, base):
     os.chown(f"/proc/self/fd/{mfd}", *ids)  # the identity owns the overlay root (only the backing is re-owned)
     (base / "backing").mkdir()
     ws = open_root(base / "backing")
-    script = "echo renamed > /proc/self/comm && echo comm-written; echo ok > /workspace/w && echo ws-written"
+    script = ("head -c4 /proc/1/status && echo; echo ok > /workspace/w && echo ws-written; "
+              "echo renamed > /proc/self/comm && echo comm-written; true")
     try:
         r = await run_confined(sh(script), workspace=ws, workspace_host_path=str(base),
                                policy=ConfinementPolicy(identity=ids), private_root=PrivateRoot(mfd))
@@ -272,8 +274,9 @@ async def test_landlock_stays_on_inside_the_private_root(tmpfs_ws, base):
     finally:
         ws.close()
     assert r.confinement == "landlock"
-    assert r.stdout == b"ws-written\n", r.stderr  # /proc/self is read-only to Landlock
-    assert control.stdout == b"comm-written\nws-written\n"
+    # Landlock grants no other process's /proc entries; /proc is mounted read-only either way.
+    assert r.stdout == b"ws-written\n", r.stderr
+    assert control.stdout == b"Name\nws-written\n", control.stderr
 
 
 async def test_grants_appear_at_their_host_paths_and_nothing_beside_them(tmpfs_ws, base):
@@ -366,3 +369,62 @@ def test_the_system_devices_are_the_landlock_set():
     assert {os.path.basename(p) for p, _a in _landlock.SYSTEM_DEVICES} == DEV_NAMES - {
         "fd", "stdin", "stdout", "stderr"}
     assert all(stat.S_ISCHR(os.stat(p).st_mode) for p, _a in _landlock.SYSTEM_DEVICES)
+
+
+_FUSE_MISSING = ("/dev/fuse is missing" if not os.path.exists("/dev/fuse")
+                 else "pyfuse3 (the fuse extra) is not installed" if importlib.util.find_spec("pyfuse3") is None
+                 else None)
+
+
+@pytest.mark.skipif(_FUSE_MISSING is not None, reason=f"the FUSE overlay cannot run: {_FUSE_MISSING}")
+async def test_the_real_overlay_as_the_private_roots_workspace(base):
+    """The FUSE overlay itself: its mount at workspace_path, writes in the backing dir, a planted link kept inside."""
+    from sandbox_fs.fuse import Overlay, OverlayPolicy
+
+    outside = base / "outside"
+    outside.mkdir()
+    sentinel = outside / "sentinel.txt"
+    sentinel.write_text("HOST SENTINEL\n")
+    os.utime(sentinel, (1000, 2000))  # atime < mtime: a read would move atime (relatime)
+    backing = base / "backing"
+    backing.mkdir()
+    (backing / "hello.txt").write_text("hello through FUSE\n")
+    (backing / "sentinel.txt").write_text("private view\n")
+    os.symlink(str(sentinel), backing / "link")  # planted host-side: the overlay refuses to make one
+    backing_root = open_root(backing)
+    ov = await Overlay.start(backing_root, policy=OverlayPolicy())
+    try:
+        script = (f"pwd; cat hello.txt; echo made > made.txt; cat link; [ -e {backing} ] && echo backing-seen; "
+                  "[ -e /root ] && echo root-seen; true")
+        r = await run_confined(sh(script), workspace=ov.root, workspace_host_path=str(backing),
+                               private_root=PrivateRoot(ov.mount_fd, workspace_path=str(outside)), check=True)
+        st = sentinel.stat()
+        assert (st.st_atime_ns, st.st_mtime_ns) == (1000 * 10**9, 2000 * 10**9), "the host sentinel was touched"
+        assert r.identity is not None and (backing / "made.txt").stat().st_uid == r.identity[0] != 0
+        # Control (which gives the workspace back to uid 0): with the host's root (and no Landlock) the kernel follows the link to the host's file.
+        control = await run_confined(sh("cat link"), workspace=ov.root, workspace_host_path=str(backing),
+                                     confinement="none")
+    finally:
+        await ov.aclose()
+        backing_root.close()
+    assert r.overlay and r.confinement == "landlock"
+    assert r.stdout.decode().splitlines() == [str(outside), "hello through FUSE", "private view"], r.stderr
+    assert (backing / "made.txt").read_text() == "made\n"
+    assert sentinel.read_text() == "HOST SENTINEL\n"
+    assert control.stdout == b"HOST SENTINEL\n" and not control.overlay
+
+
+def test_a_private_root_needs_a_root_host(monkeypatch, tmpfs_ws):
+    from sandbox_fs.exec import ConfinementError
+    from sandbox_fs.exec._models import ExecRequest
+
+    _mfd, ws = tmpfs_ws
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfinementError, match="root host"):
+        ExecRequest.build(["true"], workspace=ws, workspace_host_path="/w", grants=None, cwd="", env=None,
+                          secret_env=(), shell=False, confinement="required", policy=ConfinementPolicy(),
+                          private_root=PrivateRoot(3))
+    with pytest.raises(ExecError, match="PrivateRoot"):
+        ExecRequest.build(["true"], workspace=ws, workspace_host_path="/w", grants=None, cwd="", env=None,
+                          secret_env=(), shell=False, confinement="required", policy=ConfinementPolicy(),
+                          private_root=3)  # type: ignore[arg-type]

@@ -9,18 +9,21 @@ identity on a root host, under an init of its own in its own PID namespace
 with a process-count bound; sees an environment built from an allow-list;
 and cannot make the host hold more than ``max_output_bytes`` per stream.
 Nothing it starts outlives it, its :class:`ProcessSupervisor` or the host
-process.  :class:`PtyManager` runs the same on pseudo-terminals.
+process.  :class:`PtyManager` runs the same on pseudo-terminals.  With a
+:class:`PrivateRoot` (the FUSE overlay's detached mount) the command runs in
+a root of its own: the overlay, the system set, a private ``/tmp``, a
+minimal ``/dev`` and its own ``/proc``, nothing else of the host.
 
 What each layer guarantees, where it comes from and what remains is in
 SECURITY.md, "Confined commands".  The private modules, in the order a run
 uses them:
 
-* ``_models``: :class:`ConfinementPolicy`, :class:`ExecResult`, and the
+* ``_models``: :class:`ConfinementPolicy`, :class:`PrivateRoot`, :class:`ExecResult`, and the
   ``ExecRequest`` each call builds and validates once;
 * ``_env`` (the command's environment), ``_grants`` (workspace and grants as
   trees), ``_ruleset`` and ``_landlock`` (the Landlock ruleset and the system
-  set), ``_mounts`` (the read-only mount layer), ``_seccomp`` (the socket
-  allow-list), ``_identity`` (leased uid/gid, workspace ownership),
+  set), ``_mounts`` (the read-only mount layer, the private root's trees),
+  ``_seccomp`` (the socket allow-list), ``_identity`` (leased uid/gid, workspace ownership),
   ``_cgroups`` and ``_bounds`` (cgroup trees, the process-count bound);
 * ``_prepare`` (the helper's argv and fds), ``_helper`` (the ``sfs-exec``
   helper and its status pipe), ``_spawn`` (:func:`run_confined`),

@@ -193,7 +193,7 @@ class PrivateRoot:
     ``/bin`` ...) bound read-only, nosuid, nodev; a private ``/tmp``
     (tmpfs, 256 MiB); a minimal ``/dev`` (``null``, ``zero``, ``full``,
     ``random``, ``urandom``; ``tty`` and the PTY slave on a PTY); a
-    ``/proc`` of the command's own PID namespace; each grant at its host
+    read-only ``/proc`` of the command's own PID namespace; each grant at its host
     path by its mode; and last (so nothing shadows it) a clone of
     ``workspace_fd`` at ``workspace_path``.  Nothing else of the host is
     there: a symlink to an absolute path planted in the workspace resolves

@@ -108,11 +108,10 @@ def private_root_args(private_root: PrivateRoot, grants: Grants) -> tuple[list[s
             if not ro:
                 continue
             fd = root.fileno_dup()
-            if any(is_beneath(fd, w) for w in writable):
-                os.close(fd)
-                nested.append(root)
-                continue
             fds.append(fd)
+            if any(is_beneath(fd, w) for w in writable):
+                nested.append(root)  # bound by ro_bind_pin_args below, on fds of its own
+                continue
             args += ["--reach-tree", str(fd)]
         if nested:
             pin_args, pin_fds = ro_bind_pin_args(nested, writable)
