@@ -196,6 +196,26 @@ async def test_quota_refuses_a_write_past_the_limit(overlay):
     assert info.value.errno == errno.EDQUOT
     usage = await overlay.usage()
     assert usage["bytes"] <= 200
+    mfd = overlay.mount_fd
+
+    def grow(name, size):
+        fd = os.open(name, os.O_WRONLY, dir_fd=mfd)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    with pytest.raises(OSError) as info:
+        await in_thread(grow, "q", 10_000)
+    assert info.value.errno == errno.EDQUOT
+    await in_thread(grow, "q", 10)  # shrinking is always allowed and gives the bytes back
+    assert (await overlay.usage())["bytes"] == usage["bytes"] - 80
+    await overlay.set_quota(None, usage["inodes"])
+    with pytest.raises(OSError) as info:
+        overlay.root.mkdir("one-too-many")
+    assert info.value.errno == errno.EDQUOT
+    await overlay.set_quota(None, None)
+    overlay.root.mkdir("one-too-many")
 
 
 async def test_sigkill_of_the_daemon_leaves_nothing_and_a_new_overlay_starts(ws_dir):
@@ -392,8 +412,26 @@ async def test_sigkill_of_the_host_ends_the_daemon(ws_dir):
             line += chunk
         daemon_pid = int(line)
         proc.kill()
-    for _ in range(250):
-        if not is_running(daemon_pid):
-            break
-        await trio.sleep(0.02)
-    assert not is_running(daemon_pid)
+    try:
+        for _ in range(250):
+            if not is_running(daemon_pid):
+                break
+            await trio.sleep(0.02)
+        assert not is_running(daemon_pid)
+    finally:
+        if is_running(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)
+
+
+async def test_special_files_allowed_by_the_policy(ws_dir):
+    ws = open_root(ws_dir)
+    try:
+        async with await Overlay.start(ws, policy=OverlayPolicy(allow_special=frozenset({"fifo"}))) as ov:
+            await in_thread(lambda: os.mkfifo("fifo", 0o600, dir_fd=ov.mount_fd))
+            with pytest.raises(OSError) as info:
+                await in_thread(lambda: os.mknod("null", 0o600 | stat.S_IFCHR, os.makedev(1, 3), dir_fd=ov.mount_fd))
+            assert info.value.errno == errno.EPERM
+    finally:
+        ws.close()
+    assert stat.S_ISFIFO((ws_dir / "fifo").lstat().st_mode)
+    assert not (ws_dir / "null").exists()

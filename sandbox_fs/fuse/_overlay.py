@@ -296,7 +296,11 @@ class Overlay:
 
         Returns once the kernel processed every invalidation.  Call it after
         any change made to the backing workspace other than through the
-        mount.  ``None`` walks the daemon's whole inode table (~0.06 ms per entry).
+        mount.  A directory's path drops everything the kernel cached
+        beneath it too.  A path the kernel has not looked up costs nothing.
+        ``None`` walks the daemon's whole inode table (about 15 ms per 1,000
+        entries here).  An open file keeps its cached pages until it is
+        opened again (only its attributes are dropped while open).
 
         Raises:
             OverlayError: the daemon is gone or refused.
