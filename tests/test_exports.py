@@ -25,7 +25,8 @@ PUBLIC = {
         "WorkspaceClosedError", "redact",
     ],
     "sandbox_fs.paths": [
-        "Grant", "PathPolicy", "Resolved", "SandboxPath", "normalize",
+        "GRANT_NAME_PATTERN", "Grant", "PathPolicy", "Resolved", "SandboxPath", "check_grant_name",
+        "check_grant_names", "normalize",
     ],
     "sandbox_fs.root": [
         "CopyItem", "DirEntry", "Handle", "MAX_NAME_BYTES", "MAX_PATH_BYTES", "Root", "SpecialFileError", "Subtree",
@@ -35,13 +36,14 @@ PUBLIC = {
     "sandbox_fs.manifest": [
         "Archive", "Dir", "Entry", "EnvValue", "File", "FlatEntry", "LocalDir", "LocalFile", "MAX_ENTRIES",
         "MAX_INLINE_BYTES", "MAX_MANIFEST_BYTES", "Manifest", "ManifestError", "ManifestTrustError",
-        "REFUSED_ENV_NAMES", "REFUSED_ENV_PREFIXES", "Symlink", "check_destination", "check_link_target",
+        "Mount", "REFUSED_ENV_NAMES", "REFUSED_ENV_PREFIXES", "Symlink", "check_destination", "check_link_target",
         "check_untrusted_environment", "load_manifest",
     ],
     "sandbox_fs.materialize": [
         "LimiterTokensError", "MaterializationResult", "MaterializeError", "MaterializeLimitError",
-        "MaterializeOptions", "MaterializeProgress", "SkippedEntry", "SourceChangedError",
-        "SourceRefusedError", "WrittenFile", "WrittenSymlink", "materialize",
+        "MaterializeOptions", "MaterializeProgress", "MountNeedsOverlayError", "MountRequest", "SkippedEntry",
+        "SourceChangedError", "SourceRefusedError", "WrittenFile", "WrittenSymlink", "make_mount_points",
+        "materialize", "plan_mounts",
     ],
     "sandbox_fs.client": [
         "ClientOptions", "LocalSandboxClient", "RunState", "STATE_VERSION", "SessionState",
