@@ -28,7 +28,7 @@ import pytest
 
 import sandbox_fs
 from sandbox_fs import exec as sfs_exec
-from sandbox_fs import open_root
+from sandbox_fs import Grant, PathPolicy, open_root
 from sandbox_fs.exec import ConfinementPolicy, ExecError, PrivateRoot, PtyManager, ProcessSupervisor, run_confined
 from sandbox_fs.root import Root
 
@@ -428,3 +428,41 @@ def test_a_private_root_needs_a_root_host(monkeypatch, tmpfs_ws):
         ExecRequest.build(["true"], workspace=ws, workspace_host_path="/w", grants=None, cwd="", env=None,
                           secret_env=(), shell=False, confinement="required", policy=ConfinementPolicy(),
                           private_root=3)  # type: ignore[arg-type]
+
+
+async def test_a_read_only_grant_nested_in_a_read_write_grant_and_a_cwd_in_a_grant(tmpfs_ws, base):
+    """A PathPolicy: the cwd is a grant's directory at its host path; the nested read-only grant stays read-only."""
+    mfd, ws = tmpfs_ws
+    ids = (0x6F00_4567, 0x6F00_4567)
+    outer = base / "outer"
+    inner = outer / "mid" / "inner"
+    inner.mkdir(parents=True)
+    (inner / "data.txt").write_text("inner data\n")
+    for d in (outer, outer / "mid"):
+        os.chown(d, *ids)
+    policy = PathPolicy(ws, "/workspace", [Grant(str(outer), read_only=False), Grant(str(inner), read_only=True)])
+    try:
+        script = ("pwd; echo w > made && echo outer-ok; cat mid/inner/data.txt; "
+                  "echo x > mid/inner/data.txt || echo inner-refused; mv mid mid2 || echo pinned")
+        r = await run_confined(sh(script), workspace=ws, workspace_host_path=str(base), grants=policy,
+                               cwd=str(outer), policy=ConfinementPolicy(identity=ids),
+                               private_root=PrivateRoot(mfd))
+    finally:
+        policy.close()
+    assert r.stdout.decode().splitlines() == [str(outer), "outer-ok", "inner data", "inner-refused", "pinned"], r.stderr
+    assert (outer / "made").read_text() == "w\n"
+    assert (inner / "data.txt").read_text() == "inner data\n" and (outer / "mid").is_dir()
+
+
+async def test_a_read_only_grant_inside_the_workspace_is_refused(cloned_ws):
+    from sandbox_fs.exec import ConfinementError
+
+    backing, mfd, ws = cloned_ws
+    (backing / "ro").mkdir()
+    ro = open_root(backing / "ro", read_only=True)
+    try:
+        with pytest.raises(ConfinementError, match="inside the workspace"):
+            await run_confined(sh("true"), workspace=ws, workspace_host_path=str(backing), grants=[(ro, True)],
+                               private_root=PrivateRoot(mfd))
+    finally:
+        ro.close()

@@ -6,6 +6,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Sequence
 
+from ._errors import ConfinementError
 from ._grants import Grants, _nested_read_only, grant_roots, is_beneath, rw_grant_trees
 from ._landlock import SYSTEM_READ_EXEC_DIRS
 
@@ -75,7 +76,7 @@ def ro_bind_pin_args(nested: Sequence[Root], writable: set[tuple[int, int]]) -> 
     return args, fds
 
 
-def private_root_args(private_root: PrivateRoot, grants: Grants) -> tuple[list[str], list[int]]:
+def private_root_args(private_root: PrivateRoot, workspace: Root, grants: Grants) -> tuple[list[str], list[int]]:
     """The helper's ``--private-root`` arguments, and the new fds they name (the caller's to close).
 
     The workspace overlay (a dup of ``private_root.workspace_fd``) at its
@@ -88,6 +89,13 @@ def private_root_args(private_root: PrivateRoot, grants: Grants) -> tuple[list[s
     ``--ro-tree`` with their parents up to it pinned (:func:`ro_bind_pin_args`).
     The workspace's backing directory is not among them: the command sees
     the workspace only through the overlay.
+
+    Raises:
+        ConfinementError: a read-only grant lies in ``workspace``: the overlay
+            serves the whole workspace read-write, so only an overlay mount
+            (a manifest ``mount`` entry) can make part of it read-only.  (The
+            check sees nesting beneath ``workspace`` itself: pass the backing
+            Root, or the overlay's Root, whichever the grants were made under.)
     """
     fds: list[int] = []
     try:
@@ -109,6 +117,10 @@ def private_root_args(private_root: PrivateRoot, grants: Grants) -> tuple[list[s
                 continue
             fd = root.fileno_dup()
             fds.append(fd)
+            if is_beneath(fd, workspace.identity):
+                raise ConfinementError("a read-only grant inside the workspace cannot be enforced in a private root "
+                                       "(the overlay serves the workspace read-write): expose it as a read-only "
+                                       "overlay mount instead", sandbox_path=root.label or None)
             if any(is_beneath(fd, w) for w in writable):
                 nested.append(root)  # bound by ro_bind_pin_args below, on fds of its own
                 continue

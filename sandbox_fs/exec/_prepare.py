@@ -360,7 +360,7 @@ def _fresh_mount_layer_args(prep: Prepared, request: ExecRequest) -> list[str]:
 def _private_root_args(prep: Prepared, request: ExecRequest) -> list[str]:
     """The command's own root (:class:`PrivateRoot`): the overlay, the system trees, the grants."""
     assert request.private_root is not None
-    args, fds = private_root_args(request.private_root, request.grants)
+    args, fds = private_root_args(request.private_root, request.workspace, request.grants)
     prep.pass_fds.extend(fds)
     prep.ro_mounts = prep.overlay = True
     return args
