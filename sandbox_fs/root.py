@@ -94,19 +94,25 @@ def _via_proc(fn: Callable[..., Any], fd: int, *args: Any, **kw: Any) -> None:
 def fd_chmod(fd: int, mode: int) -> None:
     """``fchmod`` of the inode ``fd`` refers to, an ``O_PATH`` fd included (never a lookup by name).
 
-    An ``O_PATH`` fd refuses ``fchmod`` (EBADF); its ``/proc/self/fd`` magic
-    link then names exactly that inode (what glibc's ``fchmodat(AT_EMPTY_PATH)``
-    does).
+    An ``O_PATH`` fd refuses ``fchmod`` (EBADF); it is then changed with
+    ``fchmodat2(fd, "", mode, AT_EMPTY_PATH)`` (Linux 6.6).  Only on a kernel
+    without fchmodat2 (ENOSYS) does its ``/proc/self/fd`` magic link name the
+    inode instead (what glibc's ``fchmodat(AT_EMPTY_PATH)`` does).
 
     Raises:
-        OSError: the change failed (EPERM ...); FileNotFoundError without /proc.
+        OSError: the change failed (EPERM ...; EOPNOTSUPP on a symlink, or on
+            an old kernel without /proc).
     """
     try:
         os.fchmod(fd, mode)
     except OSError as exc:
         if exc.errno != errno.EBADF:
             raise
-        _via_proc(os.chmod, fd, mode)
+        ret = _native.fchmod_empty(fd, mode)
+        if ret == -errno.ENOSYS:
+            _via_proc(os.chmod, fd, mode)
+        elif ret < 0:
+            raise OSError(-ret, os.strerror(-ret)) from None
 
 
 def fd_chown(fd: int, owner: tuple[int, int]) -> None:
