@@ -174,9 +174,7 @@ async def test_best_effort_runs_without_the_overlay_and_says_so(make_client, no_
             await session.exec(["true"], confinement="required")
         if sandbox_fs.features()["landlock_abi"]:
             result = await session.exec(["cat", "a.txt"], timeout_s=30)
-            assert result.exit_code == 0 and result.stdout == b"direct"
-            if "overlay" in {f.name for f in __import__("dataclasses").fields(result)}:
-                assert result.overlay is False
+            assert result.exit_code == 0 and result.stdout == b"direct" and result.overlay is False
 
 
 async def test_a_mount_entry_without_a_running_overlay_is_refused_before_anything(make_client, no_fuse, tmp_path):
@@ -321,6 +319,23 @@ async def test_quota_at_the_limit_through_the_session(make_client, tmp_path):
 
 
 @needs_overlay
+async def test_the_manifest_is_applied_before_the_mount_and_counted_by_the_quota(make_client):
+    from sandbox_fs.fuse import OverlayPolicy
+    from sandbox_fs.manifest import load_manifest
+
+    manifest = load_manifest({"entries": {"m.txt": {"type": "file", "content": "m" * 1000}}})
+    async with make_client(overlay_policy=OverlayPolicy(max_bytes=500)).create(manifest=manifest) as session:
+        events, _ = await session.audit_events()
+        assert not [e for e in events if e.path == "m.txt"], "the manifest went through the mount"
+        assert (await session.overlay_usage())["bytes"] >= 1000  # measured at mount: over the limit
+        with pytest.raises(OSError) as ei:
+            await session.write("new.txt", b"n")
+        assert ei.value.errno == errno.EDQUOT
+        await session.rm("m.txt")
+        await session.write("new.txt", b"n")  # under the limit again
+
+
+@needs_overlay
 async def test_audit_events_record_host_side_operations(make_client):
     async with make_client().create() as session:
         await session.audit_events()  # what start did
@@ -374,7 +389,7 @@ async def test_persist_reads_the_backing_workspace_and_resumes_without_the_overl
 
 
 @needs_overlay
-async def test_cancel_during_start_leaves_no_daemon_and_no_fd(make_client):
+async def test_cancel_during_start_leaves_no_daemon_and_no_fd(make_client, monkeypatch):
     from sandbox_fs.manifest import load_manifest
 
     scope = trio.CancelScope()
@@ -386,12 +401,30 @@ async def test_cancel_during_start_leaves_no_daemon_and_no_fd(make_client):
     client, cancelling = make_client(), make_client(materialize=cancelled_materialize)
     await trio.to_thread.run_sync(sandbox_fs.features)
     before = _fds()
-    # at a point fixed by the code: after the mount, while the manifest is applied
+    # at points fixed by the code: while the manifest is applied (before the mount) ...
     session = cancelling.create(manifest=load_manifest({"entries": {}}))
     with scope:
         await session.start()
     assert scope.cancelled_caught and not session.started
     assert _daemon_pids() == [] and _fds() == before
+    # ... and the moment the overlay is mounted, before the session took it
+    import sandbox_fs.fuse as fuse
+
+    real_start = fuse.Overlay.start
+    scope = trio.CancelScope()
+
+    async def start_then_cancel(*a, **k):
+        ov = await real_start(*a, **k)
+        scope.cancel()
+        return ov
+
+    monkeypatch.setattr(fuse.Overlay, "start", start_then_cancel)
+    session = client.create()
+    with scope:
+        await session.start()
+    assert scope.cancelled_caught and not session.started
+    assert _daemon_pids() == [] and _fds() == before
+    monkeypatch.setattr(fuse.Overlay, "start", real_start)
     # at points set by the clock: wherever start happens to be
     for delay in (0, 0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5):
         session = client.create()
