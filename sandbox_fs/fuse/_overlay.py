@@ -12,8 +12,8 @@ SIGKILL of either side leaves nothing mounted.
 Requests are answered in order: each call sends one tagged request and reads
 messages until its reply arrives; ``audit`` events that arrive meanwhile are
 buffered here (bounded by the policy's ``audit_capacity``, the rest counted
-as dropped).  Not safe for concurrent use from several trio tasks beyond
-what its internal lock serializes; not thread-safe.
+as dropped).  Requests made from several trio tasks are serialized by an
+internal lock; not thread-safe (call it from the trio thread only).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Overlay:
         host, daemon = _protocol.socketpair()
         fds: list[int] = []
         process: trio.Process | None = None
-        self: Overlay | None = None
+        overlay: Overlay | None = None
         try:
             fds.append(workspace.fileno_dup())
             fds.extend(m.root.fileno_dup() for m in mounts)
@@ -127,23 +127,22 @@ class Overlay:
                 pass_fds=(daemon.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
             daemon.close()
             host.setblocking(False)
-            self = cls(process, host, policy)
+            overlay = cls(process, host, policy)
             config = {"op": "config", "policy": policy.model_dump(mode="json"),
                       "read_only": workspace.read_only,
                       "mounts": [{"path": m.path, "read_only": m.read_only} for m in mounts]}
             with trio.fail_after(START_TIMEOUT_S):
-                await self._start(config, fds)
-            assert self._root is None
-            self._root = Root(os.dup(self._mount_fd), read_only=workspace.read_only,
+                await overlay._start(config, fds)
+            overlay._root = Root(os.dup(overlay._mount_fd), read_only=workspace.read_only,
                               no_symlinks=workspace.no_symlinks, resolver=workspace.resolver,
                               label=workspace.label, owner=workspace.owner)
-            return self
+            return overlay
         except BaseException as exc:
             daemon.close()
             for fd in fds:
                 os.close(fd)
-            if self is not None:
-                await self.aclose()
+            if overlay is not None:
+                await overlay.aclose()
             else:
                 host.close()
                 if process is not None:
