@@ -134,7 +134,9 @@ static int new_mount(const char *fstype, const char *opts, uint64_t attr)
     if (fs < 0)
         fail("privroot", errno);
     char buf[128];
-    if (opts && strlen(opts) < sizeof buf) {
+    if (opts) {
+        if (strlen(opts) >= sizeof buf)
+            fail("privroot", E2BIG);
         strcpy(buf, opts);
         char *save = NULL;
         for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
@@ -200,7 +202,9 @@ static int beneath(int rootfd, const char *path)
         p += len + (p[len] == '/');
         int nfd = openat(fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (nfd < 0 && errno == ENOENT && is_own(fd)) {
-            if (mkdirat(fd, name, 0755) < 0 && errno != EEXIST)
+            if (mkdirat(fd, name, 0755) < 0)
+                fail("privroot", errno);
+            if (fchmodat(fd, name, 0755, 0) < 0)      /* the directory just made: whatever the umask */
                 fail("privroot", errno);
             nfd = openat(fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         }
