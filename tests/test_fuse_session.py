@@ -499,3 +499,75 @@ async def test_a_mount_entry_serves_its_grant_and_is_never_persisted(make_client
     with tarfile.open(tmp_path / "snaps" / info.archive) as tar:
         names = tar.getnames()
     assert "own.txt" in names and not [n for n in names if n.startswith("mnt")], names
+
+
+@needs_overlay
+@needs_private_root
+async def test_a_cancel_while_a_command_runs_still_closes_the_overlay(make_client):
+    client = make_client()
+    async with client.create() as warm:  # the exec layer keeps a process-wide set of fds (the system set)
+        await warm.exec(["true"], timeout_s=60)
+    before = _fds()
+    with trio.CancelScope() as scope:
+        async with client.create() as session:
+            await session.write("started", b"")
+
+            async def cancel_once_running() -> None:
+                await trio.sleep(0.3)
+                scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_once_running)
+                await session.exec(["sleep", "30"], timeout_s=60)
+    assert scope.cancelled_caught and session.closed and not session.overlay_active
+    assert _daemon_pids() == [] and _fds() == before
+
+
+_HOST = """
+import json, sys, trio
+from sandbox_fs.client import ClientOptions, LocalSandboxClient
+
+async def main():
+    with LocalSandboxClient(ClientOptions(workspaces_dir=sys.argv[1], snapshot_dir=sys.argv[2], overlay=True)) as c:
+        s = c.create()
+        await s.start()
+        await s.write("before-kill.txt", b"kept")
+        print(json.dumps({"pid": s.overlay.pid, "state": c.serialize_state(s)}), flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+@needs_overlay
+async def test_host_killed_leaves_no_daemon_and_the_session_resumes(make_client, tmp_path):
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", _HOST, str(tmp_path / "wsdir"), str(tmp_path / "snaps")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        line = b""
+        with trio.fail_after(60):  # a bound on a hung child, not a timing assertion
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(4096)
+                assert chunk, "the host process exited before it was ready"
+                line += chunk
+        info = json.loads(line)
+        proc.kill()  # SIGKILL: no shutdown runs
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    for _ in range(400):  # the daemon ends on its parent's death (bounded wait)
+        if not os.path.exists(f"/proc/{info['pid']}"):
+            break
+        await trio.sleep(0.025)
+    try:
+        with open(f"/proc/{info['pid']}/cmdline", "rb") as f:
+            still = b"sandbox_fs.fuse._daemon" in f.read()
+    except OSError:
+        still = False
+    assert not still, "the overlay daemon outlived its host"
+    async with make_client().resume(info["state"]) as session:  # nothing to clean: the next start works
+        assert session.start_mode == "reattached" and session.overlay_active
+        assert await session.read("before-kill.txt") == b"kept"
