@@ -435,3 +435,113 @@ async def test_special_files_allowed_by_the_policy(ws_dir):
         ws.close()
     assert stat.S_ISFIFO((ws_dir / "fifo").lstat().st_mode)
     assert not (ws_dir / "null").exists()
+
+
+def posix_script(d: int) -> list:
+    """The same operations on directory fd ``d``; each step's result or errno, in order."""
+    out: list = []
+
+    def step(fn, *args, **kw):
+        try:
+            r = fn(*args, **kw)
+        except OSError as e:
+            out.append(("err", errno.errorcode[e.errno]))
+            return None
+        out.append(("ok", r if isinstance(r, (bytes, str, int, list, tuple, type(None))) else None))
+        return r
+
+    def rd(name):
+        fd = os.open(name, os.O_RDONLY, dir_fd=d)
+        try:
+            return os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+
+    def wr(name, data, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
+        fd = os.open(name, flags, 0o644, dir_fd=d)
+        try:
+            return os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def trunc(name, size):
+        fd = os.open(name, os.O_WRONLY, dir_fd=d)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    def lst(name="."):
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=d)
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
+
+    def mode(name):
+        st = os.stat(name, dir_fd=d, follow_symlinks=False)
+        return (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size, st.st_nlink)
+
+    step(wr, "f", b"hello")
+    step(wr, "f", b" world", os.O_WRONLY | os.O_APPEND)
+    step(rd, "f")
+    step(wr, "f", b"x", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    step(trunc, "f", 3)
+    step(rd, "f")
+    step(mode, "f")
+    step(wr, "g", b"G")
+    step(os.rename, "g", "f", src_dir_fd=d, dst_dir_fd=d)
+    step(rd, "f")
+    step(wr, "g", b"again")
+    step(_native.renameat2_raw, d, b"g", d, b"f", _native.RENAME_NOREPLACE)
+    step(_native.renameat2_raw, d, b"g", d, b"f", _native.RENAME_EXCHANGE)
+    step(rd, "f")
+    step(rd, "g")
+    step(os.mkdir, "dir", 0o750, dir_fd=d)
+    step(os.mkdir, "dir", dir_fd=d)
+    step(wr, "dir/inner", b"i")
+    step(os.rmdir, "dir", dir_fd=d)
+    step(os.unlink, "dir", dir_fd=d)
+    step(os.rmdir, "f", dir_fd=d)
+    step(os.rename, "dir", "dir/sub", src_dir_fd=d, dst_dir_fd=d)
+    step(os.open, "missing", os.O_RDONLY, dir_fd=d)
+    step(os.symlink, "f", "ln", dir_fd=d)
+    step(os.readlink, "ln", dir_fd=d)
+    step(rd, "ln")
+    step(os.open, "ln", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=d)
+    step(os.link, "f", "hard", src_dir_fd=d, dst_dir_fd=d)
+    step(mode, "f")
+    step(os.chmod, "f", 0o600, dir_fd=d)
+    step(mode, "hard")
+    step(os.utime, "f", ns=(5_000_000_000, 6_000_000_000), dir_fd=d)
+    step(lambda: os.stat("hard", dir_fd=d).st_mtime_ns)
+    fd = os.open("hard", os.O_RDONLY, dir_fd=d)
+    step(os.unlink, "hard", dir_fd=d)
+    step(os.unlink, "f", dir_fd=d)
+    step(os.pread, fd, 100, 0)
+    step(lambda: os.fstat(fd).st_nlink)
+    os.close(fd)
+    step(os.rename, "dir", "dir2", src_dir_fd=d, dst_dir_fd=d)
+    step(rd, "dir2/inner")
+    step(lst)
+    step(lst, "dir2")
+    step(os.unlink, "dir2/inner", dir_fd=d)
+    step(os.rmdir, "dir2", dir_fd=d)
+    step(lst)
+    return out
+
+
+async def test_posix_behaviour_matches_a_plain_directory(overlay, tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    overlay.root.mkdir("cmp")
+    pfd = os.open(plain, os.O_RDONLY | os.O_DIRECTORY)
+    mfd = os.open("cmp", os.O_RDONLY | os.O_DIRECTORY, dir_fd=overlay.mount_fd)
+    try:
+        expected = await in_thread(posix_script, pfd)
+        got = await in_thread(posix_script, mfd)
+        assert ("err", "ENOTEMPTY") in expected and ("err", "EEXIST") in expected  # the script does fail steps
+    finally:
+        os.close(pfd)
+        await in_thread(os.close, mfd)
+    assert got == expected
