@@ -545,3 +545,24 @@ async def test_posix_behaviour_matches_a_plain_directory(overlay, tmp_path):
         os.close(pfd)
         await in_thread(os.close, mfd)
     assert got == expected
+
+
+async def test_no_mount_privilege_is_overlay_unavailable(ws_dir):
+    import sys
+    code = ("import sys, trio\n"
+            "from sandbox_fs.root import open_root\n"
+            "from sandbox_fs.fuse import Overlay, OverlayPolicy, OverlayUnavailableError\n"
+            "async def main():\n"
+            "    try:\n"
+            "        ov = await Overlay.start(open_root(sys.argv[1]), policy=OverlayPolicy())\n"
+            "    except OverlayUnavailableError as e:\n"
+            "        print(e.code, e.context.get('errno'))\n"
+            "    else:\n"
+            "        await ov.aclose()\n"
+            "        print('mounted')\n"
+            "trio.run(main)\n")
+    proc = await trio.run_process(
+        ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable, "-c", code, str(ws_dir)],
+        capture_stdout=True, check=False)
+    assert proc.returncode == 0
+    assert proc.stdout.decode().split() == ["overlay_unavailable", str(errno.EPERM)]
