@@ -273,16 +273,6 @@ def _overlay_blocker() -> str | None:
     return None if usable else (reason or "FUSE is not usable here")
 
 
-def _accepts_private_root(fn: Callable[..., Any]) -> bool:
-    """``fn`` (an exec entry point) takes the ``private_root`` keyword."""
-    import inspect  # noqa: PLC0415
-
-    try:
-        return "private_root" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class Session:
     """One workspace and its lifecycle.  Build through the client, not directly.
 
@@ -1207,8 +1197,7 @@ class Session:
             SessionNotStartedError: the session is not started.
             OverlayUnavailableError: ``SessionConfig.overlay`` is set and the
                 overlay is not running (it could not run at start) while this
-                command asks ``confinement="required"``; or this sandbox-fs's
-                exec helper cannot give a command a private root.
+                command asks ``confinement="required"``.
             OverlayError: the overlay daemon died (the mount is gone).
             ConfinementError, CommandNotFoundError, ExecTimeoutError, ExecFailedError:
                 see :func:`sandbox_fs.exec.run_confined`.
@@ -1222,7 +1211,7 @@ class Session:
         try:
             workspace, policy = self.workspace, self.policy
             kwargs = self._exec_kwargs(kwargs)
-            self._add_private_root(kwargs, _accepts_private_root(_exec.run_confined))
+            self._add_private_root(kwargs)
         except BaseException:
             await trio.lowlevel.checkpoint()
             raise
@@ -1373,7 +1362,7 @@ class Session:
             await trio.lowlevel.checkpoint()
             raise
 
-    def _add_private_root(self, kwargs: dict[str, Any], accepts: bool) -> None:
+    def _add_private_root(self, kwargs: dict[str, Any]) -> None:
         """Give a command the overlay as its private root's workspace (or refuse it; see :meth:`exec`)."""
         if not self.config.overlay:
             return
@@ -1383,16 +1372,12 @@ class Session:
                 self._running_overlay()  # raises OverlayUnavailableError with the reason
             return
         from . import exec as _exec  # noqa: PLC0415
-        from .fuse import OverlayError, OverlayUnavailableError  # noqa: PLC0415
+        from .fuse import OverlayError  # noqa: PLC0415
 
-        private_root = getattr(_exec, "PrivateRoot", None)
-        if private_root is None or not accepts:
-            raise OverlayUnavailableError("this sandbox-fs's exec helper cannot run a command in a private root "
-                                          "on the overlay", sandbox_path=None)
-        if not ov.alive:
+        if not ov.alive:  # never run a command on the backing workspace behind the overlay's back
             raise OverlayError("the overlay daemon is gone, so the workspace cannot be reached; close the session",
                                sandbox_path=None)
-        kwargs["private_root"] = private_root(ov.mount_fd, self.config.workspace_path)
+        kwargs["private_root"] = _exec.PrivateRoot(ov.mount_fd, self.config.workspace_path)
 
     async def audit_events(self) -> tuple[list[AuditEvent], int]:
         """Take the overlay's buffered audit events: ``(events, dropped)``.
@@ -1512,7 +1497,7 @@ class Session:
             workspace, policy = self.workspace, self.policy
             manager = self._ptys()
             kwargs = self._exec_kwargs(kwargs)
-            self._add_private_root(kwargs, _accepts_private_root(manager.pty_exec_start))
+            self._add_private_root(kwargs)
         except BaseException:
             await trio.lowlevel.checkpoint()
             raise
