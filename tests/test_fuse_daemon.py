@@ -566,3 +566,41 @@ async def test_no_mount_privilege_is_overlay_unavailable(ws_dir):
         capture_stdout=True, check=False)
     assert proc.returncode == 0
     assert proc.stdout.decode().split() == ["overlay_unavailable", str(errno.EPERM)]
+
+
+async def test_invalidating_everything_while_requests_run_neither_deadlocks_nor_breaks(overlay):
+    stop = False
+
+    def churn(worker: int) -> int:
+        mfd, n = overlay.mount_fd, 0
+        os.mkdir(f"w{worker}", dir_fd=mfd)
+        while not stop:
+            name = f"w{worker}/f{n % 50}"
+            fd = os.open(name, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644, dir_fd=mfd)
+            os.write(fd, b"data")
+            os.close(fd)
+            os.stat(name, dir_fd=mfd)
+            dfd = os.open(f"w{worker}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
+            os.listdir(dfd)
+            os.close(dfd)
+            if n % 7 == 0:
+                os.unlink(name, dir_fd=mfd)
+            n += 1
+        return n
+
+    counts: list[int] = []
+
+    async def run(worker: int) -> None:
+        counts.append(await trio.to_thread.run_sync(churn, worker))
+
+    with trio.fail_after(300):  # a guard against a deadlock, not a speed check
+        async with trio.open_nursery() as nursery:
+            for w in range(3):
+                nursery.start_soon(run, w)
+            for _ in range(30):
+                await overlay.invalidate(None)
+                await overlay.invalidate(["w0", "w1/f3", "w2"])
+            stop = True
+    assert len(counts) == 3 and all(c > 0 for c in counts)
+    assert overlay.alive
+    assert overlay.root.read_bytes("hello.txt") == b"hello\n"
