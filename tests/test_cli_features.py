@@ -44,7 +44,8 @@ def test_human_output_is_one_line_per_feature(found):
                      "mount namespace", "cgroup v2 pids", "cgroup v1 pids", "RLIMIT_NPROC binds", "process bound",
                      "fuse", "identity"]
     assert f"process bound: {found['processes']['bound']}" in lines
-    fuse_line = "fuse: yes" if found["fuse"] else f"fuse: no ({found['fuse_reason']}; --overlay is refused)"
+    fuse_line = "fuse: yes" if found["fuse"] else \
+        f"fuse: no ({found['fuse_reason']}; run --overlay is refused under --confinement required)"
     assert fuse_line in lines
     abi = found["landlock_abi"]
     assert any(line.startswith(f"landlock: ABI {abi}" if abi else "landlock: no") for line in lines)

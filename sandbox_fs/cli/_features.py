@@ -46,7 +46,9 @@ def feature_lines(found: dict[str, Any]) -> list[str]:
         f"cgroup v1 pids: {_yes(procs['cgroup1_pids'])}",
         f"RLIMIT_NPROC binds: {_yes(procs['rlimit_nproc'])}",
         f"process bound: {procs['bound']}",
-        f"fuse: {_yes(found['fuse'])}" + ("" if found["fuse"] else f" ({found['fuse_reason']}; --overlay is refused)"),
+        f"fuse: {_yes(found['fuse'])}" + ("" if found["fuse"] else
+                                          f" ({found['fuse_reason']}; run --overlay is refused under "
+                                          "--confinement required)"),
         f"identity: {who}",
     ]
 
