@@ -38,10 +38,10 @@ The FUSE overlay (``SessionConfig.overlay``, extra ``sandbox-fs[fuse]``):
 :meth:`Session.start` hydrates and applies the manifest in the backing
 workspace directly (nothing is mounted yet, so nothing is cached), then
 starts the overlay daemon on it (:class:`sandbox_fs.fuse.Overlay`).  While
-it runs the workspace is exclusive to it: every host-side session operation (read, write, ls, stat, mkdir, rm,
-rename, extract) acts through the mount's Root, so quotas count it, audit
-records it and the kernel's caches stay right; commands run in a private
-root on the mount.  Persist reads the backing workspace directly.
+it runs the workspace is exclusive to it: every host-side session operation
+(read, write, ls, stat, mkdir, rm, rename, extract) acts through the mount's
+Root, so quotas count it, audit records it and the kernel's caches stay
+right; commands run in a private root on the mount.  Persist reads the backing workspace directly.
 :meth:`Session.shutdown` stops it (also after a cancel, or after the daemon
 died).
 
