@@ -753,11 +753,15 @@ def test_directory_metadata_only_on_the_directory_made(layout, monkeypatch, reso
 
 
 def test_fd_chmod_without_proc_is_an_error_not_a_vanished_entry(monkeypatch):
-    """Changing an O_PATH fd's inode goes through /proc/self/fd; without /proc that is EOPNOTSUPP,
-    never FileNotFoundError (a recursive removal would take it for a vanished entry and skip it)."""
+    """On a kernel without fchmodat2 (ENOSYS), changing an O_PATH fd's inode goes through
+    /proc/self/fd; without /proc that is EOPNOTSUPP, never FileNotFoundError (a recursive removal
+    would take it for a vanished entry and skip it)."""
+    import errno as _errno
     import tempfile as _tf
 
     from sandbox_fs import root as root_mod
+
+    monkeypatch.setattr(root_mod._native, "fchmod_empty", lambda fd, mode: -_errno.ENOSYS)
 
     real_chmod = os.chmod
 
@@ -774,6 +778,28 @@ def test_fd_chmod_without_proc_is_an_error_not_a_vanished_entry(monkeypatch):
             with pytest.raises(OSError) as ei:
                 root_mod.fd_chmod(fd, 0o700)
             assert ei.value.errno == __import__("errno").EOPNOTSUPP
+        finally:
+            os.close(fd)
+    finally:
+        os.rmdir(d)
+
+
+def test_fd_chmod_of_an_o_path_fd_needs_no_proc(monkeypatch):
+    """With fchmodat2 (Linux 6.6), an O_PATH fd's mode changes without the /proc magic link."""
+    import tempfile as _tf
+
+    from sandbox_fs import root as root_mod
+
+    def no_proc(path, *a, **kw):
+        raise AssertionError(f"fd_chmod went by name: {path!r}")
+
+    d = _tf.mkdtemp()
+    try:
+        fd = os.open(d, os.O_PATH | os.O_DIRECTORY)
+        try:
+            monkeypatch.setattr(root_mod.os, "chmod", no_proc)
+            root_mod.fd_chmod(fd, 0o701)
+            assert os.stat(d).st_mode & 0o7777 == 0o701
         finally:
             os.close(fd)
     finally:
