@@ -10,8 +10,8 @@ then one per mount).  The daemon then:
 2. measures the workspace's usage for the quota;
 3. opens ``/dev/fuse`` and makes a *detached* mount (``fsopen("fuse")``,
    ``fsconfig`` with ``allow_other`` and ``default_permissions``,
-   ``fsmount``): attached nowhere, so it appears in no mount table and
-   dissolves when the last fd on it closes;
+   ``fsmount`` always ``nosuid`` and ``nodev``): attached nowhere, so it
+   appears in no mount table and dissolves when the last fd on it closes;
 4. sends ``ready`` with the mount fd and the measured usage, then the
    config reply;
 5. serves ``pyfuse3.main()`` and the control channel side by side, raises
@@ -63,6 +63,9 @@ READ_AHEAD_KB = 1024
 AUDIT_BATCH = 2000
 """Most audit events drained into one ``audit`` message (fewer when their size needs it)."""
 
+MOUNT_ATTRS = _native.MOUNT_ATTR_NOSUID | _native.MOUNT_ATTR_NODEV
+"""The mount's attributes, for every policy (see :func:`make_mount`)."""
+
 
 def raise_nofile() -> int:
     """Raise this process's ``RLIMIT_NOFILE`` as far as allowed; returns the new soft limit."""
@@ -87,10 +90,14 @@ def _check(ret: int, what: str) -> int:
     return ret
 
 
-def make_mount(dev_fd: int, allow_devices: bool) -> int:
+def make_mount(dev_fd: int) -> int:
     """A detached FUSE mount served through ``dev_fd``; returns its ``O_PATH`` mount fd.
 
-    Always ``nosuid``; ``nodev`` unless the policy allows device nodes.
+    Always ``nosuid`` and ``nodev``, whatever the policy: the daemon makes
+    the device nodes a policy allows (``"chr"``, ``"blk"``) with its own
+    privilege, so on this mount such a node is an entry only (stat, list,
+    rename, unlink), and opening it fails with EACCES; every clone of the
+    mount (a confined command's private root) keeps both flags.
 
     Raises:
         OSError: EPERM without CAP_SYS_ADMIN, or any other fsopen/fsconfig/fsmount failure.
@@ -103,8 +110,7 @@ def make_mount(dev_fd: int, allow_devices: bool) -> int:
         for flag in (b"default_permissions", b"allow_other"):
             _check(_native.fsconfig_flag(fs_fd, flag), "fsconfig")
         _check(_native.fsconfig_create(fs_fd), "fsconfig create")
-        attrs = _native.MOUNT_ATTR_NOSUID | (0 if allow_devices else _native.MOUNT_ATTR_NODEV)
-        return _check(_native.fsmount(fs_fd, _native.FSMOUNT_CLOEXEC, attrs), "fsmount")
+        return _check(_native.fsmount(fs_fd, _native.FSMOUNT_CLOEXEC, MOUNT_ATTRS), "fsmount")
     finally:
         os.close(fs_fd)
 
@@ -242,7 +248,7 @@ class Daemon:
         table = InodeTable(root_handle, workspace)
         self.ops = OverlayOps(table, policy, mounts, AuditLog(policy.audit_capacity), FaultRules(), quota)
         self.dev_fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-        mount_fd = make_mount(self.dev_fd, bool(policy.allow_special & {"chr", "blk"}))
+        mount_fd = make_mount(self.dev_fd)
         return mount_fd, {"bytes": quota.bytes, "inodes": quota.inodes}
 
     # ------------------------------------------------------------ control

