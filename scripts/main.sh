@@ -57,7 +57,25 @@ mkdir -p "$DEMO/workspaces"
 echo "== 3. a confined command cannot read outside the workspace"
 set +e
 "$SFS" run --resume "$DEMO/state.json" --base "$SITE" --grant "$PYPREFIX:ro" \
-    --workspaces-dir "$DEMO/workspaces" --snapshot-dir "$DEMO/snapshots" \
+    --workspaces-dir "$DEMO/workspaces" --snapshot-dir "$DEMO/snapshots" --state "$DEMO/state.json" \
     -- /bin/sh -c 'cat /root/.bashrc >/dev/null 2>&1 && echo "LEAK: read /root" || echo "reading /root: denied"; echo "running as uid $(id -u) gid $(id -g), pid $$ in its own pid namespace"'
 set -e
+
+echo "== 4. the same session on the FUSE overlay: quota, audit, a private root"
+if "$SFS" features --json | "$PY" -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["fuse"] else 1)'; then
+    HOST_WS=$(ls -d "$DEMO"/workspaces/*/ | head -1)
+    USED=$(du -s --apparent-size -B1 "$DEMO/workspaces" | cut -f1)
+    set +e
+    "$SFS" run --resume "$DEMO/state.json" --base "$SITE" --grant "$PYPREFIX:ro" \
+        --workspaces-dir "$DEMO/workspaces" --snapshot-dir "$DEMO/snapshots" --state "$DEMO/state.json" \
+        --overlay --quota-bytes $((USED + 1048576)) --audit "$DEMO/audit.jsonl" \
+        -- /bin/sh -c 'for d in /workspace /usr /tmp /dev/null /proc/self /root/.bashrc /home /sys "$1"; do [ -e "$d" ] && p="$p $d" || a="$a $d"; done; echo "   in the private root:$p; absent:$a"; cd /workspace && echo hello > hello.txt && echo "   wrote hello.txt through the overlay";
+                       head -c 4194304 /dev/zero > big.bin 2>/dev/null && echo "LEAK: quota not enforced" || echo "   4 MiB past a 1 MiB headroom: refused by the quota"; rm -f big.bin' sh "$HOST_WS"
+    rc=$?
+    set -e
+    [ "$rc" = 0 ] || { echo "main.sh: the overlay run failed ($rc)" >&2; exit 1; }
+    echo "   audit events written: $(wc -l < "$DEMO/audit.jsonl")"
+else
+    echo "   skipped: the overlay cannot run here ($("$SFS" features | grep -i fuse))"
+fi
 echo "main job done"
