@@ -167,3 +167,153 @@ def test_property_every_policy_mounts_nodev_nosuid_and_no_node_opens(base, allow
                 assert made == errno.EPERM
 
     trio.run(run)
+
+
+# ---------------------------------------------------------------- symlinks, judged in their own tree
+
+
+async def start_with_mount(base: Path, granted: Path, read_only: bool = False) -> tuple[Overlay, list[Any]]:
+    """An overlay on ``base/ws`` serving ``granted`` writable at ``m``; returns it and the Roots to close."""
+    from sandbox_fs.fuse import OverlayMount
+
+    ws = base / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "m").mkdir(exist_ok=True)
+    wsr, gr = open_root(ws), open_root(granted)
+    try:
+        ov = await Overlay.start(wsr, policy=OverlayPolicy(), mounts=[OverlayMount("m", gr, read_only=read_only)])
+    except BaseException:
+        wsr.close()
+        gr.close()
+        raise
+    return ov, [wsr, gr]
+
+
+@pytest.fixture
+def granted(base):
+    """A host directory (``granted/``, served at ``m``) beside a sentinel the host would reach through a bad link."""
+    g = base / "granted"
+    (g / "sub").mkdir(parents=True)
+    (g / "inner").write_text("inner\n")
+    (base / "secret").write_text("HOST SECRET\n")
+    return g
+
+
+async def test_a_link_in_a_host_directory_mount_is_judged_against_that_directory(base, granted):
+    """``m/up -> ../secret`` stays in the workspace counted from the workspace, but in the host
+    directory it names the host's ``secret`` beside it: refused (the old check used the sandbox path)."""
+    ov, roots = await start_with_mount(base, granted)
+    try:
+        mfd = ov.mount_fd
+
+        def attacks() -> dict[str, int]:
+            return {
+                "up": errno_of(os.symlink, "../secret", "m/up", dir_fd=mfd),
+                "sub-up": errno_of(os.symlink, "../../secret", "m/sub/up", dir_fd=mfd),
+                "ok": errno_of(os.symlink, "inner", "m/ok", dir_fd=mfd),
+                "ok-sub": errno_of(os.symlink, "../inner", "m/sub/ok", dir_fd=mfd),
+                "ws": errno_of(os.symlink, "m/inner", "wslink", dir_fd=mfd),
+            }
+
+        got = await in_thread(attacks)
+        assert ov.alive
+    finally:
+        await ov.aclose()
+        for r in roots:
+            r.close()
+    assert got == {"up": errno.EPERM, "sub-up": errno.EPERM, "ok": 0, "ok-sub": 0, "ws": 0}
+    assert sorted(os.listdir(granted)) == ["inner", "ok", "sub"]
+    assert os.listdir(granted / "sub") == ["ok"]
+    assert (base / "secret").read_text() == "HOST SECRET\n"
+
+
+async def test_a_symlink_renamed_or_hard_linked_to_a_shallower_place_is_refused(base, granted):
+    """``a/b/l -> ../../x`` is fine where it is; renamed, exchanged or hard-linked to the root it would climb out."""
+    ov, roots = await start_with_mount(base, granted)
+    ws = base / "ws"
+    try:
+        mfd = ov.mount_fd
+
+        def attacks() -> dict[str, int]:
+            for d in ("a", "a/b", "a/c", "m/sub/deeper"):
+                os.mkdir(d, dir_fd=mfd)
+            os.symlink("../../x", "a/b/l", dir_fd=mfd)
+            os.symlink("../../inner", "m/sub/deeper/l", dir_fd=mfd)
+            fd = os.open("f", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=mfd)
+            os.close(fd)
+            return {
+                "rename-up": errno_of(os.rename, "a/b/l", "l2", src_dir_fd=mfd, dst_dir_fd=mfd),
+                "link-up": errno_of(os.link, "a/b/l", "l3", src_dir_fd=mfd, dst_dir_fd=mfd,
+                                    follow_symlinks=False),
+                "exchange-up": _exchange(mfd, "a/b/l", "f"),
+                "rename-same-depth": errno_of(os.rename, "a/b/l", "a/c/l", src_dir_fd=mfd, dst_dir_fd=mfd),
+                "link-same-depth": errno_of(os.link, "a/c/l", "a/b/l", src_dir_fd=mfd, dst_dir_fd=mfd,
+                                            follow_symlinks=False),
+                "mount-rename-up": errno_of(os.rename, "m/sub/deeper/l", "m/l", src_dir_fd=mfd, dst_dir_fd=mfd),
+                "mount-link-up": errno_of(os.link, "m/sub/deeper/l", "m/sub/l", src_dir_fd=mfd, dst_dir_fd=mfd,
+                                          follow_symlinks=False),
+            }
+
+        got = await in_thread(attacks)
+        assert ov.alive
+    finally:
+        await ov.aclose()
+        for r in roots:
+            r.close()
+    assert got == {"rename-up": errno.EPERM, "link-up": errno.EPERM, "exchange-up": errno.EPERM,
+                   "rename-same-depth": 0, "link-same-depth": 0,
+                   "mount-rename-up": errno.EPERM, "mount-link-up": errno.EPERM}
+    assert sorted(os.listdir(ws)) == ["a", "f", "m"] and stat.S_ISREG(os.lstat(ws / "f").st_mode)
+    assert os.readlink(ws / "a" / "c" / "l") == "../../x"
+    assert os.listdir(granted / "sub") == ["deeper"] and sorted(os.listdir(granted)) == ["inner", "sub"]
+
+
+def _exchange(mfd: int, a: str, b: str) -> int:
+    """renameat2(RENAME_EXCHANGE) of ``a`` and ``b`` beneath ``mfd``; 0 or the errno."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ret = libc.renameat2(mfd, a.encode(), mfd, b.encode(), 2)
+    return 0 if ret == 0 else ctypes.get_errno()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(in_mount=st.booleans(), depth=st.integers(0, 3), ups=st.integers(0, 4), new_depth=st.integers(0, 3),
+       how=st.sampled_from(["rename", "link"]))
+def test_property_a_link_is_accepted_where_its_target_stays_in_its_tree(base, in_mount, depth, ups, new_depth, how):
+    """A link ``'../' * ups + 'x'`` at directory depth ``depth`` (counted in its own tree) exists iff
+    ``ups <= depth``, and moving it to depth ``new_depth`` succeeds iff ``ups <= new_depth``."""
+
+    async def run() -> None:
+        case = Path(tempfile.mkdtemp(dir=base))
+        g = case / "granted"
+        g.mkdir()
+        ov, roots = await start_with_mount(case, g)
+        try:
+            mfd = ov.mount_fd
+            top = "m/" if in_mount else ""
+
+            def attempt() -> tuple[int, int]:
+                for d in range(1, 4):
+                    os.mkdir(top + "/".join(["d"] * d), dir_fd=mfd)
+                    os.mkdir(top + "/".join(["e"] * d), dir_fd=mfd)
+                src = top + "/".join(["d"] * depth + ["l"])
+                dst = top + "/".join(["e"] * new_depth + ["l"])
+                made = errno_of(os.symlink, "../" * ups + "x", src, dir_fd=mfd)
+                if made:
+                    return made, -1
+                if how == "rename":
+                    return 0, errno_of(os.rename, src, dst, src_dir_fd=mfd, dst_dir_fd=mfd)
+                return 0, errno_of(os.link, src, dst, src_dir_fd=mfd, dst_dir_fd=mfd, follow_symlinks=False)
+
+            made, moved = await in_thread(attempt)
+        finally:
+            await ov.aclose()
+            for r in roots:
+                r.close()
+        if ups > depth:
+            assert made == errno.EPERM
+        else:
+            assert (made, moved) == (0, 0 if ups <= new_depth else errno.EPERM)
+
+    trio.run(run)

@@ -229,6 +229,34 @@ class InodeTable:
             parts.append(part)
         return os.fsdecode(b"/".join(reversed(parts)))
 
+    def tree_path_of(self, ino: int, name: bytes) -> str:
+        """The path of ``name`` in directory ``ino`` relative to the root of the tree ``ino`` belongs to.
+
+        For the workspace this is the sandbox path (as :meth:`path_of`); for
+        an entry beneath a host-directory mount it is relative to that
+        mount's root (the walk stops where the parent belongs to another
+        tree), which is what a symlink target is judged against.
+
+        Raises:
+            OSError: ``ESTALE``, the dentry chain reaches an inode the table
+                no longer holds (no path to judge a request by).
+        """
+        parts: list[bytes] = [name]
+        node = self.get(ino)
+        for _ in range(MAX_PATH_DEPTH):
+            if node.ino == ROOT_INODE:
+                break
+            parent = None if node.dentry is None else self._by_ino.get(node.dentry[0])
+            if node.dentry is None or parent is None:
+                raise OSError(errno.ESTALE, "the directory's path is no longer known")
+            if parent.tree is not node.tree:
+                break  # node is the root of its tree (a mount point)
+            parts.append(node.dentry[1])
+            node = parent
+        else:
+            raise OSError(errno.ESTALE, "the directory's path is too deep")
+        return os.fsdecode(b"/".join(reversed(parts)))
+
     def resolve(self, path: str) -> tuple[int, bytes, Inode | None] | None:
         """Walk the dentry table along sandbox ``path`` (``a/b/c``).
 

@@ -14,10 +14,22 @@ Every handler:
   handler: it would end ``pyfuse3.main()`` and the mount with it.
 
 Policy: read-only trees give EROFS, set-id bits EPERM, special files per
-:class:`OverlayPolicy` (EPERM), symlink targets are checked at creation, and
-the workspace's byte and inode quotas are charged *before* each write,
-truncate and create (EDQUOT; the whole request fails).  An unlinked inode
-that is still open stays charged until its last release.
+:class:`OverlayPolicy` (EPERM), and the workspace's byte and inode quotas
+are charged *before* each write, truncate and create (EDQUOT; the whole
+request fails).  An unlinked inode that is still open stays charged until
+its last release.
+
+Symlink targets (:func:`check_symlink`, EPERM) are judged against the root
+of the tree the link is in (the workspace, or a host-directory mount's own
+root: a link in a host directory never leads out of it), at creation and
+again whenever a symlink gets a new name: renamed (either side of an
+exchange) or hard-linked.  A *directory* rename that carries relative
+links inside it to another depth is not re-checked (it would mean walking
+the subtree): snapshot persist refuses such links when it runs, and at run
+time the confined command's private root holds nothing outside the
+workspace for them to reach.  On a host-directory mount the source name is
+looked up, checked, then renamed by name: a host process swapping that
+name in between can only move its own link within its own directory.
 
 Handlers never ``await``: each runs to completion on the trio thread (the
 prototype measured worker threads as slower), so the tables need no lock.
@@ -214,6 +226,22 @@ class OverlayOps(pyfuse3.Operations):
         if stat.S_ISREG(st.st_mode):
             self.quota.add_bytes(-st.st_size)
 
+    def _check_new_name(self, handle: Handle, parent: int, name: bytes) -> None:
+        """Refuse to give the symlink ``handle`` is on the name ``name`` in ``parent`` when its target leaves the tree from there."""
+        if stat.S_ISLNK(handle.stat().st_mode):
+            check_symlink(self.table.tree_path_of(parent, name), handle.readlink())
+
+    def _check_moved_link(self, pnode: Inode, name: bytes, new_parent: int, new_name: bytes) -> None:
+        """``name`` in ``pnode`` is about to be called ``new_name`` in ``new_parent``: re-check it if it is a symlink."""
+        try:
+            handle = pnode.handle.lookup(name)
+        except FileNotFoundError:
+            return  # the rename itself reports it
+        try:
+            self._check_new_name(handle, new_parent, new_name)
+        finally:
+            handle.close()
+
     def _victim(self, pnode: Inode, name: bytes) -> tuple[Inode | None, Handle | None, bool]:
         """The inode ``name`` refers to before it is removed: ``(table inode, handle, handle is temporary)``."""
         node = self.table.child(pnode.ino, name)
@@ -392,6 +420,9 @@ class OverlayOps(pyfuse3.Operations):
         self._not_mount_point(path)
         self._not_mount_point(self.table.path_of(pnew, new))
         exchange = bool(flags & RENAME_EXCHANGE)
+        self._check_moved_link(src_dir, old, pnew, new)
+        if exchange:
+            self._check_moved_link(dst_dir, new, pold, old)
         node, handle, temporary = (None, None, False) if exchange else self._victim(dst_dir, new)
         try:
             src_dir.handle.rename(old, dst_dir.handle, new, flags)
@@ -426,12 +457,12 @@ class OverlayOps(pyfuse3.Operations):
 
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
         path = self.table.path_of(parent_inode, name)
-        return self._guard("symlink", path, self._symlink, parent_inode, name, target, path, ctx)
+        return self._guard("symlink", path, self._symlink, parent_inode, name, target, ctx)
 
-    def _symlink(self, parent: int, name: bytes, target: bytes, path: str, ctx: Any) -> EntryAttributes:
+    def _symlink(self, parent: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
         pnode = self.table.get(parent)
         self._writable(pnode)
-        check_symlink(path, target)
+        check_symlink(self.table.tree_path_of(parent, name), target)
         if self._charged(pnode):
             self.quota.check_new_inode()
         handle = pnode.handle.symlink(name, target, owner=(ctx.uid, ctx.gid))
@@ -447,6 +478,7 @@ class OverlayOps(pyfuse3.Operations):
         self._writable(node)
         if node.tree is not pnode.tree:
             raise OSError(errno.EXDEV, "across trees")
+        self._check_new_name(node.handle, parent, name)
         handle = pnode.handle.link(node.handle, name)
         linked, _ = self.table.learn(parent, name, handle, pnode.tree)
         linked.lookups += 1
