@@ -119,10 +119,14 @@ class SessionNotStartedError(SessionError):
 
 
 class MountOverlapError(SessionError):
-    """A persist skip path equals, contains or lies inside a mount point.
+    """A persist skip path equals, contains or lies inside a mount point; or a mount's grant overlaps the workspace.
 
     Raised by :meth:`Session.register_persist_skip_path`; ``context["mount"]``
-    is the mount point's workspace-relative path.
+    is the mount point's workspace-relative path.  Raised by
+    :meth:`Session.start` (with the overlay) when a manifest ``mount``
+    entry's grant directory is the workspace, lies inside it or contains it
+    (compared by directory identity; ``context["overlap"]`` is ``"same"``,
+    ``"inside"`` or ``"contains"``), before the overlay starts.
     """
 
     code = "mount_overlap"
@@ -1287,6 +1291,9 @@ class Session:
         Raises:
             OverlayUnavailableError: it cannot run and confinement is ``"required"``.
             MountNeedsOverlayError: it cannot run, and the manifest has mount entries.
+            MountOverlapError: a mount's grant directory is, lies inside or
+                contains the workspace (checked before any placeholder is
+                made or the overlay starts).
             OverlayError: the daemon failed.
         """
         from . import fuse as _fuse  # noqa: PLC0415
@@ -1298,9 +1305,14 @@ class Session:
             if mounts:
                 from .materialize import make_mount_points  # noqa: PLC0415
 
-                await trio.to_thread.run_sync(make_mount_points, self._root, mounts)
                 for m in mounts:
                     grant_roots.append(self._policy.open_grant_root(m.grant, read_only=m.read_only))
+                for m, r in zip(mounts, grant_roots):
+                    how = await trio.to_thread.run_sync(_fuse.mount_overlap, self._root, r)
+                    if how is not None:
+                        raise MountOverlapError(f"the grant of the mount entry {_fuse.overlap_text(how)}",
+                                                sandbox_path=m.path, context={"mount": m.path, "overlap": how})
+                await trio.to_thread.run_sync(make_mount_points, self._root, mounts)
             served = [_fuse.OverlayMount(m.path, r, m.read_only)
                       for m, r in zip(mounts, grant_roots)]
             try:

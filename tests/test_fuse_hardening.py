@@ -298,7 +298,7 @@ def test_property_a_link_is_accepted_where_its_target_stays_in_its_tree(base, in
                     os.mkdir(top + "/".join(["d"] * d), dir_fd=mfd)
                     os.mkdir(top + "/".join(["e"] * d), dir_fd=mfd)
                 src = top + "/".join(["d"] * depth + ["l"])
-                dst = top + "/".join(["e"] * new_depth + ["l"])
+                dst = top + "/".join(["e"] * new_depth + ["k"])
                 made = errno_of(os.symlink, "../" * ups + "x", src, dir_fd=mfd)
                 if made:
                     return made, -1
@@ -317,3 +317,123 @@ def test_property_a_link_is_accepted_where_its_target_stays_in_its_tree(base, in
             assert (made, moved) == (0, 0 if ups <= new_depth else errno.EPERM)
 
     trio.run(run)
+
+
+# ---------------------------------------------------------------- mounts overlapping the workspace
+
+
+@pytest.fixture
+def no_daemon(monkeypatch):
+    """Fail the test if anything tries to start a daemon (the refusal must come first)."""
+
+    async def refuse(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("a daemon was started for an overlapping mount")
+
+    monkeypatch.setattr(trio.lowlevel, "open_process", refuse)
+
+
+@pytest.mark.parametrize("where,expected", [
+    ("ws", "same"), ("ws/sub", "inside"), ("ws/sub/deep", "inside"), ("", "contains"),
+    ("alias", "inside"),          # a symlink to ws/sub: its path string names no part of the workspace
+    ("moved", "contains"),        # the workspace's directory renamed beneath it after its Root was opened
+])
+async def test_a_mount_overlapping_the_workspace_is_refused_before_the_daemon_starts(base, no_daemon, where,
+                                                                                       expected):
+    from sandbox_fs.fuse import OverlayError, OverlayMount
+
+    (base / "ws" / "sub" / "deep").mkdir(parents=True)
+    os.symlink(base / "ws" / "sub", base / "alias")
+    ws = open_root(base / "ws")
+    if where == "moved":
+        (base / "moved").mkdir()
+        os.rename(base / "ws", base / "moved" / "ws")
+    before = sorted(p.name for p in (base / ("moved/ws" if where == "moved" else "ws")).iterdir())
+    grant = open_root(base / where if where else base, follow_symlinks=(where == "alias"))
+    try:
+        with pytest.raises(OverlayError) as ei:
+            await Overlay.start(ws, policy=OverlayPolicy(), mounts=[OverlayMount("m", grant)])
+    finally:
+        ws.close()
+        grant.close()
+    assert ei.value.code == "overlay_error"
+    assert ei.value.context == {"mount": "m", "overlap": expected}
+    assert str(base) not in str(ei.value)
+    assert sorted(p.name for p in (base / ("moved/ws" if where == "moved" else "ws")).iterdir()) == before
+
+
+async def test_a_sibling_mount_is_not_an_overlap(base):
+    """The control: a directory beside the workspace (same parent) is served."""
+    from sandbox_fs.fuse import OverlayMount
+
+    (base / "ws" / "m").mkdir(parents=True)
+    (base / "ws2").mkdir()
+    (base / "ws2" / "f").write_text("beside\n")
+    ws, grant = open_root(base / "ws"), open_root(base / "ws2")
+    try:
+        async with await Overlay.start(ws, policy=OverlayPolicy(), mounts=[OverlayMount("m", grant)]) as ov:
+            got = await in_thread(lambda: os.stat("m/f", dir_fd=ov.mount_fd).st_size)
+    finally:
+        ws.close()
+        grant.close()
+    assert got == len("beside\n")
+
+
+_names = st.lists(st.sampled_from(["a", "b"]), max_size=3)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ws_at=_names, mount_at=_names)
+def test_property_mount_overlap_is_the_ancestry_relation(base, ws_at, mount_at):
+    """For any two directories of a tree: "same", "inside", "contains" or None, as their component lists say."""
+    from sandbox_fs.fuse import mount_overlap
+
+    top = Path(tempfile.mkdtemp(dir=base))
+    for p in (ws_at, mount_at):
+        (top / "t" / Path(*p) if p else top / "t").mkdir(parents=True, exist_ok=True)
+    ws = open_root(top / "t" / Path(*ws_at) if ws_at else top / "t")
+    mount = open_root(top / "t" / Path(*mount_at) if mount_at else top / "t")
+    try:
+        got = mount_overlap(ws, mount)
+    finally:
+        ws.close()
+        mount.close()
+    if ws_at == mount_at:
+        assert got == "same"
+    elif mount_at[:len(ws_at)] == ws_at:
+        assert got == "inside"
+    elif ws_at[:len(mount_at)] == mount_at:
+        assert got == "contains"
+    else:
+        assert got is None
+
+
+def _overlay_unusable() -> str | None:
+    from sandbox_fs import _features
+
+    usable, reason = _features.fuse_status()
+    return None if usable else f"FUSE is not usable here: {reason}"
+
+
+@pytest.mark.skipif(_overlay_unusable() is not None, reason=_overlay_unusable() or "")
+async def test_a_session_mount_entry_whose_grant_contains_the_workspace_is_refused(tmp_path, no_daemon):
+    from sandbox_fs.client import ClientOptions, LocalSandboxClient
+    from sandbox_fs.manifest import load_manifest
+    from sandbox_fs.paths import Grant
+    from sandbox_fs.session import MountOverlapError
+
+    wsdir = tmp_path / "wsdir"
+    wsdir.mkdir()
+    client = LocalSandboxClient(ClientOptions(
+        workspaces_dir=str(wsdir), snapshot_dir=str(tmp_path / "snaps"), overlay=True,
+        extra_path_grants=(Grant(str(tmp_path), read_only=True, name="up"),)))
+    try:
+        manifest = load_manifest({"entries": {"mnt": {"type": "mount", "grant": "up"}}})
+        with pytest.raises(MountOverlapError) as ei:
+            async with client.create(manifest=manifest):
+                pass
+    finally:
+        client.close()
+    assert ei.value.code == "mount_overlap"
+    assert ei.value.context == {"mount": "mnt", "overlap": "contains"}
+    assert str(tmp_path) not in str(ei.value)
+    assert all(not (d / "mnt").exists() for d in wsdir.iterdir()), "a placeholder was made"

@@ -16,8 +16,8 @@ from __future__ import annotations
 from ._audit import AuditEvent
 from ._errors import OverlayError, OverlayUnavailableError
 from ._faults import FaultRule
-from ._overlay import Overlay, OverlayMount
+from ._overlay import Overlay, OverlayMount, mount_overlap, overlap_text
 from ._rules import OverlayPolicy
 
 __all__ = ["AuditEvent", "FaultRule", "Overlay", "OverlayError", "OverlayMount", "OverlayPolicy",
-           "OverlayUnavailableError"]
+           "OverlayUnavailableError", "mount_overlap", "overlap_text"]

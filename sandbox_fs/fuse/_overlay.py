@@ -26,7 +26,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -46,6 +46,15 @@ STOP_TIMEOUT_S = 5.0
 
 _UNAVAILABLE_ERRNOS = (errno.EPERM, errno.EACCES, errno.ENODEV, errno.ENOSYS, errno.ENOENT)
 
+MAX_ANCESTRY = 4096
+"""Most directories :func:`mount_overlap` walks up from one directory before giving up."""
+
+Overlap = Literal["same", "inside", "contains"]
+"""How a mount's directory overlaps the workspace: the same directory, inside it, or containing it."""
+
+_OVERLAP_TEXT = {"same": "is the workspace itself", "inside": "lies inside the workspace",
+                 "contains": "contains the workspace"}
+
 
 @dataclass(frozen=True)
 class OverlayMount:
@@ -63,6 +72,73 @@ class OverlayMount:
     path: str
     root: Root
     read_only: bool = True
+
+
+def _ancestry(root: Root) -> list[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of ``root``'s directory, then of each directory above it, up to ``/``.
+
+    Walks ``..`` with ``O_PATH`` fds from the Root's own fd (no path string
+    is looked up); ``/`` (of this process) is the directory whose ``..`` is
+    itself.  At the root of a mount, ``..`` leads (as the kernel resolves
+    it) to the directory the mount is on.
+
+    Raises:
+        OverlayError: more than MAX_ANCESTRY levels.
+        OSError: a ``..`` could not be opened (EACCES on a search-less directory).
+        WorkspaceClosedError: ``root`` is closed.
+    """
+    fd = root.fileno_dup()
+    try:
+        st = os.fstat(fd)
+        chain = [(st.st_dev, st.st_ino)]
+        for _ in range(MAX_ANCESTRY):
+            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key == chain[-1]:
+                return chain
+            chain.append(key)
+        raise OverlayError("a directory is nested too deeply to check it against the workspace")
+    finally:
+        os.close(fd)
+
+
+def mount_overlap(workspace: Root, mount: Root) -> Overlap | None:
+    """Whether ``mount``'s directory is, lies inside, or contains ``workspace``'s directory.
+
+    Compared by directory identity (``(st_dev, st_ino)`` of each directory
+    up the ``..`` chain of both), never by path, so a symlinked or renamed
+    path to the same directory is seen.  A bind mount of a directory of the
+    workspace elsewhere is a different ``..`` chain and is not seen.
+
+    Args:
+        workspace: the workspace Root (borrowed).
+        mount: a host directory's Root (borrowed).
+
+    Returns:
+        ``"same"``, ``"inside"`` (the mount is beneath the workspace),
+        ``"contains"`` (the workspace is beneath the mount), or None.
+
+    Raises:
+        OverlayError: a chain is deeper than MAX_ANCESTRY.
+        OSError: a ``..`` could not be opened.
+        WorkspaceClosedError: a Root is closed.
+    """
+    ws_chain, m_chain = _ancestry(workspace), _ancestry(mount)
+    if ws_chain[0] == m_chain[0]:
+        return "same"
+    if ws_chain[0] in m_chain:
+        return "inside"
+    if m_chain[0] in ws_chain:
+        return "contains"
+    return None
+
+
+def overlap_text(overlap: Overlap) -> str:
+    """A sentence end for an error: ``"lies inside the workspace"`` and the like."""
+    return _OVERLAP_TEXT[overlap]
 
 
 def _check_available() -> None:
@@ -108,13 +184,22 @@ class Overlay:
         Raises:
             OverlayUnavailableError: no ``/dev/fuse``, no pyfuse3, or no
                 privilege to mount (EPERM from fsopen).
-            OverlayError: the daemon failed to start, died, or did not
-                answer within START_TIMEOUT_S.
+            OverlayError: a mount's directory is, lies inside or contains
+                the workspace (:func:`mount_overlap`; ``context["mount"]`` is
+                its path, ``context["overlap"]`` how; checked before any
+                daemon starts), or the daemon failed to start, died, or did
+                not answer within START_TIMEOUT_S.
+            OSError: walking up from a directory failed (see :func:`mount_overlap`).
             WorkspaceClosedError: ``workspace`` or a mount's Root is closed.
 
         Cancellation: the daemon is killed and every fd closed.
         """
         _check_available()
+        for m in mounts:
+            how = await trio.to_thread.run_sync(mount_overlap, workspace, m.root)
+            if how is not None:
+                raise OverlayError(f"the mount at {m.path!r} {overlap_text(how)}",
+                                   context={"mount": m.path, "overlap": how})
         host, daemon = _protocol.socketpair()
         fds: list[int] = []
         process: trio.Process | None = None
