@@ -22,7 +22,8 @@ TOPICS = (
     ("copy", ()),
     ("extract", ()),
     ("landlock", ()),
-    ("mount", ("FSOPEN_CLOEXEC", "FSMOUNT_CLOEXEC", "MOUNT_ATTR_NOSUID", "MOUNT_ATTR_NODEV")),
+    ("mount", ("FSOPEN_CLOEXEC", "FSMOUNT_CLOEXEC", "MOUNT_ATTR_NOSUID", "MOUNT_ATTR_NODEV",
+               "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_MKNOD")),
 )
 SOURCES = [name + ".c" for name, _ in TOPICS]
 

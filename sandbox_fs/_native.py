@@ -401,3 +401,21 @@ def fsmount(fs_fd: int, flags: int, attr_flags: int) -> int:
     """
     return lib.sfs_fsmount(fs_fd, flags, attr_flags)
 
+
+# Capabilities the overlay daemon keeps once mounted (native/mount.c).
+CAP_CHOWN = lib.CAP_CHOWN
+CAP_DAC_OVERRIDE = lib.CAP_DAC_OVERRIDE
+CAP_DAC_READ_SEARCH = lib.CAP_DAC_READ_SEARCH
+CAP_FOWNER = lib.CAP_FOWNER
+CAP_MKNOD = lib.CAP_MKNOD
+
+
+def drop_capabilities(keep: int) -> int:
+    """Drop every capability whose bit is not set in ``keep`` from all of this thread's sets, bounding included.
+
+    Capabilities are per thread: only the calling thread is changed (call it
+    while the process has one thread).  Returns 0 or -errno (-EPERM: a kept
+    capability is not permitted, or CAP_SETPCAP is missing); never raises.
+    """
+    return lib.sfs_drop_capabilities(keep)
+

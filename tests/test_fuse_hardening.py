@@ -437,3 +437,62 @@ async def test_a_session_mount_entry_whose_grant_contains_the_workspace_is_refus
     assert ei.value.context == {"mount": "mnt", "overlap": "contains"}
     assert str(tmp_path) not in str(ei.value)
     assert all(not (d / "mnt").exists() for d in wsdir.iterdir()), "a placeholder was made"
+
+
+# ---------------------------------------------------------------- the daemon's own capabilities
+
+
+def _cap_sets(pid: int) -> dict[str, set[int]]:
+    """Each capability set of every thread of ``pid``: ``{"tid:CapEff": {bits}, ...}``."""
+    out: dict[str, set[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                    mask = int(value.strip(), 16)
+                    out[f"{tid}:{key}"] = {b for b in range(64) if mask >> b & 1}
+    return out
+
+
+CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_MKNOD, CAP_SYS_ADMIN = 0, 1, 2, 3, 27, 21
+
+
+@pytest.mark.parametrize("allow,kept", [
+    (frozenset(), {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER}),
+    (frozenset({"fifo", "socket"}), {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER}),
+    (frozenset({"chr"}), {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_MKNOD}),
+])
+async def test_the_daemon_keeps_only_the_capabilities_serving_needs(base, allow, kept):
+    """Measured in /proc/<daemon>/task/*/status: every thread, every set, bounding included; and it still serves."""
+    ws = base / "ws"
+    ws.mkdir()
+    (ws / "theirs").write_text("x")
+    os.chown(ws / "theirs", 4242, 4242)
+    mine = _cap_sets(os.getpid())
+    assert CAP_SYS_ADMIN in mine[f"{os.getpid()}:CapEff"], "the control: the host itself has CAP_SYS_ADMIN"
+    backing = open_root(ws)
+    try:
+        async with await Overlay.start(backing, policy=OverlayPolicy(allow_special=allow)) as ov:
+            mfd = ov.mount_fd
+
+            def serve_some() -> tuple[int, int, int]:
+                # Needs CAP_CHOWN (the new file is chowned), CAP_FOWNER (chmod of another's file),
+                # CAP_DAC_READ_SEARCH (linkat AT_EMPTY_PATH from the daemon's O_PATH fd).
+                os.close(os.open("new", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=mfd))
+                os.chmod("theirs", 0o600, dir_fd=mfd)
+                os.link("theirs", "hard", src_dir_fd=mfd, dst_dir_fd=mfd)
+                return (os.stat("new", dir_fd=mfd).st_uid, stat.S_IMODE(os.stat("theirs", dir_fd=mfd).st_mode),
+                        os.stat("hard", dir_fd=mfd).st_nlink)
+
+            served = await in_thread(serve_some)
+            sets = _cap_sets(ov.pid)
+            assert ov.alive
+    finally:
+        backing.close()
+    assert served == (0, 0o600, 2)
+    threads = {k.split(":")[0] for k in sets}
+    assert len(threads) >= 2, "the invalidation thread is measured too"
+    for key, bits in sets.items():
+        want = set() if key.endswith(("CapInh", "CapAmb")) else kept
+        assert bits == want, (key, sorted(bits))

@@ -12,9 +12,11 @@ then one per mount).  The daemon then:
    ``fsconfig`` with ``allow_other`` and ``default_permissions``,
    ``fsmount`` always ``nosuid`` and ``nodev``): attached nowhere, so it
    appears in no mount table and dissolves when the last fd on it closes;
-4. sends ``ready`` with the mount fd and the measured usage, then the
+4. drops every capability serving does not need (:func:`drop_capabilities`:
+   CAP_SYS_ADMIN and the rest go, from every set, bounding included);
+5. sends ``ready`` with the mount fd and the measured usage, then the
    config reply;
-5. serves ``pyfuse3.main()`` and the control channel side by side, raises
+6. serves ``pyfuse3.main()`` and the control channel side by side, raises
    the mount's read-ahead, and closes its own copy of the mount fd.
 
 It exits when the control socket reaches EOF (the host closed it or died),
@@ -113,6 +115,40 @@ def make_mount(dev_fd: int) -> int:
         return _check(_native.fsmount(fs_fd, _native.FSMOUNT_CLOEXEC, MOUNT_ATTRS), "fsmount")
     finally:
         os.close(fs_fd)
+
+
+SERVING_CAPS = (_native.CAP_CHOWN, _native.CAP_FOWNER, _native.CAP_DAC_OVERRIDE, _native.CAP_DAC_READ_SEARCH)
+"""What serving needs: creates chown to the requester, chmod/utimens/links of others' files,
+access to every backing entry, and ``linkat(AT_EMPTY_PATH)`` (hard links from an ``O_PATH`` fd)."""
+
+
+def capabilities_kept(policy: OverlayPolicy) -> int:
+    """The capability bit mask the daemon keeps: SERVING_CAPS, plus CAP_MKNOD where devices are allowed."""
+    keep = 0
+    for cap in SERVING_CAPS:
+        keep |= 1 << cap
+    if policy.allow_special & {"chr", "blk"}:
+        keep |= 1 << _native.CAP_MKNOD
+    return keep
+
+
+def drop_capabilities(policy: OverlayPolicy) -> None:
+    """Keep only :func:`capabilities_kept` in every capability set (bounding, ambient, inheritable too).
+
+    Capabilities are per thread, so this runs while the daemon has its one
+    thread (before the invalidation thread and any worker thread start);
+    threads made later inherit the reduced sets.
+
+    Raises:
+        OSError: EBUSY, another thread exists already; or the capset/prctl errno.
+    """
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = threading.active_count()
+    if threads != 1:
+        raise OSError(errno.EBUSY, "capabilities are per thread: dropped before any other thread starts")
+    _check(_native.drop_capabilities(capabilities_kept(policy)), "capability drop")
 
 
 async def tune_readahead(mount_fd: int) -> None:
@@ -219,11 +255,11 @@ class Daemon:
     # ------------------------------------------------------------- config
 
     def configure(self, op: dict[str, Any], fds: list[int]) -> tuple[int, dict[str, int]]:
-        """Build the trees, tables and the mount from ``config``; returns ``(mount fd, usage)``.
+        """Build the trees, tables and the mount from ``config``, then drop capabilities; returns ``(mount fd, usage)``.
 
         Raises:
-            OSError: the mount could not be made (EPERM: no privilege), or a
-                tree's fd is not a directory.
+            OSError: the mount could not be made (EPERM: no privilege), a
+                tree's fd is not a directory, or the capability drop failed.
             ValueError: the config is malformed.
         """
         policy = OverlayPolicy.model_validate(op["policy"])
@@ -249,6 +285,11 @@ class Daemon:
         self.ops = OverlayOps(table, policy, mounts, AuditLog(policy.audit_capacity), FaultRules(), quota)
         self.dev_fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         mount_fd = make_mount(self.dev_fd)
+        try:
+            drop_capabilities(policy)
+        except BaseException:
+            os.close(mount_fd)
+            raise
         return mount_fd, {"bytes": quota.bytes, "inodes": quota.inodes}
 
     # ------------------------------------------------------------ control
