@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import importlib.util
 import os
 import stat
@@ -773,3 +774,116 @@ async def test_statfs_on_the_mount_has_sane_fields(dirs):
         assert 0 < s.f_namemax <= 255 + 1
         # The workspace's filesystem: same size (in bytes) as the backing one, give or take rounding.
         assert abs(s.f_blocks * s.f_frsize - backing.f_blocks * backing.f_frsize) <= backing.f_frsize * 16
+
+
+# ---------------------------------------------------------------- the confined command's side
+
+_DRIVER = '''
+def _jsonable(v):
+    if isinstance(v, bytes):
+        return "bytes:" + (v.hex() if len(v) <= 64 else hashlib.sha256(v).hexdigest() + ":" + str(len(v)))
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+_out = {}
+for _name in sys.argv[1:]:
+    os.mkdir(_name)
+    _fd = os.open(_name, os.O_PATH | os.O_DIRECTORY)
+    _fs = FS(_fd)
+    try:
+        globals()[_name](_fs)
+    finally:
+        _fs.close_all()
+        os.close(_fd)
+    _out[_name] = _jsonable(_fs.log)
+print(json.dumps(_out))
+'''
+
+
+def confined_program() -> str:
+    """The recorder and every script as one self-contained program (stdlib only) for ``python -I -S -c``.
+
+    ``_native`` is replaced by a shim that calls renameat2 through libc (the
+    confined command has no sandbox_fs); the driver runs each script named
+    in argv in a fresh directory of its own and prints the logs as JSON.
+    """
+    import inspect
+
+    shim = (
+        "class _native:\n"
+        f"    RENAME_NOREPLACE = {_native.RENAME_NOREPLACE}\n"
+        f"    RENAME_EXCHANGE = {_native.RENAME_EXCHANGE}\n"
+        "    _libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    @staticmethod\n"
+        "    def renameat2_raw(olddirfd, old, newdirfd, new, flags):\n"
+        "        ret = _native._libc.syscall(316, olddirfd, old, newdirfd, new, flags)  # SYS_renameat2, x86_64\n"
+        "        return 0 if ret == 0 else -ctypes.get_errno()\n"
+    )
+    parts = [
+        "from __future__ import annotations",
+        "import ctypes, errno, hashlib, json, os, stat, sys",
+        "from typing import Any, Callable",
+        shim,
+        "def script(fn):\n    return fn\n",
+        f"WR, RW, CREAT = {WR}, {RW}, {CREAT}",
+        inspect.getsource(FS),
+        *(inspect.getsource(fn) for fn in SCRIPTS.values()),
+        _DRIVER,
+    ]
+    return "\n\n".join(parts)
+
+
+@pytest.fixture
+def search_base():
+    """A temp dir under /tmp every uid may search (pytest's tmp_path sits under a 0700 directory)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="sfs-posix-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+async def test_a_confined_command_sees_the_same_posix_behaviour_through_its_private_root(search_base, pygrant):
+    """Every script, run by a confined command (leased non-root identity, Landlock, seccomp) in its
+    private root with the overlay at /workspace, gives the log the same command gives on a plain
+    workspace without the overlay."""
+    import sys
+
+    from sandbox_fs import exec as sfs_exec
+    from sandbox_fs import features
+    from sandbox_fs.exec import PrivateRoot, run_confined
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("the confined program calls renameat2 by its x86_64 syscall number")
+    if not os.access(sfs_exec.helper_path(), os.X_OK):
+        pytest.skip("sandbox_fs/sfs-exec is not built")
+    if features()["landlock_abi"] == 0:
+        pytest.skip("features()['landlock_abi'] is 0: the kernel has no Landlock")
+    cmd = [os.path.realpath(sys.executable), "-I", "-S", "-c", confined_program(), *sorted(SCRIPTS)]
+    plain, backing = search_base / "plain", search_base / "backing"
+    plain.mkdir()
+    backing.mkdir()
+    with open_root(plain) as plain_root:
+        control = await run_confined(cmd, workspace=plain_root, workspace_host_path=str(plain), grants=pygrant,
+                                     check=True)
+    with open_root(backing) as backing_root:
+        ov = await Overlay.start(backing_root, policy=OverlayPolicy())
+        try:
+            r = await run_confined(cmd, workspace=ov.root, workspace_host_path=str(backing), grants=pygrant,
+                                   private_root=PrivateRoot(ov.mount_fd), check=True)
+            assert ov.alive
+        finally:
+            await ov.aclose()
+    assert r.overlay and not control.overlay
+    assert r.identity is not None and r.identity[0] != 0
+    expected, got = json.loads(control.stdout), json.loads(r.stdout)
+    assert sorted(got) == sorted(SCRIPTS)
+    assert all(len(got[name]) >= 5 for name in got), "a script stopped early"
+    assert ["mkdir", "d", "0o755", "ERR", "EEXIST"] in got["mkdir_rmdir"]
+    for name in sorted(SCRIPTS):
+        assert got[name] == expected[name], f"{name}: {first_difference(expected[name], got[name])}"
+    assert host_tree(backing) == host_tree(plain), "the backing directory differs from the plain one"
