@@ -1213,9 +1213,9 @@ class Session:
         from . import exec as _exec  # noqa: PLC0415
 
         try:
-            workspace, policy = self.workspace, self.policy
             kwargs = self._exec_kwargs(kwargs)
-            self._add_private_root(kwargs)
+            policy = self._add_private_root(kwargs)
+            workspace = policy.workspace
         except BaseException:
             await trio.lowlevel.checkpoint()
             raise
@@ -1374,22 +1374,35 @@ class Session:
             await trio.lowlevel.checkpoint()
             raise
 
-    def _add_private_root(self, kwargs: dict[str, Any]) -> None:
-        """Give a command the overlay as its private root's workspace (or refuse it; see :meth:`exec`)."""
+    def _add_private_root(self, kwargs: dict[str, Any]) -> PathPolicy:
+        """Give a command the overlay as its private root's workspace (or refuse it; see :meth:`exec`).
+
+        Returns the PathPolicy the command is run with.  With the overlay it
+        is the *backing* workspace's (``_direct_policy``), never the view's:
+        run_confined's identity walk, nested-grant checks and Landlock act on
+        that tree (through the view the walk would descend into mount
+        entries, host directories, and re-own them), and the command sees
+        the view only through ``PrivateRoot.workspace_fd``.  After the walk
+        changed owners, ``PrivateRoot.refresh`` invalidates the view.
+        """
+        policy = self.policy
         if not self.config.overlay:
-            return
+            return policy
         ov = self._overlay
         if ov is None:
             if kwargs.get("confinement", self.config.confinement) == "required":
                 self._running_overlay()  # raises OverlayUnavailableError with the reason
-            return
+            return policy
         from . import exec as _exec  # noqa: PLC0415
         from .fuse import OverlayError  # noqa: PLC0415
 
         if not ov.alive:  # never run a command on the backing workspace behind the overlay's back
             raise OverlayError("the overlay daemon is gone, so the workspace cannot be reached; close the session",
                                sandbox_path=None)
-        kwargs["private_root"] = _exec.PrivateRoot(ov.mount_fd, self.config.workspace_path)
+        assert self._direct_policy is not None
+        kwargs["private_root"] = _exec.PrivateRoot(ov.mount_fd, self.config.workspace_path,
+                                                   refresh=lambda: ov.invalidate(None))
+        return self._direct_policy
 
     async def audit_events(self) -> tuple[list[AuditEvent], int]:
         """Take the overlay's buffered audit events: ``(events, dropped)``.
@@ -1506,10 +1519,10 @@ class Session:
             stays registered and is terminated at :meth:`shutdown`.
         """
         try:
-            workspace, policy = self.workspace, self.policy
             manager = self._ptys()
             kwargs = self._exec_kwargs(kwargs)
-            self._add_private_root(kwargs)
+            policy = self._add_private_root(kwargs)
+            workspace = policy.workspace
         except BaseException:
             await trio.lowlevel.checkpoint()
             raise

@@ -12,7 +12,7 @@ import numbers
 import os
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, AsyncIterable, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
 
 from ..errors import InvalidPathError, redact
 from ..paths import normalize
@@ -207,6 +207,13 @@ class PrivateRoot:
         workspace_path: the workspace's path in the command's root
             (absolute; not ``/``, and not at or under ``/proc``, ``/dev`` or
             a system tree).  ``HOME`` and ``TMPDIR`` default beneath it.
+        refresh: None, or an async callable (no arguments) that makes the
+            view current: the overlay's invalidate-all.  The run's identity
+            walk acts on the *backing* workspace (the ``workspace`` Root
+            given to run_confined, never the view: the view's mount entries
+            are host directories); when it changed owners there, ``refresh``
+            is awaited before the command starts, so the kernel's cached
+            attributes of the view are not the old owners.
 
     Raises:
         ExecError: ``workspace_fd`` is not a non-negative int, or
@@ -215,6 +222,7 @@ class PrivateRoot:
 
     workspace_fd: int
     workspace_path: str = "/workspace"
+    refresh: Callable[[], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
         fd = self.workspace_fd

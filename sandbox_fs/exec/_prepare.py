@@ -107,7 +107,9 @@ async def prepare_run(request: ExecRequest, supervisor: ProcessSupervisor) -> Pr
         PathEscapeError, FileNotFoundError, NotADirectoryError: the cwd is not a directory beneath the workspace.
     """
     mount_ns = await _held_mount_ns(supervisor, request)
-    ids = await trio.to_thread.run_sync(_ready_identity, supervisor, request)
+    ids, changed = await trio.to_thread.run_sync(_ready_identity, supervisor, request)
+    if changed and request.private_root is not None and request.private_root.refresh is not None:
+        await request.private_root.refresh()  # the view's cached attributes still name the old owners
     return _prepare(request, supervisor, mount_ns=mount_ns, identity=ids)
 
 
@@ -130,8 +132,8 @@ async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNa
             os.close(fd)
 
 
-def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[int, int] | None:
-    """The ``(uid, gid)`` the child runs as (None: the host's own), with the workspace given to it.
+def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[tuple[int, int] | None, int]:
+    """``(ids, changed)``: the ``(uid, gid)`` the child runs as (None: the host's own), with the workspace given to it, and how many entries were re-owned.
 
     Blocking (lease, ownership walk): runs in a worker thread, once per run.
     On a root host the workspace root, ``.home``, ``.tmp`` and every entry
@@ -139,6 +141,17 @@ def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[int, 
     own uid 0: those an id of ``identity_range`` owns;
     :func:`sandbox_fs.exec._identity.reown_tree`, nested grants left alone).
     A read-only workspace is left as it is.
+
+    With a private root (the overlay), ``request.workspace`` is the
+    *backing* workspace, never the overlay's view: a walk through the view
+    would descend into its mount entries (host directories, all on the
+    FUSE mount's one st_dev, so neither the device check nor the nested
+    grants' host ``(st_dev, st_ino)`` would stop it) and re-own them, and
+    would meet EROFS in a read-only one.  In the backing workspace a mount
+    entry is an empty placeholder directory; the walk never crosses to
+    another st_dev or through a mount point (RESOLVE_NO_XDEV).  A
+    read-write grant behind a mount entry is then judged as any read-write
+    grant (:func:`check_rw_grants`: refused unless the identity owns it).
 
     Raises:
         ConfinementError: an explicit identity on a non-root host, no id to
@@ -156,22 +169,24 @@ def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[int, 
         ids = explicit_identity(ident)
         if not is_root:
             if ids == (os.geteuid(), os.getegid()):
-                return None
+                return None, 0
             raise ConfinementError("an explicit identity needs a root host")
+    changed = 0
     if is_root and not workspace.read_only:
         # A uid-0 command without capabilities can only write what uid 0 owns: what an
         # identity of the range owned goes back to root for it.
         base, count = policy.identity_range
         try:
             ensure_dirs(workspace)
-            _identity.reown_tree(workspace, ids or (0, 0),
-                                 skip_identities=frozenset(r.identity for r, _ro in grant_roots(grants)),
-                                 only_uids=None if ids else range(int(base), int(base) + int(count)))
+            changed = _identity.reown_tree(
+                workspace, ids or (0, 0),
+                skip_identities=frozenset(r.identity for r, _ro in grant_roots(grants)),
+                only_uids=None if ids else range(int(base), int(base) + int(count)))
         except OSError as exc:
             raise ConfinementError("the workspace could not be given to the confined identity",
                                    context={"errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))},
                                    diagnostic=str(exc)) from None
-    return ids
+    return ids, changed
 
 
 def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: HeldNamespaces | None = None,

@@ -1,0 +1,386 @@
+"""Hostile review of the FUSE overlay (issue 13): each test FAILS on the reviewed main.
+
+Every test checks an outside sentinel (content, or where a link really leads
+on the host), not only an errno.  Needs root, /dev/fuse and pyfuse3.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_fuse_attacks import errno_of, granted, in_thread, mounted  # noqa: F401 (fixture)
+
+if not os.path.exists("/dev/fuse"):
+    pytest.skip("the FUSE overlay needs /dev/fuse", allow_module_level=True)
+if os.geteuid() != 0:
+    pytest.skip("the FUSE overlay daemon needs root", allow_module_level=True)
+if importlib.util.find_spec("pyfuse3") is None:
+    pytest.skip("the FUSE overlay needs pyfuse3 (the fuse extra)", allow_module_level=True)
+
+
+def _host_target(link: Path) -> Path:
+    """Where the host lands when it follows ``link`` (the host app using its own granted dir)."""
+    return Path(os.path.realpath(link))
+
+
+# ------------------------------------------------------------------ finding 1
+
+
+async def test_symlink_in_writable_mount_may_not_climb_out_of_the_granted_dir(layout, granted):  # noqa: F811 (the fixture)
+    """check_symlink is given the *workspace* path (``rw/l``), not the path inside the mount
+    (``l``): ``../outside/secret.txt`` is judged from the workspace root and allowed, but on the
+    host it sits in ``granted/`` and leads to ``outside/secret.txt``."""
+    (layout.ws / "rw").mkdir()
+    async with mounted(layout.ws, mounts=[("rw", granted, False)]) as ov:
+        mfd = ov.mount_fd
+        e = await in_thread(lambda: errno_of(os.symlink, "../outside/secret.txt", "rw/l", dir_fd=mfd))
+        assert ov.alive
+    link = granted / "l"
+    if link.is_symlink():
+        # The host application follows its own granted directory: it reads the outside secret.
+        assert _host_target(link).is_relative_to(granted), (
+            f"a link made through the overlay leads out of the granted dir: {os.readlink(link)}; "
+            f"host reads {link.read_text()!r}")
+    assert e == errno.EPERM
+
+
+async def test_rename_moves_a_symlink_out_of_its_checked_depth(layout, granted):  # noqa: F811 (the fixture)
+    """Even with the mount-relative rule, the check is lexical *at creation*: a link made deep
+    (``d/e/l -> ../../x``) and then renamed (or its directory renamed) to the mount's top now
+    climbs out of the granted dir.  Rename does not re-check."""
+    (layout.ws / "rw").mkdir()
+    (granted / "d" / "e").mkdir(parents=True)
+    async with mounted(layout.ws, mounts=[("rw", granted, False)]) as ov:
+        mfd = ov.mount_fd
+
+        def attack() -> tuple[int, int]:
+            a = errno_of(os.symlink, "../../outside/secret.txt", "rw/d/e/l", dir_fd=mfd)
+            b = errno_of(os.rename, "rw/d/e", "rw/e", src_dir_fd=mfd, dst_dir_fd=mfd)
+            return a, b
+
+        await in_thread(attack)
+        assert ov.alive
+    for link in (granted / "e" / "l", granted / "d" / "e" / "l"):
+        if link.is_symlink():
+            assert _host_target(link).is_relative_to(granted), (
+                f"{link.relative_to(granted)} -> {os.readlink(link)} leads out of the granted dir; "
+                f"host reads {_host_target(link).read_text()!r}")
+
+
+# ------------------------------------------------------------------ finding 2
+
+
+def _disk_use(d: Path) -> int:
+    """Bytes of host disk the tree under ``d`` occupies (st_blocks, like du), directories included."""
+    seen: dict[tuple[int, int], int] = {}
+    st = os.lstat(d)
+    seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    for dirpath, dirs, files in os.walk(d):
+        for n in dirs + files:
+            st = os.lstat(os.path.join(dirpath, n))
+            seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512   # a hard-linked inode once
+    return sum(seen.values())
+
+
+async def test_hard_link_names_fill_the_disk_past_both_quotas(layout):
+    """A hard link is neither a new inode nor new file bytes, so neither quota charges it, and
+    ``link`` has no bound at all: one 1-byte file and thousands of long names occupy megabytes of
+    directory blocks on the host disk under a 64 KiB / 8-inode quota."""
+    from sandbox_fs.fuse import OverlayPolicy
+
+    max_bytes = 64 * 1024
+    policy = OverlayPolicy(max_bytes=max_bytes, max_inodes=8)
+    async with mounted(layout.ws, policy=policy) as ov:
+        mfd = ov.mount_fd
+
+        def flood() -> int:
+            fd = os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=mfd)
+            os.write(fd, b"x")
+            os.close(fd)
+            made = 0
+            for i in range(4000):
+                name = f"{i:06d}".ljust(250, "L")
+                if errno_of(os.link, "f", name, src_dir_fd=mfd, dst_dir_fd=mfd):
+                    break
+                made += 1
+            return made
+
+        made = await in_thread(flood)
+        assert ov.alive
+    used = _disk_use(layout.ws)
+    assert used <= 4 * max_bytes, (
+        f"{made} hard links accepted; the workspace occupies {used} bytes of host disk "
+        f"under a {max_bytes}-byte quota")
+
+
+# ------------------------------------------------------------------ finding 3
+
+
+async def test_a_deep_tree_drops_the_top_of_audit_paths_and_escapes_fault_rules(layout):
+    """``InodeTable.path_of`` stops after MAX_PATH_DEPTH (4096) dentries *silently* (no ``?``), so
+    a request 4097+ levels down is audited and matched against fault rules under a path that lacks
+    its top components: a rule on ``deep`` (and beneath) does not fire, and the audit names another
+    path.  Sentinel: the file the rule forbids exists on the backing disk."""
+    from sandbox_fs.fuse import FaultRule
+
+    (layout.ws / "deep").mkdir()
+    depth = 4100
+    async with mounted(layout.ws) as ov:
+        await ov.set_faults([FaultRule(ops=frozenset({"create"}), path="deep", errno=errno.EACCES)])
+        mfd = ov.mount_fd
+
+        def dig() -> int:
+            fd = os.open("deep", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
+            # the control: the rule fires right under "deep"
+            assert errno_of(os.open, "f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd) == errno.EACCES
+            for _ in range(depth):
+                os.mkdir("a", dir_fd=fd)
+                nfd = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+            e = errno_of(os.open, "planted", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+            os.close(fd)
+            return e
+
+        e = await in_thread(dig)
+        assert ov.alive
+    cur = os.open(layout.ws / "deep", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            nfd = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            os.close(cur)
+            cur = nfd
+        planted = errno_of(os.stat, "planted", dir_fd=cur) == 0
+    finally:
+        os.close(cur)
+    _rm_chain(layout.ws / "deep", depth)
+    assert not planted and e == errno.EACCES, "the fault rule on 'deep' did not fire 4101 levels down"
+
+
+def _rm_chain(top: Path, depth: int) -> None:
+    """Remove ``top/a/a/.../a`` (``depth`` levels, plus any files) without recursion (pytest's cleanup recurses)."""
+    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
+    for _ in range(depth):
+        try:
+            fds.append(os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        except FileNotFoundError:
+            break
+    while fds:
+        fd = fds.pop()
+        for name in os.listdir(fd):
+            if name != "a":
+                os.unlink(name, dir_fd=fd)
+        if fds:
+            os.rmdir("a", dir_fd=fds[-1])
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ finding 4
+
+
+async def test_long_audit_paths_make_the_batch_unsendable_and_erase_the_trail(layout):
+    """``drain`` fills one batch up to MAX_MESSAGE_BYTES (256 KiB), but the SOCK_SEQPACKET pair
+    keeps the default SO_SNDBUF (212992 on this kernel): a batch of ~60 events with 4096-char paths
+    fails ``sendmsg`` with EMSGSIZE *after* the events were popped.  A confined command does its
+    deed, then ~70 lookups under a long path: the host gets an error and the deed's event is gone."""
+    async with mounted(layout.ws) as ov:
+        mfd = ov.mount_fd
+
+        def deed_then_noise() -> None:
+            fd = os.open("evil.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=mfd)
+            os.write(fd, b"deed")
+            os.close(fd)
+            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
+            for i in range(17):                      # 17 x 251 chars > MAX_PATH_CHARS
+                os.mkdir("d" * 250, dir_fd=dfd)
+                nfd = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+                os.close(dfd)
+                dfd = nfd
+            for i in range(80):
+                errno_of(os.stat, f"nothing{i}", dir_fd=dfd)
+            os.close(dfd)
+
+        await in_thread(deed_then_noise)
+        got: list = []
+        first_error = None
+        for _ in range(3):                           # the host retries
+            try:
+                events, _dropped = await ov.audit_events()
+                got += events
+            except Exception as exc:                 # noqa: BLE001
+                first_error = first_error or exc
+        alive = ov.alive
+    assert (layout.ws / "evil.txt").read_bytes() == b"deed"
+    assert alive
+    assert any(ev.path == "evil.txt" and ev.op == "create" for ev in got), (
+        f"the create of evil.txt is not in the audit (error: {first_error!r}; {len(got)} events kept)")
+    assert first_error is None
+
+
+# ------------------------------------------------------------------ finding 5
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_open_directory_handles_each_pin_a_full_listing_in_the_daemon(layout):
+    """``_readdir`` keeps the *whole* listing of a directory per open handle (``OpenDir.entries``)
+    until releasedir.  One charged inode plus N hard links (free under both quotas, finding 2) makes a
+    huge directory; the confined command opens it K times and reads one entry from each: the
+    daemon's memory grows by K x N names, without bound but the caller's RLIMIT_NOFILE (the daemon,
+    which serves everyone, is the one the OOM killer then ends).  Sentinel: the daemon's RSS."""
+    from sandbox_fs.fuse import OverlayPolicy
+
+    n_links, k_handles = 20000, 64
+    async with mounted(layout.ws, policy=OverlayPolicy(max_bytes=1 << 20, max_inodes=16)) as ov:
+        mfd = ov.mount_fd
+
+        def build() -> None:
+            os.mkdir("big", dir_fd=mfd)
+            os.close(os.open("big/f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=mfd))
+            for i in range(n_links):
+                os.link("big/f", f"big/{i:06d}".ljust(200 + 4, "N"), src_dir_fd=mfd, dst_dir_fd=mfd)
+
+        await in_thread(build)
+        before = _rss_bytes(ov.pid)
+
+        def hold() -> list[int]:
+            fds = []
+            for _ in range(k_handles):
+                fd = os.open("big", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
+                it = os.scandir(fd)     # one getdents: the daemon lists all N names for this handle
+                next(it)
+                it.close()
+                fds.append(fd)
+            return fds
+
+        fds = await in_thread(hold)
+        grown = _rss_bytes(ov.pid) - before
+        for fd in fds:
+            os.close(fd)
+        assert ov.alive
+    assert grown < 64 << 20, (
+        f"{k_handles} open handles on one {n_links}-name directory grew the daemon by {grown >> 20} MiB")
+
+
+# ------------------------------------------------------------------ finding 1, end to end
+
+
+def test_cli_confined_command_plants_a_link_out_of_a_writable_grant(tmp_path):
+    """``sandbox-fs run --overlay --grant g=DIR:rw`` with an (untrusted) manifest mount entry: the
+    confined command makes ``m/l -> ../outside/secret.txt``; on the host, ``DIR/l`` reads the
+    outside secret (the next host tool, or a later session's materialize from DIR, follows it)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_cli_overlay import _WHY
+    if _WHY is not None:
+        pytest.skip(_WHY)
+    g, outside, wsdir = tmp_path / "g", tmp_path / "outside", tmp_path / "wsdir"
+    for d in (g, outside, wsdir):
+        d.mkdir()
+    (outside / "secret.txt").write_text("SECRET-OUTSIDE\n")
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"entries": {"m": {"type": "mount", "grant": "g", "read_only": False}}}))
+    # --confinement none: the command runs as the host's uid 0, which owns DIR.  Under a leased
+    # identity a root-owned read-write grant is refused before the command starts (as it is
+    # without the overlay), and the leased uid is not known in advance to chown DIR to it.
+    r = subprocess.run([sys.executable, "-m", "sandbox_fs", "run", "--manifest", str(manifest),
+                        "--workspaces-dir", str(wsdir), "--grant", f"g={g}:rw", "--overlay",
+                        "--confinement", "none", "--",
+                        "sh", "-c", "ln -s ../outside/secret.txt /workspace/m/l; echo rc=$?"],
+                       capture_output=True, text=True, timeout=180)
+    assert "overlay: on" in r.stderr, r.stderr
+    link = g / "l"
+    leaked = link.is_symlink() and _host_target(link).is_relative_to(outside)
+    assert not leaked, f"{r.stdout.strip()}: DIR/l -> {os.readlink(link)}, host reads {link.read_text()!r}"
+
+
+# ------------------------------------------------------------------ finding 6
+
+
+def _run_cli(tmp_path: Path, entry_read_only: bool, grant_mode: str) -> tuple[Any, Path]:
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_cli_overlay import _WHY
+    if _WHY is not None:
+        pytest.skip(_WHY)
+    g, wsdir = tmp_path / "g", tmp_path / "wsdir"
+    (g / "sub").mkdir(parents=True)
+    wsdir.mkdir()
+    (g / "file").write_text("host data\n")
+    (g / "sub" / "deep").write_text("host data\n")
+    for p in (g, g / "sub", g / "file", g / "sub" / "deep"):
+        os.chown(p, 0, 0)
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"entries": {"m": {"type": "mount", "grant": "g",
+                                                      "read_only": entry_read_only}}}))
+    r = subprocess.run([sys.executable, "-m", "sandbox_fs", "run", "--manifest", str(manifest),
+                        "--workspaces-dir", str(wsdir), "--grant", f"g={g}:{grant_mode}", "--overlay", "--",
+                        "true"], capture_output=True, text=True, timeout=180)
+    return r, g
+
+
+def _owners(g: Path) -> dict[str, int]:
+    return {str(p.relative_to(g)): os.lstat(p).st_uid for p in [g, *g.rglob("*")]}
+
+
+def test_identity_handover_walks_through_the_overlay_and_re_owns_a_host_grant(tmp_path):
+    """``_ready_identity`` re-owns the workspace *through the overlay's Root*, so the walk descends
+    into mount entries (one st_dev: the FUSE mount; ``skip_identities`` never matches) and chowns the
+    application's read-write host directory, recursively, to the leased uid.  Without the overlay the
+    same grant is refused unless the identity already owns it.  Sentinel: the host files' owners."""
+    r, g = _run_cli(tmp_path, entry_read_only=False, grant_mode="rw")
+    owners = _owners(g)
+    assert owners == dict.fromkeys(owners, 0), f"host grant re-owned: {owners} ({r.stderr.strip()})"
+
+
+def test_a_read_only_mount_entry_makes_every_run_fail(tmp_path):
+    """The same walk meets the read-only mount (EROFS from the daemon): the run is refused with
+    ``confinement_unavailable`` before the command starts, so a read-only mount entry (the default
+    and the only kind an untrusted manifest may ask of a read-only grant) can never be used."""
+    r, g = _run_cli(tmp_path, entry_read_only=True, grant_mode="ro")
+    assert _owners(g) == dict.fromkeys(_owners(g), 0)
+    assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------------------ finding 7 (low)
+
+
+async def test_rmdir_of_an_open_directory_leaks_its_inode_charge_forever(layout):
+    """``_release_unlinked`` marks a removed-but-open inode ``orphaned`` and leaves the uncharge to
+    ``_release``; but a directory is held open by opendir and released by ``_releasedir``, which
+    never uncharges.  mkdir/opendir/rmdir/close N times: the workspace is empty on disk, the quota
+    is full, and every later create fails (the host's own session writes included)."""
+    from sandbox_fs.fuse import OverlayPolicy
+
+    async with mounted(layout.ws, policy=OverlayPolicy(max_inodes=10)) as ov:
+        mfd = ov.mount_fd
+
+        def churn() -> int:
+            for _ in range(20):
+                if errno_of(os.mkdir, "d", dir_fd=mfd):
+                    break
+                fd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
+                os.rmdir("d", dir_fd=mfd)
+                os.close(fd)
+            return errno_of(os.open, "after", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=mfd)
+
+        e = await in_thread(churn)
+        usage = await ov.usage()
+    assert os.listdir(layout.ws) == [] or os.listdir(layout.ws) == ["after"]
+    assert e == 0 and usage["inodes"] <= 1, f"empty workspace, usage {usage}, create gave errno {e}"
