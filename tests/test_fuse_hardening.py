@@ -201,7 +201,9 @@ def granted(base):
 
 async def test_a_link_in_a_host_directory_mount_is_judged_against_that_directory(base, granted):
     """``m/up -> ../secret`` stays in the workspace counted from the workspace, but in the host
-    directory it names the host's ``secret`` beside it: refused (the old check used the sandbox path)."""
+    directory it names the host's ``secret`` beside it: refused (the old check used the sandbox path).
+    In a host-directory mount no target may hold ``..`` at all (``ok-sub``), even one that stays inside:
+    a later rename of its directory, by us or the host, could make it climb out."""
     ov, roots = await start_with_mount(base, granted)
     try:
         mfd = ov.mount_fd
@@ -221,9 +223,9 @@ async def test_a_link_in_a_host_directory_mount_is_judged_against_that_directory
         await ov.aclose()
         for r in roots:
             r.close()
-    assert got == {"up": errno.EPERM, "sub-up": errno.EPERM, "ok": 0, "ok-sub": 0, "ws": 0}
+    assert got == {"up": errno.EPERM, "sub-up": errno.EPERM, "ok": 0, "ok-sub": errno.EPERM, "ws": 0}
     assert sorted(os.listdir(granted)) == ["inner", "ok", "sub"]
-    assert os.listdir(granted / "sub") == ["ok"]
+    assert os.listdir(granted / "sub") == []
     assert (base / "secret").read_text() == "HOST SECRET\n"
 
 
@@ -238,10 +240,12 @@ async def test_a_symlink_renamed_or_hard_linked_to_a_shallower_place_is_refused(
             for d in ("a", "a/b", "a/c", "m/sub/deeper"):
                 os.mkdir(d, dir_fd=mfd)
             os.symlink("../../x", "a/b/l", dir_fd=mfd)
-            os.symlink("../../inner", "m/sub/deeper/l", dir_fd=mfd)
+            mount_dotdot = errno_of(os.symlink, "../../inner", "m/sub/deeper/l", dir_fd=mfd)
+            os.symlink("inner", "m/sub/deeper/l", dir_fd=mfd)  # no '..': fine at any depth
             fd = os.open("f", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=mfd)
             os.close(fd)
             return {
+                "mount-dotdot": mount_dotdot,
                 "rename-up": errno_of(os.rename, "a/b/l", "l2", src_dir_fd=mfd, dst_dir_fd=mfd),
                 "link-up": errno_of(os.link, "a/b/l", "l3", src_dir_fd=mfd, dst_dir_fd=mfd,
                                     follow_symlinks=False),
@@ -250,7 +254,7 @@ async def test_a_symlink_renamed_or_hard_linked_to_a_shallower_place_is_refused(
                 "link-same-depth": errno_of(os.link, "a/c/l", "a/b/l", src_dir_fd=mfd, dst_dir_fd=mfd,
                                             follow_symlinks=False),
                 "mount-rename-up": errno_of(os.rename, "m/sub/deeper/l", "m/l", src_dir_fd=mfd, dst_dir_fd=mfd),
-                "mount-link-up": errno_of(os.link, "m/sub/deeper/l", "m/sub/l", src_dir_fd=mfd, dst_dir_fd=mfd,
+                "mount-link-up": errno_of(os.link, "m/l", "m/sub/l", src_dir_fd=mfd, dst_dir_fd=mfd,
                                           follow_symlinks=False),
             }
 
@@ -262,10 +266,11 @@ async def test_a_symlink_renamed_or_hard_linked_to_a_shallower_place_is_refused(
             r.close()
     assert got == {"rename-up": errno.EPERM, "link-up": errno.EPERM, "exchange-up": errno.EPERM,
                    "rename-same-depth": 0, "link-same-depth": 0,
-                   "mount-rename-up": errno.EPERM, "mount-link-up": errno.EPERM}
+                   "mount-dotdot": errno.EPERM, "mount-rename-up": 0, "mount-link-up": 0}
     assert sorted(os.listdir(ws)) == ["a", "f", "m"] and stat.S_ISREG(os.lstat(ws / "f").st_mode)
     assert os.readlink(ws / "a" / "c" / "l") == "../../x"
-    assert os.listdir(granted / "sub") == ["deeper"] and sorted(os.listdir(granted)) == ["inner", "sub"]
+    assert sorted(os.listdir(granted / "sub")) == ["deeper", "l"] and sorted(os.listdir(granted)) == ["inner", "l", "sub"]
+    assert os.readlink(granted / "l") == "inner" and os.listdir(granted / "sub" / "deeper") == []
 
 
 def _exchange(mfd: int, a: str, b: str) -> int:
@@ -281,8 +286,9 @@ def _exchange(mfd: int, a: str, b: str) -> int:
 @given(in_mount=st.booleans(), depth=st.integers(0, 3), ups=st.integers(0, 4), new_depth=st.integers(0, 3),
        how=st.sampled_from(["rename", "link"]))
 def test_property_a_link_is_accepted_where_its_target_stays_in_its_tree(base, in_mount, depth, ups, new_depth, how):
-    """A link ``'../' * ups + 'x'`` at directory depth ``depth`` (counted in its own tree) exists iff
-    ``ups <= depth``, and moving it to depth ``new_depth`` succeeds iff ``ups <= new_depth``."""
+    """In the workspace, a link ``'../' * ups + 'x'`` at directory depth ``depth`` exists iff
+    ``ups <= depth``, and moving it to depth ``new_depth`` succeeds iff ``ups <= new_depth``; in a
+    host-directory mount it exists iff ``ups == 0`` (no ``..`` there), and then moves anywhere."""
 
     async def run() -> None:
         case = Path(tempfile.mkdtemp(dir=base))
@@ -311,7 +317,9 @@ def test_property_a_link_is_accepted_where_its_target_stays_in_its_tree(base, in
             await ov.aclose()
             for r in roots:
                 r.close()
-        if ups > depth:
+        if in_mount:
+            assert (made, moved) == ((0, 0) if ups == 0 else (errno.EPERM, -1))
+        elif ups > depth:
             assert made == errno.EPERM
         else:
             assert (made, moved) == (0, 0 if ups <= new_depth else errno.EPERM)

@@ -21,15 +21,17 @@ its last release.
 
 Symlink targets (:func:`check_symlink`, EPERM) are judged against the root
 of the tree the link is in (the workspace, or a host-directory mount's own
-root: a link in a host directory never leads out of it), at creation and
-again whenever a symlink gets a new name: renamed (either side of an
-exchange) or hard-linked.  A *directory* rename that carries relative
-links inside it to another depth is not re-checked (it would mean walking
-the subtree): snapshot persist refuses such links when it runs, and at run
-time the confined command's private root holds nothing outside the
-workspace for them to reach.  On a host-directory mount the source name is
-looked up, checked, then renamed by name: a host process swapping that
-name in between can only move its own link within its own directory.
+root), at creation and again whenever a symlink gets a new name: renamed
+(either side of an exchange) or hard-linked.  In the workspace a
+*directory* rename that carries relative links inside it to another depth
+is not re-checked (it would mean walking the subtree): snapshot persist
+refuses such links when it runs, and at run time the confined command's
+private root holds nothing outside the workspace for them to reach.  A
+host-directory mount is a tree the host uses too, and the host follows
+links in it with its own root, so there the rule is a class one
+(:func:`check_shared_symlink`): no absolute target and no ``..``
+component at all.  Such a link names only what lies at or beneath its own
+directory, wherever a rename (ours or the host's) moves that directory.
 
 Handlers never ``await``: each runs to completion on the trio thread (the
 prototype measured worker threads as slower), so the tables need no lock.
@@ -55,7 +57,7 @@ from ._audit import AuditLog
 from ._faults import FaultRules
 from ._inodes import Inode, InodeTable, Tree
 from ._quota import Quota
-from ._rules import OverlayPolicy, check_mode, check_special, check_symlink
+from ._rules import OverlayPolicy, check_mode, check_shared_symlink, check_special, check_symlink
 
 log = logging.getLogger("sandbox_fs.fuse.daemon")
 
@@ -229,7 +231,13 @@ class OverlayOps(pyfuse3.Operations):
     def _check_new_name(self, handle: Handle, parent: int, name: bytes) -> None:
         """Refuse to give the symlink ``handle`` is on the name ``name`` in ``parent`` when its target leaves the tree from there."""
         if stat.S_ISLNK(handle.stat().st_mode):
-            check_symlink(self.table.tree_path_of(parent, name), handle.readlink())
+            self._check_target(parent, name, handle.readlink())
+
+    def _check_target(self, parent: int, name: bytes, target: bytes) -> None:
+        """Refuse ``target`` for a symlink called ``name`` in ``parent`` (EPERM; see the module docstring)."""
+        if self.table.get(parent).tree.shared:
+            check_shared_symlink(target)
+        check_symlink(self.table.tree_path_of(parent, name), target)
 
     def _check_moved_link(self, pnode: Inode, name: bytes, new_parent: int, new_name: bytes) -> None:
         """``name`` in ``pnode`` is about to be called ``new_name`` in ``new_parent``: re-check it if it is a symlink."""
@@ -462,7 +470,7 @@ class OverlayOps(pyfuse3.Operations):
     def _symlink(self, parent: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
         pnode = self.table.get(parent)
         self._writable(pnode)
-        check_symlink(self.table.tree_path_of(parent, name), target)
+        self._check_target(parent, name, target)
         if self._charged(pnode):
             self.quota.check_new_inode()
         handle = pnode.handle.symlink(name, target, owner=(ctx.uid, ctx.gid))

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 if TYPE_CHECKING:
     from ..archive import ArchiveLimits
 
-__all__ = ["OverlayPolicy", "SpecialKind", "check_mode", "check_special", "check_symlink"]
+__all__ = ["OverlayPolicy", "SpecialKind", "check_mode", "check_special", "check_symlink", "check_shared_symlink"]
 
 SpecialKind = Literal["fifo", "socket", "chr", "blk"]
 """A kind of special file :attr:`OverlayPolicy.allow_special` may allow."""
@@ -175,3 +175,25 @@ def check_symlink(link_rel: str, target: bytes) -> None:
                       "or climbs above the workspace") from None
     except ArchiveLimitError as exc:
         raise OSError(errno.ENAMETOOLONG, f"symlink refused: exceeds {exc.limit}") from None
+
+
+def check_shared_symlink(target: bytes) -> None:
+    """Refuse a symlink target in a host-directory mount (a shared tree) that could ever lead out of it.
+
+    Stricter than :func:`check_symlink`, which is lexical from the link's
+    place *at creation*: in a tree the host also uses, a relative link
+    with ``..`` can be made to climb out later (its directory renamed to
+    another depth, by the confined command or by the host), and the host
+    follows links in its own directories with its own root.  So in such a
+    tree a target may not be absolute nor contain any ``..`` component:
+    it can only name something at or beneath the link's own directory,
+    wherever that directory is moved.
+
+    Args:
+        target: the link's target, as the kernel passed it.
+
+    Raises:
+        OSError: ``EPERM``, the target is absolute or has a ``..`` component.
+    """
+    if target.startswith(b"/") or b".." in target.split(b"/"):
+        raise OSError(errno.EPERM, "a symlink in a host-directory mount may not be absolute or contain '..'")
