@@ -185,6 +185,11 @@ class FS:
 
         self._call(("same_inode", a, b), go)
 
+    def mtime_after(self, path: str, ref_ns: int) -> None:
+        """Record whether ``path``'s mtime is later than ``ref_ns`` (the time itself differs per run)."""
+        self._call(("mtime_after", path, ref_ns),
+                   lambda: os.stat(path, dir_fd=self.dir_fd, follow_symlinks=False).st_mtime_ns > ref_ns)
+
     def mkdir(self, path: str, mode: int = 0o755) -> None:
         self._call(("mkdir", path, oct(mode)), lambda: os.mkdir(path, mode, dir_fd=self.dir_fd))
 
@@ -519,6 +524,11 @@ def symlink_readlink(fs: FS) -> None:
     fs.stat("target")
     fs.rename("l2", "d/l2")
     fs.readlink("d/l2")
+    fs.symlink("made-through-link", "tolink")
+    h = fs.open("tolink", WR | CREAT, 0o600)              # O_CREAT through a dangling link makes its target
+    fs.close(h)
+    fs.stat("made-through-link")
+    fs.open("tolink", WR | CREAT | os.O_EXCL, 0o600)      # EEXIST: O_EXCL never follows
     fs.listdir()
 
 
@@ -590,6 +600,41 @@ def utimens(fs: FS) -> None:
     fs.stat("f", times=True)
     fs.utime("missing", (1, 1))                                    # ENOENT
     fs.utime("f", None)                                            # now: succeeds
+
+
+OLD_NS = 1_000_000_000 * 10**9   # 2001: any time the kernel sets now is later
+
+
+@script
+def times_move(fs: FS) -> None:
+    """mtime moves on write, truncate and directory changes (set to 2001 first, then compared)."""
+    fs.write_file("f", b"x")
+    fs.mkdir("d")
+    fs.mkdir("d2")
+    for path in ("f", "d", "d2"):
+        fs.utime(path, (OLD_NS, OLD_NS))
+        fs.mtime_after(path, OLD_NS)                      # False: just set
+    h = fs.open("f", WR)
+    fs.write(h, b"more")
+    fs.close(h)
+    fs.mtime_after("f", OLD_NS)                           # True: written
+    fs.utime("f", (OLD_NS, OLD_NS))
+    h = fs.open("f", WR | os.O_TRUNC)
+    fs.close(h)
+    fs.mtime_after("f", OLD_NS)                           # True: truncated by open
+    fs.write_file("d/x", b"")
+    fs.mtime_after("d", OLD_NS)                           # True: an entry was made
+    fs.utime("d", (OLD_NS, OLD_NS))
+    fs.rename("d/x", "d2/x")
+    fs.mtime_after("d", OLD_NS)                           # True: an entry left
+    fs.mtime_after("d2", OLD_NS)                          # True: an entry came
+    fs.utime("d2", (OLD_NS, OLD_NS))
+    fs.unlink("d2/x")
+    fs.mtime_after("d2", OLD_NS)                          # True: an entry was removed
+    fs.utime("f", (OLD_NS, OLD_NS))
+    fs.chmod("f", 0o600)
+    fs.mtime_after("f", OLD_NS)                           # False: chmod changes ctime only
+    fs.stat("f", times=True)
 
 
 @script
@@ -827,7 +872,7 @@ def confined_program() -> str:
         "from typing import Any, Callable",
         shim,
         "def script(fn):\n    return fn\n",
-        f"WR, RW, CREAT = {WR}, {RW}, {CREAT}",
+        f"WR, RW, CREAT, OLD_NS = {WR}, {RW}, {CREAT}, {OLD_NS}",
         inspect.getsource(FS),
         *(inspect.getsource(fn) for fn in SCRIPTS.values()),
         _DRIVER,
