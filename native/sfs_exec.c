@@ -129,6 +129,13 @@
  *   --proc-self ACCESS add a Landlock rule for this process's own /proc/PID
  *                      directory (it is the target's after execve) with the
  *                      given access bits, before restricting
+ *   --egress-listen PORT with --egress-sock, in the network namespace the
+ *                      target got (--unshare with CLONE_NEWNET, or --netns):
+ *                      bring its loopback up, bind and listen on
+ *                      127.0.0.1:PORT (the host's egress proxy), before any
+ *                      confinement step
+ *   --egress-sock FD   send that listening socket over the unix socket FD
+ *                      (SCM_RIGHTS, one byte), then close both
  *
  * setsid() always runs (a new session and process group, so the parent can
  * signal the whole group), PR_SET_NO_NEW_PRIVS is always set, and every fd
@@ -167,7 +174,10 @@ extern char **environ;
 #include <linux/seccomp.h>
 #include <linux/audit.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <netinet/in.h>
+#include <arpa/inet.h>
+#include <net/if.h>
 
 #ifndef SYS_landlock_add_rule
 #define SYS_landlock_add_rule 445
@@ -696,6 +706,53 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int ipcns_f
 }
 
 #include "sfs_exec_root.h"     /* --private-root: the command's own root */
+
+/* ---- egress: the proxy's listener in the target's network namespace ---- */
+
+/* Loopback up, listen on 127.0.0.1:port, hand the listening socket to the host over sock_fd. */
+static void egress_listener(int sock_fd, long long port)
+{
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo", 3);
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+        fail("egress", errno);
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+        fail("egress", errno);
+    close(s);
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (l < 0 || bind(l, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(l, 128) < 0)
+        fail("egress", errno);
+    char byte = 'L';
+    struct iovec iov = { &byte, 1 };
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &l, sizeof l);
+    if (sendmsg(sock_fd, &msg, MSG_NOSIGNAL) != 1)
+        fail("egress", errno);
+    close(l);
+    close(sock_fd);
+}
 
 /* ---- the target's environment ------------------------------------------ */
 
@@ -1296,6 +1353,8 @@ int main(int argc, char **argv)
     char *masks[SFS_MAX_MASKS];
     int nmasks = 0;
     long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = -1, tmp_access = 0;
+    long long egress_port = 0;
+    int egress_fd = -1;
     struct sfs_socket_rule sockets[SFS_MAX_SOCKETS];
     int nsockets = 0;
     long long run_uid = -1, run_gid = -1;
@@ -1416,14 +1475,21 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--unshare") == 0) {
             if (parse_int(v, &unshare_flags))
                 fail("usage", EINVAL);
-        } else if (strcmp(a, "--proc-self") == 0 || strcmp(a, "--tmp-access") == 0) {
+        } else if (strcmp(a, "--egress-listen") == 0) {
+            if (parse_int(v, &egress_port) || egress_port < 1 || egress_port > 65535)
+                fail("usage", EINVAL);
+        } else if (strcmp(a, "--egress-sock") == 0)
+            egress_fd = parse_fd(v);
+        else if (strcmp(a, "--proc-self") == 0 || strcmp(a, "--tmp-access") == 0) {
             if (parse_int(v, a[2] == 'p' ? &proc_self_access : &tmp_access))
                 fail("usage", EINVAL);
         } else
             fail("usage", EINVAL);
     }
     if (i >= argc || (run_uid < 0) != (run_gid < 0) || (priv.ws_fd >= 0) != (priv.ws_path != NULL)
-        || (priv.ws_fd >= 0 && (ro_mounts || mntns_fd >= 0 || hold_ns)))
+        || (priv.ws_fd >= 0 && (ro_mounts || mntns_fd >= 0 || hold_ns))
+        || (egress_port > 0) != (egress_fd >= 0)
+        || (egress_fd >= 0 && !(unshare_flags & CLONE_NEWNET) && netns_fd < 0))
         fail("usage", EINVAL);
     if (env_fd >= 0)
         envp = read_env(env_fd);        /* data for the target's execve only */
@@ -1447,6 +1513,8 @@ int main(int argc, char **argv)
         read_only_mounts(trees, ntrees, &binds, reach, nreach, masks, nmasks, &cwd_fd);
     if (unshare_flags && unshare((int)unshare_flags) < 0)
         fail("unshare", errno);
+    if (egress_fd >= 0)
+        egress_listener(egress_fd, egress_port);
     if (hold_ns) {
         /* Keep this namespace alive until the parent holds its nsfs fds. */
         char c;
