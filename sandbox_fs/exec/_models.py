@@ -12,11 +12,11 @@ import numbers
 import os
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterable, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
 
 from ..errors import InvalidPathError, redact
 from ..paths import normalize
-from . import _identity, _seccomp
+from . import _egress, _identity, _seccomp
 from ._env import build_env
 from ._errors import ConfinementError, ExecError
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
@@ -115,6 +115,20 @@ class ConfinementPolicy:
         eof_grace_s: seconds to keep reading stdout/stderr after the main
             process exited (a background child may keep the pipes open).
         use_cgroup: put each process in its own cgroup v2 leaf when possible.
+        allow_hosts: egress by host name: ``"NAME[:PORT]"`` entries
+            (``"pypi.org"``, ``"*.pythonhosted.org:443"``; see
+            :mod:`sandbox_fs._hosts`).  Non-empty: the command keeps its own
+            network namespace (loopback up), gets a listener there on
+            ``127.0.0.1:PROXY_PORT`` served by the host's egress proxy, may
+            connect to that port only, and ``HTTPS_PROXY``/``HTTP_PROXY``/
+            ``ALL_PROXY`` name it (see "Egress by host name" in SECURITY.md).
+            Needs ``isolate_network`` and no ``allow_tcp_connect``,
+            ``allow_tcp_bind`` or ``unrestricted_tcp``; ignored with
+            ``confinement="none"`` (the command then has the host's network).
+        allow_private_egress: **tests only**: let the proxy connect to
+            loopback, private and link-local answers (a server the test
+            starts on 127.0.0.1).  Never set it in production: it opens
+            the host's own services and the local network to the command.
     """
 
     cpu_time_s: int | None = 3600
@@ -143,6 +157,11 @@ class ConfinementPolicy:
     kill_grace_s: float = 2.0
     eof_grace_s: float = 1.0
     use_cgroup: bool = True
+    allow_hosts: tuple[str, ...] = ()
+    allow_private_egress: bool = False
+
+    def __post_init__(self) -> None:
+        _egress.check_policy(self)
 
     def rlimit_args(self) -> list[str]:
         """The helper's ``--rlimit NAME=VALUE`` arguments.
@@ -267,6 +286,10 @@ class ExecResult:
         identity: ``(uid, gid)`` the child ran as, or None for the host's own.
         overlay: the command ran in its private root (:class:`PrivateRoot`),
             seeing the workspace only through the overlay.
+        egress: the egress proxy's events of this run (``EgressEvent``:
+            host, port, allowed, reason, bytes each way), oldest first;
+            empty without ``allow_hosts``.
+        egress_dropped: events the proxy's bounded log dropped.
     """
 
     exit_code: int
@@ -284,6 +307,8 @@ class ExecResult:
     process_bounds: tuple[str, ...] = ()
     identity: tuple[int, int] | None = None
     overlay: bool = False
+    egress: tuple[Any, ...] = ()
+    egress_dropped: int = 0
 
     def __repr__(self) -> str:
         return (f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes"
@@ -423,6 +448,10 @@ class ExecRequest:
         child_env = build_env(caller_env, workspace_host_path=seen_at)
         if tty:
             child_env.setdefault("TERM", "xterm")
+        if policy.allow_hosts and confinement != "none":
+            if tty:
+                raise ExecError("allow_hosts is not offered on a PTY", secrets=secrets)
+            child_env.update(_egress.proxy_env())  # the only way out of the command's namespace
         if policy.namespaces and os.geteuid() != 0:
             raise ConfinementError("namespaces are only offered when running as root", secrets=secrets)
         if policy.identity not in ("auto", "host"):

@@ -20,6 +20,7 @@ from . import _helper, _identity, _landlock
 from ._bounds import read_process_bounds
 from ._cgroups import CgroupTree, PidsV1Tree
 from ._env import ensure_dirs, env_blob_fd
+from ._egress import EgressChannel
 from ._errors import ConfinementError
 from ._grants import check_rw_grants, grant_roots, ro_grant_trees, rw_grant_trees
 from ._helper import helper_or_raise, ro_mounts_available
@@ -53,6 +54,7 @@ class Prepared:
         process_bounds: see :attr:`ExecResult.process_bounds`.
         identity: ``(uid, gid)`` the command runs as (None: the host's own).
         overlay: the command runs in its private root (``--private-root``).
+        egress: the run's egress proxy channel (``allow_hosts``), or None.
     """
 
     helper_argv: list[str]
@@ -70,6 +72,7 @@ class Prepared:
     process_bounds: tuple[str, ...] = ()
     identity: tuple[int, int] | None = None
     overlay: bool = False
+    egress: EgressChannel | None = None
 
     def pass_fd(self, fd: int) -> str:
         """Hand ``fd`` to the helper (closed here after the spawn); returns it as an argument."""
@@ -86,6 +89,8 @@ class Prepared:
 
     def close_all(self) -> None:
         self.close_child_fds()
+        if self.egress is not None:
+            self.egress.close()
         if self.status_r >= 0:
             os.close(self.status_r)
             self.status_r = -1
@@ -230,6 +235,7 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
             layer_args, flags = _mount_layer(prep, request, helper, mount_ns, flags)
             args += layer_args
             args += _seccomp_args(prep, request)
+            args += _egress_args(prep, request)
         elif request.private_root is not None:
             args += _private_root_args(prep, request)
         if flags:
@@ -324,7 +330,8 @@ def _mount_layer(prep: Prepared, request: ExecRequest, helper: str, mount_ns: He
         args = _private_root_args(prep, request)
     elif policy.read_only_mounts and ro_mounts_available(helper):
         if mount_ns is not None:
-            args, held_net, held_ipc = _held_ns_args(prep, mount_ns, isolate, flags)
+            # egress: a namespace of the command's own, for the proxy's listener
+            args, held_net, held_ipc = _held_ns_args(prep, mount_ns, isolate and not policy.allow_hosts, flags)
         else:
             args = _fresh_mount_layer_args(prep, request)
         prep.ro_mounts = True
@@ -387,3 +394,20 @@ def _seccomp_args(prep: Prepared, request: ExecRequest) -> list[str]:
     if not prep.net_isolated and not request.policy.unrestricted_tcp:
         bits |= _SECCOMP_TCP
     return ["--seccomp", str(bits)] + request.policy.socket_args()
+
+
+def _egress_args(prep: Prepared, request: ExecRequest) -> list[str]:
+    """With ``allow_hosts``: the proxy's listener in the command's own network namespace.
+
+    Raises:
+        ConfinementError: the command gets no network namespace of its own
+            (a non-root host without user namespaces): its connect rule for
+            the proxy's port would then reach the host's loopback.
+    """
+    if not request.policy.allow_hosts:
+        return []
+    if not prep.net_isolated:
+        raise ConfinementError("allow_hosts needs a network namespace of the command's own, "
+                               "which this host cannot make", secrets=prep.secrets)
+    prep.egress = EgressChannel(request.policy)
+    return prep.egress.helper_args(prep.pass_fd)

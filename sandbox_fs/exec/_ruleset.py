@@ -6,7 +6,7 @@ import errno
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from . import _landlock
+from . import _egress, _landlock
 from ._errors import ConfinementError
 from ._grants import grant_roots, _nested_read_only
 from ._models import ConfinementPolicy
@@ -82,7 +82,7 @@ def build_ruleset(workspace: Root, grants: Sequence[tuple[Root, bool]] | PathPol
         ruleset.add_system_set()
         if tty:
             ruleset.add_host_path("/dev/tty", _landlock.FS_READ_FILE | _landlock.FS_WRITE_FILE | _landlock.FS_IOCTL_DEV)
-        ruleset.allow_tcp(sorted(policy.allow_tcp_connect), _landlock.NET_CONNECT_TCP)
+        ruleset.allow_tcp(sorted(policy.allow_tcp_connect | _egress.connect_ports(policy)), _landlock.NET_CONNECT_TCP)
         ruleset.allow_tcp(sorted(policy.allow_tcp_bind), _landlock.NET_BIND_TCP)
     except ConfinementError:
         ruleset.close()

@@ -30,7 +30,7 @@ def socket_args(policy: "ConfinementPolicy") -> list[str]:
     rules: list[tuple[str, int, int, int | None]] = [
         ("p", _AF_UNIX, _SOCK_STREAM, None), ("p", _AF_UNIX, _SOCK_SEQPACKET, None)]
     inet = (_AF_INET, _AF_INET6)
-    if policy.unrestricted_tcp or policy.allow_tcp_connect or policy.allow_tcp_bind:
+    if policy.unrestricted_tcp or policy.allow_tcp_connect or policy.allow_tcp_bind or policy.allow_hosts:
         rules += [("s", af, _SOCK_STREAM, p) for af in inet for p in (0, _IPPROTO_TCP)]
     if policy.allow_unix_sockets:
         rules += [("s", _AF_UNIX, t, None) for t in (_SOCK_STREAM, _SOCK_DGRAM, _SOCK_SEQPACKET)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from ..errors import redact
 from ..paths import PathPolicy
 from ..root import Root
 from ._cgroups import CgroupTree
+from ._egress import EgressChannel
 from ._errors import ExecFailedError, ExecTimeoutError
 from ._helper import _HELPER_ENV, _STATUS_TIMEOUT_S, _Status, _status_error
 from ._models import Confinement, ConfinementPolicy, ExecRequest, ExecResult, PrivateRoot
@@ -191,9 +193,11 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     capture = _Capture(request.max_output_bytes)
     try:
-        timed_out = await _wait_and_read(request, supervisor, proc, tracked, status, capture)
+        timed_out = await _wait_and_read(request, supervisor, proc, tracked, status, capture, prep.egress)
     finally:
         await _end_run(supervisor, proc, tracked, status, capture)
+        if prep.egress is not None:
+            prep.egress.close()
     if capture.failure:
         raise _status_error(capture.failure, request.argv0, prep)
     target = tracked.process
@@ -206,6 +210,9 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
         read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
         stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds,
         identity=prep.identity, overlay=prep.overlay)
+    if prep.egress is not None:
+        egress, dropped = prep.egress.events()
+        result = dataclasses.replace(result, egress=egress, egress_dropped=dropped)
     _raise_if_timed_out_or_failed(request, prep, result, timed_out)
     return result
 
@@ -254,10 +261,16 @@ async def _feed(stream: trio.abc.SendStream, stdin: bytes | AsyncIterable[bytes]
 
 
 async def _wait_and_read(request: ExecRequest, supervisor: ProcessSupervisor, proc: trio.Process,
-                         tracked: _Tracked, status: _Status, capture: _Capture) -> bool:
-    """Read the output until the command exits (or its deadline ends it); True when it timed out."""
+                         tracked: _Tracked, status: _Status, capture: _Capture,
+                         egress: EgressChannel | None = None) -> bool:
+    """Read the output until the command exits (or its deadline ends it); True when it timed out.
+
+    ``egress``: the run's proxy, served alongside until the output is read.
+    """
     timed_out = False
     async with trio.open_nursery() as nursery:
+        if egress is not None:
+            nursery.start_soon(egress.run)
         nursery.start_soon(capture.read_status, status)
         nursery.start_soon(capture.pump, proc.stdout, capture.out, capture.out_eof)
         nursery.start_soon(capture.pump, proc.stderr, capture.err, capture.err_eof)
