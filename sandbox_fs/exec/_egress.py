@@ -14,6 +14,7 @@ namespace.  See "Egress by host name" in SECURITY.md.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 from typing import TYPE_CHECKING, Any
@@ -81,11 +82,10 @@ class EgressChannel:
     """
 
     def __init__(self, policy: ConfinementPolicy) -> None:
-        try:
-            from . import _proxy  # noqa: PLC0415  (loaded only by runs that allow hosts)
+        try:  # loaded only by runs that allow hosts
+            self._proxy: Any = importlib.import_module(f"{__package__}._proxy")
         except ImportError:
             raise ConfinementError("the egress proxy (sandbox_fs.exec._proxy) is not available") from None
-        self._proxy = _proxy
         self._rules = _hosts.parse_hosts(policy.allow_hosts)
         self._allow_private = policy.allow_private_egress
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
