@@ -62,9 +62,10 @@ PUBLIC = {
     ],
     "sandbox_fs.exec": [
         "CommandNotFoundError", "ConfinementError", "ConfinementPolicy", "DEFAULT_MAX_OUTPUT_BYTES",
-        "DEFAULT_PATH", "ENV_ALLOWLIST", "ExecError", "ExecFailedError", "ExecResult", "ExecTimeoutError",
-        "MAX_ENV_BYTES", "MAX_ENV_ENTRIES", "PrivateRoot", "ProcessSupervisor", "PtyManager", "PtyNotFoundError",
-        "build_env", "build_ruleset", "helper_path", "run_confined",
+        "DEFAULT_PATH", "ENV_ALLOWLIST", "EgressEvent", "EgressLog", "EgressProxy", "ExecError", "ExecFailedError",
+        "ExecResult", "ExecTimeoutError", "HostRule", "MAX_ENV_BYTES", "MAX_ENV_ENTRIES", "PrivateRoot",
+        "ProcessSupervisor", "ProxyLimits", "PtyManager", "PtyNotFoundError", "build_env", "build_ruleset",
+        "helper_path", "run_confined",
     ],
     "sandbox_fs.archive": [
         "ArchiveFormatError", "ArchiveLimitError", "ArchiveLimits", "ExtractPolicy", "ExtractReport",

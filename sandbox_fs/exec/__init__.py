@@ -28,7 +28,10 @@ uses them:
 * ``_prepare`` (the helper's argv and fds), ``_helper`` (the ``sfs-exec``
   helper and its status pipe), ``_spawn`` (:func:`run_confined`),
   ``_supervisor`` (:class:`ProcessSupervisor`), ``_pty`` (:class:`PtyManager`),
-  ``_output`` (bounded capture), ``_errors``.
+  ``_output`` (bounded capture), ``_errors``;
+* ``_proxy``: :class:`EgressProxy`, the host-side allow-list proxy (HTTP
+  CONNECT, plain HTTP, SOCKS5) serving the listening socket the helper
+  makes in the command's network namespace.
 
 Thread-safety: the async functions are meant for one trio run; a
 ProcessSupervisor and a PtyManager belong to one trio run.
@@ -48,6 +51,7 @@ from ._errors import (
 from ._helper import helper_path
 from ._models import Confinement, ConfinementPolicy, ExecResult, PrivateRoot  # noqa: F401  (Confinement: as before)
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
+from ._proxy import EgressEvent, EgressLog, EgressProxy, HostRule, ProxyLimits
 from ._pty import PtyManager
 from ._ruleset import build_ruleset
 from ._spawn import run_confined
@@ -63,6 +67,11 @@ __all__ = [
     "PtyNotFoundError",
     "ConfinementPolicy",
     "PrivateRoot",
+    "EgressProxy",
+    "HostRule",
+    "EgressEvent",
+    "EgressLog",
+    "ProxyLimits",
     "ProcessSupervisor",
     "PtyManager",
     "run_confined",
