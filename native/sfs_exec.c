@@ -98,6 +98,10 @@
  *                      directories made down to the tree's path inside it:
  *                      the tree is reachable by an unprivileged uid, the rest
  *                      of that ancestor is hidden, the tree's own modes apply
+ *   --guard K:BASE:FD:REL  with --ro-mounts or --private-root: a protected
+ *                      (K = r) or unreadable (K = d) entry, or a pinned
+ *                      parent (K = p), mounted over once the trees are in
+ *                      place (sfs_exec_guard.h); repeatable
  *   --ruleset FD       landlock_restrict_self(FD) after PR_SET_NO_NEW_PRIVS
  *   --init             run the target under an init of its own (a PID namespace
  *                      when one can be made, else a child subreaper) that
@@ -467,6 +471,9 @@ struct sfs_binds {
     int pins[SFS_MAX_TREES], npins, ro[SFS_MAX_TREES], nro;
 };
 
+/* --guard entries (sfs_exec_guard.h): applied once the trees are in place. */
+static void apply_guards(int rootfd, const char *ws_path);
+
 /* ---- reaching trees under ancestors an unprivileged uid cannot search ---- */
 
 /* Length of the top-most strict ancestor of path without S_IXOTH, or 0. */
@@ -661,6 +668,7 @@ static void read_only_mounts(const int *trees, int ntrees, const struct sfs_bind
     bind_self(b->ro, ro_paths, b->nro, 1);
     if (is_root)
         reach_trees(all, paths, ntrees + nreach);
+    apply_guards(-1, NULL);
     for (int t = 0; t < ntrees + nreach; t++)
         free(paths[t]);
     for (int m = 0; m < nmasks; m++) {
@@ -706,6 +714,7 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int ipcns_f
 }
 
 #include "sfs_exec_root.h"     /* --private-root: the command's own root */
+#include "sfs_exec_guard.h"    /* --guard: protected and unreadable entries */
 
 /* ---- egress: the proxy's listener in the target's network namespace ---- */
 
@@ -1454,6 +1463,8 @@ int main(int argc, char **argv)
                 fail("usage", EINVAL);
             priv.links[priv.nlinks++] = (char *)v;
         }
+        else if (strcmp(a, "--guard") == 0)
+            add_guard(v);
         else if (strcmp(a, "--rw-tree") == 0) {
             if (ntrees == SFS_MAX_TREES)
                 fail("usage", E2BIG);
@@ -1491,6 +1502,8 @@ int main(int argc, char **argv)
         || (egress_port > 0) != (egress_fd >= 0)
         || (egress_fd >= 0 && !(unshare_flags & CLONE_NEWNET) && netns_fd < 0))
         fail("usage", EINVAL);
+    if (sfs_nguards && (mntns_fd >= 0 || hold_ns || (!ro_mounts && priv.ws_fd < 0)))
+        fail("usage", EINVAL);          /* guards need a mount namespace of this run's own */
     if (env_fd >= 0)
         envp = read_env(env_fd);        /* data for the target's execve only */
 
@@ -1505,6 +1518,7 @@ int main(int argc, char **argv)
         fail("setsid", errno);
     if (tty && ioctl(0, TIOCSCTTY, 0) < 0)
         fail("tty", errno);
+    guards_note_paths();
     if (mntns_fd >= 0)
         join_mount_ns(userns_fd, mntns_fd, netns_fd, ipcns_fd, &cwd_fd);
     else if (priv.ws_fd >= 0)

@@ -449,6 +449,7 @@ static void private_root(const struct sfs_private *pr, const int *rw, int nrw, c
         free(trees[t].path);
     }
     attach(ws_clone, beneath(root, pr->ws_path));   /* last: nothing shadows the workspace */
+    apply_guards(root, pr->ws_path);                /* protected entries, over the workspace too */
     struct sfs_mount_attr ro = { SFS_MOUNT_ATTR_RDONLY, 0, 0, 0 };
     if (syscall(SYS_mount_setattr, root, "", AT_EMPTY_PATH, &ro, sizeof ro) < 0)
         fail("privroot", errno);

@@ -87,6 +87,7 @@ _STAGE_TEXT = {
     "identity": "switching to the unprivileged identity failed",
     "reach": "making a granted tree reachable for the unprivileged identity failed",
     "privroot": "building the command's private root failed",
+    "guard": "mounting over a protected or unreadable path failed",
 }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Itera
 
 from ..errors import InvalidPathError, redact
 from ..paths import normalize
-from . import _egress, _identity, _seccomp
+from . import _egress, _identity, _protected, _seccomp
 from ._env import build_env
 from ._errors import ConfinementError, ExecError
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
@@ -129,6 +129,17 @@ class ConfinementPolicy:
             loopback, private and link-local answers (a server the test
             starts on 127.0.0.1).  Never set it in production: it opens
             the host's own services and the local network to the command.
+        protected: paths and globs, relative to the workspace and to each
+            read-write grant, that the command may read but not change,
+            replace or create (read-only binds in its mount namespace; see
+            :mod:`sandbox_fs.exec._protected` and SECURITY.md "Protected
+            paths").  Empty by default; :data:`DEFAULT_PROTECTED` is the
+            documented set (``.git/hooks/``, ``.git/config``, shell rc
+            files, editor task files ...).  Needs the mount layer
+            (``read_only_mounts``); with ``confinement="required"`` a run
+            without it is refused.
+        deny_read: the same syntax: entries the command cannot read either
+            (an empty mode-0000 file or directory is mounted over each).
     """
 
     cpu_time_s: int | None = 3600
@@ -160,8 +171,12 @@ class ConfinementPolicy:
     allow_hosts: tuple[str, ...] = ()
     allow_private_egress: bool = False
 
+    protected: tuple[str, ...] = ()
+    deny_read: tuple[str, ...] = ()
+
     def __post_init__(self) -> None:
         _egress.check_policy(self)
+        _protected.check_policy(self.protected, self.deny_read)
 
     def rlimit_args(self) -> list[str]:
         """The helper's ``--rlimit NAME=VALUE`` arguments.

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import trio
 
 from ..paths import PathPolicy, normalize
+from ..root import Root
 from . import _helper, _identity, _landlock
 from ._bounds import read_process_bounds
 from ._cgroups import CgroupTree, PidsV1Tree
@@ -26,6 +27,7 @@ from ._grants import check_rw_grants, grant_roots, ro_grant_trees, rw_grant_tree
 from ._helper import helper_or_raise, ro_mounts_available
 from ._models import CLONE_NEWCGROUP, NS_FLAGS, ExecRequest, explicit_identity
 from ._mounts import _mask_dirs, _ro_bind_args, _ro_binds, private_root_args
+from ._protected import GuardPlan, plan_guards
 from ._ruleset import build_ruleset
 from ._seccomp import _SECCOMP_KEYS, _SECCOMP_TCP
 from ._supervisor import ProcessSupervisor
@@ -73,6 +75,13 @@ class Prepared:
     identity: tuple[int, int] | None = None
     overlay: bool = False
     egress: EgressChannel | None = None
+    guards: GuardPlan | None = None
+
+    def release_guards(self) -> None:
+        """Remove the placeholders made for protected paths (after the run, or when it never starts)."""
+        if self.guards is not None:
+            self.guards.release()
+            self.guards = None
 
     def pass_fd(self, fd: int) -> str:
         """Hand ``fd`` to the helper (closed here after the spawn); returns it as an argument."""
@@ -98,6 +107,7 @@ class Prepared:
     def discard(self) -> None:
         """Undo a preparation that will not be spawned: its fds and cgroup leaves."""
         self.close_all()
+        self.release_guards()
         if self.leaf is not None:
             CgroupTree.remove(self.leaf)
         if self.pids_leaf is not None:
@@ -127,6 +137,8 @@ async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNa
     """The supervisor's read-only mount namespace for this run's trees (None: the helper makes one)."""
     if request.private_root is not None or not _mount_layer_applies(request, _helper.helper_path()):
         return None  # a private root is the command's own: made per run
+    if request.policy.protected or request.policy.deny_read:
+        return None  # protected paths are bound per run, in a namespace of the run's own
     workspace, grants = request.workspace, request.grants
     ro = _ro_binds(workspace, grants)
     bind = _ro_bind_args(workspace, grants, ro)
@@ -343,6 +355,9 @@ def _mount_layer(prep: Prepared, request: ExecRequest, helper: str, mount_ns: He
         if prep.leaf is not None:
             flags |= CLONE_NEWCGROUP
     prep.net_isolated = held_net or bool(flags & NS_FLAGS["net"])
+    if (policy.protected or policy.deny_read) and not prep.ro_mounts and request.confinement == "required":
+        raise ConfinementError("protected paths need the mount layer, which is unavailable or turned off",
+                               sandbox_path=None)
     return args, flags
 
 
@@ -376,7 +391,16 @@ def _fresh_mount_layer_args(prep: Prepared, request: ExecRequest) -> list[str]:
         args += ["--reach-tree", prep.pass_fd(tree.fileno_dup())]
     for d in _mask_dirs(trees):
         args += ["--mask", d]
-    return args
+    return args + _guard_args(prep, request, [(t, None) for t in trees])
+
+
+def _guard_args(prep: Prepared, request: ExecRequest, trees: list[tuple[Root, str | None]]) -> list[str]:
+    """``--guard`` arguments for the policy's protected and unreadable paths (the plan kept in ``prep``)."""
+    policy = request.policy
+    if not (policy.protected or policy.deny_read) or not trees:
+        return []
+    prep.guards = plan_guards(trees, policy.protected, policy.deny_read, prep.pass_fd, owner=prep.identity)
+    return prep.guards.args
 
 
 def _private_root_args(prep: Prepared, request: ExecRequest) -> list[str]:
@@ -385,6 +409,22 @@ def _private_root_args(prep: Prepared, request: ExecRequest) -> list[str]:
     args, fds = private_root_args(request.private_root, request.workspace, request.grants)
     prep.pass_fds.extend(fds)
     prep.ro_mounts = prep.overlay = True
+    policy = request.policy
+    if policy.protected or policy.deny_read:
+        ws = request.workspace
+        trees: list[tuple[Root, str | None]] = []
+        if not ws.read_only:  # the workspace as the command sees it: through the overlay's mount
+            trees.append((Root(os.dup(request.private_root.workspace_fd), read_only=False, no_symlinks=False,
+                               resolver=ws.resolver, label=""), "w"))
+        trees += [(r, None) for r, ro in grant_roots(request.grants) if not ro]
+        try:
+            args += _guard_args(prep, request, trees)
+        finally:
+            if trees and trees[0][1] == "w":
+                if prep.guards is not None:
+                    prep.guards.roots.append(trees[0][0])
+                else:
+                    trees[0][0].close()
     return args
 
 

@@ -188,9 +188,14 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
     """Prepare, spawn, feed and read the command, end it at the deadline; the result or its error."""
     prep = await prepare_run(request, supervisor)
     start = time.monotonic()
-    proc, tracked, status = await _spawn(
-        prep, supervisor, request.argv0, stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc, tracked, status = await _spawn(
+            prep, supervisor, request.argv0,
+            stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except BaseException:
+        prep.release_guards()
+        raise
     capture = _Capture(request.max_output_bytes)
     try:
         timed_out = await _wait_and_read(request, supervisor, proc, tracked, status, capture, prep.egress)
@@ -198,6 +203,7 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
         await _end_run(supervisor, proc, tracked, status, capture)
         if prep.egress is not None:
             prep.egress.close()
+        prep.release_guards()  # the command's tree is gone: placeholders come out
     if capture.failure:
         raise _status_error(capture.failure, request.argv0, prep)
     target = tracked.process
