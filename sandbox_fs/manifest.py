@@ -67,7 +67,7 @@ import binascii
 import hashlib
 import json
 import re
-from typing import Annotated, Any, Iterator, Literal, Mapping, Union
+from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, Union
 
 from pydantic import (
     BaseModel,
@@ -82,6 +82,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import _hosts
 from .errors import SandboxError
 from .paths import GRANT_NAME_PATTERN
 from .root import MAX_NAME_BYTES, MAX_PATH_BYTES
@@ -101,6 +102,7 @@ __all__ = [
     "Entry",
     "EnvValue",
     "FlatEntry",
+    "Network",
     "check_destination",
     "check_link_target",
     "check_untrusted_environment",
@@ -524,6 +526,25 @@ def _check_src(v: str) -> str:
 # ------------------------------------------------------------------- environment
 
 
+class Network(BaseModel):
+    """What a manifest asks of the network: ``{"allow_hosts": ["pypi.org", "*.pythonhosted.org:443"]}``.
+
+    Only a request: :meth:`Manifest.egress_hosts` grants an entry only when
+    an entry of the application's list covers it (see
+    :mod:`sandbox_fs._hosts` for the ``NAME[:PORT]`` syntax).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        _hosts.parse_hosts(v)  # ValueError: a malformed entry, or too many
+        return v
+
+
 class EnvValue(BaseModel):
     """One environment value; ``secret=True`` keeps it out of every printed or serialized form.
 
@@ -602,6 +623,7 @@ class Manifest(BaseModel):
     extra_path_grants: list[dict[str, Any]] | None = Field(
         None, description="Trusted manifests only (refused by load_manifest(trust='untrusted')).")
     base_dir: str | None = Field(None, description="Trusted manifests only.")
+    network: Network | None = None
 
     @field_validator("root")
     @classmethod
@@ -686,6 +708,33 @@ class Manifest(BaseModel):
     def mount_paths(self) -> list[str]:
         """Sorted sandbox paths of the ``mount`` entries (for ``Session.register_mount``)."""
         return sorted(fe.path for fe in self.mount_entries())
+
+    def egress_hosts(self, permitted: Sequence[str]) -> tuple[str, ...]:
+        """The hosts a command of this manifest may reach (``ConfinementPolicy.allow_hosts``).
+
+        The application's ``permitted`` list is the ceiling: without a
+        ``network`` request it is returned as given; with one, only the
+        request, every entry of which must lie within ``permitted`` (a name
+        or pattern some permitted entry covers, on its ports).  Trusted or
+        not, a manifest never widens what the application allows.
+
+        Args:
+            permitted: the application's ``NAME[:PORT]`` entries.
+
+        Raises:
+            ManifestTrustError: a requested entry lies outside ``permitted``
+                (``context["hosts"]`` lists them, at most 10).
+            ValueError: ``permitted`` holds a malformed entry.
+        """
+        if self.network is None:
+            return tuple(permitted)
+        asked = self.network.allow_hosts
+        refused = _hosts.outside(asked, permitted)
+        if refused:
+            shown = ", ".join(ascii(h[:64]) for h in refused[:3]) + (" ..." if len(refused) > 3 else "")
+            raise ManifestTrustError(f"the manifest asks for hosts the application does not allow: {shown}",
+                                     field="network.allow_hosts", context={"hosts": refused[:10]})
+        return tuple(asked)
 
     def environment_values(self) -> dict[str, str]:
         """The real environment values (secrets included) for the process layer; never print this."""

@@ -15,7 +15,10 @@ import importlib.util
 import base64
 import http.server
 import io
+import json
 import os
+import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -317,3 +320,63 @@ async def test_pip_download_fails_when_the_name_is_not_allowed(workspace, index)
     assert r.egress and not any(e.allowed for e in r.egress)
     assert {(e.host, e.port) for e in r.egress} == {("localhost", index.port)}
 
+
+
+# ---- manifest and command line ------------------------------------------------------------------
+
+
+def test_a_manifest_asks_only_within_the_applications_list():
+    from sandbox_fs.manifest import ManifestError, ManifestTrustError, load_manifest
+
+    m = load_manifest({"network": {"allow_hosts": ["files.pythonhosted.org:443"]}})
+    assert m.egress_hosts(["*.pythonhosted.org", "pypi.org"]) == ("files.pythonhosted.org:443",)
+    assert load_manifest({}).egress_hosts(["pypi.org"]) == ("pypi.org",)  # no request: the application's list
+    for permitted in ([], ["pypi.org"], ["*.pythonhosted.org:80"], ["pythonhosted.org"]):
+        with pytest.raises(ManifestTrustError) as info:
+            m.egress_hosts(permitted)
+        assert info.value.context["hosts"] == ["files.pythonhosted.org:443"]
+    with pytest.raises(ManifestError):
+        load_manifest({"network": {"allow_hosts": ["*"]}})
+    with pytest.raises(ManifestError):
+        load_manifest({"network": {"allow_hosts": ["a.org"], "dns": True}})
+
+
+def _cli(tmp_path, manifest: dict, *args: str) -> subprocess.CompletedProcess[str]:
+    mpath = tmp_path / "manifest.json"
+    mpath.write_text(json.dumps(manifest))
+    (tmp_path / "wsdir").mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "sandbox_fs", "run", "--manifest", str(mpath), "--workspaces-dir",
+                           str(tmp_path / "wsdir"), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_refuses_a_manifest_asking_for_more(tmp_path):
+    proc = _cli(tmp_path, {"network": {"allow_hosts": ["evil.example"]}}, "--allow-host", "pypi.org",
+                "--", "true")
+    assert proc.returncode != 0
+    assert "manifest_untrusted_field" in proc.stderr and "evil.example" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_a_malformed_host(tmp_path):
+    proc = _cli(tmp_path, {}, "--allow-host", "*", "--", "true")
+    assert proc.returncode != 0 and "allow_hosts" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@needs_proxy
+def test_cli_allow_host_reaches_the_server(tmp_path, servers):
+    allowed, other = servers
+    code = ("import urllib.request\n"
+            f"print(urllib.request.urlopen('http://localhost:{allowed.port}/hello').read().decode())\n"
+            "try:\n"
+            f"    urllib.request.urlopen('http://localhost:{other.port}/hello')\n"
+            "except OSError as exc:\n"
+            "    print('refused', type(exc).__name__)\n")
+    proc = _cli(tmp_path, {"network": {"allow_hosts": [f"localhost:{allowed.port}"]}},
+                "--allow-host", "localhost", "--json", "--", PY, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["stdout"].split() == ["from", "a", "refused", "HTTPError"]
+    assert sorted((e["host"], e["port"], e["allowed"]) for e in report["egress"]) == sorted([
+        ("localhost", allowed.port, True), ("localhost", other.port, False)])
+    assert allowed.hits == 1 and other.hits == 0

@@ -36,7 +36,7 @@ PUBLIC = {
     "sandbox_fs.manifest": [
         "Archive", "Dir", "Entry", "EnvValue", "File", "FlatEntry", "LocalDir", "LocalFile", "MAX_ENTRIES",
         "MAX_INLINE_BYTES", "MAX_MANIFEST_BYTES", "Manifest", "ManifestError", "ManifestTrustError",
-        "Mount", "REFUSED_ENV_NAMES", "REFUSED_ENV_PREFIXES", "Symlink", "check_destination", "check_link_target",
+        "Mount", "Network", "REFUSED_ENV_NAMES", "REFUSED_ENV_PREFIXES", "Symlink", "check_destination", "check_link_target",
         "check_untrusted_environment", "load_manifest",
     ],
     "sandbox_fs.materialize": [

@@ -103,6 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --overlay: most bytes the workspace's regular files may hold (0 to 2**63-1)")
     p.add_argument("--quota-inodes", type=int_option(), default=None, metavar="N",
                    help="with --overlay: most entries the workspace may hold (0 to 2**63-1)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
+                   help="let the command reach this host (or *.domain pattern) through the egress proxy "
+                        "(repeatable); a new session's manifest may narrow the list with network.allow_hosts, "
+                        "never widen it")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
     _hostpath.add_flag(p)
@@ -217,6 +221,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
         if env:
             exec_kw["env"] = env
             exec_kw["secret_env"] = secret
+    hosts = manifest.egress_hosts(args.allow_host) if manifest is not None else tuple(args.allow_host)
+    if hosts:
+        exec_kw["policy"] = ConfinementPolicy(allow_hosts=hosts)  # ExecError: a malformed entry
     run = _Run(args, argv, manifest, root, options, exec_kw, ConfinementPolicy().kill_grace_s)
     run.audit = _AuditSink() if args.audit else None
     return run
@@ -314,6 +321,11 @@ async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None
             run.report["overlay_reason"] = run.overlay_reason
         if run.audit is not None:
             run.report["audit"] = {"events": len(run.audit.lines), "dropped": run.audit.dropped}
+        if args.allow_host or "policy" in run.exec_kw:
+            run.report["egress"] = [{"host": e.host, "port": e.port, "allowed": e.allowed, "reason": e.reason,
+                                     "bytes_up": e.bytes_up, "bytes_down": e.bytes_down}
+                                    for e in (result.egress if ran else ())]
+            run.report["egress_dropped"] = result.egress_dropped if ran else 0
 
 
 async def _supervised(run: _Run) -> None:
