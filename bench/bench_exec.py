@@ -18,13 +18,24 @@ Variants:
   one-shot        run_confined without a supervisor (makes and removes a
                   private cgroup tree per call)
 
-Usage: python bench/bench_exec.py [N]   (default N = 200)
+Proxy row (goal: through the proxy <= 1.2x direct): a 64 MiB download with
+curl (its own ``time_total``, so process start is not counted) from a local
+HTTP server in another process (``socket.sendfile``), direct vs through an
+:class:`~sandbox_fs.exec.EgressProxy` in this process on a listening socket
+made here, as plain HTTP (``-x``), CONNECT (``-p -x``) and SOCKS5
+(``--socks5-hostname``); the name is resolved by a resolver hook to
+127.0.0.1 (the test-only ``allow_private``).  Alternating, medians.
+
+Usage: python bench/bench_exec.py [N] [--proxy-only]   (default N = 200; the proxy row runs N // 10 rounds)
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +43,94 @@ import time
 import trio
 
 from sandbox_fs import open_root
-from sandbox_fs.exec import ConfinementPolicy, ProcessSupervisor, run_confined
+from sandbox_fs.exec import ConfinementPolicy, EgressLog, EgressProxy, HostRule, ProcessSupervisor, run_confined
+
+DOWNLOAD_BYTES = 64 * 1024 * 1024
+
+# A minimal HTTP/1.0 server for one file: one request per connection, headers then sendfile.
+_SERVER = r"""
+import os, socket, sys
+path = sys.argv[1]
+size = os.path.getsize(path)
+srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+print(srv.getsockname()[1], flush=True)
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            head += chunk
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size)
+        with open(path, "rb") as f:
+            conn.sendfile(f)
+"""
+
+
+async def proxy_download(rounds: int) -> None:
+    """Print the proxy row: medians of curl's time_total, direct vs each proxy protocol."""
+    if shutil.which("curl") is None:
+        print("proxy row skipped: no curl")
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
+        blob = os.path.join(tmp, "blob")
+        with open(blob, "wb") as f:
+            f.truncate(DOWNLOAD_BYTES)  # sparse: the server's page cache, not a disk, feeds it
+        server = subprocess.Popen([sys.executable, "-c", _SERVER, blob], stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            port = int(server.stdout.readline())
+            await _proxy_rounds(rounds, port)
+        finally:
+            server.kill()
+            server.wait()
+
+
+async def _proxy_rounds(rounds: int, port: int) -> None:
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    lsock = socket.create_server(("127.0.0.1", 0), backlog=64)
+    pport = lsock.getsockname()[1]
+    log = EgressLog(100_000)
+    proxy = EgressProxy([HostRule("bench.test")], allow_private=True, events=log, resolve=resolve)
+    proxies = f"http://127.0.0.1:{pport}"
+    variants = {
+        "direct": [f"http://127.0.0.1:{port}/blob"],
+        "proxy-http": ["-x", proxies, f"http://bench.test:{port}/blob"],
+        "proxy-connect": ["-p", "-x", proxies, f"http://bench.test:{port}/blob"],
+        "proxy-socks5": ["--socks5-hostname", f"127.0.0.1:{pport}", f"http://bench.test:{port}/blob"],
+    }
+
+    async def fetch(args: list[str]) -> float:
+        out = await trio.run_process(["curl", "-sS", "--noproxy", "", "-o", "/dev/null", "-w",
+                                      "%{time_total} %{size_download}", *args], capture_stdout=True)
+        total, size = out.stdout.decode().split()
+        assert int(size) == DOWNLOAD_BYTES, (args, size)
+        return float(total)
+
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve, lsock.detach())
+        for args in variants.values():  # warm-up
+            await fetch(args)
+        for _ in range(rounds):
+            for name, args in variants.items():
+                times[name].append(await fetch(args))
+        nursery.cancel_scope.cancel()
+    events, dropped = log.drain()
+    assert dropped == 0 and all(ev.allowed and ev.bytes_down >= DOWNLOAD_BYTES for ev in events), events[:3]
+    base = statistics.median(times["direct"])
+    print(f"proxy row: {DOWNLOAD_BYTES >> 20} MiB download (curl time_total), n={rounds} per variant, alternating; "
+          f"load avg {os.getloadavg()[0]:.2f}")
+    print(f"  {'variant':16} {'median ms':>10} {'MiB/s':>8} {'ratio':>6}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"  {name:16} {med * 1e3:10.2f} {DOWNLOAD_BYTES / 2**20 / med:8.0f} {med / base:6.2f}")
+    worst = max(statistics.median(ts) for name, ts in times.items() if name != "direct") / base
+    print(f"goal proxy <= 1.2x direct: {'met' if worst <= 1.2 else 'NOT met'} (worst {worst:.2f}x)")
 
 
 async def main(n: int) -> None:
@@ -95,5 +193,12 @@ async def main(n: int) -> None:
         print(f"goal confined <= {base_name} + 5 ms: {'met' if delta <= 5 else 'NOT met'} ({delta:+.2f} ms)")
 
 
+async def run_all(n: int, proxy_only: bool) -> None:
+    if not proxy_only:
+        await main(n)
+    await proxy_download(max(3, n // 10))
+
+
 if __name__ == "__main__":
-    trio.run(main, int(sys.argv[1]) if len(sys.argv) > 1 else 200)
+    numbers = [int(a) for a in sys.argv[1:] if a.isdigit()]
+    trio.run(run_all, numbers[0] if numbers else 200, "--proxy-only" in sys.argv[1:])

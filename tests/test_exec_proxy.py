@@ -9,6 +9,7 @@ upstream server's connection count: a refused request never reaches it.
 from __future__ import annotations
 
 import ipaddress
+import shutil
 import socket
 import struct
 from collections.abc import AsyncIterator, Sequence
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandbox_fs.exec import EgressEvent, EgressLog, EgressProxy, HostRule, ProxyLimits
+from sandbox_fs.exec import _proxy
 from sandbox_fs.exec._proxy import address_refusal, normalize_host
 
 
@@ -153,6 +155,14 @@ def socks_addr(host: str) -> bytes:
     return (b"\x01" if addr.version == 4 else b"\x04") + addr.packed
 
 
+async def socks_connect_raw(port: int, host: str, dport: int, *, cmd: int = 1) -> tuple[Client, bytes]:
+    client = await Client.open(port)
+    await client.stream.send_all(b"\x05\x01\x00")
+    assert await client.read_exact(2) == b"\x05\x00"
+    await client.stream.send_all(bytes([5, cmd, 0]) + socks_addr(host) + struct.pack("!H", dport))
+    return client, await client.read_all()
+
+
 async def socks_connect(port: int, host: str, dport: int, *, cmd: int = 1) -> tuple[Client, int]:
     client = await Client.open(port)
     await client.stream.send_all(b"\x05\x01\x00")
@@ -185,8 +195,18 @@ async def settle(log: EgressLog, count: int = 1) -> None:
 # --------------------------------------------------------------------------- HTTP CONNECT
 
 
-async def test_connect_allowed_relays_and_counts_bytes_exactly() -> None:
-    payload, reply = b"u" * 300_001, b"d" * 1_234_567
+@pytest.fixture(params=["splice", "recv-send"])
+def copy_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both relay paths: splice (Linux) and the portable recv/send loop."""
+    if request.param == "recv-send":
+        monkeypatch.setattr(_proxy, "_HAVE_SPLICE", False)
+    elif not _proxy._HAVE_SPLICE:
+        pytest.skip("os.splice is not available here")
+    return str(request.param)
+
+
+async def test_connect_allowed_relays_and_counts_bytes_exactly(copy_path: str) -> None:
+    payload, reply = b"u" * 3_000_001, b"d" * 12_345_679
     async with upstream(reply) as up, proxy([HostRule("allowed.test", frozenset({up.port}))]) as (port, log):
         client, head = await http_connect(port, f"allowed.test:{up.port}")
         assert head.startswith(b"HTTP/1.1 200 ")
@@ -292,6 +312,55 @@ async def test_slowloris_head_times_out_with_408() -> None:
     assert only(log).reason == "timeout"
 
 
+async def test_idle_tunnel_is_closed_and_still_recorded() -> None:
+    async with upstream() as up, proxy([HostRule("allowed.test")],
+                                       limits=ProxyLimits(idle_timeout_s=0.3)) as (port, log):
+        client, head = await http_connect(port, f"allowed.test:{up.port}")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        await client.stream.send_all(b"abc")
+        with trio.fail_after(20):  # a guard, not a timing assertion: the proxy must close it
+            assert await client.read_all() == b""
+        await settle(log)
+    assert only(log)[3:] == (True, "ok", 3, 0)
+
+
+async def test_a_failing_connection_does_not_end_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(self: EgressProxy, conn: object) -> None:
+        raise RuntimeError("a bug")
+
+    async with upstream(b"ok") as up, proxy([HostRule("allowed.test")]) as (port, log):
+        with monkeypatch.context() as m:
+            m.setattr(EgressProxy, "_connect", broken)
+            client, _ = await socks_connect_raw(port, "allowed.test", up.port)
+            await settle(log)
+        client2, head = await http_connect(port, f"allowed.test:{up.port}")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert await tunnel_round_trip(client2, b"x") == b"ok"
+        await settle(log, 2)
+    events, _ = log.drain()
+    assert [(ev.allowed, ev.reason) for ev in events] == [(False, "internal error: RuntimeError"), (True, "ok")]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@pytest.mark.parametrize("how", [["-x", "http://127.0.0.1:{p}"], ["-p", "-x", "http://127.0.0.1:{p}"],
+                                 ["--socks5-hostname", "127.0.0.1:{p}"]])
+async def test_curl_through_each_protocol(how: list[str]) -> None:
+    body = b"x" * 100_000
+    response = b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    async with upstream(response, http=True) as up, proxy([HostRule("allowed.test")]) as (port, log):
+        args = [a.format(p=port) for a in how]
+        ok = await trio.run_process(["curl", "-fsS", "--noproxy", "", *args, f"http://allowed.test:{up.port}/f"],
+                                    capture_stdout=True, capture_stderr=True, check=False)
+        refused = await trio.run_process(["curl", "-fsS", "--noproxy", "", *args, f"http://other.test:{up.port}/f"],
+                                         capture_stdout=True, capture_stderr=True, check=False)
+        await settle(log, 2)
+    assert ok.returncode == 0 and ok.stdout == body, ok.stderr
+    assert refused.returncode != 0 and b"x" not in refused.stdout
+    assert up.connections == 1
+    events, _ = log.drain()
+    assert sorted((ev.host, ev.allowed) for ev in events) == [("allowed.test", True), ("other.test", False)]
+
+
 # --------------------------------------------------------------------------- plain HTTP forwarding
 
 
@@ -324,7 +393,7 @@ async def test_plain_http_refused_is_403() -> None:
 # --------------------------------------------------------------------------- SOCKS5
 
 
-async def test_socks5_domain_allowed_counts_bytes() -> None:
+async def test_socks5_domain_allowed_counts_bytes(copy_path: str) -> None:
     payload, reply = b"p" * 70_000, b"r" * 123_457
     async with upstream(reply) as up, proxy([HostRule("allowed.test")]) as (port, log):
         client, code = await socks_connect(port, "allowed.test", up.port)
