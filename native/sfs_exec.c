@@ -130,6 +130,12 @@
  *                      without it --cwd FD names a directory of a grant
  *   --tmp-access ACCESS with --private-root and --ruleset: add a Landlock rule
  *                      for the private /tmp with these access bits
+ *   --device FD        a granted device node (an O_PATH fd; repeatable, at most
+ *                      32): with --ro-mounts or --private-root, bound at its
+ *                      path without nodev (see sfs_exec_devices.h); not with
+ *                      --mntns or --hold-ns
+ *   --proc-read PATH   with --private-root and --ruleset: a Landlock read rule
+ *                      for PATH (under /proc) in the command's own /proc
  *   --proc-self ACCESS add a Landlock rule for this process's own /proc/PID
  *                      directory (it is the target's after execve) with the
  *                      given access bits, before restricting
@@ -713,6 +719,7 @@ static void join_mount_ns(int userns_fd, int mntns_fd, int netns_fd, int ipcns_f
     }
 }
 
+#include "sfs_exec_devices.h"  /* --device, --proc-read: granted device nodes */
 #include "sfs_exec_root.h"     /* --private-root: the command's own root */
 #include "sfs_exec_guard.h"    /* --guard: protected and unreadable entries */
 
@@ -1452,6 +1459,10 @@ int main(int argc, char **argv)
         }
         else if (strcmp(a, "--cwd-rel") == 0)
             priv.cwd_rel = v;
+        else if (strcmp(a, "--device") == 0)
+            add_device_fd(parse_fd(v));
+        else if (strcmp(a, "--proc-read") == 0)
+            add_proc_read((char *)v);
         else if (strcmp(a, "--sys-tree") == 0) {
             if (priv.nsys == SFS_MAX_TREES)
                 fail("usage", E2BIG);
@@ -1500,7 +1511,8 @@ int main(int argc, char **argv)
     if (i >= argc || (run_uid < 0) != (run_gid < 0) || (priv.ws_fd >= 0) != (priv.ws_path != NULL)
         || (priv.ws_fd >= 0 && (ro_mounts || mntns_fd >= 0 || hold_ns))
         || (egress_port > 0) != (egress_fd >= 0)
-        || (egress_fd >= 0 && !(unshare_flags & CLONE_NEWNET) && netns_fd < 0))
+        || (egress_fd >= 0 && !(unshare_flags & CLONE_NEWNET) && netns_fd < 0)
+        || (granted.n && (mntns_fd >= 0 || hold_ns)))
         fail("usage", EINVAL);
     if (sfs_nguards && (mntns_fd >= 0 || hold_ns || (!ro_mounts && priv.ws_fd < 0)))
         fail("usage", EINVAL);          /* guards need a mount namespace of this run's own */
@@ -1523,8 +1535,11 @@ int main(int argc, char **argv)
         join_mount_ns(userns_fd, mntns_fd, netns_fd, ipcns_fd, &cwd_fd);
     else if (priv.ws_fd >= 0)
         private_root(&priv, trees, ntrees, reach, nreach, &binds, tty, &cwd_fd);
-    else if (ro_mounts)
+    else if (ro_mounts) {
+        clone_devices(geteuid() == 0);  /* in the host's namespace, before any stub hides a node */
         read_only_mounts(trees, ntrees, &binds, reach, nreach, masks, nmasks, &cwd_fd);
+        attach_devices_in_place();
+    }
     if (unshare_flags && unshare((int)unshare_flags) < 0)
         fail("unshare", errno);
     if (egress_fd >= 0)
@@ -1556,6 +1571,8 @@ int main(int argc, char **argv)
             add_path_rule(ruleset_fd, "/proc/self", proc_self_access, "proc_self");
         if (tmp_access && priv.ws_fd >= 0)
             add_path_rule(ruleset_fd, "/tmp", tmp_access, "privroot");
+        if (granted.nprocs)
+            add_proc_read_rules(ruleset_fd, 4 | 8 /* READ_FILE | READ_DIR */);
         if (syscall(SYS_landlock_restrict_self, ruleset_fd, 0U) < 0)
             fail("landlock", errno);
         close(ruleset_fd);

@@ -10,8 +10,8 @@
  *      mount namespace (open_tree(OPEN_TREE_CLONE): no path is looked up):
  *      FD (the workspace overlay, a detached mount made with fsmount), each
  *      --sys-tree, each grant (--rw-tree, --reach-tree, --ro-tree,
- *      --pin-tree), the device nodes of /dev below, and the PTY slave on fd 0
- *      with --tty;
+ *      --pin-tree), the device nodes of /dev below, the granted --device
+ *      nodes (sfs_exec_devices.h), and the PTY slave on fd 0 with --tty;
  *   2. unshare(CLONE_NEWNS), makes every mount private, and mounts a new
  *      tmpfs (fsopen/fsmount) on top of "/" of that namespace;
  *   3. fills it, every mount point looked up beneath the tmpfs' own fd one
@@ -23,7 +23,8 @@
  *        - /dev: a tmpfs (nosuid, noexec, read-only once filled) holding read-only
  *          binds of the host's null, zero, full, random and urandom, with
  *          --tty also tty and the PTY slave at /dev/pts/N, and the symlinks
- *          fd, stdin, stdout, stderr into /proc/self/fd;
+ *          fd, stdin, stdout, stderr into /proc/self/fd, and the granted
+ *          --device nodes under /dev at their paths (binds without nodev);
  *        - /proc: a new proc instance of the command's own PID namespace
  *          (read-only, as the read-only mount layer leaves the host's, nosuid,
  *          nodev, noexec); refused (ENOTSUP) when the command has no
@@ -31,6 +32,8 @@
  *        - the grants at their host paths, outer first (read-write ones
  *          nosuid, nodev; read-only ones and --ro-tree also read-only;
  *          --pin-tree bound onto itself);
+ *        - the granted --device nodes outside /dev, at their paths on the
+ *          root tmpfs or the private /tmp (never inside a grant);
  *        - last, so nothing can shadow it, the workspace clone at
  *          --workspace-path (nosuid, nodev);
  *   4. makes the tmpfs root read-only, pivot_root(".", ".") into it and
@@ -303,6 +306,44 @@ static int file_point(int dirfd, const char *name)
     return fd;
 }
 
+/*
+ * The granted device nodes (sfs_exec_devices.h) under /dev (under_dev) or
+ * elsewhere, each at its host path on an empty file made on one of our own
+ * tmpfs mounts; never inside a grant or a system tree (EXDEV).
+ */
+static void place_devices(int rootfd, int under_dev)
+{
+    for (int k = 0; k < granted.n; k++) {
+        char *path = granted.paths[k], *slash = strrchr(path, '/');
+        if (granted.clones[k] < 0 || (strncmp(path, "/dev/", 5) == 0) != under_dev)
+            continue;
+        int dirfd;
+        if (slash == path)
+            dirfd = fcntl(rootfd, F_DUPFD_CLOEXEC, 3);
+        else {
+            *slash = '\0';
+            dirfd = beneath(rootfd, path);
+            *slash = '/';
+        }
+        if (dirfd < 0)
+            fail("device", errno);
+        if (!is_own(dirfd))
+            fail("device", EXDEV);
+        int point = openat(dirfd, slash + 1, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0444);
+        if (point >= 0)
+            close(point);
+        else if (errno != EEXIST)       /* a node of the minimal /dev granted again: bound over it */
+            fail("device", errno);
+        point = openat(dirfd, slash + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (point < 0)
+            fail("device", errno);
+        close(dirfd);
+        attach(granted.clones[k], point);
+        granted.clones[k] = -1;
+        free(path);
+    }
+}
+
 /* The private /dev beneath rootfd: a tmpfs of device binds and /proc/self links, then read-only. */
 static void private_dev(int rootfd, struct sfs_devs *d)
 {
@@ -325,6 +366,8 @@ static void private_dev(int rootfd, struct sfs_devs *d)
         attach(d->pts, file_point(pts, d->pts_name));
         close(pts);
     }
+    own_mount(m);                       /* the granted nodes' directories may be made here */
+    place_devices(rootfd, 1);
     for (size_t k = 0; k < sizeof links / sizeof links[0]; k++)
         if (symlinkat(links[k][1], m, links[k][0]) < 0)
             fail("privroot", errno);
@@ -428,6 +471,7 @@ static void private_root(const struct sfs_private *pr, const int *rw, int nrw, c
     char *cwd_path = *cwd_fd >= 0 && !pr->cwd_rel ? fd_path(*cwd_fd, "cwd") : NULL;
     int n = clone_all(pr, rw, nrw, reach, nreach, b, trees, &ws_clone);
     clone_devs(&devs, tty);
+    clone_devices(1);                   /* the granted nodes: sfs_exec_devices.h */
     if (unshare(CLONE_NEWNS) < 0)
         fail("privroot", errno);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -448,6 +492,7 @@ static void private_root(const struct sfs_private *pr, const int *rw, int nrw, c
         attach(trees[t].clone, beneath(root, trees[t].path));
         free(trees[t].path);
     }
+    place_devices(root, 0);             /* outside /dev: on the root tmpfs or the private /tmp */
     attach(ws_clone, beneath(root, pr->ws_path));   /* last: nothing shadows the workspace */
     apply_guards(root, pr->ws_path);                /* protected entries, over the workspace too */
     struct sfs_mount_attr ro = { SFS_MOUNT_ATTR_RDONLY, 0, 0, 0 };

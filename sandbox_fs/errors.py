@@ -72,6 +72,7 @@ operation again may succeed::
     | `exec_failed` | `ExecFailedError` | `sandbox_fs.exec` | no |
     | `pty_not_found` | `PtyNotFoundError` | `sandbox_fs.exec` | no |
     | `invalid_env` | `InvalidEnvError` | `sandbox_fs.exec` | no |
+    | `device_refused` | `DeviceError` | `sandbox_fs.exec` | no |
     | `cli_input` | `CliInputError` | (command line only) | no |
 """
 from __future__ import annotations

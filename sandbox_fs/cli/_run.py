@@ -44,6 +44,7 @@ manifest is loaded as untrusted, and the state file carries no authority.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -107,6 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="let the command reach this host (or *.domain pattern) through the egress proxy "
                         "(repeatable); a new session's manifest may narrow the list with network.allow_hosts, "
                         "never widen it")
+    p.add_argument("--device", action="append", default=[], metavar="PATH",
+                   help="grant CMD read, write and ioctl on this host device node (absolute path, no symlink on "
+                        "it; a character or block device; repeatable)")
+    p.add_argument("--device-family", action="append", default=[], metavar="NAME",
+                   help="grant a driver family's control nodes and read-only /sys and /proc paths "
+                        "(nvidia, dri, amd; see SECURITY.md \"Devices\"; repeatable)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
     _hostpath.add_flag(p)
@@ -224,6 +231,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
     hosts = manifest.egress_hosts(args.allow_host) if manifest is not None else tuple(args.allow_host)
     if hosts:
         exec_kw["policy"] = ConfinementPolicy(allow_hosts=hosts)  # ExecError: a malformed entry
+    if args.device or args.device_family:
+        exec_kw["policy"] = dataclasses.replace(exec_kw.get("policy") or ConfinementPolicy(),
+                                                devices=tuple(args.device), device_families=tuple(args.device_family))
     run = _Run(args, argv, manifest, root, options, exec_kw, ConfinementPolicy().kill_grace_s)
     run.audit = _AuditSink() if args.audit else None
     return run

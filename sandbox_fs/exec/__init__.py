@@ -48,6 +48,7 @@ from ._errors import (
     InvalidEnvError,  # noqa: F401  (importable here as before, not in __all__)
     PtyNotFoundError,
 )
+from ._devices import DeviceError  # noqa: F401  (importable here, not in __all__)
 from ._helper import helper_path
 from ._models import Confinement, ConfinementPolicy, ExecResult, PrivateRoot  # noqa: F401  (Confinement: as before)
 from ._output import DEFAULT_MAX_OUTPUT_BYTES

@@ -88,6 +88,7 @@ _STAGE_TEXT = {
     "reach": "making a granted tree reachable for the unprivileged identity failed",
     "privroot": "building the command's private root failed",
     "guard": "mounting over a protected or unreadable path failed",
+    "device": "placing a granted device node in the command's mount namespace failed",
 }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Itera
 
 from ..errors import InvalidPathError, redact
 from ..paths import normalize
-from . import _egress, _identity, _protected, _seccomp
+from . import _devices, _egress, _identity, _protected, _seccomp
 from ._env import build_env
 from ._errors import ConfinementError, ExecError
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
@@ -140,6 +140,18 @@ class ConfinementPolicy:
             without it is refused.
         deny_read: the same syntax: entries the command cannot read either
             (an empty mode-0000 file or directory is mounted over each).
+        devices: absolute host paths of device nodes the command may open
+            for read, write and ``ioctl`` (``"/dev/nvidia0"``): each opened
+            ``O_PATH`` by the host-path rule (no symlink on any component),
+            each a character or block device, at most 32; Landlock grants
+            exactly those inodes and the mount layer binds each at its path
+            without ``nodev`` (see SECURITY.md "Devices").  Refused
+            (``DeviceError``, code ``device_refused``) otherwise.
+        device_families: names of driver families (``"nvidia"``, ``"dri"``,
+            ``"amd"``; :data:`sandbox_fs.exec._devices.DEVICE_FAMILIES`):
+            each adds its control nodes that exist on the host and the
+            read-only ``/sys`` and ``/proc`` paths its library reads.  A
+            family whose driver is not loaded is refused.
     """
 
     cpu_time_s: int | None = 3600
@@ -174,9 +186,13 @@ class ConfinementPolicy:
     protected: tuple[str, ...] = ()
     deny_read: tuple[str, ...] = ()
 
+    devices: tuple[str, ...] = ()
+    device_families: tuple[str, ...] = ()
+
     def __post_init__(self) -> None:
         _egress.check_policy(self)
         _protected.check_policy(self.protected, self.deny_read)
+        _devices.check_policy_devices(self.devices, self.device_families)
 
     def rlimit_args(self) -> list[str]:
         """The helper's ``--rlimit NAME=VALUE`` arguments.

@@ -20,6 +20,7 @@ from ..root import Root
 from . import _helper, _identity, _landlock
 from ._bounds import read_process_bounds
 from ._cgroups import CgroupTree, PidsV1Tree
+from ._devices import DeviceError, OpenedDevices, open_devices
 from ._env import ensure_dirs, env_blob_fd
 from ._egress import EgressChannel
 from ._errors import ConfinementError
@@ -139,6 +140,8 @@ async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNa
         return None  # a private root is the command's own: made per run
     if request.policy.protected or request.policy.deny_read:
         return None  # protected paths are bound per run, in a namespace of the run's own
+    if request.policy.devices or request.policy.device_families:
+        return None  # granted device nodes are bound in a mount namespace of the run's own
     workspace, grants = request.workspace, request.grants
     ro = _ro_binds(workspace, grants)
     bind = _ro_bind_args(workspace, grants, ro)
@@ -243,9 +246,12 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
         for ns in request.policy.namespaces:
             flags |= NS_FLAGS[ns]
         if request.confinement != "none":
-            args += _landlock_args(prep, request, helper)
+            devices = _open_devices(prep, request)
+            args += _landlock_args(prep, request, helper, devices)
             layer_args, flags = _mount_layer(prep, request, helper, mount_ns, flags)
             args += layer_args
+            if devices is not None:
+                args += _device_args(prep, request, devices)
             args += _seccomp_args(prep, request)
             args += _egress_args(prep, request)
         elif request.private_root is not None:
@@ -304,7 +310,8 @@ def _privilege_args(prep: Prepared, request: ExecRequest) -> list[str]:
     return args
 
 
-def _landlock_args(prep: Prepared, request: ExecRequest, helper: str) -> list[str]:
+def _landlock_args(prep: Prepared, request: ExecRequest, helper: str,
+                   devices: OpenedDevices | None = None) -> list[str]:
     """The Landlock ruleset's fd (and ``/proc/self``), or nothing where the kernel has no Landlock."""
     version = _landlock.abi()
     if version <= 0:
@@ -317,10 +324,48 @@ def _landlock_args(prep: Prepared, request: ExecRequest, helper: str) -> list[st
                             read_only_binds=private_root is not None or (
                                 request.policy.read_only_mounts and ro_mounts_available(helper)),
                             workspace_fd=private_root.workspace_fd if private_root is not None else None)
+    if devices is not None:
+        _device_rules(ruleset, devices, version)
     prep.level, prep.abi = "landlock", version
     args = ["--ruleset", prep.pass_fd(ruleset.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
     if private_root is not None:  # its /tmp exists only in the command's root: the helper adds its rule
         args += ["--tmp-access", str(_landlock.fs_read_write(version))]
+    return args
+
+
+def _open_devices(prep: Prepared, request: ExecRequest) -> OpenedDevices | None:
+    """The policy's device nodes and driver-family paths, opened (their fds handed to the helper), or None."""
+    policy = request.policy
+    if not policy.devices and not policy.device_families:
+        return None
+    devices = open_devices(policy.devices, policy.device_families)
+    prep.pass_fds.extend(fd for fd, *_ in (*devices.nodes, *devices.read_paths))  # closed after the spawn
+    return devices
+
+
+def _device_rules(ruleset: _landlock.Ruleset, devices: OpenedDevices, abi: int) -> None:
+    """Landlock rules on exactly the granted nodes and family paths (the ruleset is closed on failure)."""
+    try:
+        devices.add_rules(ruleset, abi)
+    except OSError as exc:
+        ruleset.close()
+        raise DeviceError("the kernel refused a Landlock rule for a granted device",
+                          context={"errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))}) from None
+
+
+def _device_args(prep: Prepared, request: ExecRequest, devices: OpenedDevices) -> list[str]:
+    """``--device FD`` per node where a mount layer applies; in a private root the family paths too."""
+    if not prep.ro_mounts:
+        return []  # no mount namespace of ours: the host's mounts decide, Landlock grants the nodes
+    args: list[str] = []
+    for fd, _path in devices.nodes:
+        args += ["--device", str(fd)]
+    if request.private_root is not None:
+        for fd, path, is_dir in devices.read_paths:
+            if path.startswith("/proc/"):
+                args += ["--proc-read", path]  # the command's own /proc instance: its own inodes
+            elif is_dir:
+                args += ["--sys-tree", str(fd)]  # bound read-only at its path, as the system set
     return args
 
 
