@@ -219,6 +219,51 @@ async def test_unknown_and_absent_families_are_refused(ws, base):
                            policy=ConfinementPolicy(device_families=("nvidia",)))
 
 
+@pytest.fixture
+def fake_family(base, monkeypatch):
+    """A driver family made of this test's nodes: zero1 as its control node, two kernel paths read-only."""
+    fam = _devices.DeviceFamily("testfam", str(base / "devs" / "null1"), devices=(str(base / "devs" / "zero1"),),
+                                read_paths=("/sys/class/net", "/proc/sys/kernel", "/sys/no-such-path"))
+    monkeypatch.setitem(_devices.DEVICE_FAMILIES, "testfam", fam)
+    return fam
+
+
+_FAMILY_PROBE = ("if [ $(head -c 4 {z} | wc -c) = 4 ]; then echo node-ok; else echo node-denied; fi; "
+                 "if ls /sys/class/net > /dev/null; then echo sys-ok; else echo sys-denied; fi; "
+                 "if cat /proc/sys/kernel/ostype > /dev/null; then echo proc-ok; else echo proc-denied; fi; "
+                 "if echo x > {z}; then echo write-ok; else echo write-denied; fi")
+
+
+@pytest.mark.parametrize("private", [False, True], ids=["ro-mounts", "private-root"])
+async def test_a_family_adds_its_nodes_and_read_only_paths(fake_family, base, private):
+    """The family mechanism with this test's nodes (no GPU here): its node and paths, and nothing without it."""
+    probe = sh(_FAMILY_PROBE.format(z=base / "devs" / "zero1"))
+    mfd = _detached_tmpfs() if private else -1
+    root = (Root(os.dup(mfd), read_only=False, no_symlinks=False, resolver=sandbox_fs.features()["resolver"], label="")
+            if private else open_root(base / "ws"))
+    kw = {"private_root": PrivateRoot(mfd)} if private else {}
+    try:
+        r = await run_confined(probe, workspace=root, workspace_host_path=str(base / "ws"),
+                               policy=ConfinementPolicy(device_families=("testfam",)), **kw)
+        assert r.stdout.decode().split() == ["node-ok", "sys-ok", "proc-ok", "write-ok"], r.stderr
+        # control: without the family none of it is reachable
+        r2 = await run_confined(probe, workspace=root, workspace_host_path=str(base / "ws"),
+                                policy=ConfinementPolicy(), **kw)
+        assert r2.stdout.decode().split() == ["node-denied", "sys-denied", "proc-denied", "write-denied"]
+    finally:
+        root.close()
+        if mfd >= 0:
+            os.close(mfd)
+
+
+async def test_a_family_whose_marker_is_missing_is_refused(fake_family, base, ws, monkeypatch):
+    monkeypatch.setitem(_devices.DEVICE_FAMILIES, "testfam",
+                        _devices.DeviceFamily("testfam", str(base / "devs" / "gone")))
+    with pytest.raises(_devices.DeviceError, match="not present"):
+        await run_confined(["true"], workspace=ws, workspace_host_path=str(base / "ws"),
+                           policy=ConfinementPolicy(device_families=("testfam",)))
+
+
 def test_family_paths_are_plain_and_documented():
     security = (Path(__file__).resolve().parent.parent / "SECURITY.md").read_text()
     for fam in _devices.DEVICE_FAMILIES.values():
