@@ -17,6 +17,9 @@ Variants:
   confined-none   confinement="none" (helper: setsid, rlimits, fds, cgroup)
   one-shot        run_confined without a supervisor (makes and removes a
                   private cgroup tree per call)
+  confined-protected  confined with ConfinementPolicy(protected=DEFAULT_PROTECTED) in an
+                  empty workspace (every entry a placeholder made and removed; a mount
+                  namespace of its own per run instead of the held one)
 
 Proxy row (goal: through the proxy <= 1.2x direct): a 64 MiB download with
 curl (its own ``time_total``, so process start is not counted) from a local
@@ -44,6 +47,7 @@ import trio
 
 from sandbox_fs import open_root
 from sandbox_fs.exec import ConfinementPolicy, EgressLog, EgressProxy, HostRule, ProcessSupervisor, run_confined
+from sandbox_fs.exec._protected import DEFAULT_PROTECTED
 
 DOWNLOAD_BYTES = 64 * 1024 * 1024
 
@@ -157,6 +161,11 @@ async def main(n: int) -> None:
         async def one_shot() -> None:
             await run_confined(["true"], workspace=ws, workspace_host_path=tmp)
 
+        protected = ConfinementPolicy(protected=DEFAULT_PROTECTED)
+
+        async def confined_protected() -> None:
+            await run_confined(["true"], workspace=ws, workspace_host_path=tmp, supervisor=sup, policy=protected)
+
         async def measure(variants: dict) -> dict[str, list[float]]:
             times: dict[str, list[float]] = {k: [] for k in variants}
             for fn in variants.values():  # warm-up
@@ -172,7 +181,8 @@ async def main(n: int) -> None:
         main_pair = await measure({"baseline": baseline, "baseline-capture": baseline_capture,
                                    "confined": confined})
         breakdown = await measure({"baseline": baseline, "confined-nomnt": confined_nomnt,
-                                   "confined-none": confined_none, "one-shot": one_shot})
+                                   "confined-none": confined_none, "one-shot": one_shot,
+                                   "confined-protected": confined_protected})
         await sup.aclose()
         ws.close()
 

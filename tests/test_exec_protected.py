@@ -233,3 +233,47 @@ async def test_in_the_overlays_private_root(base):
     assert (backing / ".git" / "config").read_text() == "[core]\n"
     assert (backing / "free.txt").read_text() == "ok\n"
     assert not (backing / ".bashrc").exists()
+
+
+async def test_a_pty_session_keeps_its_placeholders_until_it_ends(base):
+    from sandbox_fs.exec import ProcessSupervisor, PtyManager
+
+    ws = base / "ws"
+    ws.mkdir()
+    root = open_root(ws)
+    sup = ProcessSupervisor()
+    ptys = PtyManager(sup)
+    try:
+        pty_id, out = await ptys.pty_exec_start(
+            sh("(echo evil > .bashrc) 2>/dev/null && echo WROTE; echo ok > free.txt && echo done"), workspace=root,
+            workspace_host_path=str(ws), policy=ConfinementPolicy(protected=(".bashrc",)), first_output_timeout_s=5)
+        while b"done" not in out:
+            more = await ptys.pty_read(pty_id, timeout_s=5)
+            if not more:
+                break
+            out += more
+        assert b"WROTE" not in out and b"done" in out, out
+        assert (ws / ".bashrc").read_bytes() == b""  # the placeholder, while the session lives
+        await ptys.pty_terminate(pty_id)
+        assert not (ws / ".bashrc").exists()
+    finally:
+        await ptys.aclose()
+        await sup.aclose()
+        root.close()
+
+
+def test_policy_fields_are_checked():
+    with pytest.raises(ValueError):
+        ConfinementPolicy(protected=".git/config")  # type: ignore[arg-type]  # a str, not a tuple
+    with pytest.raises(ValueError):
+        ConfinementPolicy(deny_read=("../outside",))
+
+
+async def test_a_protected_path_without_the_mount_layer_is_refused_when_required(base):
+    from sandbox_fs.exec import ConfinementError
+
+    ws = base / "ws"
+    ws.mkdir()
+    with pytest.raises(ConfinementError):
+        await _run(ws, "true", ConfinementPolicy(protected=(".bashrc",), read_only_mounts=False),
+                   confinement="required")

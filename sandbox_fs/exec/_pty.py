@@ -21,6 +21,7 @@ from ._helper import _STATUS_TIMEOUT_S, _status_error
 from ._models import Confinement, ConfinementPolicy, ExecRequest, PrivateRoot
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES
 from ._prepare import Prepared, prepare_run
+from ._protected import GuardPlan
 from ._spawn import _abort_spawn, _spawn
 from ._supervisor import ProcessSupervisor, _Tracked
 
@@ -36,6 +37,7 @@ class _Pty:
     dropped_bytes: int = 0
     eof: bool = False
     lock: trio.Lock = field(default_factory=trio.Lock)
+    guards: GuardPlan | None = None     # protected paths' placeholders, released at the end
 
 
 class PtyManager:
@@ -131,10 +133,15 @@ class PtyManager:
         if len(self._ptys) >= self.max_live:
             await self._prune_one()
         prep = await prepare_run(request, self.supervisor)
-        tracked, master = await self._spawn_on_pty(request, prep, rows, cols)
+        try:
+            tracked, master = await self._spawn_on_pty(request, prep, rows, cols)
+        except BaseException:
+            prep.release_guards()
+            raise
         now = time.monotonic()
         pty_id = f"pty-{next(self._ids)}-{os.urandom(4).hex()}"
-        p = _Pty(pty_id, tracked, trio.lowlevel.FdStream(master), now, now)
+        p = _Pty(pty_id, tracked, trio.lowlevel.FdStream(master), now, now, guards=prep.guards)
+        prep.guards = None
         self._ptys[pty_id] = p
         first = await self.pty_read(pty_id, timeout_s=first_output_timeout_s)
         return pty_id, first
@@ -253,6 +260,8 @@ class PtyManager:
         with trio.CancelScope(shield=True):
             await self.supervisor._kill_one(p.tracked, grace_s)
             await p.stream.aclose()
+            if p.guards is not None:
+                p.guards.release()
         code = p.tracked.process.returncode
         return code if code is not None else -signal.SIGKILL
 
