@@ -266,6 +266,8 @@ async def test_connect_name_is_case_insensitive_and_trailing_dot() -> None:
     (b"GET http://user@allowed.test/ HTTP/1.1\r\n\r\n", b"400"),
     (b"CONNECT allowed.test:80 HTTP/1.1\r\n folded\r\n\r\n", b"400"),
     (b"CONNECT 127.1:80 HTTP/1.1\r\n\r\n", b"400"),  # resolvers read it as an address: not a name
+    (b"CONNECT 0x7f000001:80 HTTP/1.1\r\n\r\n", b"400"),
+    (b"CONNECT 017700000001:80 HTTP/1.1\r\n\r\n", b"400"),
 ])
 async def test_malformed_requests_are_400(request_head: bytes, status: bytes) -> None:
     async with proxy([HostRule("allowed.test"), HostRule("*.test")]) as (port, log):
@@ -629,3 +631,36 @@ def test_limits_validate() -> None:
         ProxyLimits(idle_timeout_s=0)
     with pytest.raises(ValueError):
         EgressLog(-1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=80))
+def test_normalize_host_yields_only_plain_names_or_addresses(text: str) -> None:
+    try:
+        host = normalize_host(text)
+    except ValueError:
+        return
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        assert host and all(c in "abcdefghijklmnopqrstuvwxyz0123456789.-_" for c in host), host
+        assert normalize_host(host) == host
+
+
+@settings(max_examples=60, deadline=None)
+@given(head=st.binary(max_size=300))
+def test_arbitrary_request_bytes_never_reach_a_server_or_end_the_proxy(head: bytes) -> None:
+    async def scenario() -> None:
+        async with upstream(b"secret") as up, proxy([HostRule("allowed.test")]) as (port, log):
+            client = await Client.open(port)
+            await client.stream.send_all(head)
+            await client.stream.send_eof()
+            with trio.fail_after(20):
+                reply = await client.read_all()
+                await settle(log)
+            assert b"secret" not in reply
+            client2, ok = await http_connect(port, "other.test:1")  # still serving
+            assert ok.startswith(b"HTTP/1.1 403 ")
+        assert up.connections == 0
+
+    trio.run(scenario)

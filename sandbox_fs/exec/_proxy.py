@@ -108,9 +108,10 @@ def normalize_host(host: str) -> str:
 
     Raises:
         ValueError: not a valid name (empty or over-long labels, characters
-            outside letters, digits, ``-`` and ``_``, over 253 characters, or
-            an all-numeric last label such as ``127.1``, which resolvers read
-            as an address) nor an IP literal.
+            outside letters, digits, ``-`` and ``_``, over 253 characters, an
+            all-numeric last label such as ``127.1``, or anything
+            ``inet_aton`` reads as an address such as ``0x7f000001``) nor an
+            IP literal.
     """
     addr = _ip_literal(host)
     if addr is not None:
@@ -125,7 +126,11 @@ def normalize_host(host: str) -> str:
     labels = name.split(".")
     if len(name) > 253 or not all(_LABEL.match(label) for label in labels) or labels[-1].isdigit():
         raise ValueError("invalid host name")
-    return name
+    try:
+        socket.inet_aton(name)  # "0x7f000001", "017700000001": resolvers read these as addresses
+    except OSError:
+        return name
+    raise ValueError("invalid host name")
 
 
 @dataclass(frozen=True)
