@@ -49,7 +49,7 @@ import trio
 
 from sandbox_fs import open_root
 from sandbox_fs.exec import ConfinementPolicy, EgressLog, EgressProxy, HostRule, ProcessSupervisor, run_confined
-from sandbox_fs.exec._protected import DEFAULT_PROTECTED
+from sandbox_fs.exec import DEFAULT_PROTECTED
 
 DOWNLOAD_BYTES = 64 * 1024 * 1024
 

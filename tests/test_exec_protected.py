@@ -20,7 +20,8 @@ import sandbox_fs
 from sandbox_fs import exec as sfs_exec
 from sandbox_fs import open_root
 from sandbox_fs.exec import ConfinementPolicy, PrivateRoot, run_confined
-from sandbox_fs.exec._protected import DEFAULT_PROTECTED, check_pattern
+from sandbox_fs.exec import DEFAULT_PROTECTED
+from sandbox_fs.exec._protected import check_pattern
 
 ABI = sandbox_fs.features()["landlock_abi"]
 
@@ -277,3 +278,32 @@ async def test_a_protected_path_without_the_mount_layer_is_refused_when_required
     with pytest.raises(ConfinementError):
         await _run(ws, "true", ConfinementPolicy(protected=(".bashrc",), read_only_mounts=False),
                    confinement="required")
+
+
+async def test_protected_paths_apply_in_a_read_write_grant_too(base):
+    from sandbox_fs import Grant, PathPolicy
+
+    ids = (0x6F00_4568, 0x6F00_4568)
+    ws = base / "ws"
+    ws.mkdir()
+    home = base / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("# rc\n")
+    os.chown(home, *ids)
+    root = open_root(ws)
+    grants = PathPolicy(root, "/workspace", [Grant(str(home), read_only=False)])
+    try:
+        script = (f"(echo evil >> {home}/.bashrc) 2>/dev/null && echo WROTE-rc; "
+                  f"(echo evil > {home}/.profile) 2>/dev/null && echo WROTE-profile; "
+                  f"mv {home}/.bashrc {home}/x 2>/dev/null && echo WROTE-mv; "
+                  f"echo ok > {home}/notes.txt && echo FREE-OK")
+        r = await run_confined(sh(script), workspace=root, workspace_host_path=str(ws), grants=grants,
+                               policy=ConfinementPolicy(identity=ids, protected=(".bashrc", ".profile")))
+    finally:
+        grants.close()
+        root.close()
+    out = r.stdout.decode()
+    assert "WROTE" not in out, out
+    assert "FREE-OK" in out, r.stderr
+    assert (home / ".bashrc").read_text() == "# rc\n" and not (home / ".profile").exists()
+    assert (home / "notes.txt").read_text() == "ok\n"

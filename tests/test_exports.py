@@ -63,7 +63,7 @@ PUBLIC = {
     ],
     "sandbox_fs.exec": [
         "CommandNotFoundError", "ConfinementError", "ConfinementPolicy", "DEFAULT_MAX_OUTPUT_BYTES",
-        "DEFAULT_PATH", "ENV_ALLOWLIST", "EgressEvent", "EgressLog", "EgressProxy", "ExecError", "ExecFailedError",
+        "DEFAULT_PATH", "DEFAULT_PROTECTED", "ENV_ALLOWLIST", "EgressEvent", "EgressLog", "EgressProxy", "ExecError", "ExecFailedError",
         "ExecResult", "ExecTimeoutError", "HostRule", "MAX_ENV_BYTES", "MAX_ENV_ENTRIES", "PrivateRoot",
         "ProcessSupervisor", "ProxyLimits", "PtyManager", "PtyNotFoundError", "build_env", "build_ruleset",
         "helper_path", "run_confined",

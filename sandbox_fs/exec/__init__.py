@@ -53,6 +53,7 @@ from ._helper import helper_path
 from ._models import Confinement, ConfinementPolicy, ExecResult, PrivateRoot  # noqa: F401  (Confinement: as before)
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
 from ._proxy import EgressEvent, EgressLog, EgressProxy, HostRule, ProxyLimits
+from ._protected import DEFAULT_PROTECTED
 from ._pty import PtyManager
 from ._ruleset import build_ruleset
 from ._spawn import run_confined
@@ -84,4 +85,5 @@ __all__ = [
     "DEFAULT_PATH",
     "MAX_ENV_BYTES",
     "MAX_ENV_ENTRIES",
+    "DEFAULT_PROTECTED",
 ]
