@@ -897,6 +897,10 @@ static void exec_target(char **argv, char **envp)
  *   - every syscall that sets a file mode (open/openat/creat with O_CREAT or
  *     O_TMPFILE, mkdir, mknod, chmod, fchmod, fchmodat, fchmodat2) fails with
  *     EPERM when the mode has S_ISUID or S_ISGID: no set-id file can be made;
+ *   - mknod and mknodat of a character or block device fail with EPERM
+ *     (also the 0:0 "whiteout" an unprivileged caller may otherwise make;
+ *     CAP_MKNOD is gone and Landlock grants MAKE_CHAR/MAKE_BLOCK nowhere:
+ *     this is the third layer, before any file system sees the request);
  *   - socket() and socketpair() are allowed only for the (family, type after
  *     SOCK_NONBLOCK|SOCK_CLOEXEC, protocol) triples given with --socket;
  *     another family or type fails with EAFNOSUPPORT, another protocol of an
@@ -1103,11 +1107,25 @@ static void mode_block(struct sfs_filter *f, long nr, int mode_arg, int flags_ar
     patch_jf(f, at);
 }
 
+/* mknod/mknodat: EPERM for a set-id mode and for a character or block device node. */
+static void mknod_block(struct sfs_filter *f, long nr, int mode_arg)
+{
+    unsigned short at = begin_block(f, nr);
+    LD_ABS(f, SFS_ARG(mode_arg));
+    JSET(f, SFS_SETID_BITS, 4, 0);
+    emit(f, BPF_ALU | BPF_AND | BPF_K, 0, 0, S_IFMT);
+    JEQ(f, S_IFCHR, 2, 0);
+    JEQ(f, S_IFBLK, 1, 0);
+    RET(f, SECCOMP_RET_ALLOW);
+    RET(f, DENY(EPERM));
+    patch_jf(f, at);
+}
+
 static void mode_blocks(struct sfs_filter *f)
 {
     mode_block(f, SYS_openat, 3, 2);
     mode_block(f, SYS_mkdirat, 2, -1);
-    mode_block(f, SYS_mknodat, 2, -1);
+    mknod_block(f, SYS_mknodat, 2);
     mode_block(f, SYS_fchmod, 1, -1);
     mode_block(f, SYS_fchmodat, 2, -1);
     mode_block(f, SYS_fchmodat2, 2, -1);
@@ -1115,7 +1133,7 @@ static void mode_blocks(struct sfs_filter *f)
     mode_block(f, SYS_open, 2, 1);
     mode_block(f, SYS_creat, 1, -1);
     mode_block(f, SYS_mkdir, 1, -1);
-    mode_block(f, SYS_mknod, 1, -1);
+    mknod_block(f, SYS_mknod, 1);
     mode_block(f, SYS_chmod, 1, -1);
 #endif
 }

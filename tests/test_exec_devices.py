@@ -287,6 +287,23 @@ async def test_mknod_inside_the_sandbox_fails(ws, base):
     assert "fifo-ok" in r.stdout.decode()  # control: the command can make entries there
 
 
+@pytest.mark.parametrize("identity", ["auto", "host"])
+async def test_seccomp_refuses_device_mknod_first(ws, base, identity):
+    """mknod(S_IFCHR) fails with seccomp's EPERM (not Landlock's EACCES), the 0:0 whiteout too; a FIFO is made."""
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no /usr/bin/python3 in the system set to call mknod directly")
+    prog = ("import os, stat, errno, sys\n"
+            "for name, mode, dev in (('c13', stat.S_IFCHR, (1, 3)), ('wh', stat.S_IFCHR, (0, 0)),"
+            " ('b', stat.S_IFBLK, (7, 0)), ('fifo', stat.S_IFIFO, (0, 0))):\n"
+            "    try:\n        os.mknod(name, mode | 0o600, os.makedev(*dev)); print(name, 'made')\n"
+            "    except OSError as e:\n        print(name, errno.errorcode[e.errno])\n")
+    pol = ConfinementPolicy(devices=(str(base / "devs" / "null1"),), identity=identity)
+    r = await run_confined(["/usr/bin/python3", "-c", prog], workspace=ws, workspace_host_path=str(base / "ws"),
+                           policy=pol)
+    assert r.stdout.decode().splitlines() == ["c13 EPERM", "wh EPERM", "b EPERM", "fifo made"], r.stderr
+    assert not any(n in os.listdir(base / "ws") for n in ("c13", "wh", "b"))
+
+
 # ---- in a private root ------------------------------------------------------------------------------
 
 
