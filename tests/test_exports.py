@@ -74,7 +74,7 @@ PUBLIC = {
     ],
     "sandbox_fs.fuse": [
         "AuditEvent", "FaultRule", "Overlay", "OverlayError", "OverlayMount", "OverlayPolicy",
-        "OverlayUnavailableError",
+        "OverlayUnavailableError", "mount_overlap", "overlap_text",
     ],
     "sandbox_fs.cli": [
         "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_USAGE", "build_parser", "exception_leaves", "main",
