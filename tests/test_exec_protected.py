@@ -307,3 +307,27 @@ async def test_protected_paths_apply_in_a_read_write_grant_too(base):
     assert "FREE-OK" in out, r.stderr
     assert (home / ".bashrc").read_text() == "# rc\n" and not (home / ".profile").exists()
     assert (home / "notes.txt").read_text() == "ok\n"
+
+
+def test_the_command_line_flags(base):
+    import json
+    import subprocess
+    import sys
+
+    (base / "src").mkdir()
+    manifest = {"entries": {".bashrc": {"type": "file", "content": "# rc\n"},
+                            ".env": {"type": "file", "content": "TOKEN=s3cret\n"}}}
+    (base / "m.json").write_text(json.dumps(manifest))
+    (base / "wsdir").mkdir()
+    common = [sys.executable, "-m", "sandbox_fs", "run", "--manifest", str(base / "m.json"), "--base", str(base / "src"),
+              "--workspaces-dir", str(base / "wsdir"), "--snapshot-dir", str(base / "snaps")]
+    script = "(echo evil > .bashrc) 2>/dev/null && echo WROTE; cat .env; cat .bashrc; echo ok > free && echo FREE-OK"
+    r = subprocess.run([*common, "--protect-defaults", "--deny-read", ".env", "--", "/bin/sh", "-c", script],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "WROTE" not in r.stdout and "s3cret" not in r.stdout, r.stdout
+    assert "# rc" in r.stdout and "FREE-OK" in r.stdout, r.stderr
+    bad = subprocess.run([*common, "--protect", "../x", "--", "/bin/true"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "pattern" in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr

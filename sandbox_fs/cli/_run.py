@@ -114,6 +114,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-family", action="append", default=[], metavar="NAME",
                    help="grant a driver family's control nodes and read-only /sys and /proc paths "
                         "(nvidia, dri, amd; see SECURITY.md \"Devices\"; repeatable)")
+    p.add_argument("--protect", action="append", default=[], metavar="PATTERN",
+                   help="keep this path (relative to the workspace and each read-write grant; globs allowed, "
+                        "a trailing / for a directory) read-only to CMD, and uncreatable if missing (repeatable)")
+    p.add_argument("--protect-defaults", action="store_true",
+                   help="also protect the documented default set (.git/hooks/, .git/config, shell rc files, "
+                        "editor task files; see SECURITY.md \"Protected paths\")")
+    p.add_argument("--deny-read", action="append", default=[], metavar="PATTERN",
+                   help="make this path (same syntax as --protect) unreadable to CMD (repeatable)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command to run inside the workspace")
     _hostpath.add_flag(p)
@@ -186,7 +194,7 @@ def _command(args: argparse.Namespace) -> list[str]:
 def _prepare(args: argparse.Namespace) -> _Run:
     """Check the command line, load the manifest, make --root: everything before the session starts."""
     from ..client import ClientOptions  # noqa: PLC0415
-    from ..exec import ConfinementPolicy  # noqa: PLC0415
+    from ..exec import DEFAULT_PROTECTED, ConfinementPolicy  # noqa: PLC0415
     from ..manifest import load_manifest  # noqa: PLC0415
 
     argv = _command(args)
@@ -234,6 +242,10 @@ def _prepare(args: argparse.Namespace) -> _Run:
     if args.device or args.device_family:
         exec_kw["policy"] = dataclasses.replace(exec_kw.get("policy") or ConfinementPolicy(),
                                                 devices=tuple(args.device), device_families=tuple(args.device_family))
+    protected = (*(DEFAULT_PROTECTED if args.protect_defaults else ()), *args.protect)
+    if protected or args.deny_read:  # InvalidArgumentError: a malformed pattern
+        exec_kw["policy"] = dataclasses.replace(exec_kw.get("policy") or ConfinementPolicy(),
+                                                protected=protected, deny_read=tuple(args.deny_read))
     run = _Run(args, argv, manifest, root, options, exec_kw, ConfinementPolicy().kill_grace_s)
     run.audit = _AuditSink() if args.audit else None
     return run

@@ -32,6 +32,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ..errors import InvalidArgumentError
 from ._errors import ConfinementError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,14 +58,15 @@ def check_pattern(pattern: str) -> list[bytes]:
     """The components of ``pattern`` (see the module docstring).
 
     Raises:
-        ValueError: empty, absolute, a NUL, an empty, ``.``, ``..`` or ``**`` component.
+        InvalidArgumentError: (a ValueError) empty, absolute, a NUL, an empty, ``.``, ``..`` or ``**`` component.
     """
     if not isinstance(pattern, str) or not pattern.strip("/") or pattern.startswith("/") or "\0" in pattern:
-        raise ValueError(f"bad protected pattern {pattern!r}: a relative path is needed")
+        raise InvalidArgumentError(f"bad protected pattern {pattern!r}: a relative path is needed", sandbox_path=None)
     comps = pattern.rstrip("/").split("/")
     for c in comps:
         if c in ("", ".", "..") or "**" in c:
-            raise ValueError(f"bad protected pattern {pattern!r}: empty, '.', '..' or '**' component")
+            raise InvalidArgumentError(f"bad protected pattern {pattern!r}: empty, '.', '..' or '**' component",
+                                       sandbox_path=None)
     return [os.fsencode(c) for c in comps]
 
 
@@ -72,12 +74,12 @@ def check_policy(protected: object, deny_read: object) -> None:
     """Check ``ConfinementPolicy.protected`` and ``deny_read``: tuples of valid patterns.
 
     Raises:
-        ValueError: either is not a tuple of strings (a bare string would be
+        InvalidArgumentError: (a ValueError) either is not a tuple of strings (a bare string would be
             read as one pattern per character), or a pattern is bad (:func:`check_pattern`).
     """
     for name, value in (("protected", protected), ("deny_read", deny_read)):
         if not isinstance(value, tuple) or not all(isinstance(p, str) for p in value):
-            raise ValueError(f"ConfinementPolicy.{name} must be a tuple of path patterns")
+            raise InvalidArgumentError(f"ConfinementPolicy.{name} must be a tuple of path patterns", sandbox_path=None)
         for p in value:
             check_pattern(p)
 
