@@ -270,7 +270,7 @@ async def test_connect_name_is_case_insensitive_and_trailing_dot() -> None:
     (b"CONNECT 017700000001:80 HTTP/1.1\r\n\r\n", b"400"),
 ])
 async def test_malformed_requests_are_400(request_head: bytes, status: bytes) -> None:
-    async with proxy([HostRule("allowed.test"), HostRule("*.test")]) as (port, log):
+    async with proxy([HostRule("allowed.test"), HostRule("*.wild.test")]) as (port, log):
         client = await Client.open(port)
         await client.stream.send_all(request_head)
         head = await client.read_head()
@@ -409,7 +409,7 @@ async def test_socks5_domain_allowed_counts_bytes(copy_path: str) -> None:
 
 @pytest.mark.parametrize("host, rules, allow_private, reason", [
     ("other.test", ["allowed.test"], True, "host not allowed"),
-    ("127.0.0.1", ["*.test"], True, "host not allowed"),  # a wildcard never covers an address
+    ("127.0.0.1", ["*.wild.test"], True, "host not allowed"),  # a wildcard never covers an address
     ("127.0.0.1", ["127.0.0.1"], False, "address refused: 127.0.0.1 (loopback)"),
     ("::ffff:127.0.0.1", ["::ffff:127.0.0.1"], False, "address refused: ::ffff:7f00:1 (loopback)"),
     ("::ffff:127.0.0.1", ["127.0.0.1"], True, "host not allowed"),  # v4-mapped is another literal
@@ -509,8 +509,8 @@ async def test_only_checked_answers_are_connected_to() -> None:
 
 
 async def test_resolve_failure_is_502_allowed() -> None:
-    async with proxy([HostRule("*.test")]) as (port, log):
-        _, head = await http_connect(port, "missing.test:80")
+    async with proxy([HostRule("*.wild.test")]) as (port, log):
+        _, head = await http_connect(port, "missing.wild.test:80")
         await settle(log)
     assert head.startswith(b"HTTP/1.1 502 ")
     assert only(log)[3:5] == (True, "resolve failed")
@@ -567,7 +567,7 @@ def test_rule_idna_ports_and_parse() -> None:
     assert HostRule.parse("pypi.org:443") == HostRule("pypi.org", frozenset({443}))
     assert HostRule.parse("*.pythonhosted.org") == HostRule("*.pythonhosted.org", None)
     assert HostRule.parse("[::1]:8080") == HostRule("::1", frozenset({8080}))
-    for bad in ("*", "a.*.org", "*.127.0.0.1", "", "a b.org", "x.org:0", "x.org:70000", "[::1", "1.2.3.4.5"):
+    for bad in ("*", "*.org", "a.*.org", "*.127.0.0.1", "", "a b.org", "x.org:0", "x.org:70000", "[::1", "1.2.3.4.5"):
         with pytest.raises(ValueError):
             HostRule.parse(bad)
 

@@ -75,7 +75,8 @@ _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\Z")
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 _HOP_BY_HOP = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization",
                b"proxy-authenticate", b"te", b"trailer", b"upgrade", b"host"}
-_RELAY_CHUNK = 1024 * 1024
+_SPLICE_CHUNK = 256 * 1024  # per splice and the pipe's size: at most 2 such pipes per connection
+_RECV_CHUNK = 64 * 1024  # the recv/send fallback's buffer, per direction
 _HAVE_SPLICE = hasattr(os, "splice") and hasattr(os, "pipe2")
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _MAX_REASON_CHARS = 200
@@ -146,8 +147,8 @@ class HostRule:
 
     Raises:
         ValueError: the pattern is not a valid name, wildcard or IP literal
-            (``*`` anywhere but a leading ``*.``; a bare ``*``), or a port is
-            out of range.
+            (``*`` anywhere but a leading ``*.``; a bare ``*``; a wildcard over
+            a single label such as ``*.com``), or a port is out of range.
     """
 
     pattern: str
@@ -159,6 +160,8 @@ class HostRule:
             normalized = "*." + normalize_host(pattern[2:])
             if _ip_literal(normalized[2:]) is not None:
                 raise ValueError("a wildcard cannot cover an IP address")
+            if "." not in normalized[2:]:
+                raise ValueError("a wildcard needs a domain of two labels or more (not '*.com')")
         else:
             normalized = normalize_host(pattern)
         object.__setattr__(self, "pattern", normalized)
@@ -776,7 +779,7 @@ async def _copy(src: trio.socket.SocketType, dst: trio.socket.SocketType, moved:
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-    while data := await src.recv(_RELAY_CHUNK):
+    while data := await src.recv(_RECV_CHUNK):
         view = memoryview(data)
         while view:
             sent = await dst.send(view)
@@ -790,14 +793,14 @@ async def _splice_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType,
     r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         try:
-            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _RELAY_CHUNK)
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _SPLICE_CHUNK)
         except OSError:
             pass  # the default pipe size only costs more rounds
         src_fd, dst_fd, first = src.fileno(), dst.fileno(), True
         while True:
             await trio.lowlevel.checkpoint()
             try:
-                n = os.splice(src_fd, w, _RELAY_CHUNK, flags=_SPLICE_FLAGS)
+                n = os.splice(src_fd, w, _SPLICE_CHUNK, flags=_SPLICE_FLAGS)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(src)
                 continue
