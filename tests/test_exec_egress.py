@@ -383,3 +383,39 @@ def test_cli_allow_host_goes_through_the_proxy_which_refuses_loopback(tmp_path, 
     assert events[other.port]["reason"] == "port not allowed"  # the manifest narrowed the operator's list
     assert events[allowed.port]["reason"] != "port not allowed"  # allowed by name; its loopback answer refused
     assert allowed.hits == 0 and other.hits == 0
+
+
+def _detached_clone(path: Path) -> int:
+    """A detached clone of the directory at ``path`` (open_tree OPEN_TREE_CLONE), standing in for the overlay."""
+    import ctypes  # noqa: PLC0415
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        ret = libc.syscall(428, fd, b"", 1 | 0x1000 | 0x8000 | os.O_CLOEXEC)  # open_tree CLONE|EMPTY_PATH|RECURSIVE
+        if ret < 0:
+            raise OSError(ctypes.get_errno(), "open_tree")
+        return int(ret)
+    finally:
+        os.close(fd)
+
+
+@needs_proxy
+@pytest.mark.skipif(os.geteuid() != 0, reason="the private root is built on a root host only")
+async def test_egress_from_a_private_root(tmp_path, servers):
+    from sandbox_fs.exec import PrivateRoot  # noqa: PLC0415
+
+    allowed, _ = servers
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    mfd = _detached_clone(backing)
+    root = open_root(str(backing))
+    try:
+        code = f"import urllib.request; print(urllib.request.urlopen('http://localhost:{allowed.port}/hello').read())"
+        r = await run_confined([PY, "-c", code], workspace=root, workspace_host_path=str(backing),
+                               private_root=PrivateRoot(mfd), policy=_policy("localhost"), timeout_s=60)
+    finally:
+        root.close()
+        os.close(mfd)
+    assert r.exit_code == 0, r.stderr
+    assert r.overlay and r.stdout.strip() == b"b'from a\\n'" and allowed.hits == 1
