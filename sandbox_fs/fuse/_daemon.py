@@ -232,6 +232,7 @@ class Daemon:
         self.invalidator: Invalidator | None = None
         self.roots: list[Root] = []
         self.dev_fd = -1
+        self.staged_faults: list[FaultRule] = []
 
     # ------------------------------------------------------------ channel
 
@@ -302,8 +303,10 @@ class Daemon:
             if kind == "invalidate":
                 return await self.invalidate(op)
             if kind == "faults":
-                rules = [FaultRule.model_validate(r) for r in op.get("rules", [])]
-                if rules:
+                rules = self.stage_faults(op)
+                if rules is None:
+                    pass
+                elif rules:
                     self.ops.faults.set(rules)
                 else:
                     self.ops.faults.clear()
@@ -322,6 +325,28 @@ class Daemon:
         except OSError as e:
             return {"ok": False, "errno": e.errno or errno.EIO, "reason": f"{kind} failed"}
         return {"ok": True}
+
+    def stage_faults(self, op: dict[str, Any]) -> list[FaultRule] | None:
+        """The rule set a ``faults`` op completes, or None while chunks of a split one are still coming.
+
+        A large rule set arrives as several ops (``"part": 0, 1, ...``, all but
+        the last with ``"more": true``); part 0 starts a new stage, so the
+        rules are replaced once and atomically at the last chunk.
+
+        Raises:
+            ValueError: a rule is malformed (the stage is discarded).
+        """
+        if not op.get("part"):
+            self.staged_faults = []
+        try:
+            self.staged_faults += [FaultRule.model_validate(r) for r in op.get("rules", [])]
+        except ValueError:
+            self.staged_faults = []
+            raise
+        if op.get("more"):
+            return None
+        rules, self.staged_faults = self.staged_faults, []
+        return rules
 
     async def invalidate(self, op: dict[str, Any]) -> dict[str, Any]:
         assert self.ops is not None and self.invalidator is not None

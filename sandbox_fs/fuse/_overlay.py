@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -43,6 +45,12 @@ START_TIMEOUT_S = 60.0
 
 STOP_TIMEOUT_S = 5.0
 """Longest wait for the daemon to exit after ``shutdown`` before it is killed."""
+
+LIST_FIELDS = {"invalidate": "paths", "faults": "rules"}
+"""The ops whose list field :func:`split_ops` may spread over several requests."""
+
+MESSAGE_BUDGET = _protocol.MAX_MESSAGE_BYTES // 2
+"""Most bytes one request is encoded to (also under the socket's send buffer, see :meth:`Overlay._budget`)."""
 
 _UNAVAILABLE_ERRNOS = (errno.EPERM, errno.EACCES, errno.ENODEV, errno.ENOSYS, errno.ENOENT)
 
@@ -139,6 +147,77 @@ def mount_overlap(workspace: Root, mount: Root) -> Overlap | None:
 def overlap_text(overlap: Overlap) -> str:
     """A sentence end for an error: ``"lies inside the workspace"`` and the like."""
     return _OVERLAP_TEXT[overlap]
+
+
+def _encoded_len(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=True))
+
+
+def split_ops(ops: list[dict[str, Any]], budget: int) -> list[list[dict[str, Any]]]:
+    """``ops`` as a list of requests (each a list of ops) whose encoding fits ``budget`` bytes.
+
+    Sizes are computed from the JSON encoding, with room for the request's
+    envelope (``{"tag": n, "ops": [...]}``).  An op in :data:`LIST_FIELDS`
+    whose list does not fit is cut into several ops of the same kind, in
+    order.  ``faults`` chunks carry ``"part": i`` and all but the last
+    ``"more": true``: the daemon stages them (part 0 starts afresh, so a
+    split cut short by cancellation is discarded) and replaces its rule
+    set once, at the last chunk.
+
+    Args:
+        ops: protocol ops (dicts with ``"op"``).
+        budget: most bytes of one encoded request.
+
+    Raises:
+        OverlayError: a single op, or one item of its list, cannot fit
+            ``budget`` on its own (nothing was sent).
+    """
+    room = budget - _encoded_len({"tag": 2**53, "ops": []})
+    requests: list[list[dict[str, Any]]] = []
+    cur: list[dict[str, Any]] = []
+    used = 0
+    for op in _cut_lists(ops, room):
+        size = _encoded_len(op) + 1
+        if size > room:
+            raise OverlayError(f"overlay {op.get('op')}: the request is too large to send")
+        if cur and used + size > room:
+            requests.append(cur)
+            cur, used = [], 0
+        cur.append(op)
+        used += size
+    if cur:
+        requests.append(cur)
+    return requests
+
+
+def _cut_lists(ops: list[dict[str, Any]], room: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for op in ops:
+        field = LIST_FIELDS.get(str(op.get("op")))
+        items = op.get(field) if field else None
+        if field is None or not isinstance(items, list) or _encoded_len(op) + 1 <= room:
+            out.append(op)
+            continue
+        base = _encoded_len({**op, field: [], "more": True}) + 1
+        chunks: list[list[Any]] = [[]]
+        used = base
+        for item in items:
+            size = _encoded_len(item) + 1
+            if base + size > room:
+                raise OverlayError(f"overlay {op.get('op')}: one of its items is too large to send")
+            if chunks[-1] and used + size > room:
+                chunks.append([])
+                used = base
+            chunks[-1].append(item)
+            used += size
+        for i, chunk in enumerate(chunks):
+            part = {**op, field: chunk}
+            if op.get("op") == "faults":
+                part["part"] = i
+                if i < len(chunks) - 1:
+                    part["more"] = True
+            out.append(part)
+    return out
 
 
 def _check_available() -> None:
@@ -278,7 +357,13 @@ class Overlay:
                 return
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(self._sock)
+            except _protocol.ProtocolError as e:
+                # a local encoding/size error: nothing was sent, the channel is intact
+                raise OverlayError(f"the overlay request cannot be sent: {e}") from None
             except OSError as e:
+                if e.errno == errno.EMSGSIZE:
+                    raise OverlayError("the overlay request is too large to send",
+                                       context={"errno": e.errno}) from None
                 self._broken = True
                 raise OverlayError("the overlay daemon is gone", context={"errno": e.errno}) from None
 
@@ -315,27 +400,49 @@ class Overlay:
         self._events.extend(events[:room])
         self._dropped += max(0, len(events) - room)
 
+    def _budget(self) -> int:
+        """Most bytes one request may encode to: MESSAGE_BUDGET, and below the socket's send buffer."""
+        try:
+            sndbuf = int(self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+        except OSError:
+            return MESSAGE_BUDGET
+        return max(4096, min(MESSAGE_BUDGET, sndbuf - 1024))
+
     async def _request(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Send ``ops`` as one tagged request; returns their results (each checked ``ok``).
+        """Send ``ops`` as tagged requests; returns their results (each checked ``ok``).
+
+        Ops are split over as many requests as their encoded size needs
+        (:func:`split_ops`), sent one after the other under the lock; the
+        results of a split op are those of its chunks (the first refusal
+        raises).  A local encoding or size error never marks the channel
+        broken: only EOF, a socket error or a protocol violation of the peer do.
 
         Raises:
-            OverlayError: the daemon is gone or refused an op.
+            OverlayError: the daemon is gone or refused an op, or an op is too large to send.
         """
+        requests = split_ops(ops, self._budget())
+        results: list[dict[str, Any]] = []
         async with self._lock:
-            if self._broken:
-                raise OverlayError("the overlay daemon is gone")
-            tag = self._tag
-            self._tag += 1
-            await self._send({"tag": tag, "ops": ops})
-            while True:
-                msg, fds = await self._recv_or_raise()
-                for fd in fds:
-                    os.close(fd)
-                if msg["tag"] == tag:
-                    break
-                if msg["tag"] == 0:
-                    self._on_event(msg)
-                # else: the reply to a request whose caller was cancelled
+            for part in requests:
+                results += await self._exchange(part)
+        return results
+
+    async def _exchange(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One tagged request and its reply (the lock is held)."""
+        if self._broken:
+            raise OverlayError("the overlay daemon is gone")
+        tag = self._tag
+        self._tag += 1
+        await self._send({"tag": tag, "ops": ops})
+        while True:
+            msg, fds = await self._recv_or_raise()
+            for fd in fds:
+                os.close(fd)
+            if msg["tag"] == tag:
+                break
+            if msg["tag"] == 0:
+                self._on_event(msg)
+            # else: the reply to a request whose caller was cancelled
         results = msg.get("results")
         if not isinstance(results, list) or len(results) != len(ops):
             self._broken = True
