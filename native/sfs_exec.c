@@ -103,6 +103,14 @@
  *                      parent (K = p), mounted over once the trees are in
  *                      place (sfs_exec_guard.h); repeatable
  *   --ruleset FD       landlock_restrict_self(FD) after PR_SET_NO_NEW_PRIVS
+ *   --ruleset-flags N  with --ruleset: landlock_restrict_self's flags (ABI 7
+ *                      LANDLOCK_RESTRICT_SELF_LOG_*: which denials the audit
+ *                      subsystem records; the parent checks the ABI)
+ *   --domain-tag NAME  with --ruleset: prctl(PR_SET_NAME, NAME) just before
+ *                      landlock_restrict_self: the kernel copies the comm into
+ *                      the domain's audit details, so the host can tell its
+ *                      domain's AUDIT_LANDLOCK_DOMAIN record by this tag;
+ *                      execve replaces the comm with the program's name
  *   --init             run the target under an init of its own (a PID namespace
  *                      when one can be made, else a child subreaper) that
  *                      reaps, forwards signals and ends the tree when the
@@ -1389,6 +1397,8 @@ int main(int argc, char **argv)
     long long unshare_flags = 0, proc_self_access = 0, seccomp_bits = -1, tmp_access = 0;
     long long egress_port = 0;
     int egress_fd = -1;
+    long long ruleset_flags = 0;        /* landlock_restrict_self flags (--ruleset-flags) */
+    const char *domain_tag = NULL;      /* comm during landlock_restrict_self (--domain-tag) */
     struct sfs_socket_rule sockets[SFS_MAX_SOCKETS];
     int nsockets = 0;
     long long run_uid = -1, run_gid = -1;
@@ -1520,7 +1530,14 @@ int main(int argc, char **argv)
                 fail("usage", EINVAL);
         } else if (strcmp(a, "--egress-sock") == 0)
             egress_fd = parse_fd(v);
-        else if (strcmp(a, "--proc-self") == 0 || strcmp(a, "--tmp-access") == 0) {
+        else if (strcmp(a, "--ruleset-flags") == 0) {
+            if (parse_int(v, &ruleset_flags) || ruleset_flags < 0 || ruleset_flags > 0xff)
+                fail("usage", EINVAL);
+        } else if (strcmp(a, "--domain-tag") == 0) {
+            if (strlen(v) == 0 || strlen(v) > 15)
+                fail("usage", EINVAL);
+            domain_tag = v;
+        } else if (strcmp(a, "--proc-self") == 0 || strcmp(a, "--tmp-access") == 0) {
             if (parse_int(v, a[2] == 'p' ? &proc_self_access : &tmp_access))
                 fail("usage", EINVAL);
         } else
@@ -1591,7 +1608,9 @@ int main(int argc, char **argv)
             add_path_rule(ruleset_fd, "/tmp", tmp_access, "privroot");
         if (granted.nprocs)
             add_proc_read_rules(ruleset_fd, 4 | 8 /* READ_FILE | READ_DIR */);
-        if (syscall(SYS_landlock_restrict_self, ruleset_fd, 0U) < 0)
+        if (domain_tag != NULL && prctl(PR_SET_NAME, domain_tag, 0, 0, 0) < 0)
+            fail("landlock", errno);
+        if (syscall(SYS_landlock_restrict_self, ruleset_fd, (unsigned)ruleset_flags) < 0)
             fail("landlock", errno);
         close(ruleset_fd);
     }

@@ -65,8 +65,9 @@ PUBLIC = {
         "CommandNotFoundError", "ConfinementError", "ConfinementPolicy", "DEFAULT_MAX_OUTPUT_BYTES",
         "DEFAULT_PATH", "DEFAULT_PROTECTED", "ENV_ALLOWLIST", "EgressEvent", "EgressLog", "EgressProxy", "ExecError", "ExecFailedError",
         "ExecResult", "ExecTimeoutError", "HostRule", "MAX_ENV_BYTES", "MAX_ENV_ENTRIES", "PrivateRoot",
-        "ProcessSupervisor", "ProxyLimits", "PtyManager", "PtyNotFoundError", "build_env", "build_ruleset",
-        "helper_path", "run_confined",
+        "ProcessSupervisor", "ProxyLimits", "PtyManager", "PtyNotFoundError", "Violation",
+        "ViolationLog", "build_env", "build_ruleset",
+        "helper_path", "run_confined", "violation_summary",
     ],
     "sandbox_fs.archive": [
         "ArchiveFormatError", "ArchiveLimitError", "ArchiveLimits", "ExtractPolicy", "ExtractReport",

@@ -58,6 +58,7 @@ from ._pty import PtyManager
 from ._ruleset import build_ruleset
 from ._spawn import run_confined
 from ._supervisor import ProcessSupervisor
+from ._violations import Violation, ViolationLog, violation_summary
 
 __all__ = [
     "ExecResult",
@@ -86,4 +87,7 @@ __all__ = [
     "MAX_ENV_BYTES",
     "MAX_ENV_ENTRIES",
     "DEFAULT_PROTECTED",
+    "Violation",
+    "ViolationLog",
+    "violation_summary",
 ]

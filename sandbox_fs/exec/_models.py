@@ -20,6 +20,7 @@ from . import _devices, _egress, _identity, _protected, _seccomp
 from ._env import build_env
 from ._errors import ConfinementError, ExecError
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
+from ._violations import Violation
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..root import Root
@@ -152,6 +153,14 @@ class ConfinementPolicy:
             each adds its control nodes that exist on the host and the
             read-only ``/sys`` and ``/proc`` paths its library reads.  A
             family whose driver is not loaded is refused.
+        report_violations: report what the command was denied in
+            :attr:`ExecResult.violations` (Landlock ABI >= 7 denial logging
+            read from the audit subsystem: root or ``CAP_AUDIT_READ``, and
+            audit already enabled; never enabled here).  Where it cannot,
+            the run goes on and :attr:`ExecResult.violations_observed` is
+            False.  See SECURITY.md, "Violation reports".
+        max_violations: violations kept per run; the rest are counted in
+            :attr:`ExecResult.violations_dropped`.
     """
 
     cpu_time_s: int | None = 3600
@@ -185,6 +194,8 @@ class ConfinementPolicy:
 
     protected: tuple[str, ...] = ()
     deny_read: tuple[str, ...] = ()
+    report_violations: bool = False
+    max_violations: int = 256
 
     devices: tuple[str, ...] = ()
     device_families: tuple[str, ...] = ()
@@ -321,6 +332,15 @@ class ExecResult:
             host, port, allowed, reason, bytes each way), oldest first;
             empty without ``allow_hosts``.
         egress_dropped: events the proxy's bounded log dropped.
+        violations: what the command was denied, in order
+            (:class:`Violation`: ``op``, ``target``, ``errno``, ``pid``), at
+            most ``policy.max_violations``; only this command's (its
+            Landlock domain), never another session's.
+        violations_dropped: further denials not in :attr:`violations` (past
+            the bound, or lost by the audit backlog: the kernel's count).
+        violations_observed: denials were watched
+            (``policy.report_violations`` and the kernel could report them);
+            False: an empty :attr:`violations` says nothing.
     """
 
     exit_code: int
@@ -340,6 +360,9 @@ class ExecResult:
     overlay: bool = False
     egress: tuple[Any, ...] = ()
     egress_dropped: int = 0
+    violations: tuple[Violation, ...] = ()
+    violations_dropped: int = 0
+    violations_observed: bool = False
 
     def __repr__(self) -> str:
         return (f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes"

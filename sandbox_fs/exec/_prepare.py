@@ -30,6 +30,7 @@ from ._models import CLONE_NEWCGROUP, NS_FLAGS, ExecRequest, explicit_identity
 from ._mounts import _mask_dirs, _ro_bind_args, _ro_binds, private_root_args
 from ._protected import GuardPlan, plan_guards
 from ._ruleset import build_ruleset
+from ._violations import LOG_MIN_ABI, RESTRICT_SELF_LOG_FLAGS, AuditWatch
 from ._seccomp import _SECCOMP_KEYS, _SECCOMP_TCP
 from ._supervisor import ProcessSupervisor
 
@@ -58,6 +59,7 @@ class Prepared:
         identity: ``(uid, gid)`` the command runs as (None: the host's own).
         overlay: the command runs in its private root (``--private-root``).
         egress: the run's egress proxy channel (``allow_hosts``), or None.
+        violations: the run's audit watch when its denials are reported.
     """
 
     helper_argv: list[str]
@@ -83,6 +85,7 @@ class Prepared:
         if self.guards is not None:
             self.guards.release()
             self.guards = None
+    violations: AuditWatch | None = None
 
     def pass_fd(self, fd: int) -> str:
         """Hand ``fd`` to the helper (closed here after the spawn); returns it as an argument."""
@@ -101,6 +104,8 @@ class Prepared:
         self.close_child_fds()
         if self.egress is not None:
             self.egress.close()
+        if self.violations is not None:
+            self.violations.close()
         if self.status_r >= 0:
             os.close(self.status_r)
             self.status_r = -1
@@ -330,6 +335,7 @@ def _landlock_args(prep: Prepared, request: ExecRequest, helper: str,
     args = ["--ruleset", prep.pass_fd(ruleset.fd), "--proc-self", str(_landlock.FS_READ_FILE | _landlock.FS_READ_DIR)]
     if private_root is not None:  # its /tmp exists only in the command's root: the helper adds its rule
         args += ["--tmp-access", str(_landlock.fs_read_write(version))]
+    args += _violation_args(prep, request, version)
     return args
 
 
@@ -367,6 +373,22 @@ def _device_args(prep: Prepared, request: ExecRequest, devices: OpenedDevices) -
             elif is_dir:
                 args += ["--sys-tree", str(fd)]  # bound read-only at its path, as the system set
     return args
+
+
+def _violation_args(prep: Prepared, request: ExecRequest, version: int) -> list[str]:
+    """Landlock denial logging for :attr:`ConfinementPolicy.report_violations` (ABI >= 7, audit on).
+
+    The domain is tagged (its creator's comm) so the run's audit watch can
+    tell its records from every other domain's; nothing when the kernel or
+    the audit subsystem cannot report (the run then says it did not observe).
+    """
+    if not request.policy.report_violations or version < LOG_MIN_ABI:
+        return []
+    watch = AuditWatch.open(request.policy.max_violations)
+    if watch is None:
+        return []
+    prep.violations = watch
+    return ["--ruleset-flags", str(RESTRICT_SELF_LOG_FLAGS), "--domain-tag", watch.tag]
 
 
 def _mount_layer(prep: Prepared, request: ExecRequest, helper: str, mount_ns: HeldNamespaces | None,

@@ -22,6 +22,7 @@ from ._models import Confinement, ConfinementPolicy, ExecRequest, ExecResult, Pr
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES, _HeadTail
 from ._prepare import Prepared, prepare_run
 from ._supervisor import ProcessSupervisor, _ForeignChild, _Tracked
+from ._violations import AuditWatch
 
 
 async def _spawn(prep: Prepared, supervisor: ProcessSupervisor, argv0: str, *, stdin: object,
@@ -195,15 +196,24 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except BaseException:
         prep.release_guards()
+        if prep.violations is not None:
+            prep.violations.close()
         raise
     capture = _Capture(request.max_output_bytes)
+    watch = prep.violations
     try:
-        timed_out = await _wait_and_read(request, supervisor, proc, tracked, status, capture, prep.egress)
+        try:
+            timed_out = await _wait_and_read(request, supervisor, proc, tracked, status, capture, prep.egress, watch)
+        finally:
+            await _end_run(supervisor, proc, tracked, status, capture)
+            if prep.egress is not None:
+                prep.egress.close()
+            prep.release_guards()  # the command's tree is gone: placeholders come out
+        if watch is not None and not capture.failure:
+            await watch.finish()  # the tree is gone: every denial it made is queued
     finally:
-        await _end_run(supervisor, proc, tracked, status, capture)
-        if prep.egress is not None:
-            prep.egress.close()
-        prep.release_guards()  # the command's tree is gone: placeholders come out
+        if watch is not None:
+            watch.close()
     if capture.failure:
         raise _status_error(capture.failure, request.argv0, prep)
     target = tracked.process
@@ -215,7 +225,9 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
         duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
         read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
         stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds,
-        identity=prep.identity, overlay=prep.overlay)
+        identity=prep.identity, overlay=prep.overlay,
+        violations=watch.log.violations if watch is not None else (),
+        violations_dropped=watch.log.dropped if watch is not None else 0, violations_observed=watch is not None)
     if prep.egress is not None:
         egress, dropped = prep.egress.events()
         result = dataclasses.replace(result, egress=egress, egress_dropped=dropped)
@@ -268,10 +280,11 @@ async def _feed(stream: trio.abc.SendStream, stdin: bytes | AsyncIterable[bytes]
 
 async def _wait_and_read(request: ExecRequest, supervisor: ProcessSupervisor, proc: trio.Process,
                          tracked: _Tracked, status: _Status, capture: _Capture,
-                         egress: EgressChannel | None = None) -> bool:
+                         egress: EgressChannel | None = None, watch: AuditWatch | None = None) -> bool:
     """Read the output until the command exits (or its deadline ends it); True when it timed out.
 
-    ``egress``: the run's proxy, served alongside until the output is read.
+    ``egress``: the run's proxy, served alongside until the output is read;
+    ``watch``: the run's audit watch, read alongside (see :meth:`AuditWatch.pump`).
     """
     timed_out = False
     async with trio.open_nursery() as nursery:
@@ -282,6 +295,8 @@ async def _wait_and_read(request: ExecRequest, supervisor: ProcessSupervisor, pr
         nursery.start_soon(capture.pump, proc.stderr, capture.err, capture.err_eof)
         if proc.stdin is not None:
             nursery.start_soon(_feed, proc.stdin, request.stdin)
+        if watch is not None:
+            nursery.start_soon(watch.pump)
         deadline = trio.current_time() + request.timeout_s if request.timeout_s is not None else math.inf
         with trio.move_on_at(deadline) as cs:
             await tracked.process.wait()
