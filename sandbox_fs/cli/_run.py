@@ -246,6 +246,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
     if protected or args.deny_read:  # InvalidArgumentError: a malformed pattern
         exec_kw["policy"] = dataclasses.replace(exec_kw.get("policy") or ConfinementPolicy(),
                                                 protected=protected, deny_read=tuple(args.deny_read))
+    # What the command is denied is reported (one stderr line, the --json list)
+    # wherever the kernel can tell: Landlock ABI 7 logging with audit enabled.
+    exec_kw["policy"] = dataclasses.replace(exec_kw.get("policy") or ConfinementPolicy(), report_violations=True)
     run = _Run(args, argv, manifest, root, options, exec_kw, ConfinementPolicy().kill_grace_s)
     run.audit = _AuditSink() if args.audit else None
     return run
@@ -343,11 +346,14 @@ async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None
             run.report["overlay_reason"] = run.overlay_reason
         if run.audit is not None:
             run.report["audit"] = {"events": len(run.audit.lines), "dropped": run.audit.dropped}
-        if args.allow_host or "policy" in run.exec_kw:
+        if args.allow_host or run.exec_kw["policy"].allow_hosts:
             run.report["egress"] = [{"host": e.host, "port": e.port, "allowed": e.allowed, "reason": e.reason,
                                      "bytes_up": e.bytes_up, "bytes_down": e.bytes_down}
                                     for e in (result.egress if ran else ())]
             run.report["egress_dropped"] = result.egress_dropped if ran else 0
+        run.report["violations"] = [v.to_json() for v in (result.violations if ran else ())]
+        run.report["violations_dropped"] = result.violations_dropped if ran else 0
+        run.report["violations_observed"] = result.violations_observed if ran else False
 
 
 async def _supervised(run: _Run) -> None:
@@ -413,6 +419,11 @@ def _print_outcome(run: _Run) -> None:
               file=sys.stderr)
         if args.overlay:
             print(_overlay_note(run), file=sys.stderr)
+        from ..exec import violation_summary  # noqa: PLC0415
+
+        denials = violation_summary(result.violations, result.violations_dropped, escape=escape_text)
+        if denials:
+            print(f"sandbox-fs: {denials}", file=sys.stderr)
     sys.stdout.flush()
     if run.stopped:
         name = signal.Signals(run.stopped[0]).name

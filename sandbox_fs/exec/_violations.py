@@ -35,7 +35,7 @@ import secrets
 import socket
 import struct
 import time
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import trio
 
@@ -162,8 +162,6 @@ def escape_text(text: str, limit: int = 200) -> str:
             out.append("\\t")
         elif ch == "\r":
             out.append("\\r")
-        elif ch == ",":
-            out.append("\\x2c")  # the summary's separator
         elif ch.isprintable():
             out.append(ch)
         elif ord(ch) < 0x100:
@@ -174,20 +172,33 @@ def escape_text(text: str, limit: int = 200) -> str:
     return s if len(s) <= limit else s[:limit] + "..."
 
 
-def violation_summary(violations: tuple[Violation, ...], dropped: int = 0, *, shown: int = 5) -> str:
+def _cut(entry: str, limit: int = 160) -> str:
+    return entry if len(entry) <= limit else entry[:limit] + "..."
+
+
+def violation_summary(violations: tuple[Violation, ...], dropped: int = 0, *, shown: int = 5,
+                      escape: Callable[[str], str] = escape_text) -> str:
     """One line for stderr: ``"3 denials: write /etc/hosts, connect 10.0.0.1:443, read /x"``.
 
-    At most ``shown`` entries, then ``"and N more"``; every target escaped
-    (:func:`escape_text`).  ``""`` when there is nothing to report.
+    Args:
+        violations: :attr:`ExecResult.violations`.
+        dropped: :attr:`ExecResult.violations_dropped` (counted in the total).
+        shown: entries listed (at most), then ``"and N more"``.
+        escape: makes one name safe for a terminal line (default
+            :func:`escape_text`; the CLI passes its own rule); a ``,`` is
+            escaped after it as ``\\x2c``, so a name cannot fake an entry.
+
+    Returns:
+        The line without a newline; ``""`` when there is nothing to report.
     """
     total = len(violations) + dropped
     if total == 0:
         return ""
-    parts = [f"{escape_text(v.op, 40)} {escape_text(v.target)}" for v in violations[:shown]]
+    parts = [_cut(f"{escape(v.op)} {escape(v.target)}".replace(",", "\\x2c")) for v in violations[:shown]]
     more = total - len(parts)
     line = f"{total} denial{'s' if total != 1 else ''}: " + ", ".join(parts)
     if more:
-        line += f", and {more} more"
+        line += f" and {more} more" if parts else f"and {more} more"
     return line
 
 
