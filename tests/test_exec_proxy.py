@@ -9,6 +9,7 @@ upstream server's connection count: a refused request never reaches it.
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import socket
 import struct
@@ -615,13 +616,25 @@ async def test_serve_closes_the_listening_fd_when_cancelled() -> None:
 
 
 async def test_serve_refuses_a_non_socket_fd_and_closes_it() -> None:
-    import os
     r, w = os.pipe()
     os.close(w)
     with pytest.raises(OSError):
         await EgressProxy([], events=EgressLog()).serve(r)
     with pytest.raises(OSError):
         os.fstat(r)
+
+
+async def test_serve_refuses_a_socket_that_is_not_listening() -> None:
+    a, b = socket.socketpair()
+    b.close()
+    fd = a.detach()
+    with pytest.raises(OSError):
+        await EgressProxy([], events=EgressLog()).serve(fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    unbound = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with pytest.raises(OSError):
+        await EgressProxy([], events=EgressLog()).serve(unbound.detach())
 
 
 def test_limits_validate() -> None:

@@ -77,6 +77,11 @@ _HOP_BY_HOP = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-author
                b"proxy-authenticate", b"te", b"trailer", b"upgrade", b"host"}
 _SPLICE_CHUNK = 256 * 1024  # per splice and the pipe's size: at most 2 such pipes per connection
 _RECV_CHUNK = 64 * 1024  # the recv/send fallback's buffer, per direction
+# accept(2): a connection's own pending network error (skip it), or a shortage that passes (wait)
+_ACCEPT_TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN, errno.ENETDOWN, errno.ENOPROTOOPT,
+                     errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETUNREACH,
+                     errno.EPERM, errno.ETIMEDOUT}
+_ACCEPT_RESOURCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _HAVE_SPLICE = hasattr(os, "splice") and hasattr(os, "pipe2")
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _MAX_REASON_CHARS = 200
@@ -463,14 +468,20 @@ class EgressProxy:
             task_status: started (``None``) once accepting.
 
         Raises:
-            OSError: ``listen_fd`` is not a socket.
+            OSError: ``listen_fd`` is not a listening stream socket
+                (``EINVAL``, ``ENOTSOCK``, ...), or accepting failed for
+                another reason than a client's pending network error or a
+                passing shortage of fds or memory.
         """
         try:
-            sock = trio.socket.from_stdlib_socket(socket.socket(fileno=listen_fd))
+            std = socket.socket(fileno=listen_fd)
         except BaseException:
             os.close(listen_fd)
             raise
-        with sock:  # from_stdlib_socket made it non-blocking
+        with std:
+            if std.type != socket.SOCK_STREAM or not std.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                raise OSError(errno.EINVAL, "the egress listener is not a listening stream socket")
+            sock = trio.socket.from_stdlib_socket(std)  # made non-blocking; closing it closes std's fd
             slots = trio.Semaphore(self.limits.max_connections)
             async with trio.open_nursery() as nursery:
                 task_status.started()
@@ -480,8 +491,10 @@ class EgressProxy:
                         client, _ = await sock.accept()
                     except OSError as exc:
                         slots.release()
-                        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                            await trio.sleep(0.1)  # out of fds for now: let connections end
+                        if exc.errno in _ACCEPT_RESOURCE:
+                            await trio.sleep(0.1)  # out of fds or memory for now: let connections end
+                        elif exc.errno not in _ACCEPT_TRANSIENT:
+                            raise
                         continue
                     except BaseException:
                         slots.release()
@@ -535,9 +548,11 @@ class EgressProxy:
     async def _http_request(self, conn: _Conn) -> tuple[bytes, bytes]:
         """Read and check an HTTP request head; returns ``(bytes for upstream, reply for the client)``."""
         limit = self.limits.max_header_bytes
-        while (end := conn.buf.find(b"\r\n\r\n")) < 0:
+        searched = 0
+        while (end := conn.buf.find(b"\r\n\r\n", searched)) < 0:
             if len(conn.buf) >= limit:
                 raise _Refused(431, 1, "header too large")
+            searched = max(0, len(conn.buf) - 3)  # a client dripping bytes costs linear time, not quadratic
             await conn.fill(len(conn.buf) + 1, limit)
         head = conn.take(end + 4)
         lines = head[:-4].split(b"\r\n")
