@@ -82,6 +82,7 @@ def _attempts(paths) -> str:
         out.append(f"rm -f '{p}' 2>/dev/null; [ -e '{p}' ] || echo 'WROTE {p}'")
         out.append(f"(echo evil > /tmp/x.$$ && mv -f /tmp/x.$$ '{p}') 2>/dev/null && echo 'WROTE {p}'")
         out.append(f"(touch -d 2001-01-01 '{p}') 2>/dev/null && echo 'WROTE {p}'")
+        out.append(f"ln '{p}' ./link.$$ 2>/dev/null && echo 'WROTE {p}'")  # a second name to write through
     return "\n".join(out)
 
 
@@ -331,3 +332,16 @@ def test_the_command_line_flags(base):
                          timeout=120)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "pattern" in bad.stderr, bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+async def test_a_hard_linked_protected_file_is_refused(base):
+    """A bind covers one name: another link would still write the inode, so the run is refused."""
+    from sandbox_fs.exec import ConfinementError
+
+    ws = base / "ws"
+    _fill(ws, {".git/config": "[core]\n"})
+    os.link(ws / ".git" / "config", ws / "alias")
+    with pytest.raises(ConfinementError, match="hard links"):
+        await _run(ws, "echo evil > alias", ConfinementPolicy(protected=(".git/config",)))
+    assert (ws / ".git" / "config").read_text() == "[core]\n"
+    assert not (ws / ".git" / "hooks").exists()  # nothing made for a refused run

@@ -203,6 +203,11 @@ class _Walk:
         self._entry(rel, kind, cur)
 
     def _entry(self, rel: tuple[bytes, ...], kind: str, h: Handle) -> None:
+        st = h.stat()
+        if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+            # A bind covers one name; another hard link to the inode would still write (or read) it.
+            raise ConfinementError("a protected or unreadable file has other hard links, through which the "
+                                   "command could still change or read it", sandbox_path=_rel_text(rel))
         old = self.entries.get(rel)
         if old is None or (kind == "d" and old[0] == "r"):  # unreadable beats read-only
             self.entries[rel] = (kind, h)
@@ -255,7 +260,8 @@ def plan_guards(trees: Sequence[tuple[Root, str | None]], protected: Sequence[st
 
     Raises:
         ValueError: a bad pattern.
-        ConfinementError: more than :data:`MAX_GUARDS` entries, or a tree changed meanwhile.
+        ConfinementError: more than :data:`MAX_GUARDS` entries; a file matched has more than one
+            hard link (a bind covers one name only).
         OSError: a lookup or a placeholder failed (the sandbox path in it).
     """
     plan = GuardPlan(roots=list(own_roots))
