@@ -480,9 +480,13 @@ async def test_socks5_unsupported_command_and_auth() -> None:
 # --------------------------------------------------------------------------- resolution and rebinding
 
 
-async def test_rebinding_a_name_resolving_to_loopback_is_refused() -> None:
+@pytest.mark.parametrize("answers", [
+    ["127.0.0.1"], ["::ffff:127.0.0.1"], ["::1"], ["10.0.0.1", "127.0.0.1"], ["169.254.169.254"],
+    ["64:ff9b::7f00:1"], ["0.0.0.0"],
+])
+async def test_rebinding_a_name_resolving_to_a_local_address_is_refused(answers: list[str]) -> None:
     calls: list[str] = []
-    resolve = resolver({"rebind.test": ["127.0.0.1"]}, calls)
+    resolve = resolver({"rebind.test": answers}, calls)
     async with upstream(b"secret") as up, \
             proxy([HostRule("rebind.test")], allow_private=False, resolve=resolve) as (port, log):
         client, head = await http_connect(port, f"rebind.test:{up.port}")
@@ -493,19 +497,21 @@ async def test_rebinding_a_name_resolving_to_loopback_is_refused() -> None:
     assert up.connections == 0
     assert calls == ["rebind.test", "rebind.test"]  # resolved once per request, by the proxy
     events, _ = log.drain()
-    assert {ev.reason for ev in events} == {"address refused: 127.0.0.1 (loopback)"}
+    first = ipaddress.ip_address(answers[0])
+    assert {ev.reason for ev in events} == {f"address refused: {first} ({address_refusal(first)})"}
+    assert not any(ev.allowed for ev in events)
 
 
-async def test_only_checked_answers_are_connected_to() -> None:
-    # A refused answer first, then the allowed one: the proxy skips the refused one and connects to the
-    # checked address it kept (here allow_private is off, so the kept one is made global by the table
-    # alone; to stay on 127.0.0.1 the test allows private and checks that multicast is skipped instead).
+async def test_a_refused_answer_is_skipped_and_only_the_checked_one_used() -> None:
+    # allow_private (to reach a 127.0.0.1 server) still refuses multicast: the proxy skips that answer
+    # and connects to the address it checked.
     resolve = resolver({"mixed.test": ["224.0.0.1", "127.0.0.1"]})
     async with upstream(b"ok") as up, proxy([HostRule("mixed.test")], resolve=resolve) as (port, log):
         client, head = await http_connect(port, f"mixed.test:{up.port}")
         assert head.startswith(b"HTTP/1.1 200 ")
         assert await tunnel_round_trip(client, b"x") == b"ok"
         await settle(log)
+    assert up.connections == 1
     assert only(log).allowed
 
 
