@@ -225,7 +225,9 @@ async def test_without_hosts_nothing_changes(workspace):
             "try:\n"
             f"    socket.create_connection(('127.0.0.1', {PROXY_PORT}), timeout=5)\n"
             "except OSError as exc:\n"
-            "    print(type(exc).__name__)\n")
+            "    print(type(exc).__name__)\n"
+            "else:\n"
+            "    print('connected')\n")
     r = await _py(workspace, code, ConfinementPolicy())
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.decode().splitlines()
@@ -238,6 +240,7 @@ async def test_a_supervisor_runs_egress_again_and_again(workspace, servers):
     """Under one supervisor (held mount namespace) every run gets its listener and proxy."""
     allowed, _ = servers
     code = f"import urllib.request; print(urllib.request.urlopen('http://localhost:{allowed.port}/hello').read())"
+    fds_before = len(os.listdir("/proc/self/fd"))
     async with ProcessSupervisor() as sup:
         for _ in range(2):
             r = await _py(workspace, code, _policy("localhost"), supervisor=sup)
@@ -245,6 +248,7 @@ async def test_a_supervisor_runs_egress_again_and_again(workspace, servers):
         plain = await _py(workspace, "print(1)", ConfinementPolicy(), supervisor=sup)
         assert plain.exit_code == 0 and plain.egress == ()
     assert allowed.hits == 2
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # the socketpair, listener and proxy fds are all closed
 
 
 @needs_proxy
@@ -419,3 +423,16 @@ async def test_egress_from_a_private_root(tmp_path, servers):
         os.close(mfd)
     assert r.exit_code == 0, r.stderr
     assert r.overlay and r.stdout.strip() == b"b'from a\\n'" and allowed.hits == 1
+
+
+@needs_proxy
+async def test_a_failed_start_leaves_no_fd_behind(workspace):
+    from sandbox_fs.exec import CommandNotFoundError  # noqa: PLC0415
+
+    root, path = workspace
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(2):
+        with pytest.raises(CommandNotFoundError):
+            await run_confined(["/nonexistent/prog"], workspace=root, workspace_host_path=path,
+                               policy=_policy("localhost"))
+    assert len(os.listdir("/proc/self/fd")) == fds_before
