@@ -240,6 +240,7 @@ async def test_a_supervisor_runs_egress_again_and_again(workspace, servers):
     """Under one supervisor (held mount namespace) every run gets its listener and proxy."""
     allowed, _ = servers
     code = f"import urllib.request; print(urllib.request.urlopen('http://localhost:{allowed.port}/hello').read())"
+    await _py(workspace, "pass", ConfinementPolicy())  # the first run caches the system set's fds
     fds_before = len(os.listdir("/proc/self/fd"))
     async with ProcessSupervisor() as sup:
         for _ in range(2):
@@ -430,6 +431,7 @@ async def test_a_failed_start_leaves_no_fd_behind(workspace):
     from sandbox_fs.exec import CommandNotFoundError  # noqa: PLC0415
 
     root, path = workspace
+    await _py(workspace, "pass", ConfinementPolicy())  # the first run caches the system set's fds
     fds_before = len(os.listdir("/proc/self/fd"))
     for _ in range(2):
         with pytest.raises(CommandNotFoundError):
