@@ -370,8 +370,7 @@ class OverlayOps(pyfuse3.Operations):
     def _releasedir(self, fh: int) -> None:
         od = self.dirs.pop(fh, None)
         if od is not None:
-            od.node.opens -= 1
-            self.table.drop_if_unused(od.node)
+            self._closed(od.node)
 
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> EntryAttributes:
         path = self.table.path_of(parent_inode, name)
@@ -607,7 +606,15 @@ class OverlayOps(pyfuse3.Operations):
         if of is None:
             return
         os.close(fh)
-        node = of.node
+        self._closed(of.node)
+
+    def _closed(self, node: Inode) -> None:
+        """One open handle on ``node`` (file or directory) is gone: at the last, uncharge an orphan, drop an unknown inode.
+
+        The one last-close bookkeeping of both ``release`` and ``releasedir``:
+        an inode whose last name was removed while open (a file, or a
+        directory removed while listed) stays charged until here.
+        """
         node.opens -= 1
         if node.opens == 0 and node.orphaned:
             node.orphaned = False
