@@ -384,3 +384,37 @@ async def test_rmdir_of_an_open_directory_leaks_its_inode_charge_forever(layout)
         usage = await ov.usage()
     assert os.listdir(layout.ws) == [] or os.listdir(layout.ws) == ["after"]
     assert e == 0 and usage["inodes"] <= 1, f"empty workspace, usage {usage}, create gave errno {e}"
+
+
+def test_a_message_of_the_protocols_maximum_size_is_sendable_on_the_pair():
+    """The pair's buffers hold a MAX_MESSAGE_BYTES datagram (the default SO_SNDBUF did not: EMSGSIZE),
+    or max_datagram() says how much less fits; a message of that size goes through whole."""
+    import socket
+
+    from sandbox_fs.fuse import _protocol
+
+    host, daemon = _protocol.socketpair()
+    try:
+        limit = _protocol.max_datagram(daemon)
+        assert limit == _protocol.MAX_MESSAGE_BYTES or limit < daemon.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        pad = limit - len(_protocol.encode({"tag": 0, "p": ""}))
+        _protocol.send(daemon, {"tag": 0, "p": "x" * pad})
+        got = _protocol.recv(host)
+        assert got is not None and len(got[0]["p"]) == pad
+    finally:
+        host.close()
+        daemon.close()
+
+
+def test_a_batch_whose_send_failed_is_put_back_not_lost():
+    """requeue puts a drained batch back in front, in order; what no longer fits is counted as dropped."""
+    from sandbox_fs.fuse._audit import AuditLog
+
+    log = AuditLog(3)
+    for i in range(3):
+        log.record("create", f"f{i}")
+    events, dropped = log.drain()
+    log.record("write", "new")
+    log.requeue(events, dropped)
+    again, dropped = log.drain()
+    assert [e.path for e in again] == ["f0", "f1", "new"] and dropped == 1  # f2 no longer fitted: counted

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from ._protocol import MAX_MESSAGE_BYTES, ProtocolError
 
-__all__ = ["AuditEvent", "AuditLog", "to_wire", "from_wire", "MAX_PATH_CHARS", "MAX_OP_CHARS"]
+__all__ = ["AuditEvent", "AuditLog", "to_wire", "from_wire", "MAX_PATH_CHARS", "MAX_OP_CHARS", "ENVELOPE_BYTES"]
 
 MAX_PATH_CHARS = 4096
 """Longest sandbox path an event keeps, in characters; a longer one is cut and ends in ``…`` (U+2026)."""
@@ -31,8 +31,9 @@ MAX_PATH_CHARS = 4096
 MAX_OP_CHARS = 64
 """Longest operation name an event keeps, in characters (cut like a path)."""
 
-# Room left in a datagram for the envelope ({"tag":0,"event":"audit","events":[],"dropped":N}).
-_ENVELOPE_BYTES = 128
+ENVELOPE_BYTES = 128
+"""Room an ``audit`` message needs besides its events (``{"tag":0,"event":"audit","events":[],"dropped":N}``)."""
+_ENVELOPE_BYTES = ENVELOPE_BYTES
 
 
 class AuditEvent(NamedTuple):
@@ -209,6 +210,23 @@ class AuditLog:
             out.append(self._events.popleft())
         dropped, self._dropped = self._dropped, 0
         return out, dropped
+
+    def requeue(self, events: list[AuditEvent], dropped: int) -> None:
+        """Put a drained batch back in front (its send failed): the next drain returns it again.
+
+        Events beyond :attr:`capacity` (newer ones were recorded meanwhile)
+        are not kept but counted as dropped, as is ``dropped`` itself: a
+        batch is never lost without a count.
+
+        Args:
+            events: the batch :meth:`drain` returned, in its order.
+            dropped: the drop count returned with it.
+        """
+        self._dropped += dropped
+        room = max(0, self.capacity - len(self._events))
+        keep = events[:room]
+        self._dropped += len(events) - len(keep)
+        self._events.extendleft(reversed(keep))
 
     # the wire codec, also reachable as AuditLog.to_wire / AuditLog.from_wire
     to_wire = staticmethod(to_wire)

@@ -46,6 +46,7 @@ import trio
 from .. import _native
 from ..root import Root
 from . import _protocol
+from ._audit import ENVELOPE_BYTES as AUDIT_ENVELOPE_BYTES
 from ._audit import AuditLog
 from ._audit import to_wire as audit_to_wire
 from ._faults import FaultRule, FaultRules
@@ -379,14 +380,38 @@ class Daemon:
         return {"ok": True, "invalidated": len(jobs), "failed": failed}
 
     async def flush_audit(self) -> None:
-        """Send every buffered audit event now, as ``audit`` messages (tag 0), each one datagram."""
+        """Send every buffered audit event now, as ``audit`` messages (tag 0), each one datagram.
+
+        A batch is bounded by what the socket can send in one datagram
+        (:func:`_protocol.max_datagram`), and leaves the buffer only once
+        sent: a failed send puts it back (:meth:`AuditLog.requeue`).  A
+        batch too large anyway (EMSGSIZE) is retried at half the size; one
+        event that cannot be sent alone is counted as dropped, never lost
+        silently.
+
+        Raises:
+            OSError: the socket failed (the batch is back in the buffer).
+        """
         assert self.ops is not None
+        audit = self.ops.audit
+        budget = _protocol.max_datagram(self.sock) - AUDIT_ENVELOPE_BYTES
         while True:
-            events, dropped = self.ops.audit.drain(AUDIT_BATCH)
+            events, dropped = audit.drain(AUDIT_BATCH, max_wire_bytes=budget)
             if not events and not dropped:
                 return
-            await self.send(audit_to_wire(events, dropped))
-            if not len(self.ops.audit):
+            try:
+                await self.send(audit_to_wire(events, dropped))
+            except (OSError, _protocol.ProtocolError) as e:
+                too_big = isinstance(e, _protocol.ProtocolError) or e.errno == errno.EMSGSIZE
+                if too_big and len(events) == 1:
+                    audit.requeue([], dropped + 1)
+                    continue
+                audit.requeue(events, dropped)
+                if not too_big:
+                    raise
+                budget = max(1, budget // 2)
+                continue
+            if not len(audit):
                 return
 
     async def control(self) -> None:

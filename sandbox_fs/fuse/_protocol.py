@@ -42,10 +42,38 @@ class ProtocolError(Exception):
     """A message was truncated, oversized, not a JSON object, or carried too many fds."""
 
 
+SOCKET_BUFFER_BYTES = 4 * MAX_MESSAGE_BYTES
+"""``SO_SNDBUF``/``SO_RCVBUF`` asked for on both ends (the kernel doubles it, capped by ``net.core.wmem_max``).
+
+A unix datagram larger than the sender's ``SO_SNDBUF`` minus a little
+fails ``sendmsg`` with ``EMSGSIZE``; the default (212992 bytes) is below
+:data:`MAX_MESSAGE_BYTES`.  Where the host caps it lower, senders bound
+their messages by :func:`max_datagram` instead."""
+
+# What the kernel keeps of SO_SNDBUF for itself before a unix datagram fits (32 there; with room to spare).
+_SNDBUF_HEADROOM = 1024
+
+
 def socketpair() -> tuple[socket.socket, socket.socket]:
-    """A close-on-exec ``SOCK_SEQPACKET`` pair: ``(host_end, daemon_end)``."""
+    """A close-on-exec ``SOCK_SEQPACKET`` pair: ``(host_end, daemon_end)``, both with :data:`SOCKET_BUFFER_BYTES` buffers (as far as allowed)."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    for sock in (a, b):
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+            except OSError:
+                pass  # the default stays; max_datagram() tells senders what fits
     return a, b
+
+
+def max_datagram(sock: socket.socket) -> int:
+    """The largest message ``sock`` can send in one datagram, in bytes: at most :data:`MAX_MESSAGE_BYTES`.
+
+    Raises:
+        OSError: the socket's ``SO_SNDBUF`` cannot be read (it is closed).
+    """
+    sndbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    return max(0, min(MAX_MESSAGE_BYTES, sndbuf - _SNDBUF_HEADROOM))
 
 
 def encode(msg: dict[str, Any]) -> bytes:
