@@ -123,61 +123,156 @@ async def test_hard_link_names_fill_the_disk_past_both_quotas(layout):
 
 
 async def test_a_deep_tree_drops_the_top_of_audit_paths_and_escapes_fault_rules(layout):
-    """``InodeTable.path_of`` stops after MAX_PATH_DEPTH (4096) dentries *silently* (no ``?``), so
-    a request 4097+ levels down is audited and matched against fault rules under a path that lacks
-    its top components: a rule on ``deep`` (and beneath) does not fire, and the audit names another
-    path.  Sentinel: the file the rule forbids exists on the backing disk."""
+    """``InodeTable.path_of`` stopped after MAX_PATH_DEPTH (4096) dentries *silently*, so a request
+    4097+ levels down was audited and matched against fault rules under a path lacking its top: a
+    rule on ``deep`` did not fire.  Now directories made through the overlay stop at MAX_DIR_DEPTH
+    (EMLINK), and the rule fires at the bottom.  (Changed from digging 4100 levels through the
+    overlay: that depth is now refused by design; the cut path itself is attacked from a tree the
+    host made, below.)  Sentinel: the file the rule forbids is not on the backing disk."""
     from sandbox_fs.fuse import FaultRule
+    from sandbox_fs.fuse._inodes import MAX_DIR_DEPTH
 
     (layout.ws / "deep").mkdir()
-    depth = 4100
     async with mounted(layout.ws) as ov:
         await ov.set_faults([FaultRule(ops=frozenset({"create"}), path="deep", errno=errno.EACCES)])
         mfd = ov.mount_fd
 
-        def dig() -> int:
+        def dig() -> tuple[int, int, int]:
             fd = os.open("deep", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
             # the control: the rule fires right under "deep"
             assert errno_of(os.open, "f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd) == errno.EACCES
-            for _ in range(depth):
-                os.mkdir("a", dir_fd=fd)
+            made, refused = 1, 0
+            while made < MAX_DIR_DEPTH + 10:
+                refused = errno_of(os.mkdir, "a", dir_fd=fd)
+                if refused:
+                    break
                 nfd = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
+                made += 1
             e = errno_of(os.open, "planted", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
             os.close(fd)
-            return e
+            return made, refused, e
 
-        e = await in_thread(dig)
+        made, refused, e = await in_thread(dig)
         assert ov.alive
+    planted = _chain_has(layout.ws / "deep", made - 1, "planted")
+    _rm_chain(layout.ws / "deep", made - 1)
+    assert (made, refused) == (MAX_DIR_DEPTH, errno.EMLINK), f"{made} levels made, then errno {refused}"
+    assert not planted and e == errno.EACCES, f"the fault rule on 'deep' did not fire {made} levels down"
+
+
+async def test_a_path_cut_at_the_walks_depth_is_marked_and_matches_every_fault_rule(layout):
+    """A tree deeper than MAX_PATH_DEPTH made by the host (hydrate, a host process): a request at its
+    bottom has a path whose top is cut.  It is marked (starts with ``/…/``) in the audit, and the fault
+    rule on ``deep`` fires for it (fail closed).  Sentinel: the forbidden file is not on the disk."""
+    from sandbox_fs.fuse import FaultRule
+    from sandbox_fs.fuse._inodes import MAX_PATH_DEPTH
+
+    depth = MAX_PATH_DEPTH + 4
+    long = "a" * 200  # long names: paths past MAX_CACHED_PATH_CHARS are not memoized, so the walk is cut
+    (layout.ws / "deep").mkdir()
     cur = os.open(layout.ws / "deep", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir(long, dir_fd=cur)
+        nfd = os.open(long, os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+        os.close(cur)
+        cur = nfd
+    os.close(cur)
+    from sandbox_fs.fuse import OverlayPolicy
+
+    try:
+        # room for every event of the walk down (lookup, opendir, releasedir per level)
+        async with mounted(layout.ws, policy=OverlayPolicy(audit_capacity=8 * depth)) as ov:
+            await ov.set_faults([FaultRule(ops=frozenset({"create"}), path="deep", errno=errno.EACCES)])
+            mfd = ov.mount_fd
+
+            def plant() -> int:
+                fd = os.open("deep", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
+                for _ in range(depth):
+                    nfd = os.open(long, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                    os.close(fd)
+                    fd = nfd
+                e = errno_of(os.open, "planted", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+                os.close(fd)
+                return e
+
+            e = await in_thread(plant)
+            events, _dropped = await ov.audit_events()
+            assert ov.alive
+        planted = _chain_has(layout.ws / "deep", depth, "planted", long)
+    finally:
+        _rm_chain(layout.ws / "deep", depth, long)
+    creates = [ev for ev in events if ev.op == "create"]
+    assert creates and creates[-1].path.startswith("deep/") and creates[-1].path.endswith("\u2026"), creates[-1:]
+    assert not planted and e == errno.EACCES, "the fault rule on 'deep' did not fire below the cut"
+
+
+def test_a_dentry_chain_past_the_walks_depth_gives_a_marked_path_that_every_rule_matches():
+    """The table itself: an inode more than MAX_PATH_DEPTH dentries below anything memoized gets a
+    path starting with TRUNCATED_PREFIX (never a silently shortened one), and a fault rule on any
+    path fires for it (fail closed); the same inode's path is whole once its ancestors are known."""
+    import errno as _e
+
+    from sandbox_fs.fuse import FaultRule
+    from sandbox_fs.fuse._faults import FaultRules
+    from sandbox_fs.fuse._inodes import MAX_PATH_DEPTH, TRUNCATED_PREFIX, InodeTable, Tree
+
+    class Stub:
+        def __init__(self, n: int) -> None:
+            self.key = (1, n)
+
+        def close(self) -> None:
+            pass
+
+    ws = Tree(0, None, False, False, 1.0, 1.0)  # type: ignore[arg-type]
+    table = InodeTable(Stub(0), ws)  # type: ignore[arg-type]
+    parent, chain = 1, []
+    for i in range(MAX_PATH_DEPTH + 10):
+        node, _ = table.learn(parent, b"top" if i == 0 else b"a", Stub(i + 1), ws)  # type: ignore[arg-type]
+        chain.append(node.ino)
+        parent = node.ino
+    cut = table.path_of(chain[-1], b"f")
+    assert cut.startswith(TRUNCATED_PREFIX) and "top" not in cut
+    rules = FaultRules()
+    rules.set([FaultRule(ops=frozenset({"create"}), path="elsewhere", errno=_e.EIO)])
+    with pytest.raises(OSError) as got:
+        rules.check("create", cut)
+    assert got.value.errno == _e.EIO
+    rules.check("create", "other/f")  # the control: a whole path elsewhere does not match
+    for ino in chain:  # top-down: each walk is one step from a memoized parent
+        table.path_of(ino)
+    assert table.path_of(chain[-1], b"f").startswith("top/a/a")
+
+
+def _chain_has(top: Path, depth: int, name: str, link: str = "a") -> bool:
+    """Whether ``top/a/.../a`` (``depth`` levels named ``link``) holds ``name``, walked by fds (the path is too long)."""
+    cur = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for _ in range(depth):
-            nfd = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            nfd = os.open(link, os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
             os.close(cur)
             cur = nfd
-        planted = errno_of(os.stat, "planted", dir_fd=cur) == 0
+        return errno_of(os.stat, name, dir_fd=cur) == 0
     finally:
         os.close(cur)
-    _rm_chain(layout.ws / "deep", depth)
-    assert not planted and e == errno.EACCES, "the fault rule on 'deep' did not fire 4101 levels down"
 
 
-def _rm_chain(top: Path, depth: int) -> None:
-    """Remove ``top/a/a/.../a`` (``depth`` levels, plus any files) without recursion (pytest's cleanup recurses)."""
+def _rm_chain(top: Path, depth: int, link: str = "a") -> None:
+    """Remove ``top/a/a/.../a`` (``depth`` levels named ``link``, plus any files) without recursion (pytest's cleanup recurses)."""
     fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
     for _ in range(depth):
         try:
-            fds.append(os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+            fds.append(os.open(link, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
         except FileNotFoundError:
             break
     while fds:
         fd = fds.pop()
         for name in os.listdir(fd):
-            if name != "a":
+            if name != link:
                 os.unlink(name, dir_fd=fd)
         if fds:
-            os.rmdir("a", dir_fd=fds[-1])
+            os.rmdir(link, dir_fd=fds[-1])
         os.close(fd)
 
 
@@ -418,3 +513,4 @@ def test_a_batch_whose_send_failed_is_put_back_not_lost():
     log.requeue(events, dropped)
     again, dropped = log.drain()
     assert [e.path for e in again] == ["f0", "f1", "new"] and dropped == 1  # f2 no longer fitted: counted
+

@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["FaultRule", "FaultRules", "FaultErrno", "FUSE_OPS"]
 
+MAX_RULE_PATH_CHARS = 4096
+"""Longest :attr:`FaultRule.path`, in characters (the daemon decides on 4097 kept characters of a request's path)."""
+
 FUSE_OPS = frozenset({
     "access", "create", "flush", "forget", "fsync", "fsyncdir", "getattr", "getxattr", "link", "listxattr",
     "lookup", "mkdir", "mknod", "open", "opendir", "read", "readdir", "readlink", "release", "releasedir",
@@ -78,13 +81,23 @@ class FaultRule(BaseModel):
         parts = [p for p in path.split("/") if p not in ("", ".")]
         if ".." in parts:
             raise ValueError("path may not contain '..'")
-        return "/".join(parts)
+        joined = "/".join(parts)
+        if len(joined) > MAX_RULE_PATH_CHARS:
+            # the daemon keeps 4097 characters of a request's path: a longer rule could not be decided
+            raise ValueError(f"path may not be longer than {MAX_RULE_PATH_CHARS} characters")
+        return joined
 
     def matches(self, op: str, path: str) -> bool:
-        """True when this rule names ``op`` and ``path`` is its path or beneath it (``times`` not considered)."""
+        """True when this rule names ``op`` and ``path`` is its path or beneath it (``times`` not considered).
+
+        A path starting with ``/`` is one whose top the daemon had to cut
+        (deeper than its dentry walk goes; no sandbox path starts so): it
+        could be beneath any rule's path, so it matches every one (fail closed).
+        """
         if "*" not in self.ops and op not in self.ops:
             return False
-        return not self.path or path == self.path or path.startswith(self.path + "/")
+        return (not self.path or path == self.path or path.startswith(self.path + "/")
+                or path.startswith("/"))
 
 
 class FaultRules:

@@ -26,7 +26,33 @@ ROOT_INODE = 1
 """The FUSE inode number of the workspace root (``pyfuse3.ROOT_INODE``)."""
 
 MAX_PATH_DEPTH = 4096
-"""Most dentries :meth:`InodeTable.path_of` follows (a guard against a cycle in a corrupt table)."""
+"""Most dentries :meth:`InodeTable.path_of` follows up from a request's inode.
+
+Past it (a tree made that deep by the host, or a deep subtree renamed
+deeper) the path's top is cut and the path is marked: it starts with
+:data:`TRUNCATED_PREFIX`, which no real sandbox path does (they never start
+with ``/``); fault rules treat such a path as matching every rule's path
+(fail closed) and audit shows it so."""
+
+TRUNCATED_PREFIX = "/\u2026/"
+"""The start of a path whose top components :meth:`InodeTable.path_of` cut (``/…/``, then the rest)."""
+
+MAX_DIR_DEPTH = 2048
+"""Deepest directory (components below the workspace root) mkdir or rename may make through the overlay.
+
+Deeper requests fail with ``EMLINK``.  2048 components is what a path of
+PATH_MAX (4096 bytes) can name at all (one-byte names): host tools working
+by path cannot reach below, and it keeps every directory's path within
+:data:`MAX_PATH_DEPTH`.  A rename checks the new parent's depth only (the
+moved directory's own height is not walked): a deeper subtree moved below
+gets marked paths past MAX_PATH_DEPTH, never silently cut ones."""
+
+PATH_KEEP_CHARS = 4097
+"""Most characters of a path :meth:`InodeTable.path_of` builds: one more than an audit event keeps
+(``_audit.MAX_PATH_CHARS``, 4096), so audit shows a longer path cut (ending in ``…``), and fault
+rules, whose paths are at most 4096 characters and match by prefix, decide on the kept part exactly
+as on the whole path.  Every inode memoizes its (kept) path; beneath a cut path all descendants share
+the same string, so a request costs O(1) once its ancestors are memoized, whatever the depth."""
 
 
 @dataclass(eq=False)
@@ -109,6 +135,9 @@ class InodeTable:
         self._by_ino: dict[int, Inode] = {}
         self._by_key: dict[tuple[int, int, int], Inode] = {}
         self._children: dict[tuple[int, bytes], int] = {}
+        # ino -> (depth, path kept to PATH_KEEP_CHARS); cleared whenever an
+        # inode already known gets another dentry (a rename, a removed name): paths beneath it change
+        self._memo: dict[int, tuple[int, str]] = {ROOT_INODE: (0, "")}
         self._next_ino = ROOT_INODE + 1
         dev, ino = root_handle.key
         root = Inode(ROOT_INODE, root_handle, (workspace.index, dev, ino), workspace, lookups=1)
@@ -166,8 +195,15 @@ class InodeTable:
             self._unlink_from(old, parent, name)
         self._children[(parent, name)] = node.ino
         node.links.add((parent, name))
+        if node.dentry is not None and node.dentry != (parent, name):
+            self._forget_paths()
         node.dentry = (parent, name)
         node.orphaned = False
+
+    def _forget_paths(self) -> None:
+        """An inode's dentry changed: every memoized path beneath it may be wrong."""
+        self._memo.clear()
+        self._memo[ROOT_INODE] = (0, "")
 
     def remove_dentry(self, parent: int, name: bytes) -> Inode | None:
         """Forget the dentry ``(parent, name)``; returns the inode it referred to (None if unknown)."""
@@ -183,6 +219,7 @@ class InodeTable:
         node.links.discard((parent, name))
         if node.dentry == (parent, name) and node.links:
             node.dentry = next(iter(node.links))
+            self._forget_paths()
         return node
 
     def drop_if_unused(self, node: Inode) -> None:
@@ -208,26 +245,61 @@ class InodeTable:
                 del self._children[dentry]
         node.links.clear()
         node.handle.close()
+        self._memo.pop(node.ino, None)
 
     def path_of(self, ino: int, name: bytes | None = None) -> str:
         """The sandbox path of ``ino`` (plus ``name`` beneath it), relative to the workspace root.
 
         ``""`` is the workspace root.  A dentry chain that reaches an inode the
-        table no longer holds starts with ``"?"``.  Names are decoded with
-        ``os.fsdecode`` (undecodable bytes as surrogate escapes).
+        table no longer holds starts with ``"?"``.  A chain longer than
+        :data:`MAX_PATH_DEPTH` dentries is cut at the top and starts with
+        :data:`TRUNCATED_PREFIX`.  Names are decoded with ``os.fsdecode``
+        (undecodable bytes as surrogate escapes).  At most
+        :data:`PATH_KEEP_CHARS` characters are kept.  Cost: the dentries up
+        to the nearest memoized ancestor.
         """
-        parts: list[bytes] = [] if name is None else [name]
+        _depth, path = self._walk(ino)
+        if name is None or len(path) >= PATH_KEEP_CHARS:
+            return path
+        tail = os.fsdecode(name)
+        return (tail if path == "" else f"{path}/{tail}")[:PATH_KEEP_CHARS]
+
+    def depth_of(self, ino: int) -> int:
+        """How many components below the workspace root ``ino`` is (0: the root); past :data:`MAX_PATH_DEPTH`, more than it."""
+        return self._walk(ino)[0]
+
+    def _walk(self, ino: int) -> tuple[int, str]:
+        """``(depth, path)`` of ``ino``, memoizing what it passes (see :meth:`path_of`)."""
+        chain: list[tuple[int, bytes]] = []  # (ino, its name) from ino upwards
         cur = ino
-        for _ in range(MAX_PATH_DEPTH):
-            if cur == ROOT_INODE:
+        base: tuple[int, str] | None = None
+        prefix = ""
+        for _ in range(MAX_PATH_DEPTH + 1):
+            memo = self._memo.get(cur)
+            if memo is not None:
+                base = memo
                 break
             node = self._by_ino.get(cur)
             if node is None or node.dentry is None:
-                parts.append(b"?")
+                prefix = "?"
                 break
-            cur, part = node.dentry
-            parts.append(part)
-        return os.fsdecode(b"/".join(reversed(parts)))
+            chain.append((cur, node.dentry[1]))
+            cur = node.dentry[0]
+        else:
+            prefix = TRUNCATED_PREFIX
+        if base is None:  # not anchored at the root: nothing memoized
+            body = "/".join(os.fsdecode(part) for _i, part in reversed(chain))
+            if prefix == "?":
+                return len(chain), (f"?/{body}" if body else "?")[:PATH_KEEP_CHARS]
+            return MAX_PATH_DEPTH + 1, (TRUNCATED_PREFIX + body)[:PATH_KEEP_CHARS]
+        depth, path = base
+        for node_ino, part in reversed(chain):
+            depth += 1
+            if len(path) < PATH_KEEP_CHARS:
+                text = os.fsdecode(part)
+                path = (text if not path else f"{path}/{text}")[:PATH_KEEP_CHARS]
+            self._memo[node_ino] = (depth, path)
+        return depth, path
 
     def tree_path_of(self, ino: int, name: bytes) -> str:
         """The path of ``name`` in directory ``ino`` relative to the root of the tree ``ino`` belongs to.

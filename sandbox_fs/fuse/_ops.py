@@ -55,7 +55,7 @@ from pyfuse3 import EntryAttributes, FileInfo, FUSEError
 from ..root import Handle
 from ._audit import AuditLog
 from ._faults import FaultRules
-from ._inodes import Inode, InodeTable, Tree
+from ._inodes import MAX_DIR_DEPTH, Inode, InodeTable, Tree
 from ._quota import Quota
 from ._rules import OverlayPolicy, check_mode, check_shared_symlink, check_special, check_symlink
 
@@ -228,6 +228,22 @@ class OverlayOps(pyfuse3.Operations):
         if stat.S_ISREG(st.st_mode):
             self.quota.add_bytes(-st.st_size)
 
+    def _check_depth(self, parent: int, moved: tuple[Inode, bytes] | None = None) -> None:
+        """Refuse a directory made (or ``moved``: ``(its directory, its name)``) into ``parent`` deeper than MAX_DIR_DEPTH (EMLINK)."""
+        if self.table.depth_of(parent) + 1 <= MAX_DIR_DEPTH:
+            return
+        if moved is not None:
+            try:
+                h = moved[0].handle.lookup(moved[1])
+            except FileNotFoundError:
+                return  # the rename itself reports it
+            try:
+                if not stat.S_ISDIR(h.stat().st_mode):
+                    return
+            finally:
+                h.close()
+        raise OSError(errno.EMLINK, f"directories may not be nested deeper than {MAX_DIR_DEPTH}")
+
     def _check_new_name(self, handle: Handle, parent: int, name: bytes) -> None:
         """Refuse to give the symlink ``handle`` is on the name ``name`` in ``parent`` when its target leaves the tree from there."""
         if stat.S_ISLNK(handle.stat().st_mode):
@@ -380,6 +396,7 @@ class OverlayOps(pyfuse3.Operations):
         pnode = self.table.get(parent)
         self._writable(pnode)
         check_mode(mode)
+        self._check_depth(parent)
         if self._charged(pnode):
             self.quota.check_new_inode()
         handle = pnode.handle.mkdir(name, stat.S_IMODE(mode), owner=(ctx.uid, ctx.gid))
@@ -427,6 +444,10 @@ class OverlayOps(pyfuse3.Operations):
         self._not_mount_point(path)
         self._not_mount_point(self.table.path_of(pnew, new))
         exchange = bool(flags & RENAME_EXCHANGE)
+        if src_dir is not dst_dir:
+            self._check_depth(pnew, (src_dir, old))
+            if exchange:
+                self._check_depth(pold, (dst_dir, new))
         self._check_moved_link(src_dir, old, pnew, new)
         if exchange:
             self._check_moved_link(dst_dir, new, pold, old)
