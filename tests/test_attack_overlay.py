@@ -514,3 +514,27 @@ def test_a_batch_whose_send_failed_is_put_back_not_lost():
     again, dropped = log.drain()
     assert [e.path for e in again] == ["f0", "f1", "new"] and dropped == 1  # f2 no longer fitted: counted
 
+
+async def test_a_file_whose_o_append_was_cleared_writes_where_it_is_told(layout):
+    """The daemon's fd had O_APPEND, so pwrite appended even after fcntl(F_SETFL) cleared it on the
+    command's file.  Sentinel: the backing file's bytes (and appends still append while it is set)."""
+    import fcntl
+
+    async with mounted(layout.ws) as ov:
+        mfd = ov.mount_fd
+
+        def run() -> None:
+            fd = os.open("f", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644, dir_fd=mfd)
+            os.write(fd, b"hello")
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, b"!")              # O_APPEND set: appended
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_APPEND)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, b"J")              # cleared: at offset 0
+            os.close(fd)
+
+        await in_thread(run)
+        usage = await ov.usage()
+        assert ov.alive
+    assert (layout.ws / "f").read_bytes() == b"Jello!"
+    assert usage["bytes"] >= 6

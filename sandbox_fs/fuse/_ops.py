@@ -69,7 +69,11 @@ RENAME_EXCHANGE = 2
 # The open(2) flags passed on to the backing file: access mode and the
 # flags whose meaning survives the hop.  O_DIRECT is dropped (the daemon's
 # buffers are not aligned), O_CREAT/O_EXCL/O_NOCTTY come from Handle.open.
-OPEN_FLAGS_KEPT = (os.O_ACCMODE | os.O_APPEND | os.O_TRUNC | os.O_SYNC | os.O_DSYNC |
+# O_APPEND is dropped too: the kernel applies it itself (each write request
+# carries the offset it chose, the file's size for an appending file), and
+# it alone sees fcntl(F_SETFL) clear it; kept on the daemon's fd, pwrite
+# would append whatever the offset, also after the command cleared it.
+OPEN_FLAGS_KEPT = (os.O_ACCMODE | os.O_TRUNC | os.O_SYNC | os.O_DSYNC |
                    os.O_NOATIME | os.O_NONBLOCK)
 WRITE_ACCESS = os.O_WRONLY | os.O_RDWR
 
@@ -79,7 +83,6 @@ class OpenFile:
     """One open file handle (``fh`` = the backing fd)."""
 
     node: Inode
-    append: bool
 
 
 @dataclass(eq=False)
@@ -541,7 +544,7 @@ class OverlayOps(pyfuse3.Operations):
             raise
         node = self.table.get(attr.st_ino)
         node.opens += 1
-        self.files[fd] = OpenFile(node, bool(flags & os.O_APPEND))
+        self.files[fd] = OpenFile(node)
         node.cache_stamp = (st.st_mtime_ns, st.st_size)
         return FileInfo(fh=fd, keep_cache=True), attr
 
@@ -564,7 +567,7 @@ class OverlayOps(pyfuse3.Operations):
         if flags & os.O_TRUNC and self._charged(node):
             self.quota.add_bytes(st.st_size - old_size)
         node.opens += 1
-        self.files[fd] = OpenFile(node, bool(flags & os.O_APPEND))
+        self.files[fd] = OpenFile(node)
         return FileInfo(fh=fd, keep_cache=self._keep_cache(node, st))
 
     def _keep_cache(self, node: Inode, st: os.stat_result) -> bool:
@@ -605,11 +608,10 @@ class OverlayOps(pyfuse3.Operations):
         charged = self._charged(of.node)
         size = os.fstat(fh).st_size if charged else 0
         if charged:
-            self.quota.check_grow(len(buf) if of.append else max(0, off + len(buf) - size))
-        n = os.pwrite(fh, buf, off)
+            self.quota.check_grow(max(0, off + len(buf) - size))
+        n = os.pwrite(fh, buf, off)  # at the kernel's offset: the daemon's fd never has O_APPEND
         if charged:
-            new_size = size + n if of.append else max(size, off + n)
-            self.quota.add_bytes(new_size - size)
+            self.quota.add_bytes(max(size, off + n) - size)
         return n
 
     async def fsync(self, fh: int, datasync: bool) -> None:
