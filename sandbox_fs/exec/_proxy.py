@@ -811,13 +811,16 @@ async def _splice_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType,
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _SPLICE_CHUNK)
         except OSError:
             pass  # the default pipe size only costs more rounds
-        src_fd, dst_fd, first = src.fileno(), dst.fileno(), True
+        src_fd, dst_fd, first, waited = src.fileno(), dst.fileno(), True, False
         while True:
-            await trio.lowlevel.checkpoint()
+            if not waited:  # every round passes one checkpoint: a wait, or this one
+                await trio.lowlevel.checkpoint()
+            waited = False
             try:
                 n = os.splice(src_fd, w, _SPLICE_CHUNK, flags=_SPLICE_FLAGS)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(src)
+                waited = True
                 continue
             except OSError as exc:
                 if first and exc.errno == errno.EINVAL:
@@ -831,6 +834,7 @@ async def _splice_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType,
                     sent = os.splice(r, dst_fd, n, flags=_SPLICE_FLAGS)
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(dst)
+                    waited = True
                     continue
                 n -= sent
                 moved(sent)
