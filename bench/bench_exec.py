@@ -33,7 +33,9 @@ made here, as plain HTTP (``-x``), CONNECT (``-p -x``) and SOCKS5
 (``--socks5-hostname``); the name is resolved by a resolver hook to
 127.0.0.1 (the test-only ``allow_private``).  ``floor-relay`` is the floor
 of any relay that holds a second TCP connection: blocking ``splice`` in
-threads in another process, no parsing, no checks.  Alternating, medians.
+threads in another process, no parsing, no checks.  Alternating, medians;
+"host cpu" is this process's CPU per download (the proxy, plus starting
+curl: see the direct row).
 
 Usage: python bench/bench_exec.py [N] [--proxy-only]   (default N = 200; the proxy row runs N // 10 rounds)
 """
@@ -41,6 +43,7 @@ Usage: python bench/bench_exec.py [N] [--proxy-only]   (default N = 200; the pro
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -161,19 +164,26 @@ async def _proxy_rounds(rounds: int, port: int, floor_port: int) -> None:
         await nursery.start(proxy.serve, lsock.detach())
         for args in variants.values():  # warm-up
             await fetch(args)
+        cpu: dict[str, list[float]] = {k: [0.0, 0.0] for k in variants}  # this process: user, system
         for _ in range(rounds):
             for name, args in variants.items():
+                r0 = resource.getrusage(resource.RUSAGE_SELF)
                 times[name].append(await fetch(args))
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                cpu[name][0] += r1.ru_utime - r0.ru_utime
+                cpu[name][1] += r1.ru_stime - r0.ru_stime
         nursery.cancel_scope.cancel()
     events, dropped = log.drain()
     assert dropped == 0 and all(ev.allowed and ev.bytes_down >= DOWNLOAD_BYTES for ev in events), events[:3]
     base = statistics.median(times["direct"])
     print(f"proxy row: {DOWNLOAD_BYTES >> 20} MiB download (curl time_total), n={rounds} per variant, alternating; "
           f"load avg {os.getloadavg()[0]:.2f}")
-    print(f"  {'variant':16} {'median ms':>10} {'MiB/s':>8} {'ratio':>6}")
+    print(f"  {'variant':16} {'median ms':>10} {'MiB/s':>8} {'ratio':>6} {'host cpu ms (user+sys)':>24}")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {name:16} {med * 1e3:10.2f} {DOWNLOAD_BYTES / 2**20 / med:8.0f} {med / base:6.2f}")
+        user, system = (c / rounds * 1e3 for c in cpu[name])
+        print(f"  {name:16} {med * 1e3:10.2f} {DOWNLOAD_BYTES / 2**20 / med:8.0f} {med / base:6.2f} "
+              f"{user:12.1f} + {system:6.1f}")
     worst = max(statistics.median(ts) for name, ts in times.items() if name.startswith("proxy")) / base
     floor = statistics.median(times["floor-relay"]) / base
     print(f"goal proxy <= 1.2x direct: {'met' if worst <= 1.2 else 'NOT met'} (worst {worst:.2f}x; "
