@@ -14,15 +14,15 @@ namespace.  See "Egress by host name" in SECURITY.md.
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Callable
 
 import trio
 
 from .. import _hosts
-from ._errors import ConfinementError, ExecError
+from ._errors import ExecError
+from ._proxy import EgressEvent, EgressLog, EgressProxy, HostRule
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._models import ConfinementPolicy
@@ -77,24 +77,18 @@ class EgressChannel:
     Args:
         policy: the run's policy (``allow_hosts`` non-empty).
 
-    Raises:
-        ConfinementError: the egress proxy module is not installed.
     """
 
     def __init__(self, policy: ConfinementPolicy) -> None:
-        try:  # loaded only by runs that allow hosts
-            self._proxy: Any = importlib.import_module(f"{__package__}._proxy")
-        except ImportError:
-            raise ConfinementError("the egress proxy (sandbox_fs.exec._proxy) is not available") from None
         self._rules = _hosts.parse_hosts(policy.allow_hosts)
         self._allow_private = policy.allow_private_egress
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._host: socket.socket | None = host
         self.child_fd = child.detach()  # the helper's end (the caller passes and closes it)
-        self._log: Any = None
+        self._log: EgressLog | None = None
         self.served = False
 
-    def helper_args(self, pass_fd: Any) -> list[str]:
+    def helper_args(self, pass_fd: Callable[[int], str]) -> list[str]:
         """The helper's arguments; ``pass_fd`` hands it the child end (:meth:`Prepared.pass_fd`)."""
         return ["--egress-listen", str(PROXY_PORT), "--egress-sock", pass_fd(self.child_fd)]
 
@@ -103,7 +97,6 @@ class EgressChannel:
 
         The proxy's own failures propagate (into the run's nursery).
         """
-        EgressLog, EgressProxy, HostRule = self._proxy.EgressLog, self._proxy.EgressProxy, self._proxy.HostRule
         listen_fd = await self._receive()
         if listen_fd is None:
             return
@@ -134,7 +127,7 @@ class EgressChannel:
                 os.close(extra)
             return fds[0] if fds else None
 
-    def events(self) -> tuple[tuple[Any, ...], int]:
+    def events(self) -> tuple[tuple[EgressEvent, ...], int]:
         """``(events, dropped)`` the proxy logged (empty when it never served)."""
         if self._log is None:
             return (), 0

@@ -12,7 +12,7 @@ import numbers
 import os
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, AsyncIterable, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
 
 from ..errors import InvalidPathError, redact
 from ..paths import normalize
@@ -25,6 +25,7 @@ from ._violations import Violation
 if TYPE_CHECKING:  # pragma: no cover
     from ..root import Root
     from ._grants import Grants
+    from ._proxy import EgressEvent
 
 #: The confinement levels a caller may ask for (see :func:`sandbox_fs.exec.run_confined`).
 Confinement = Literal["required", "best_effort", "none"]
@@ -358,7 +359,7 @@ class ExecResult:
     process_bounds: tuple[str, ...] = ()
     identity: tuple[int, int] | None = None
     overlay: bool = False
-    egress: tuple[Any, ...] = ()
+    egress: tuple[EgressEvent, ...] = ()
     egress_dropped: int = 0
     violations: tuple[Violation, ...] = ()
     violations_dropped: int = 0
