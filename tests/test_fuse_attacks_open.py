@@ -25,7 +25,6 @@ from sandbox_fs.fuse import FaultRule, OverlayError, _overlay, _protocol
 from tests.test_fuse_attacks import AT_EMPTY_PATH, AT_SYMLINK_FOLLOW, errno_of, in_thread, libc_linkat, mounted
 
 
-@pytest.mark.xfail(strict=True, reason="fix 3 (link of an inode with no workspace name) not landed yet")
 async def test_an_inode_only_outside_cannot_be_linked_back_in(layout):
     """A hard link planted host-side to an outside file is seen through the mount (the daemon holds
     an O_PATH handle on it, the attacker an open fd); the host removes it and invalidates.  The
@@ -53,6 +52,73 @@ async def test_an_inode_only_outside_cannot_be_linked_back_in(layout):
     layout.assert_outside_unchanged(before)
     assert secret.stat().st_nlink == before_nlink
     assert os.listdir(layout.ws) == []
+
+
+async def test_an_inode_also_named_outside_cannot_get_another_workspace_name(layout):
+    """While the planted link still exists, the inode has a name the overlay cannot vouch for (st_nlink
+    2, one dentry known): a new link would outlive a host-side removal of the planted one: EXDEV."""
+    secret = layout.outside / "secret.txt"
+    os.link(secret, layout.ws / "planted")
+    async with mounted(layout.ws) as ov:
+        mfd = ov.mount_fd
+        before = layout.snapshot()
+        by_name = await in_thread(lambda: errno_of(os.link, "planted", "again", src_dir_fd=mfd, dst_dir_fd=mfd))
+        fd = await in_thread(lambda: os.open("planted", os.O_RDONLY, dir_fd=mfd))
+        try:
+            by_fd = await in_thread(libc_linkat, fd, b"", mfd, b"stolen", AT_EMPTY_PATH)
+        finally:
+            os.close(fd)
+        assert ov.alive
+    assert (by_name, by_fd) == (errno.EXDEV, errno.EXDEV)
+    layout.assert_outside_unchanged(before)
+    assert secret.stat().st_nlink == 2
+    assert sorted(os.listdir(layout.ws)) == ["planted"]
+
+
+async def test_links_among_names_the_workspace_has_still_work(tmp_path):
+    """The control: a file made through the mount is linked twice, by name and from an open fd."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with mounted(ws) as ov:
+        mfd = ov.mount_fd
+
+        def work() -> tuple[int, int, int]:
+            fd = os.open("a", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644, dir_fd=mfd)
+            try:
+                by_name = errno_of(os.link, "a", "b", src_dir_fd=mfd, dst_dir_fd=mfd)
+                by_fd = libc_linkat(fd, b"", mfd, b"c", AT_EMPTY_PATH)
+                return by_name, by_fd, os.stat("c", dir_fd=mfd).st_nlink
+            finally:
+                os.close(fd)
+
+        got = await in_thread(work)
+    assert got == (0, 0, 3)
+    assert (ws / "a").stat().st_ino == (ws / "c").stat().st_ino
+
+
+async def test_a_file_of_another_mount_cannot_be_linked_into_the_workspace(layout, tmp_path):
+    """Sources outside the workspace tree: a host directory served at ``g`` (another tree: EXDEV) and
+    an fd on the outside file itself (another mount: the kernel's EXDEV)."""
+    granted = tmp_path / "granted"
+    granted.mkdir()
+    (granted / "g.txt").write_text("granted\n")
+    (layout.ws / "g").mkdir()
+    async with mounted(layout.ws, mounts=[("g", granted, False)]) as ov:
+        mfd = ov.mount_fd
+        before = layout.snapshot()
+        from_mount = await in_thread(lambda: errno_of(os.link, "g/g.txt", "took", src_dir_fd=mfd, dst_dir_fd=mfd))
+        out_fd = os.open(layout.outside / "secret.txt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            from_outside = await in_thread(libc_linkat, out_fd, b"", mfd, b"took2", AT_EMPTY_PATH)
+            via_proc = await in_thread(libc_linkat, -100, f"/proc/self/fd/{out_fd}".encode(), mfd, b"took3",
+                                       AT_SYMLINK_FOLLOW)
+        finally:
+            os.close(out_fd)
+        assert ov.alive
+    assert (from_mount, from_outside, via_proc) == (errno.EXDEV,) * 3
+    layout.assert_outside_unchanged(before)
+    assert (granted / "g.txt").stat().st_nlink == 1
+    assert sorted(os.listdir(layout.ws)) == ["g"]
 
 
 @pytest.mark.xfail(strict=True, reason="fix 2 (fd-pressure eviction) not landed yet")

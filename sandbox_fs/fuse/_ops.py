@@ -247,6 +247,38 @@ class OverlayOps(pyfuse3.Operations):
                 h.close()
         raise OSError(errno.EMLINK, f"directories may not be nested deeper than {MAX_DIR_DEPTH}")
 
+    def _check_named_here(self, node: Inode) -> None:
+        """Refuse to link ``node`` unless every name of it is one its tree has now, as the table knows it.
+
+        A hard link gives an inode a new name; it must never give one to an
+        inode the tree does not already name (a host-planted link to an
+        outside file that was removed since, reached through an open fd or
+        ``/proc/self/fd``): each dentry of ``node`` in the table is looked up
+        again in its parent's directory and must still be ``node``'s inode.
+        None left: ENOENT.  Fewer than ``st_nlink``: some name of the inode
+        lies where the table cannot vouch for it (outside the tree, or in a
+        directory not looked up): EXDEV, which tools that hard-link take as
+        "copy instead".  The lookups and the link run in one handler, with no
+        other request between them; only a host-side change could race them.
+        """
+        named = 0
+        for parent, name in list(node.links):
+            pnode = self.table.find(parent)
+            if pnode is None:
+                continue
+            try:
+                found = pnode.handle.lookup(name)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                    continue
+                raise
+            with found:
+                named += found.key == node.handle.key
+        if named == 0:
+            raise OSError(errno.ENOENT, "no name of this inode is left in the tree")
+        if node.handle.stat().st_nlink > named:
+            raise OSError(errno.EXDEV, "the inode has names the overlay cannot vouch for")
+
     def _check_new_name(self, handle: Handle, parent: int, name: bytes) -> None:
         """Refuse to give the symlink ``handle`` is on the name ``name`` in ``parent`` when its target leaves the tree from there."""
         if stat.S_ISLNK(handle.stat().st_mode):
@@ -509,6 +541,7 @@ class OverlayOps(pyfuse3.Operations):
         self._writable(node)
         if node.tree is not pnode.tree:
             raise OSError(errno.EXDEV, "across trees")
+        self._check_named_here(node)
         self._check_new_name(node.handle, parent, name)
         handle = pnode.handle.link(node.handle, name)
         linked, _ = self.table.learn(parent, name, handle, pnode.tree)
