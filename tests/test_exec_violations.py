@@ -280,3 +280,37 @@ def test_audit_record_parsing():
         w._record(t, text)
     assert w.log.violations == (Violation("read", "/tmp/a b\n", 13, 42), Violation("connect", "10.0.0.1:443", 13, 0))
     assert w._reported == {"1abc": 4}
+
+
+def test_add_proxy_refusals_bounds_and_formats():
+    from types import SimpleNamespace as E
+    kernel = (Violation("read", "/x", 13, 7),)
+    events = [E(host="pypi.org", port=443, allowed=True), E(host="evil.org", port=443, allowed=False),
+              E(host="::1", port=80, allowed=False), E(host="a.org", port=1, allowed=False)]
+    got, dropped = _violations.add_proxy_refusals(kernel, 2, events, 3)
+    assert got == (kernel[0], Violation("connect", "evil.org:443", 0, 0), Violation("connect", "[::1]:80", 0, 0))
+    assert dropped == 3
+
+
+_PROXY_CONNECT = """
+import os, socket, urllib.parse
+u = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+s = socket.create_connection((u.hostname, u.port), timeout=10)
+s.sendall(b"CONNECT not-allowed.example:443 HTTP/1.1\\r\\nHost: not-allowed.example:443\\r\\n\\r\\n")
+print(s.recv(200).split(b"\\r\\n")[0].decode())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists(PY), reason="the confined command here uses /usr/bin/python3")
+def test_proxy_refusal_is_a_violation(layout):
+    try:
+        policy = ConfinementPolicy(allow_hosts=("allowed.example",))
+    except Exception as exc:  # pragma: no cover - a host without the egress feature
+        pytest.skip(f"egress by host name unavailable: {exc}")
+    try:
+        r = trio.run(_run, layout, [PY, "-S", "-c", _PROXY_CONNECT], policy)
+    except sandbox_fs.exec.ConfinementError as exc:
+        pytest.skip(f"no network namespace for the command here: {exc}")
+    assert r.exit_code == 0, r.stderr
+    assert " 200 " not in r.stdout.decode() + " "
+    assert Violation("connect", "not-allowed.example:443", 0, 0) in r.violations, (r.violations, r.egress)

@@ -22,7 +22,7 @@ from ._models import Confinement, ConfinementPolicy, ExecRequest, ExecResult, Pr
 from ._output import _CHUNK, DEFAULT_MAX_OUTPUT_BYTES, _HeadTail
 from ._prepare import Prepared, prepare_run
 from ._supervisor import ProcessSupervisor, _ForeignChild, _Tracked
-from ._violations import AuditWatch
+from ._violations import AuditWatch, add_proxy_refusals
 
 
 async def _spawn(prep: Prepared, supervisor: ProcessSupervisor, argv0: str, *, stdin: object,
@@ -231,6 +231,10 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
     if prep.egress is not None:
         egress, dropped = prep.egress.events()
         result = dataclasses.replace(result, egress=egress, egress_dropped=dropped)
+        # The proxy's refusals are violations too (after the kernel's, bounded together).
+        violations, v_dropped = add_proxy_refusals(result.violations, result.violations_dropped, egress,
+                                                   request.policy.max_violations)
+        result = dataclasses.replace(result, violations=violations, violations_dropped=v_dropped)
     _raise_if_timed_out_or_failed(request, prep, result, timed_out)
     return result
 

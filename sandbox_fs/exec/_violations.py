@@ -35,7 +35,7 @@ import secrets
 import socket
 import struct
 import time
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import trio
 
@@ -144,6 +144,29 @@ class ViolationLog:
 
     def __len__(self) -> int:
         return len(self._items) + self._dropped
+
+
+def add_proxy_refusals(violations: tuple[Violation, ...], dropped: int, events: Iterable[Any],
+                       capacity: int) -> tuple[tuple[Violation, ...], int]:
+    """``(violations, dropped)`` grown by the egress proxy's refused attempts.
+
+    Args:
+        violations, dropped: the run's kernel-reported ones so far.
+        events: ``EgressEvent``s (``host``, ``port``, ``allowed``); each not
+            ``allowed`` becomes ``Violation("connect", "HOST:PORT", 0, 0)``
+            (no errno: the command got a proxy refusal, not a syscall error;
+            the event's ``reason`` stays in ``ExecResult.egress``).
+        capacity: the bound (``policy.max_violations``); the rest are counted.
+    """
+    log = ViolationLog(capacity)
+    for v in violations:
+        log.add(*v)
+    log.count_dropped(dropped)
+    for ev in events:
+        if not ev.allowed:
+            host = str(ev.host)
+            log.add("connect", f"[{host}]:{ev.port}" if ":" in host else f"{host}:{ev.port}")
+    return log.violations, log.dropped
 
 
 # --- display ------------------------------------------------------------
