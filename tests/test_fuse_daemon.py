@@ -254,17 +254,20 @@ async def test_readdir_of_10k_entries_lists_each_once_and_counts_lookups(ws_dir)
     ws = open_root(ws_dir)
     try:
         async with await Overlay.start(ws, policy=OverlayPolicy()) as ov:
+            before = fd_count(ov.pid)
             names = await in_thread(ov.root.listdir, "big")
+            # every name exactly once
+            assert len(names) == len(set(names)) == 10_000
             assert sorted(names) == sorted(os.listdir(big))
-            assert len(names) == 10_000
-            # the readdirplus replies filled the attribute cache: every entry has its inode
-            assert fd_count(ov.pid) >= 10_000
+            # what is guaranteed of fds: at most one per entry (readdirplus entries, lookups) plus a
+            # few; the kernel may answer a batch with plain readdir under load, so no lower bound
+            assert fd_count(ov.pid) <= before + 10_000 + 16
             await ov.invalidate(None)
             for _ in range(100):
-                if fd_count(ov.pid) < 1_000:
+                if fd_count(ov.pid) < before + 1_000:
                     break
                 await trio.sleep(0.05)
-            assert fd_count(ov.pid) < 1_000
+            assert fd_count(ov.pid) < before + 1_000  # forget released them
     finally:
         ws.close()
 
