@@ -538,3 +538,26 @@ async def test_a_file_whose_o_append_was_cleared_writes_where_it_is_told(layout)
         assert ov.alive
     assert (layout.ws / "f").read_bytes() == b"Jello!"
     assert usage["bytes"] >= 6
+
+
+async def test_a_streamed_directory_read_twice_on_one_handle_lists_every_name_once_each_time(layout):
+    """readdir streams from the backing directory and resumes at the kernel's offset; a rewind
+    (offset 0 again) restarts it.  Sentinel: the names on the backing disk."""
+    big = layout.ws / "big"
+    big.mkdir()
+    for i in range(3000):
+        (big / f"n{i:05d}".ljust(60, "x")).write_bytes(b"")
+    async with mounted(layout.ws) as ov:
+        mfd = ov.mount_fd
+
+        def twice() -> tuple[list[str], list[str]]:
+            fd = os.open("big", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mfd)
+            try:
+                return os.listdir(fd), os.listdir(fd)
+            finally:
+                os.close(fd)
+
+        first, second = await in_thread(twice)
+        assert ov.alive
+    want = sorted(os.listdir(big))
+    assert sorted(first) == want and sorted(second) == want
