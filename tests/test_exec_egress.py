@@ -324,6 +324,7 @@ async def test_pip_download_fails_when_the_name_is_not_allowed(workspace, index)
     assert index.hits == 0
     assert r.egress and not any(e.allowed for e in r.egress)
     assert {(e.host, e.port) for e in r.egress} == {("localhost", index.port)}
+    assert ("connect", f"localhost:{index.port}") in {(v.op, v.target) for v in r.violations}  # reported
 
 
 
@@ -387,6 +388,8 @@ def test_cli_allow_host_goes_through_the_proxy_which_refuses_loopback(tmp_path, 
     assert set(events) == {allowed.port, other.port} and not any(e["allowed"] for e in events.values())
     assert events[other.port]["reason"] == "port not allowed"  # the manifest narrowed the operator's list
     assert events[allowed.port]["reason"] != "port not allowed"  # allowed by name; its loopback answer refused
+    assert sorted(v["target"] for v in report["violations"]) == sorted(
+        f"localhost:{p}" for p in (allowed.port, other.port))  # each refusal is a violation too
     assert allowed.hits == 0 and other.hits == 0
 
 
