@@ -126,7 +126,10 @@ class MountOverlapError(SessionError):
     :meth:`Session.start` (with the overlay) when a manifest ``mount``
     entry's grant directory is the workspace, lies inside it or contains it
     (compared by directory identity; ``context["overlap"]`` is ``"same"``,
-    ``"inside"`` or ``"contains"``), before the overlay starts.
+    ``"inside"`` or ``"contains"``), or when the grant directories of two
+    mount entries overlap in the same way (``context["other"]`` names the
+    other entry: a read-only one inside a writable one would be writable
+    through it), before the overlay starts.
     """
 
     code = "mount_overlap"
@@ -1312,6 +1315,7 @@ class Session:
                     if how is not None:
                         raise MountOverlapError(f"the grant of the mount entry {_fuse.overlap_text(how)}",
                                                 sandbox_path=m.path, context={"mount": m.path, "overlap": how})
+                await self._refuse_overlapping_mounts(mounts, grant_roots)
                 await trio.to_thread.run_sync(make_mount_points, self._root, mounts)
             served = [_fuse.OverlayMount(m.path, r, m.read_only)
                       for m, r in zip(mounts, grant_roots)]
@@ -1332,6 +1336,26 @@ class Session:
             raise
         self._overlay = ov
         self._direct_policy, self._policy = self._policy, view
+
+    async def _refuse_overlapping_mounts(self, mounts: Sequence[Any], roots: Sequence[Root]) -> None:
+        """Refuse two mount entries whose grant directories are, contain or lie inside each other.
+
+        Compared by directory identity (:func:`sandbox_fs.fuse.mount_overlap`),
+        never by path: a read-only mount entry inside a writable one would
+        be writable through the other.
+
+        Raises:
+            MountOverlapError: ``context["mount"]``/``["other"]`` name the two entries.
+        """
+        from . import fuse as _fuse  # noqa: PLC0415
+
+        for i, (a, ra) in enumerate(zip(mounts, roots)):
+            for b, rb in zip(mounts[i + 1:], roots[i + 1:]):
+                how = await trio.to_thread.run_sync(_fuse.mount_overlap, ra, rb)
+                if how is not None:
+                    raise MountOverlapError("the grants of two mount entries overlap (one is, contains or "
+                                            "lies inside the other)", sandbox_path=b.path,
+                                            context={"mount": b.path, "other": a.path, "overlap": how})
 
     async def _close_overlay(self) -> None:
         """Stop the overlay (if running) and go back to the backing workspace's policy.  Idempotent.

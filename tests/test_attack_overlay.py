@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from tests.test_fuse_attacks import errno_of, granted, in_thread, mounted  # noqa: F401 (fixture)
 
@@ -561,3 +562,67 @@ async def test_a_streamed_directory_read_twice_on_one_handle_lists_every_name_on
         assert ov.alive
     want = sorted(os.listdir(big))
     assert sorted(first) == want and sorted(second) == want
+
+
+async def test_a_read_only_mount_inside_a_writable_one_is_refused(tmp_path, monkeypatch):
+    """A read-only mount entry whose directory lies inside a writable one's is writable through the
+    other: overlapping mounts are refused by directory identity, before any daemon starts.  Sentinel:
+    the read-only directory's content, and no daemon."""
+    from sandbox_fs.fuse import Overlay, OverlayError, OverlayMount, OverlayPolicy
+    from sandbox_fs.root import open_root
+
+    started: list[Any] = []
+
+    async def refuse(*a: Any, **kw: Any) -> Any:
+        started.append(a)
+        raise AssertionError("a daemon was started for overlapping mounts")
+
+    (tmp_path / "ws" / "rw").mkdir(parents=True)
+    (tmp_path / "ws" / "ro").mkdir()
+    (tmp_path / "g" / "sub").mkdir(parents=True)
+    (tmp_path / "g" / "sub" / "keep").write_text("read-only data\n")
+    (tmp_path / "other").mkdir()
+    monkeypatch.setattr(trio.lowlevel, "open_process", refuse)
+    ws, rw, ro = open_root(tmp_path / "ws"), open_root(tmp_path / "g"), open_root(tmp_path / "g" / "sub")
+    try:
+        for mounts, how in (([OverlayMount("rw", rw, False), OverlayMount("ro", ro, True)], "inside"),
+                            ([OverlayMount("ro", ro, True), OverlayMount("rw", rw, False)], "contains"),
+                            ([OverlayMount("rw", rw, False), OverlayMount("ro", rw, True)], "same")):
+            with pytest.raises(OverlayError) as ei:
+                await Overlay.start(ws, policy=OverlayPolicy(), mounts=mounts)
+            assert ei.value.context["overlap"] == how and str(tmp_path) not in str(ei.value)
+    finally:
+        for r in (ws, rw, ro):
+            r.close()
+    assert not started
+    assert (tmp_path / "g" / "sub" / "keep").read_text() == "read-only data\n"
+
+
+async def test_a_session_with_overlapping_mount_entries_is_refused(tmp_path):
+    from tests.test_cli_overlay import _WHY
+    if _WHY is not None:
+        pytest.skip(_WHY)
+    from sandbox_fs.client import ClientOptions, LocalSandboxClient
+    from sandbox_fs.manifest import load_manifest
+    from sandbox_fs.paths import Grant
+    from sandbox_fs.session import MountOverlapError
+
+    wsdir, g = tmp_path / "wsdir", tmp_path / "g"
+    wsdir.mkdir()
+    (g / "sub").mkdir(parents=True)
+    (g / "sub" / "keep").write_text("read-only data\n")
+    client = LocalSandboxClient(ClientOptions(
+        workspaces_dir=str(wsdir), snapshot_dir=str(tmp_path / "snaps"), overlay=True,
+        extra_path_grants=(Grant(str(g), read_only=False, name="all"),
+                           Grant(str(g / "sub"), read_only=True, name="part"))))
+    try:
+        manifest = load_manifest({"entries": {"w": {"type": "mount", "grant": "all", "read_only": False},
+                                              "r": {"type": "mount", "grant": "part"}}})
+        with pytest.raises(MountOverlapError) as ei:
+            async with client.create(manifest=manifest):
+                pass
+    finally:
+        client.close()
+    assert ei.value.code == "mount_overlap" and ei.value.context["overlap"] in ("inside", "contains")
+    assert str(tmp_path) not in str(ei.value)
+    assert (g / "sub" / "keep").read_text() == "read-only data\n"

@@ -266,7 +266,9 @@ class Overlay:
             OverlayError: a mount's directory is, lies inside or contains
                 the workspace (:func:`mount_overlap`; ``context["mount"]`` is
                 its path, ``context["overlap"]`` how; checked before any
-                daemon starts), or the daemon failed to start, died, or did
+                daemon starts), or another mount's directory
+                (``context["other"]`` its path: a read-only mount inside a
+                writable one would be writable through it), or the daemon failed to start, died, or did
                 not answer within START_TIMEOUT_S.
             OSError: walking up from a directory failed (see :func:`mount_overlap`).
             WorkspaceClosedError: ``workspace`` or a mount's Root is closed.
@@ -279,6 +281,13 @@ class Overlay:
             if how is not None:
                 raise OverlayError(f"the mount at {m.path!r} {overlap_text(how)}",
                                    context={"mount": m.path, "overlap": how})
+        for i, a in enumerate(mounts):
+            for b in mounts[i + 1:]:
+                # a read-only mount inside a writable one would be writable through the other
+                how = await trio.to_thread.run_sync(mount_overlap, a.root, b.root)
+                if how is not None:
+                    raise OverlayError(f"the mounts at {a.path!r} and {b.path!r} overlap",
+                                       context={"mount": b.path, "other": a.path, "overlap": how})
         host, daemon = _protocol.socketpair()
         fds: list[int] = []
         process: trio.Process | None = None
