@@ -441,3 +441,40 @@ async def test_a_failed_start_leaves_no_fd_behind(workspace):
             await run_confined(["/nonexistent/prog"], workspace=root, workspace_host_path=path,
                                policy=_policy("localhost"))
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+@needs_proxy
+async def test_there_is_no_resolver_inside(workspace):
+    """Names resolve only through the proxy: a lookup inside the namespace (not in /etc/hosts) fails."""
+    code = ("import socket\n"
+            "try:\n"
+            "    socket.getaddrinfo('index.test', 443)\n"
+            "except socket.gaierror:\n"
+            "    print('no resolver')\n"
+            "else:\n"
+            "    print('resolved')\n")
+    r = await _py(workspace, code, _policy("index.test"))
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.decode().strip() == "no resolver"
+
+
+def test_the_helper_refuses_a_listener_outside_a_namespace_of_its_own():
+    """--egress-sock without --unshare CLONE_NEWNET or --netns is a usage error: never the host's loopback."""
+    import socket  # noqa: PLC0415
+
+    a, b = socket.socketpair()
+    status_r, status_w = os.pipe()
+    try:
+        proc = subprocess.run([sfs_exec.helper_path(), "--status", str(status_w), "--egress-listen", "3128",
+                               "--egress-sock", str(b.fileno()), "--", "true"],
+                              pass_fds=(status_w, b.fileno()), capture_output=True, timeout=30, env={})
+        os.close(status_w)
+        status_w = -1
+        assert proc.returncode == 127
+        assert os.read(status_r, 100).split()[0] == b"usage"
+    finally:
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
+        a.close()
+        b.close()
