@@ -314,3 +314,14 @@ def test_proxy_refusal_is_a_violation(layout):
     assert r.exit_code == 0, r.stderr
     assert " 200 " not in r.stdout.decode() + " "
     assert Violation("connect", "not-allowed.example:443", 0, 0) in r.violations, (r.violations, r.egress)
+
+
+def test_no_domain_no_watch_and_no_fd_left(layout, confined):
+    r = trio.run(lambda: _run(layout, ["true"], confinement="none"))
+    assert r.violations_observed is False
+    trio.run(_run, layout, ["true"])  # warms the process-wide caches (system rule fds)
+    before = sorted(os.listdir("/proc/self/fd"))
+    r = trio.run(_run, layout, _py(f"open({str(layout.outside / 'secret.txt')!r})"))
+    assert r.violations_observed and r.violations
+    r = trio.run(lambda: _run(layout, ["true"], confinement="none"))
+    assert sorted(os.listdir("/proc/self/fd")) == before, "a run left an fd open (the audit socket?)"

@@ -131,7 +131,16 @@ async def prepare_run(request: ExecRequest, supervisor: ProcessSupervisor) -> Pr
     ids, changed = await trio.to_thread.run_sync(_ready_identity, supervisor, request)
     if changed and request.private_root is not None and request.private_root.refresh is not None:
         await request.private_root.refresh()  # the view's cached attributes still name the old owners
-    return _prepare(request, supervisor, mount_ns=mount_ns, identity=ids)
+    # The audit watch asks the kernel (AUDIT_GET): a sender can be made to wait
+    # there while the audit backlog is full, so never on this thread.
+    watch = (await trio.to_thread.run_sync(AuditWatch.open, request.policy.max_violations)
+             if request.policy.report_violations and not request.tty else None)  # PTYs: not watched
+    try:
+        return _prepare(request, supervisor, mount_ns=mount_ns, identity=ids, violations=watch)
+    except BaseException:
+        if watch is not None:
+            watch.close()
+        raise
 
 
 def _mount_layer_applies(request: ExecRequest, helper: str) -> bool:
@@ -215,7 +224,7 @@ def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[tuple
 
 
 def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: HeldNamespaces | None = None,
-             identity: tuple[int, int] | None = None) -> Prepared:
+             identity: tuple[int, int] | None = None, violations: AuditWatch | None = None) -> Prepared:
     """The helper's command line for ``request``, with the fds it names (all closed again on failure).
 
     Args:
@@ -223,6 +232,9 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
         supervisor: makes the cgroup leaves and holds the lifeline.
         mount_ns: the supervisor's held namespaces (:func:`_held_mount_ns`), or None.
         identity: ``(uid, gid)`` from :func:`_ready_identity` (None: the host's own).
+        violations: the run's open audit watch (``report_violations``), kept
+            in :attr:`Prepared.violations` when a Landlock domain is made,
+            closed otherwise.
 
     Raises:
         ConfinementError: the helper is missing; ``confinement="required"``
@@ -236,7 +248,7 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
     helper = helper_or_raise(request.secrets)
     ensure_dirs(request.workspace)
     prep = Prepared([], dict(request.child_env), [], -1, "none", 0, None, request.secrets, request.cwd_shown,
-                     identity=identity)
+                     identity=identity, violations=violations)
     try:
         args = [helper]
         args += _io_args(prep, request)
@@ -263,6 +275,9 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
             args += _private_root_args(prep, request)
         if flags:
             args += ["--unshare", str(flags)]
+        if prep.violations is not None and "--domain-tag" not in args:
+            prep.violations.close()  # no Landlock domain to watch (confinement "none", ABI < 7)
+            prep.violations = None
         prep.helper_argv = args + ["--", *request.command]
         return prep
     except BaseException:
@@ -382,12 +397,9 @@ def _violation_args(prep: Prepared, request: ExecRequest, version: int) -> list[
     tell its records from every other domain's; nothing when the kernel or
     the audit subsystem cannot report (the run then says it did not observe).
     """
-    if not request.policy.report_violations or version < LOG_MIN_ABI:
+    watch = prep.violations  # opened by prepare_run (None: not asked for, or audit cannot report)
+    if watch is None or version < LOG_MIN_ABI:
         return []
-    watch = AuditWatch.open(request.policy.max_violations)
-    if watch is None:
-        return []
-    prep.violations = watch
     return ["--ruleset-flags", str(RESTRICT_SELF_LOG_FLAGS), "--domain-tag", watch.tag]
 
 

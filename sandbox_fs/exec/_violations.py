@@ -416,7 +416,8 @@ class AuditWatch:
     async def finish(self) -> None:
         """After the command's tree is gone: read every record it caused (bounded waits)."""
         self._drain()
-        if self._send_barrier():
+        # A sender waits in the kernel while the audit backlog is full: a worker thread's wait.
+        if await trio.to_thread.run_sync(self._send_barrier):
             deadline = time.monotonic() + _BARRIER_TIMEOUT_S
             while not self._barrier_seen and time.monotonic() < deadline:
                 with trio.move_on_after(deadline - time.monotonic()):
