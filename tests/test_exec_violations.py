@@ -325,3 +325,13 @@ def test_no_domain_no_watch_and_no_fd_left(layout, confined):
     assert r.violations_observed and r.violations
     r = trio.run(lambda: _run(layout, ["true"], confinement="none"))
     assert sorted(os.listdir("/proc/self/fd")) == before, "a run left an fd open (the audit socket?)"
+
+
+def test_malformed_records_are_ignored():
+    w = _violations.AuditWatch.__new__(_violations.AuditWatch)
+    _violations.AuditWatch.__init__(w, None, 10)  # type: ignore[arg-type]
+    for t, text in [(1423, "garbage"), (1424, "audit(x): domain= status=deallocated denials=zz"),
+                    (1300, "audit(1.1:3): pid=abc exit=-x"), (1320, ""), (1423, "audit(1.1:4): blockers=")]:
+        w._record(t, text)
+    assert w.log.violations == ()
+    assert list(_violations._records(b"\x05\x00\x00\x00" + b"\x00" * 12)) == []  # a length below the header

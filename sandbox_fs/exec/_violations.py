@@ -272,6 +272,11 @@ def _records(data: bytes) -> Iterator[tuple[int, str]]:
         yield mtype, body.rstrip(b"\0").decode("utf-8", "replace")
 
 
+def _int(value: str) -> int:
+    """A decimal field's value, 0 when absent or malformed."""
+    return int(value) if value.isdigit() else 0
+
+
 def _target(f: dict[str, str]) -> str:
     if "path" in f:
         return _untrusted(f["path"])
@@ -467,11 +472,11 @@ class AuditWatch:
                 for ev in self._unknown.pop(domain, ()):
                     self._keep(ev)
             elif f.get("status") == "deallocated" and domain in self._domains:
-                self._reported[domain] = int(f.get("denials", "0") or 0)
+                self._reported[domain] = _int(f.get("denials", ""))
         elif mtype == _AUDIT_SYSCALL and serial in self._pending:
             f = _fields(rest)
             ev = self._pending[serial]
-            ev.pid = int(f.get("pid", "0") or 0)
+            ev.pid = _int(f.get("pid", ""))
             code = f.get("exit", "")
             if code.startswith("-") and code[1:].isdigit():
                 ev.errno = int(code[1:])
