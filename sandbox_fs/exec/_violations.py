@@ -395,10 +395,11 @@ class AuditWatch:
 
     # -- reading --
 
-    def _drain(self) -> bool:
-        """Read what is queued now (non-blocking); False when nothing was."""
+    def _drain(self, limit: int = 512) -> bool:
+        """Read what is queued now, at most ``limit`` datagrams (non-blocking: the
+        caller's next wait yields to the other tasks); False when nothing was."""
         got = False
-        while True:
+        for _ in range(limit):
             try:
                 data = self._sock.recv(65536)
             except BlockingIOError:
@@ -411,6 +412,7 @@ class AuditWatch:
             got = True
             for mtype, text in _records(data):
                 self._record(mtype, text)
+        return got
 
     async def pump(self) -> None:
         """Read records until cancelled (run beside the command)."""
