@@ -25,12 +25,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sandbox_fs
 from sandbox_fs import _hosts, open_root
 from sandbox_fs import exec as sfs_exec
 from sandbox_fs.exec import ConfinementPolicy, ExecError, ProcessSupervisor, PtyManager, run_confined
 from sandbox_fs.exec._egress import PROXY_PORT
+from sandbox_fs.exec._proxy import HostRule
 
 PY = "/usr/bin/python3"  # in the system set (the test venv is not)
 
@@ -149,6 +152,18 @@ def test_entries_parse_and_merge():
     assert [(e.pattern, e.ports) for e in entries] == [
         ("pypi.org", None), ("*.pythonhosted.org", frozenset({80, 443})),
         ("xn--bcher-kva.example", None), ("127.0.0.1", frozenset({8080}))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.from_regex(r"[a-z0-9](?:[a-z0-9-]{0,8}[a-z0-9])?", fullmatch=True), min_size=1, max_size=4),
+       st.sampled_from(["", "*."]), st.sampled_from(["", ":1", ":443", ":65535"]), st.sampled_from(["com", "example"]))
+def test_every_accepted_entry_is_a_proxy_rule(labels, prefix, port, tld):
+    """What the policy accepts the proxy takes unchanged (no refusal at run time)."""
+    text = prefix + ".".join([*labels, tld]) + port
+    (entry,) = _hosts.parse_hosts([text])
+    rule = HostRule(entry.pattern, entry.ports)
+    assert rule.pattern == entry.pattern and rule.ports == entry.ports
+    assert ConfinementPolicy(allow_hosts=(text,)).allow_hosts == (text,)
 
 
 def test_covering():

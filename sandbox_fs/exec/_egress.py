@@ -47,7 +47,7 @@ def check_policy(policy: ConfinementPolicy) -> None:
     if isinstance(hosts, (str, bytes)) or not isinstance(hosts, (tuple, list)):
         raise ExecError("allow_hosts must be a tuple of 'NAME[:PORT]' strings")
     try:
-        _hosts.parse_hosts(hosts)
+        proxy_rules(_hosts.parse_hosts(hosts))  # the proxy takes every entry this module accepts
     except ValueError as exc:
         raise ExecError(f"allow_hosts: {exc}") from None
     object.__setattr__(policy, "allow_hosts", tuple(hosts))
@@ -57,6 +57,15 @@ def check_policy(policy: ConfinementPolicy) -> None:
                   or not policy.isolate_network):
         raise ExecError("allow_hosts needs the command's own network namespace: not together with "
                         "allow_tcp_connect, allow_tcp_bind, unrestricted_tcp or isolate_network=False")
+
+
+def proxy_rules(entries: tuple[_hosts.HostEntry, ...]) -> list[HostRule]:
+    """The proxy's rules for parsed entries.
+
+    Raises:
+        ValueError: the proxy refuses an entry.
+    """
+    return [HostRule(e.pattern, e.ports) for e in entries]
 
 
 def connect_ports(policy: ConfinementPolicy) -> frozenset[int]:
@@ -102,7 +111,7 @@ class EgressChannel:
             return
         try:
             self._log = EgressLog(EVENT_CAPACITY)
-            proxy = EgressProxy([HostRule(e.pattern, e.ports) for e in self._rules],
+            proxy = EgressProxy(proxy_rules(self._rules),
                                 allow_private=self._allow_private, events=self._log)
         except BaseException:
             os.close(listen_fd)
