@@ -493,3 +493,30 @@ def test_the_helper_refuses_a_listener_outside_a_namespace_of_its_own():
                 os.close(fd)
         a.close()
         b.close()
+
+
+async def test_the_received_listener_is_close_on_exec():
+    """The host's copy of the listener is never inheritable (a concurrent spawn must not get it)."""
+    import fcntl  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    from sandbox_fs.exec._egress import EgressChannel  # noqa: PLC0415
+
+    channel = EgressChannel(ConfinementPolicy(allow_hosts=("a.example",)))
+    child = socket.socket(fileno=channel.child_fd)
+    listener = socket.socket()
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        socket.send_fds(child, [b"L"], [listener.fileno()])
+        fd = await channel._receive()
+        assert fd is not None
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+            assert os.fstat(fd).st_ino == os.fstat(listener.fileno()).st_ino
+        finally:
+            os.close(fd)
+    finally:
+        listener.close()
+        child.close()
+        channel.close()

@@ -14,6 +14,7 @@ namespace.  See "Egress by host name" in SECURITY.md.
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 from typing import TYPE_CHECKING, Callable
@@ -29,6 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: The proxy's port on the command's loopback (its own namespace: no clash with the host).
 PROXY_PORT = 3128
+
+_INT = array.array("i")
 
 #: Events kept per run; more are counted in ``ExecResult.egress_dropped``.
 EVENT_CAPACITY = 1000
@@ -85,7 +88,6 @@ class EgressChannel:
 
     Args:
         policy: the run's policy (``allow_hosts`` non-empty).
-
     """
 
     def __init__(self, policy: ConfinementPolicy) -> None:
@@ -95,7 +97,6 @@ class EgressChannel:
         self._host: socket.socket | None = host
         self.child_fd = child.detach()  # the helper's end (the caller passes and closes it)
         self._log: EgressLog | None = None
-        self.served = False
 
     def helper_args(self, pass_fd: Callable[[int], str]) -> list[str]:
         """The helper's arguments; ``pass_fd`` hands it the child end (:meth:`Prepared.pass_fd`)."""
@@ -116,7 +117,6 @@ class EgressChannel:
         except BaseException:
             os.close(listen_fd)
             raise
-        self.served = True
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve, listen_fd)  # serve owns (and closes) the fd from here
 
@@ -128,10 +128,17 @@ class EgressChannel:
         sock.setblocking(False)
         while True:
             try:
-                _msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 1)
+                # MSG_CMSG_CLOEXEC: close-on-exec at once, no concurrent spawn may inherit the
+                # listener (socket.recv_fds drops its flags argument before Python 3.12)
+                _msg, ancdata, _flags, _addr = sock.recvmsg(16, socket.CMSG_SPACE(_INT.itemsize),
+                                                            socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(sock)
                 continue
+            fds = array.array("i")
+            for level, kind, data in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(data[:len(data) - len(data) % _INT.itemsize])
             for extra in fds[1:]:
                 os.close(extra)
             return fds[0] if fds else None
