@@ -14,10 +14,17 @@ A literal path that does not exist is made for the run, through the same
 handles: missing parent directories as ordinary directories (writable,
 pinned), the last component as an empty placeholder (a file, or a
 directory with a trailing ``/``), which the read-only bind then covers, so
-the command cannot create it.  After the run (:meth:`GuardPlan.release`)
-each placeholder, then each directory made, is removed if it is still
-the inode made and still empty.  The helper mounts (``--guard``, see
-``native/sfs_exec_guard.h``): every directory between the tree and an
+the command cannot create it.  Entries made are reference-counted per
+tree (the Root's directory identity) across the concurrent runs and PTY
+sessions of this process: a run whose walk meets an entry another live
+run made takes a reference on it instead of treating it as the user's.
+After the run (:meth:`GuardPlan.release`) each reference is dropped, and
+only the last one removes the placeholder, then each directory made, if
+it is still the inode made and still empty.  (Unlinking a name also
+detaches every bind on it, so a placeholder removed while another run's
+read-only bind covered it would have left that run's path creatable.)
+Runs of another process on the same workspace do not share the count.
+The helper mounts (``--guard``, see ``native/sfs_exec_guard.h``): every directory between the tree and an
 entry is bound onto itself (a mount point cannot be renamed or removed:
 renaming ``.git`` away does not move the protection), each protected entry
 gets a read-only bind of itself, each unreadable one an empty mode-0000
@@ -29,6 +36,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -94,6 +102,14 @@ class _Made:
     name: bytes
     key: tuple[int, int]
     is_dir: bool
+    ref: tuple[tuple[int, int], tuple[bytes, ...], tuple[int, int]] = ((0, 0), (), (0, 0))
+
+
+#: Entries made for live runs: ``(tree key, rel, entry key) -> references``; guarded by _MADE_LOCK,
+#: which is held across a whole walk and a whole release, so a walk never sees an entry half released
+#: (reentrant: a failed walk releases its plan while holding it).
+_MADE_REFS: dict[tuple[tuple[int, int], tuple[bytes, ...], tuple[int, int]], int] = {}
+_MADE_LOCK = threading.RLock()
 
 
 @dataclass
@@ -115,9 +131,25 @@ class GuardPlan:
         """Remove every entry made for the run that is still that inode and empty (newest first).
 
         Best effort, never raises: an entry the command changed (no longer
-        empty, or replaced) is left as it is.  Closes every handle.
+        empty, or replaced) is left as it is; an entry another live run
+        still references is left for that run's release.  Closes every handle.
         """
+        with _MADE_LOCK:
+            self._release_made()
+        for h in self.handles:
+            h.close()
+        self.handles = []
+        for r in self.roots:
+            r.close()
+        self.roots = []
+
+    def _release_made(self) -> None:
         for m in reversed(self.made):
+            left = _MADE_REFS.get(m.ref, 1) - 1
+            if left > 0:
+                _MADE_REFS[m.ref] = left
+                continue
+            _MADE_REFS.pop(m.ref, None)
             cur = None
             try:
                 cur = m.parent.lookup(m.name)
@@ -133,12 +165,6 @@ class GuardPlan:
                 if cur is not None:
                     cur.close()
         self.made = []
-        for h in self.handles:
-            h.close()
-        self.handles = []
-        for r in self.roots:
-            r.close()
-        self.roots = []
 
 
 class _Walk:
@@ -146,6 +172,8 @@ class _Walk:
 
     def __init__(self, tree: Root, owner: tuple[int, int] | None, plan: GuardPlan) -> None:
         self.tree, self.owner, self.plan = tree, owner, plan
+        self.top = self._keep(tree.handle())
+        self.tree_key = self.top.key
         self.entries: dict[tuple[bytes, ...], tuple[str, Handle]] = {}   # rel -> (kind, handle)
         self.dirs: dict[tuple[bytes, ...], Handle] = {}                  # rel -> directory on the way
 
@@ -157,7 +185,7 @@ class _Walk:
         """Expand ``pattern`` (``kind`` ``"r"``: read-only, ``"d"``: unreadable); raises ValueError, OSError."""
         comps = check_pattern(pattern)
         want_dir = pattern.endswith("/")
-        frontier: list[tuple[tuple[bytes, ...], Handle]] = [((), self._keep(self.tree.handle()))]
+        frontier: list[tuple[tuple[bytes, ...], Handle]] = [((), self.top)]
         for i, comp in enumerate(comps):
             last = i == len(comps) - 1
             nxt: list[tuple[tuple[bytes, ...], Handle]] = []
@@ -171,6 +199,7 @@ class _Walk:
                         if not glob:
                             self._make(rel, h, comps[i:], want_dir, kind)
                         continue
+                    self._share(h, rel + (name,), child)
                     if last or not stat.S_ISDIR(child.stat().st_mode):
                         self._entry(rel + (name,), kind, child)
                     else:
@@ -190,9 +219,12 @@ class _Walk:
                     new = self._keep(cur.lookup(name))
                 else:
                     new = self._keep(cur.mkdir(name, 0o755, owner=self.owner))
-                self.plan.made.append(_Made(cur, name, new.key, not (leaf and not want_dir)))
+                ref = (self.tree_key, rel + (name,), new.key)
+                _MADE_REFS[ref] = _MADE_REFS.get(ref, 0) + 1
+                self.plan.made.append(_Made(cur, name, new.key, not (leaf and not want_dir), ref))
             except FileExistsError:  # made meanwhile: taken as it is
                 new = self._keep(cur.lookup(name))
+                self._share(cur, rel + (name,), new)
             rel = rel + (name,)
             if not leaf:
                 if not stat.S_ISDIR(new.stat().st_mode):
@@ -201,6 +233,13 @@ class _Walk:
                 self.dirs[rel] = new
             cur = new
         self._entry(rel, kind, cur)
+
+    def _share(self, parent: Handle, rel: tuple[bytes, ...], h: Handle) -> None:
+        """Take a reference on ``h`` at ``rel`` if a live run made it (once per plan)."""
+        ref = (self.tree_key, rel, h.key)
+        if ref in _MADE_REFS and all(m.ref != ref for m in self.plan.made):
+            _MADE_REFS[ref] += 1
+            self.plan.made.append(_Made(parent, rel[-1], h.key, stat.S_ISDIR(h.stat().st_mode), ref))
 
     def _entry(self, rel: tuple[bytes, ...], kind: str, h: Handle) -> None:
         st = h.stat()
@@ -265,6 +304,14 @@ def plan_guards(trees: Sequence[tuple[Root, str | None]], protected: Sequence[st
         OSError: a lookup or a placeholder failed (the sandbox path in it).
     """
     plan = GuardPlan(roots=list(own_roots))
+    with _MADE_LOCK:
+        _plan_trees(plan, trees, protected, deny_read, pass_fd, owner)
+    return plan
+
+
+def _plan_trees(plan: GuardPlan, trees: Sequence[tuple[Root, str | None]], protected: Sequence[str],
+                deny_read: Sequence[str], pass_fd: Callable[[int], str], owner: tuple[int, int] | None) -> None:
+    """:func:`plan_guards`' walk (the caller holds _MADE_LOCK; on any error the plan is released)."""
     try:
         pins: list[str] = []
         ents: list[str] = []
@@ -287,4 +334,3 @@ def plan_guards(trees: Sequence[tuple[Root, str | None]], protected: Sequence[st
     except BaseException:
         plan.release()
         raise
-    return plan
