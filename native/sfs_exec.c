@@ -61,7 +61,10 @@
  *                      parent through a Root (never a host path string)
  *   --ro-mounts        a private mount namespace in which every mount is
  *                      nosuid and read-only except clones of the --rw-tree
- *                      directories (nosuid too)
+ *                      directories (nosuid and nodev: a device node planted
+ *                      in a writable tree opens nothing), and each
+ *                      --reach-tree is bound onto itself nosuid and nodev
+ *                      (only the --device binds drop nodev)
  *                      (not root: inside a user namespace mapping only our
  *                      own uid and gid).  Landlock does not cover chmod, chown,
  *                      utime or xattr changes; a read-only mount does (EROFS)
@@ -224,6 +227,7 @@ extern char **environ;
 #define SFS_MOVE_MOUNT_T_EMPTY_PATH 0x40
 #define SFS_MOUNT_ATTR_RDONLY 0x1
 #define SFS_MOUNT_ATTR_NOSUID 0x2
+#define SFS_MOUNT_ATTR_NODEV 0x4
 #define SFS_MAX_TREES 64
 #define SFS_MAX_MASKS 32
 #define SFS_MAX_ENV (1 << 20)
@@ -455,21 +459,21 @@ static int reopen_here(int fd, const char *path, const char *stage)
 
 /*
  * Bind each dirs[] directory onto itself, as now seen (the writable clones
- * are already in place), read-only when rdonly: a read-only grant nested in
- * a writable tree (Landlock unions rules, so only the mount can refuse its
- * writes), or an ancestor of one pinned as a mount point (EBUSY on rename).
+ * are already in place), with attr added to every mount of the bind: a
+ * read-only grant nested in a writable tree (Landlock unions rules, so only
+ * the mount can refuse its writes), an ancestor of one pinned as a mount
+ * point (EBUSY on rename), or a read-only grant made nodev.
  */
-static void bind_self(const int *dirs, char **paths, int n, int rdonly)
+static void bind_self(const int *dirs, char **paths, int n, uint64_t attr_set)
 {
-    struct sfs_mount_attr attr = { SFS_MOUNT_ATTR_RDONLY, 0, 0, 0 };
+    struct sfs_mount_attr attr = { attr_set, 0, 0, 0 };
     for (int t = 0; t < n; t++) {
         int target = reopen_here(dirs[t], paths[t], "mounts");
         long c = syscall(SYS_open_tree, target, "",
                          SFS_OPEN_TREE_CLONE | SFS_AT_RECURSIVE | AT_EMPTY_PATH | O_CLOEXEC);
         if (c < 0)
             fail("mounts", errno);
-        if (rdonly && syscall(SYS_mount_setattr, (int)c, "", AT_EMPTY_PATH | SFS_AT_RECURSIVE,
-                              &attr, sizeof attr) < 0)
+        if (syscall(SYS_mount_setattr, (int)c, "", AT_EMPTY_PATH | SFS_AT_RECURSIVE, &attr, sizeof attr) < 0)
             fail("mounts", errno);
         if (syscall(SYS_move_mount, (int)c, "", target, "",
                     SFS_MOVE_MOUNT_F_EMPTY_PATH | SFS_MOVE_MOUNT_T_EMPTY_PATH) < 0)
@@ -627,11 +631,14 @@ static void read_only_mounts(const int *trees, int ntrees, const struct sfs_bind
 {
     int clones[SFS_MAX_TREES], targets[SFS_MAX_TREES], all[SFS_MAX_TREES * 2];
     char *paths[SFS_MAX_TREES * 2], *pin_paths[SFS_MAX_TREES], *ro_paths[SFS_MAX_TREES], *cwd_path = NULL;
+    char *reach_paths[SFS_MAX_TREES];
     int is_root = geteuid() == 0;
     for (int t = 0; t < ntrees; t++)
         paths[t] = fd_path(all[t] = trees[t], "mounts");
-    for (int t = 0; t < nreach; t++)
+    for (int t = 0; t < nreach; t++) {
         paths[ntrees + t] = fd_path(all[ntrees + t] = reach[t], "mounts");
+        reach_paths[t] = fd_path(reach[t], "mounts");
+    }
     for (int t = 0; t < b->npins; t++)
         pin_paths[t] = fd_path(b->pins[t], "mounts");
     for (int t = 0; t < b->nro; t++)
@@ -662,10 +669,10 @@ static void read_only_mounts(const int *trees, int ntrees, const struct sfs_bind
         if (c < 0)
             fail("mounts", errno);
         clones[t] = (int)c;
-        /* Set-id bits on a file in a writable tree give nothing here. */
-        struct sfs_mount_attr nosuid = { SFS_MOUNT_ATTR_NOSUID, 0, 0, 0 };
+        /* Set-id bits and device nodes in a writable tree give nothing here. */
+        struct sfs_mount_attr rw_attr = { SFS_MOUNT_ATTR_NOSUID | SFS_MOUNT_ATTR_NODEV, 0, 0, 0 };
         if (syscall(SYS_mount_setattr, clones[t], "", AT_EMPTY_PATH | SFS_AT_RECURSIVE,
-                    &nosuid, sizeof nosuid) < 0)
+                    &rw_attr, sizeof rw_attr) < 0)
             fail("mounts", errno);
     }
     struct sfs_mount_attr attr = { SFS_MOUNT_ATTR_RDONLY | SFS_MOUNT_ATTR_NOSUID, 0, 0, 0 };
@@ -678,8 +685,11 @@ static void read_only_mounts(const int *trees, int ntrees, const struct sfs_bind
         close(clones[t]);
         close(targets[t]);          /* trees[t] is closed at execve (it may also be the cwd fd) */
     }
-    bind_self(b->pins, pin_paths, b->npins, 0);
-    bind_self(b->ro, ro_paths, b->nro, 1);
+    /* Read-only grants: nodev too (a device node opens for writing on a read-only mount);
+     * a writable clone inside one keeps its own attributes, read-write included. */
+    bind_self(reach, reach_paths, nreach, SFS_MOUNT_ATTR_NOSUID | SFS_MOUNT_ATTR_NODEV);
+    bind_self(b->pins, pin_paths, b->npins, SFS_MOUNT_ATTR_NOSUID | SFS_MOUNT_ATTR_NODEV);
+    bind_self(b->ro, ro_paths, b->nro, SFS_MOUNT_ATTR_RDONLY | SFS_MOUNT_ATTR_NOSUID | SFS_MOUNT_ATTR_NODEV);
     if (is_root)
         reach_trees(all, paths, ntrees + nreach);
     apply_guards(-1, NULL);

@@ -71,3 +71,90 @@ async def test_concurrent_protected_run_loses_its_placeholder_when_the_other_run
     assert b.read_only_mounts, b
     assert b"EARLY" not in b.stdout  # protected while A lives
     assert not (ws / ".bashrc").exists(), (b.stdout, (ws / ".bashrc").read_text())
+
+
+@pytest.fixture
+def loopdev(base):
+    """A loop block device backed by a file under the temp dir (never a real disk)."""
+    import subprocess
+    backing = base / "backing.img"
+    backing.write_bytes(b"SENTINEL-OUTSIDE" + b"\0" * (64 * 1024 - 16))
+    dev = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True)
+    if dev.returncode != 0:
+        pytest.skip("no loop device")
+    path = dev.stdout.strip()
+    yield backing, os.major(os.stat(path).st_rdev), os.minor(os.stat(path).st_rdev)
+    subprocess.run(["losetup", "-d", path])
+
+
+async def test_device_node_in_a_writable_tree_is_usable_ungranted(base, loopdev):
+    """The read-only mount layer clones the writable trees with nosuid but not
+    nodev, and Landlock's READ_FILE/WRITE_FILE on the workspace cover device
+    files: a device node already in the workspace (a copied rootfs, a grant of
+    a container's tree) is opened although `devices=()` grants nothing."""
+    backing, major, minor = loopdev
+    ws = base / "ws"
+    ws.mkdir()
+    os.mknod(ws / "disk", 0o666 | 0o060000, os.makedev(major, minor))  # S_IFBLK, in the temp dir only
+    os.chmod(ws / "disk", 0o666)  # past the umask: only the mount layer may refuse the write
+    root = open_root(ws)
+    try:
+        r = await run_confined(sh("head -c 16 disk; echo; printf PWNED | dd of=disk bs=1 seek=100 conv=notrunc "
+                                  "2>/dev/null; sync"),
+                               workspace=root, workspace_host_path=str(ws), policy=ConfinementPolicy())
+    finally:
+        root.close()
+    assert r.read_only_mounts and r.identity is not None and r.identity[0] != 0
+    os.sync()
+    data = backing.read_bytes()
+    assert b"SENTINEL-OUTSIDE" not in r.stdout, r.stdout  # read the block device
+    assert data[100:105] != b"PWNED"  # wrote through it to the outside file
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["rw-grant", "ro-grant"])
+async def test_device_node_in_a_grant_is_unusable_ungranted(base, loopdev, read_only):
+    """The same node in a read-write grant (a --rw-tree clone) or a read-only one
+    (a --reach-tree: a read-only mount does not stop writes through a device node)."""
+    backing, major, minor = loopdev
+    ws, g = base / "ws", base / "grant"
+    ws.mkdir()
+    g.mkdir()
+    os.mknod(g / "disk", 0o666 | 0o060000, os.makedev(major, minor))
+    os.chmod(g / "disk", 0o666)
+    ids = (0x6F00_4568, 0x6F00_4568)
+    if not read_only:
+        os.chown(g, *ids)  # a read-write grant must be the confined identity's
+    root, groot = open_root(ws), open_root(g, read_only=read_only)
+    try:
+        r = await run_confined(sh(f"head -c 16 {g}/disk; echo; printf PWNED | dd of={g}/disk bs=1 seek=100 "
+                                  "conv=notrunc 2>/dev/null; sync; echo done"),
+                               workspace=root, workspace_host_path=str(ws), grants=[(groot, read_only)],
+                               policy=ConfinementPolicy(identity=ids))
+    finally:
+        root.close()
+        groot.close()
+    assert r.read_only_mounts and b"done" in r.stdout, r
+    os.sync()
+    assert b"SENTINEL-OUTSIDE" not in r.stdout, r.stdout
+    assert backing.read_bytes()[100:105] != b"PWNED"
+
+
+async def test_a_granted_node_in_the_nodev_workspace_stays_usable(base):
+    """Positive control: only the --device bind drops nodev.  Two /dev/null-like
+    nodes in the workspace: the granted one is written, the other refused."""
+    ws = base / "ws"
+    ws.mkdir()
+    rdev = os.stat("/dev/null").st_rdev  # only its numbers: the nodes are made in the temp dir
+    for n in ("null1", "null2"):
+        os.mknod(ws / n, 0o666 | 0o020000, rdev)  # S_IFCHR
+        os.chmod(ws / n, 0o666)  # past the umask
+    root = open_root(ws)
+    try:
+        r = await run_confined(sh("echo hi > null1 && echo g-ok; echo hi > null2 2>/dev/null && echo u-ok; "
+                                  "echo end"),
+                               workspace=root, workspace_host_path=str(ws),
+                               policy=ConfinementPolicy(devices=(str(ws / "null1"),)))
+    finally:
+        root.close()
+    assert r.stdout.decode().split() == ["g-ok", "end"], r.stderr
+    assert os.stat(ws / "null2").st_rdev == rdev and (ws / "null2").stat().st_size == 0
