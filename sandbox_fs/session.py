@@ -1407,7 +1407,9 @@ class Session:
         that tree (through the view the walk would descend into mount
         entries, host directories, and re-own them), and the command sees
         the view only through ``PrivateRoot.workspace_fd``.  After the walk
-        changed owners, ``PrivateRoot.refresh`` invalidates the view.
+        changed owners, ``PrivateRoot.refresh`` invalidates the view's
+        attributes (never its entries: that would unmount the protected-path
+        binds of the session's other runs).
         """
         policy = self.policy
         if not self.config.overlay:
@@ -1425,7 +1427,7 @@ class Session:
                                sandbox_path=None)
         assert self._direct_policy is not None
         kwargs["private_root"] = _exec.PrivateRoot(ov.mount_fd, self.config.workspace_path,
-                                                   refresh=lambda: ov.invalidate(None))
+                                                   refresh=lambda: ov.invalidate(None, attrs_only=True))
         return self._direct_policy
 
     async def audit_events(self) -> tuple[list[AuditEvent], int]:

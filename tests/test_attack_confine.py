@@ -158,3 +158,61 @@ async def test_a_granted_node_in_the_nodev_workspace_stays_usable(base):
         root.close()
     assert r.stdout.decode().split() == ["g-ok", "end"], r.stderr
     assert os.stat(ws / "null2").st_rdev == rdev and (ws / "null2").stat().st_size == 0
+
+
+def _overlay_unusable() -> str | None:
+    from sandbox_fs import _features
+
+    usable, reason = _features.fuse_status()
+    if not usable:
+        return f"FUSE is not usable here: {reason}"
+    import sandbox_fs.fuse as fuse
+
+    return None if hasattr(fuse, "Overlay") else "this build has no sandbox_fs.fuse.Overlay"
+
+
+async def test_a_second_overlay_run_keeps_the_first_runs_protection(tmp_path):
+    """Session.exec refreshes the overlay view after each run's identity walk.
+    An entry invalidation there detached the protected-path binds of the runs
+    still going in the same session (d_invalidate unmounts what sits on the
+    dentry): run A could write `.bashrc` once run B had started.  The refresh
+    now drops attributes only, which is all an owner change needs."""
+    why = _overlay_unusable()
+    if why:
+        pytest.skip(why)
+    from sandbox_fs.client import ClientOptions, LocalSandboxClient
+
+    policy = ConfinementPolicy(protected=(".bashrc",))
+    client = LocalSandboxClient(ClientOptions(workspaces_dir=str(tmp_path / "wsdir"),
+                                              snapshot_dir=str(tmp_path / "snaps"), overlay=True))
+    out: dict[str, object] = {}
+    try:
+        async with client.create() as session:
+            await session.write(".bashrc", b"orig\n")
+
+            async def run_a():
+                out["a"] = await session.exec(sh(
+                    "(echo x > .bashrc) 2>/dev/null && echo EARLY; : > a-up; "
+                    "i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+                    "(echo evil > .bashrc) 2>/dev/null && echo WROTE; echo done"), policy=policy, timeout_s=60)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(run_a)
+                with trio.fail_after(30):
+                    while "a-up" not in [e.name for e in await session.ls(".")]:
+                        await trio.sleep(0.05)
+                # an owner for B's identity walk to change (it refreshes the view then): A's file, re-owned
+                # in the backing workspace
+                (marker,) = (tmp_path / "wsdir").rglob("a-up")
+                os.chown(marker, 0, 0)
+                # B writes the re-owned file: the refresh still drops the cached owner (0644 root's: EACCES)
+                b = await session.exec(sh("echo b > a-up && echo b"), policy=policy, timeout_s=60)
+                assert b.stdout == b"b\n" and b.overlay, b
+                await session.write("go", b"")
+            a = out["a"]
+            assert a.overlay and b"done" in a.stdout, (a.stdout, a.stderr)
+            assert b"EARLY" not in a.stdout
+            assert b"WROTE" not in a.stdout, a.stdout
+            assert await session.read(".bashrc") == b"orig\n"
+    finally:
+        client.close()

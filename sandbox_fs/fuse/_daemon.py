@@ -371,11 +371,14 @@ class Daemon:
                 jobs.append(("inode", parent, True))
                 if node is not None:
                     nodes.append(node)
+        attrs_only = bool(op.get("attrs_only"))
+        if attrs_only:  # no entry: d_invalidate would detach the binds on it (other runs' protected paths)
+            jobs = []
         for node in nodes:
             # an open file keeps its pages until its next open (PLATFORM.md §9)
-            if node.opens:
+            if node.opens and not attrs_only:
                 node.data_stale = True
-            jobs.append(("inode", node.ino, bool(node.opens)))
+            jobs.append(("inode", node.ino, attrs_only or bool(node.opens)))
         failed = await self.invalidator.run(jobs)
         return {"ok": True, "invalidated": len(jobs), "failed": failed}
 

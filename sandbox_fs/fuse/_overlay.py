@@ -491,7 +491,7 @@ class Overlay:
         """True while the daemon runs and the channel works."""
         return not self._broken and self._process.returncode is None
 
-    async def invalidate(self, paths: Sequence[str] | None = None) -> None:
+    async def invalidate(self, paths: Sequence[str] | None = None, *, attrs_only: bool = False) -> None:
         """Drop the kernel's cached entries and attributes for ``paths`` (workspace-relative), or all.
 
         Returns once the kernel processed every invalidation.  Call it after
@@ -501,6 +501,11 @@ class Overlay:
         ``None`` walks the daemon's whole inode table (about 15 ms per 1,000
         entries here).  An open file keeps its cached pages until it is
         opened again (only its attributes are dropped while open).
+        ``attrs_only=True`` drops cached attributes (owners, modes, sizes)
+        only, never an entry or pages: enough after owners changed, and it
+        leaves alone the mounts on those entries (a dropped entry unmounts,
+        in every namespace, what is mounted on it: the protected-path binds
+        of runs going on).
 
         Raises:
             OverlayError: the daemon is gone or refused.
@@ -509,6 +514,8 @@ class Overlay:
         """
         op: dict[str, Any] = {"op": "invalidate", "all": True} if paths is None else \
             {"op": "invalidate", "paths": [str(p) for p in paths]}
+        if attrs_only:
+            op["attrs_only"] = True
         await self._request([op])
 
     async def set_faults(self, rules: Sequence[FaultRule]) -> None:
