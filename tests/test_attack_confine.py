@@ -216,3 +216,37 @@ async def test_a_second_overlay_run_keeps_the_first_runs_protection(tmp_path):
             assert await session.read(".bashrc") == b"orig\n"
     finally:
         client.close()
+
+
+def test_placeholder_references_are_per_tree_and_the_last_release_removes(base):
+    """The plan level under both run kinds (run_confined and PTY sessions share GuardPlan):
+    two plans over one tree share the placeholders; a user's own empty file is never counted."""
+    from sandbox_fs.exec._protected import plan_guards
+
+    ws = base / "ws"
+    ws.mkdir()
+    (ws / ".profile").write_bytes(b"")  # the user's, empty: never removed
+    fds: list[int] = []
+
+    def pass_fd(fd: int) -> str:
+        fds.append(fd)
+        return str(fd)
+
+    pats = (".bashrc", ".vscode/tasks.json", ".profile")
+    root_a, root_b = open_root(ws), open_root(ws)
+    try:
+        a = plan_guards([(root_a, None)], pats, (), pass_fd)
+        assert (ws / ".bashrc").is_file() and (ws / ".vscode" / "tasks.json").is_file()
+        b = plan_guards([(root_b, None)], pats, (), pass_fd)
+        a.release()
+        assert (ws / ".bashrc").is_file() and (ws / ".vscode" / "tasks.json").is_file()  # b still needs them
+        b.release()
+        assert sorted(os.listdir(ws)) == [".profile"]
+        c = plan_guards([(root_a, None)], pats, (), pass_fd)  # a fresh count: made again, removed again
+        c.release()
+        assert sorted(os.listdir(ws)) == [".profile"]
+    finally:
+        root_a.close()
+        root_b.close()
+        for fd in fds:
+            os.close(fd)
