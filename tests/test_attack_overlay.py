@@ -339,7 +339,8 @@ async def test_open_directory_handles_each_pin_a_full_listing_in_the_daemon(layo
     from sandbox_fs.fuse import OverlayPolicy
 
     n_links, k_handles = 20000, 64
-    async with mounted(layout.ws, policy=OverlayPolicy(max_bytes=1 << 20, max_inodes=16)) as ov:
+    # names are charged now (finding 2): room for the 20,000 links, still one inode of data
+    async with mounted(layout.ws, policy=OverlayPolicy(max_bytes=64 << 20, max_inodes=16)) as ov:
         mfd = ov.mount_fd
 
         def build() -> None:

@@ -29,6 +29,7 @@ import trio
 
 from sandbox_fs import _native
 from sandbox_fs.fuse import Overlay, OverlayMount, OverlayPolicy
+from sandbox_fs.fuse._quota import Quota
 from sandbox_fs.root import open_root
 
 from tests.conftest import tree_digest
@@ -520,8 +521,9 @@ async def test_odd_and_malformed_requests_keep_the_mount_alive(layout):
         # The failed writes past every limit charged nothing: usage is what the backing tree holds.
         usage = await ov.usage()
         assert ov.alive
-    on_disk = sum(p.lstat().st_size for p in layout.ws.rglob("*") if p.is_file() and not p.is_symlink())
-    assert usage["bytes"] == on_disk, (usage, on_disk)
+    with open_root(layout.ws) as root, root.handle() as h:
+        on_disk = Quota().measure(h)  # file bytes, symlink targets and names, measured afresh
+    assert (usage["bytes"], usage["inodes"]) == on_disk, (usage, on_disk)
     assert (layout.ws / "after").read_bytes() == b"still alive"
     assert got["create non-utf8"] == 0 and got["stat non-utf8"] == 0 and got["rename non-utf8"] == 0
     assert got["name 255"] == 0 and got["name 256"] == errno.ENAMETOOLONG

@@ -18,6 +18,7 @@ import trio
 
 from sandbox_fs import _native
 from sandbox_fs.fuse import FaultRule, Overlay, OverlayError, OverlayPolicy
+from sandbox_fs.fuse._quota import NAME_ENTRY_BYTES
 from sandbox_fs.root import open_root
 
 if not os.path.exists("/dev/fuse"):
@@ -72,7 +73,8 @@ async def in_thread(fn, *args):
 
 async def test_start_reports_usage_and_serves_the_workspace(overlay):
     assert overlay.alive
-    assert overlay.initial_usage == {"bytes": 106, "inodes": 3}
+    # file bytes, plus each name (hello.txt, sub, inner) at its length + NAME_ENTRY_BYTES
+    assert overlay.initial_usage == {"bytes": 106 + 17 + 3 * NAME_ENTRY_BYTES, "inodes": 3}
     assert sorted(overlay.root.listdir(".")) == ["hello.txt", "sub"]
     assert overlay.root.read_bytes("hello.txt") == b"hello\n"
     st = overlay.root.stat("sub/inner")
@@ -98,7 +100,9 @@ async def test_basic_ops_through_root(overlay, ws_dir):
     assert not (ws_dir / "d" / "moved.txt").exists()
     r.rmtree("d")
     assert sorted(os.listdir(ws_dir)) == ["hard", "hello.txt", "sub"]
-    assert await overlay.usage() == {"bytes": 106 + 6, "inodes": 4}
+    # the workspace's files and names as at start, plus "hard" (6 bytes) and its name
+    assert await overlay.usage() == {"bytes": 106 + 17 + 3 * NAME_ENTRY_BYTES + 6 + 4 + NAME_ENTRY_BYTES,
+                                     "inodes": 4}
 
 
 def plain_os_ops(mfd: int) -> dict:
@@ -189,13 +193,16 @@ async def test_invalidate_makes_a_backing_change_visible_at_once(overlay, ws_dir
 
 
 async def test_quota_refuses_a_write_past_the_limit(overlay):
-    await overlay.set_quota(200, 10)
+    # names are charged (length + NAME_ENTRY_BYTES, also the write's temporary name): 100 bytes
+    # of room once q (90 bytes) and its name are in, which q2's 50 bytes and name exceed
+    limit = (await overlay.usage())["bytes"] + 90 + 1 + NAME_ENTRY_BYTES + 100
+    await overlay.set_quota(limit, 10)
     overlay.root.write_bytes("q", b"a" * 90)
     with pytest.raises(OSError) as info:
         overlay.root.write_bytes("q2", b"b" * 50)
     assert info.value.errno == errno.EDQUOT
     usage = await overlay.usage()
-    assert usage["bytes"] <= 200
+    assert usage["bytes"] <= limit
     mfd = overlay.mount_fd
 
     def grow(name, size):

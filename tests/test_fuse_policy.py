@@ -29,7 +29,7 @@ import sandbox_fs
 from sandbox_fs.fuse import _protocol
 from sandbox_fs.fuse._audit import MAX_OP_CHARS, MAX_PATH_CHARS, AuditEvent, AuditLog, from_wire, to_wire
 from sandbox_fs.fuse._faults import FUSE_OPS, FaultRule, FaultRules
-from sandbox_fs.fuse._quota import Quota
+from sandbox_fs.fuse._quota import NAME_ENTRY_BYTES, Quota, name_cost
 from sandbox_fs.fuse._rules import OverlayPolicy, check_mode, check_special, check_symlink
 from sandbox_fs.root import open_root
 
@@ -562,17 +562,21 @@ def _measure(path: Path) -> tuple[int, int]:
 
 
 def _model_usage(top: Path) -> tuple[int, int]:
-    """The oracle: lstat of every path beneath ``top`` on its device, hard links once."""
+    """The oracle: lstat of every path beneath ``top`` on its device, hard links once; every
+    name on the device costs ``name_cost`` bytes (each name of a hard-linked inode)."""
     dev = top.lstat().st_dev
     seen, nbytes, ninodes = set(), 0, 0
     for dirpath, dirnames, filenames in os.walk(top):
         for name in dirnames + filenames:
             s = os.lstat(os.path.join(dirpath, name))
-            if s.st_dev != dev or (s.st_dev, s.st_ino) in seen:
+            if s.st_dev != dev:
+                continue
+            nbytes += name_cost(os.fsencode(name))
+            if (s.st_dev, s.st_ino) in seen:
                 continue
             seen.add((s.st_dev, s.st_ino))
             ninodes += 1
-            nbytes += s.st_size if stat.S_ISREG(s.st_mode) else 0
+            nbytes += s.st_size if stat.S_ISREG(s.st_mode) or stat.S_ISLNK(s.st_mode) else 0
         dirnames[:] = [d for d in dirnames if os.lstat(os.path.join(dirpath, d)).st_dev == dev]
     return nbytes, ninodes
 
@@ -602,8 +606,10 @@ def test_measure_counts_sizes_links_once_and_follows_no_symlink(tmp_path):
     before = _fd_count()
     got = _measure(ws)
     assert _fd_count() == before, "every handle the walk opened is closed"
-    # bytes: a (once) + b + sparse; inodes: d, e, a, b, c, sparse, 3 symlinks, fifo (a2, a3 are a)
-    assert got == (10 + 200 + (1 << 30), 10)
+    # bytes: a (once) + b + sparse + the 3 symlink targets + 12 names (34 bytes of names, each
+    # plus NAME_ENTRY_BYTES); inodes: d, e, a, b, c, sparse, 3 symlinks, fifo (a2, a3 are a)
+    targets = len(str(outside / "big")) + len(str(outside / "dir")) + len("a")
+    assert got == (10 + 200 + (1 << 30) + targets + 34 + 12 * NAME_ENTRY_BYTES, 10)
     assert got == _model_usage(ws)
 
 
@@ -613,7 +619,7 @@ def test_measure_hard_link_to_a_file_outside_counts_once_inside(tmp_path):
     (tmp_path / "out").write_bytes(b"z" * 77)
     os.link(tmp_path / "out", ws / "in1")
     os.link(tmp_path / "out", ws / "in2")
-    assert _measure(ws) == (77, 1)
+    assert _measure(ws) == (77 + 2 * (3 + NAME_ENTRY_BYTES), 1)  # the data once, both names
 
 
 @settings(max_examples=40, deadline=None)
@@ -652,8 +658,9 @@ def test_measure_does_not_cross_into_another_st_dev(tmp_path):
         (ws / "mnt" / "g").write_bytes(b"b" * 1000)
         (ws / "mnt" / "sub").mkdir()
         assert (ws / "mnt").stat().st_dev != ws.stat().st_dev
-        assert _measure(ws) == (5, 1), "the mount point and everything on it are left out"
-        assert _measure(ws / "mnt") == (1000, 2), "measured from its own root, the tmpfs counts"
+        # f's 5 bytes and its name; the mount point's name is left out with what is on it
+        assert _measure(ws) == (5 + 1 + NAME_ENTRY_BYTES, 1), "the mount point and everything on it are left out"
+        assert _measure(ws / "mnt") == (1000 + 1 + 3 + 2 * NAME_ENTRY_BYTES, 2), "measured from its own root, the tmpfs counts"
     finally:
         subprocess.run(["umount", "-l", str(ws / "mnt")], check=True)
 
@@ -702,5 +709,5 @@ def test_measure_error_leaves_usage_unchanged_and_closes_every_handle():
 def test_measure_skips_an_entry_gone_since_the_listing():
     _FakeHandle.live = set()
     top = _FakeHandle({"a": 5, "g": "gone", "d": {"x": 2}})
-    assert Quota().measure(top) == (7, 3)
+    assert Quota().measure(top) == (7 + 3 * (1 + NAME_ENTRY_BYTES), 3)  # a, d, x: data and names
     assert _FakeHandle.live == {id(top)}

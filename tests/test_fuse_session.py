@@ -23,6 +23,7 @@ import trio
 import sandbox_fs
 from sandbox_fs import _features
 from sandbox_fs.client import ClientOptions, LocalSandboxClient
+from sandbox_fs.fuse._quota import NAME_ENTRY_BYTES
 
 
 def _overlay_unusable() -> str | None:
@@ -298,14 +299,17 @@ async def test_quota_at_the_limit_through_the_session(make_client, tmp_path):
     limit = 8192
     async with make_client(overlay_policy=OverlayPolicy(max_bytes=limit)).create() as session:
         used = (await session.overlay_usage())["bytes"]  # the workspace id file counts
-        await session.write("fill", b"x" * (limit - used))
+        # names are charged too (length + NAME_ENTRY_BYTES); the write goes through a 25-byte
+        # temporary name renamed onto "fill", so a 25-byte "fill" name keeps the usage at its peak
+        fill = "f" * 25
+        await session.write(fill, b"x" * (limit - used - len(fill) - NAME_ENTRY_BYTES))
         assert (await session.overlay_usage())["bytes"] == limit
         with pytest.raises(OSError) as ei:
             await session.write("more", b"y")
         assert ei.value.errno == errno.EDQUOT
         assert not (tmp_path / "wsdir" / session.id / "more").exists(), "a refused write left its file"
         assert (await session.overlay_usage())["bytes"] == limit
-        await session.rm("fill")
+        await session.rm(fill)
         await session.write("more", b"y" * 100)  # room again
         # limits set at run time: inodes
         inodes = (await session.overlay_usage())["inodes"]

@@ -57,7 +57,7 @@ from ..root import Handle
 from ._audit import AuditLog
 from ._faults import FaultRules
 from ._inodes import MAX_DIR_DEPTH, Inode, InodeTable, Tree
-from ._quota import Quota
+from ._quota import Quota, name_cost
 from ._rules import OverlayPolicy, check_mode, check_shared_symlink, check_special, check_symlink
 
 log = logging.getLogger("sandbox_fs.fuse.daemon")
@@ -254,10 +254,17 @@ class OverlayOps(pyfuse3.Operations):
                     raise
         raise OSError(errno.ESTALE, "no name of this inode is left")
 
-    def _created(self, pnode: Inode, name: bytes, handle: Handle) -> EntryAttributes:
+    def _check_entry(self, pnode: Inode, name: bytes, extra_bytes: int = 0) -> None:
+        """Refuse a new inode called ``name`` in ``pnode`` past the quota (its inode, its name's cost, ``extra_bytes``)."""
+        if self._charged(pnode):
+            self.quota.check_new_inode()
+            self.quota.check_grow(name_cost(name) + extra_bytes)
+
+    def _created(self, pnode: Inode, name: bytes, handle: Handle, extra_bytes: int = 0) -> EntryAttributes:
         """Learn a new entry made by this request; the kernel now holds one lookup on it."""
         if self._charged(pnode):
             self.quota.add_inodes(1)
+            self.quota.add_bytes(name_cost(name) + extra_bytes)
         node, _ = self.table.learn(pnode.ino, name, handle, pnode.tree)
         node.lookups += 1
         st = node.handle.stat()
@@ -276,7 +283,7 @@ class OverlayOps(pyfuse3.Operations):
             node.orphaned = True
             return
         self.quota.add_inodes(-1)
-        if stat.S_ISREG(st.st_mode):
+        if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
             self.quota.add_bytes(-st.st_size)
 
     def _check_depth(self, parent: int, moved: tuple[Inode, bytes] | None = None) -> None:
@@ -506,8 +513,7 @@ class OverlayOps(pyfuse3.Operations):
         self._writable(pnode)
         check_mode(mode)
         self._check_depth(parent)
-        if self._charged(pnode):
-            self.quota.check_new_inode()
+        self._check_entry(pnode, name)
         handle = pnode.handle.mkdir(name, stat.S_IMODE(mode), owner=(ctx.uid, ctx.gid))
         return self._created(pnode, name, handle)
 
@@ -530,8 +536,10 @@ class OverlayOps(pyfuse3.Operations):
             else:
                 pnode.handle.unlink(name)
             self.table.remove_dentry(parent, name)
-            if handle is not None and self._charged(pnode):
-                self._release_unlinked(node, handle)
+            if self._charged(pnode):
+                self.quota.add_bytes(-name_cost(name))
+                if handle is not None:
+                    self._release_unlinked(node, handle)
         finally:
             if temporary and handle is not None:
                 handle.close()
@@ -561,8 +569,12 @@ class OverlayOps(pyfuse3.Operations):
         if exchange:
             self._check_moved_link(dst_dir, new, pold, old)
         node, handle, temporary = (None, None, False) if exchange else self._victim(dst_dir, new)
+        names_delta = 0 if exchange or not self._charged(dst_dir) else self._rename_names_delta(
+            src_dir, old, new, handle)
         try:
+            self.quota.check_grow(names_delta)
             src_dir.handle.rename(old, dst_dir.handle, new, flags)
+            self.quota.add_bytes(names_delta)
             moved = self.table.remove_dentry(pold, old)
             other = self.table.remove_dentry(pnew, new)
             if moved is not None:
@@ -576,6 +588,25 @@ class OverlayOps(pyfuse3.Operations):
             if temporary and handle is not None:
                 handle.close()
 
+    def _rename_names_delta(self, src_dir: Inode, old: bytes, new: bytes, victim: Handle | None) -> int:
+        """Bytes of names a rename of ``old`` to ``new`` adds (negative: gives back).
+
+        The old name goes; the new name comes unless it replaces a name
+        already there (the victim's).  Renaming one name of an inode over
+        another name of the same inode changes nothing (rename(2) leaves both).
+        """
+        if victim is None:
+            return name_cost(new) - name_cost(old)
+        try:
+            src = src_dir.handle.lookup(old)
+        except FileNotFoundError:
+            return 0  # the rename itself reports it
+        try:
+            same = src.key == victim.key
+        finally:
+            src.close()
+        return 0 if same else -name_cost(old)
+
     # ---------------------------------------------------------- new names
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> EntryAttributes:
@@ -587,8 +618,7 @@ class OverlayOps(pyfuse3.Operations):
         self._writable(pnode)
         check_mode(mode)
         check_special(mode, self.policy)
-        if self._charged(pnode):
-            self.quota.check_new_inode()
+        self._check_entry(pnode, name)
         handle = pnode.handle.mknod(name, mode, rdev, owner=(ctx.uid, ctx.gid))
         return self._created(pnode, name, handle)
 
@@ -600,10 +630,9 @@ class OverlayOps(pyfuse3.Operations):
         pnode = self.table.get(parent)
         self._writable(pnode)
         self._check_target(parent, name, target)
-        if self._charged(pnode):
-            self.quota.check_new_inode()
+        self._check_entry(pnode, name, len(target))
         handle = pnode.handle.symlink(name, target, owner=(ctx.uid, ctx.gid))
-        return self._created(pnode, name, handle)
+        return self._created(pnode, name, handle, len(target))
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> EntryAttributes:
         path = self.table.path_of(new_parent_inode, new_name)
@@ -617,7 +646,11 @@ class OverlayOps(pyfuse3.Operations):
             raise OSError(errno.EXDEV, "across trees")
         self._check_named_here(node)
         self._check_new_name(node.handle, parent, name)
+        if self._charged(pnode):
+            self.quota.check_grow(name_cost(name))
         handle = pnode.handle.link(node.handle, name)
+        if self._charged(pnode):
+            self.quota.add_bytes(name_cost(name))
         linked, _ = self.table.learn(parent, name, handle, pnode.tree)
         linked.lookups += 1
         return self._attr(linked, linked.handle.stat())
@@ -635,8 +668,7 @@ class OverlayOps(pyfuse3.Operations):
         check_mode(mode)
         if not stat.S_ISREG(mode) and stat.S_IFMT(mode):
             raise OSError(errno.EINVAL, "create of a non-regular file")
-        if self._charged(pnode):
-            self.quota.check_new_inode()
+        self._check_entry(pnode, name)
         fd = pnode.handle.open(name, (flags & OPEN_FLAGS_KEPT & ~os.O_TRUNC) | os.O_CREAT | os.O_EXCL,
                                stat.S_IMODE(mode), owner=(ctx.uid, ctx.gid))
         try:

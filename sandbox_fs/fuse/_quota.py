@@ -12,10 +12,18 @@ short at the limit, having written the requests before the one refused.)
 
 What counts:
 
-* bytes: the apparent size (``st_size``) of regular files; a hard-linked
-  inode once, however many names it has;
+* bytes: the apparent size (``st_size``) of regular files and the length
+  of symlink targets, a hard-linked inode once, however many names it has;
+  plus every *name* (directory entry) beneath the workspace root, each
+  :func:`name_cost` bytes (its length plus :data:`NAME_ENTRY_BYTES`):
+  directory blocks are disk too, and hard links or long names would fill
+  it past both limits otherwise.  A name is charged when made (create,
+  mkdir, mknod, symlink, link, a rename's new name) and given back when
+  removed (unlink, rmdir, a rename's old name or the name it replaced);
 * inodes: every entry beneath the workspace root (the root itself is not
   counted), a hard-linked inode once.
+
+:meth:`Quota.usage` (the ``usage`` control op) reports the same two numbers.
 
 Limits may change at run time (:meth:`Quota.set_limits`).  Lowering one
 below the current usage deletes nothing: growth fails until usage is back
@@ -34,7 +42,17 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     from ..root import Handle
 
-__all__ = ["Quota"]
+__all__ = ["NAME_ENTRY_BYTES", "Quota", "name_cost"]
+
+
+NAME_ENTRY_BYTES = 64
+"""Fixed bytes charged per directory entry on top of its name's length (about what ext4 and xfs
+spend per entry beyond the name: inode number, lengths, type, alignment, hashed-index overhead)."""
+
+
+def name_cost(name: bytes) -> int:
+    """Bytes a directory entry called ``name`` is charged: ``len(name) + NAME_ENTRY_BYTES``."""
+    return len(name) + NAME_ENTRY_BYTES
 
 
 def _check_limit(name: str, value: int | None) -> None:
@@ -62,7 +80,7 @@ class Quota:
 
     @property
     def bytes(self) -> int:
-        """Bytes in use (apparent size of regular files)."""
+        """Bytes in use (regular files' apparent size, symlink targets, names; see the module docstring)."""
         return self._bytes
 
     @property
@@ -118,8 +136,10 @@ class Quota:
 
         Every entry is reached by :meth:`~sandbox_fs.root.Handle.lookup` of
         one listed name from its directory's handle (``O_PATH|O_NOFOLLOW``)
-        and judged by ``fstat`` of that fd, never by a path: a symlink is
-        counted as an entry and never followed; an entry on another
+        and judged by ``fstat`` of that fd, never by a path: every name
+        costs :func:`name_cost` bytes (each name of a hard-linked inode); a
+        symlink is counted as an entry (its target's length once) and never
+        followed; an entry on another
         ``st_dev`` than ``handle`` (a mount point) is neither counted nor
         entered; a non-directory with ``st_nlink > 1`` is counted once per
         ``(st_dev, st_ino)``; an entry gone between listing and lookup is
@@ -160,6 +180,7 @@ class Quota:
                     st = child.stat()
                     if st.st_dev != dev:
                         continue
+                    nbytes += name_cost(entry[0])
                     if stat.S_ISDIR(st.st_mode):
                         stack.append((child, iter(child.listdir())))
                         entered = True
@@ -168,7 +189,7 @@ class Quota:
                             continue
                         seen.add((st.st_dev, st.st_ino))
                     ninodes += 1
-                    if stat.S_ISREG(st.st_mode):
+                    if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                         nbytes += st.st_size
                 finally:
                     if not entered:
