@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.test_fuse_attacks import errno_of, granted, in_thread, mounted  # noqa: F401 (fixture)
 
@@ -627,3 +629,45 @@ async def test_a_session_with_overlapping_mount_entries_is_refused(tmp_path):
     assert ei.value.code == "mount_overlap" and ei.value.context["overlap"] in ("inside", "contains")
     assert str(tmp_path) not in str(ei.value)
     assert (g / "sub" / "keep").read_text() == "read-only data\n"
+
+
+_POOL = ["a", "b" * 40, "c" * 255, "d/e", "d/" + "f" * 100]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(["create", "link", "rename", "unlink", "symlink"]),
+                              st.sampled_from(_POOL), st.sampled_from(_POOL)), max_size=30))
+def test_property_usage_is_a_fresh_measure_of_the_backing_tree(tmp_path_factory, ops):
+    """Whatever creates, links, renames (also over an existing name, or onto another name of the
+    same inode), unlinks and symlinks go through the mount, the daemon's running ``usage`` (file
+    bytes, symlink targets, every name) equals ``Quota.measure`` of the backing tree afterwards."""
+    from sandbox_fs.fuse import OverlayPolicy
+    from sandbox_fs.fuse._quota import Quota
+    from sandbox_fs.root import open_root
+
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "d").mkdir()
+
+    def apply(mfd: int) -> None:
+        for kind, a, b in ops:
+            if kind == "create":
+                errno_of(os.mknod, a, 0o100644, dir_fd=mfd)  # no open: no release arriving late
+            elif kind == "link":
+                errno_of(os.link, a, b, src_dir_fd=mfd, dst_dir_fd=mfd)
+            elif kind == "rename":
+                errno_of(os.rename, a, b, src_dir_fd=mfd, dst_dir_fd=mfd)
+            elif kind == "unlink":
+                errno_of(os.unlink, a, dir_fd=mfd)
+            else:
+                errno_of(os.symlink, b.replace("/", "_"), a, dir_fd=mfd)
+
+    async def run() -> dict[str, int]:
+        async with mounted(ws, policy=OverlayPolicy(max_bytes=1 << 30, max_inodes=1000)) as ov:
+            await in_thread(apply, ov.mount_fd)
+            assert ov.alive
+            return await ov.usage()
+
+    usage = trio.run(run)
+    with open_root(ws) as root, root.handle() as h:
+        fresh = Quota().measure(h)
+    assert (usage["bytes"], usage["inodes"]) == fresh, f"after {ops}"
