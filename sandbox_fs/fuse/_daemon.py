@@ -74,6 +74,7 @@ def raise_nofile() -> int:
     """Raise this process's ``RLIMIT_NOFILE`` as far as allowed; returns the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
+        # host-access: a kernel sysctl (procfs, root-owned), no workspace or host-source path
         with open("/proc/sys/fs/nr_open") as f:
             ceiling = min(int(f.read()), NOFILE_MAX)
     except (OSError, ValueError):
@@ -144,6 +145,7 @@ def drop_capabilities(policy: OverlayPolicy) -> None:
         OSError: EBUSY, another thread exists already; or the capset/prctl errno.
     """
     try:
+        # host-access: our own process's task list (procfs), no workspace path
         threads = len(os.listdir("/proc/self/task"))
     except OSError:
         threads = threading.active_count()
@@ -162,6 +164,7 @@ async def tune_readahead(mount_fd: int) -> None:
     try:
         st = await trio.to_thread.run_sync(os.fstat, mount_fd, abandon_on_cancel=True)
         bdi = f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb"
+        # host-access: the mount's own sysfs bdi knob (root-owned), built from st_dev, not from a name
         with open(bdi, "w") as f:
             f.write(str(READ_AHEAD_KB))
     except OSError:
@@ -285,6 +288,7 @@ class Daemon:
         quota.set_limits(policy.max_bytes, policy.max_inodes)
         table = InodeTable(root_handle, workspace)
         self.ops = OverlayOps(table, policy, mounts, AuditLog(policy.audit_capacity), FaultRules(), quota)
+        # host-access: the FUSE device node (devtmpfs, root-owned), no workspace path
         self.dev_fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         mount_fd = make_mount(self.dev_fd)
         try:

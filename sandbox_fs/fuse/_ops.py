@@ -99,6 +99,7 @@ class DirStream:
     def __init__(self, node: Inode, skip: int) -> None:
         self.fd = node.handle.open_dir()
         try:
+            # host-access: none: lists a directory fd opened beneath the tree by its Handle
             self._it = os.scandir(self.fd)
             for _ in range(skip):
                 if next(self._it, None) is None:
