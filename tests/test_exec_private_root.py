@@ -196,13 +196,14 @@ async def test_proc_shows_only_the_commands_own_pid_namespace(cloned_ws):
         script = "for d in /proc/[0-9]*; do echo ${d#/proc/} $(tr '\\0' ' ' < $d/cmdline); done"
         r = await run_confined(sh(script), workspace=ws, workspace_host_path=str(backing),
                                private_root=PrivateRoot(mfd), confinement="none", check=True)
-        pids = [int(line.split()[0]) for line in r.stdout.decode().splitlines()]
-        assert marker not in r.stdout.decode()
+        # Command lines are arbitrary bytes (any host process's argv): compare bytes, never decode.
+        pids = [int(line.split()[0]) for line in r.stdout.splitlines()]
+        assert marker.encode() not in r.stdout
         assert max(pids) < 20, pids  # a fresh namespace: init, the shell, its children
         # Control: the host's /proc lists the marker process.
         control = await run_confined(sh(script), workspace=ws, workspace_host_path=str(backing),
                                      confinement="none", check=True)
-        assert marker in control.stdout.decode()
+        assert marker.encode() in control.stdout
     finally:
         host.kill()
         host.wait()
