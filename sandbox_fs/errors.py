@@ -53,6 +53,8 @@ operation again may succeed::
     | `snapshot_source_changed` | `SnapshotSourceChangedError` | `sandbox_fs.snapshot` | yes |
     | `snapshot_unrestorable_entry` | `UnrestorableEntryError` | `sandbox_fs.snapshot` | no |
     | `snapshot_verify_failed` | `SnapshotVerifyError` | `sandbox_fs.snapshot` | yes |
+    | `snapshot_store_unavailable` | `SnapshotStoreError` | `sandbox_fs.snapshot` | yes |
+    | `snapshot_conflict` | `SnapshotConflictError` | `sandbox_fs.snapshot` | no |
     | `session_error` | `SessionError` | `sandbox_fs.session` | no |
     | `session_busy` | `SessionBusyError` | `sandbox_fs.session` | yes |
     | `session_not_started` | `SessionNotStartedError` | `sandbox_fs.session` | no |

@@ -9,7 +9,7 @@ hydrate's own rules (:class:`SnapshotPolicy`), so whatever it commits,
 hydrate restores.
 
 Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
-reports), ``_store`` (stores), ``_walk`` (the fd walk), ``_entries`` (what
+reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_walk`` (the fd walk), ``_entries`` (what
 the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
 ``_persist``, ``_hydrate``.
 """
@@ -25,6 +25,8 @@ from ._errors import (
     SnapshotLimitError,
     SnapshotNotFoundError,
     SnapshotSourceChangedError,
+    SnapshotConflictError,
+    SnapshotStoreError,
     SnapshotVerifyError,
     UnrestorableEntryError,
 )
@@ -40,6 +42,7 @@ from ._models import (
     SnapshotPolicy,
     validate_name,
 )
+from ._objects import ObjectInfo, ObjectStore, ObjectWriter
 from ._persist import persist
 from ._store import LocalSnapshotStore, NoSnapshot, SnapshotStore
 from ._store import PendingArchive as PendingArchive
@@ -53,6 +56,11 @@ __all__ = [
     "SnapshotSourceChangedError",
     "UnrestorableEntryError",
     "SnapshotVerifyError",
+    "SnapshotStoreError",
+    "SnapshotConflictError",
+    "ObjectStore",
+    "ObjectWriter",
+    "ObjectInfo",
     "SnapshotLimits",
     "SnapshotPolicy",
     "SnapshotInfo",

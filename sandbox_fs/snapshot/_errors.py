@@ -12,6 +12,8 @@ __all__ = [
     "SnapshotSourceChangedError",
     "UnrestorableEntryError",
     "SnapshotVerifyError",
+    "SnapshotStoreError",
+    "SnapshotConflictError",
 ]
 
 
@@ -63,3 +65,29 @@ class SnapshotVerifyError(SnapshotError):
 
     code = "snapshot_verify_failed"
     retryable = True
+
+
+class SnapshotStoreError(SnapshotError):
+    """The object store could not be reached or refused the request.
+
+    ``retryable`` is True for transient failures (connection refused or reset,
+    timeouts, 5xx, throttling) and False for ones a retry cannot fix (bad
+    credentials, a missing bucket, access denied).  The message never names
+    a credential or a host path.
+    """
+
+    code = "snapshot_store_unavailable"
+    retryable = True
+
+
+class SnapshotConflictError(SnapshotError):
+    """Another writer advanced this snapshot's current-generation pointer first.
+
+    Raised when two sessions (for example two machines resuming one state)
+    persist to the same name: the first conditional pointer write wins, the
+    other gets this error and nothing it wrote becomes current.  Not
+    retryable: resume from the winner's state instead.
+    """
+
+    code = "snapshot_conflict"
+    retryable = False
