@@ -56,8 +56,8 @@ PUBLIC = {
         "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
     ],
     "sandbox_fs.snapshot": [
-        "HydrateReport", "LocalSnapshotStore", "NoSnapshot", "PersistReport", "SnapshotCorruptError",
-        "SnapshotError", "SnapshotInfo", "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError",
+        "HydrateReport", "LocalSnapshotStore", "NoSnapshot", "ObjectInfo", "ObjectStore", "ObjectWriter",
+        "PersistReport", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotStoreError", "SnapshotInfo", "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError",
         "SnapshotPolicy", "SnapshotSourceChangedError", "SnapshotStore", "SnapshotVerifyError",
         "UnrestorableEntryError", "fingerprint", "hydrate", "persist", "tree_digest", "validate_name",
     ],
