@@ -57,8 +57,9 @@ PUBLIC = {
     ],
     "sandbox_fs.snapshot": [
         "HydrateReport", "LocalSnapshotStore", "NoSnapshot", "ObjectInfo", "ObjectStore", "ObjectWriter",
-        "PersistReport", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotStoreError", "SnapshotInfo", "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError",
-        "SnapshotPolicy", "SnapshotSourceChangedError", "SnapshotStore", "SnapshotVerifyError",
+        "PersistReport", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
+        "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError", "SnapshotPolicy",
+        "SnapshotSourceChangedError", "SnapshotStore", "SnapshotStoreError", "SnapshotVerifyError",
         "UnrestorableEntryError", "fingerprint", "hydrate", "persist", "tree_digest", "validate_name",
     ],
     "sandbox_fs.exec": [
