@@ -56,7 +56,7 @@ PUBLIC = {
         "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
     ],
     "sandbox_fs.snapshot": [
-        "HydrateReport", "LocalSnapshotStore", "NoSnapshot", "ObjectInfo", "ObjectStore", "ObjectWriter",
+        "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot", "ObjectInfo", "ObjectStore", "ObjectWriter",
         "PersistReport", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
         "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError", "SnapshotPolicy",
         "SnapshotSourceChangedError", "SnapshotStore", "SnapshotStoreError", "SnapshotVerifyError",

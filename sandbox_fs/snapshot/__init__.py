@@ -9,7 +9,7 @@ hydrate's own rules (:class:`SnapshotPolicy`), so whatever it commits,
 hydrate restores.
 
 Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
-reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_walk`` (the fd walk), ``_entries`` (what
+reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_objects_local`` (it over a local directory), ``_walk`` (the fd walk), ``_entries`` (what
 the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
 ``_persist``, ``_hydrate``.
 """
@@ -43,6 +43,7 @@ from ._models import (
     validate_name,
 )
 from ._objects import ObjectInfo, ObjectStore, ObjectWriter
+from ._objects_local import LocalObjects
 from ._persist import persist
 from ._store import LocalSnapshotStore, NoSnapshot, SnapshotStore
 from ._store import PendingArchive as PendingArchive
@@ -61,6 +62,7 @@ __all__ = [
     "ObjectStore",
     "ObjectWriter",
     "ObjectInfo",
+    "LocalObjects",
     "SnapshotLimits",
     "SnapshotPolicy",
     "SnapshotInfo",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import SandboxError
 
 __all__ = [
@@ -78,6 +80,11 @@ class SnapshotStoreError(SnapshotError):
 
     code = "snapshot_store_unavailable"
     retryable = True
+
+    def __init__(self, reason: str, *, retryable: bool = True, **kw: Any) -> None:
+        """Args as :class:`~sandbox_fs.errors.SandboxError`, plus ``retryable`` (bool, default True)."""
+        super().__init__(reason, **kw)
+        self.retryable = retryable
 
 
 class SnapshotConflictError(SnapshotError):

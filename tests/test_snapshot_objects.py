@@ -1,0 +1,396 @@
+"""The object contract (sandbox_fs/snapshot/_objects.py), run against every implementation.
+
+Each test gets a fresh, empty store from the ``objects`` fixture, parametrized
+over the implementations: ``local`` (LocalObjects on a temp directory) and
+``s3`` (S3Objects on a fresh bucket of the SeaweedFS server from
+tests/_seaweed.py, skipped with its reason where the server cannot start).
+Tests specific to one implementation are at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandbox_fs.snapshot import SnapshotConflictError, SnapshotLimitError, SnapshotNotFoundError, SnapshotStoreError
+from sandbox_fs.snapshot import LocalObjects
+from sandbox_fs.snapshot._objects_local import validate_key
+
+IMPLEMENTATIONS = ["local"]
+
+
+def _make_local(tmp_path: Any) -> LocalObjects:
+    return LocalObjects(tmp_path / "store")
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def objects(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    store = _make_local(tmp_path)
+    yield store
+    store.close()
+
+
+def _keys(store: Any, prefix: str = "") -> list[str]:
+    return [info.key for info in store.list(prefix)]
+
+
+# -- reading and writing
+
+
+def test_put_bytes_round_trip(objects: Any) -> None:
+    info = objects.put_bytes("gens/a/pointer", b"hello")
+    assert info.key == "gens/a/pointer" and info.size == 5 and info.etag
+    assert objects.get_bytes("gens/a/pointer", 5) == b"hello"
+    head = objects.head("gens/a/pointer")
+    assert head is not None and head.size == 5 and head.etag == info.etag
+
+
+def test_missing_object(objects: Any) -> None:
+    assert objects.head("nope") is None
+    with pytest.raises(SnapshotNotFoundError):
+        objects.get_bytes("nope", 10)
+    with pytest.raises(SnapshotNotFoundError):
+        objects.open_range("nope")
+    objects.delete("nope")  # no error
+
+
+def test_get_bytes_limit(objects: Any) -> None:
+    objects.put_bytes("k", b"x" * 100)
+    assert objects.get_bytes("k", 100) == b"x" * 100
+    with pytest.raises(SnapshotLimitError):
+        objects.get_bytes("k", 99)
+
+
+def test_etag_changes_with_content(objects: Any) -> None:
+    a = objects.put_bytes("k", b"one")
+    b = objects.put_bytes("k", b"two")
+    assert a.etag != b.etag
+    head = objects.head("k")
+    assert head is not None and head.etag == b.etag
+
+
+def test_stream_visible_only_at_commit(objects: Any) -> None:
+    writer = objects.put_stream("data/big")
+    for i in range(8):
+        assert writer.write(bytes([i]) * 65536) == 65536
+    assert objects.head("data/big") is None
+    assert _keys(objects) == []
+    info = writer.commit()
+    assert info.size == 8 * 65536
+    with objects.open_range("data/big") as f:
+        data = f.read()
+    assert data == b"".join(bytes([i]) * 65536 for i in range(8))
+    head = objects.head("data/big")
+    assert head is not None and head.etag == info.etag and head.size == info.size
+
+
+def test_stream_abort_and_abandon_leave_nothing(objects: Any) -> None:
+    objects.put_bytes("data/x", b"old")
+    writer = objects.put_stream("data/x")
+    writer.write(b"new content")
+    writer.abort()
+    writer.abort()  # idempotent
+    assert objects.get_bytes("data/x", 100) == b"old"
+    abandoned = objects.put_stream("data/y")
+    abandoned.write(b"never committed")
+    assert _keys(objects) == ["data/x"]
+
+
+def test_stream_replaces_at_commit(objects: Any) -> None:
+    objects.put_bytes("data/x", b"old")
+    writer = objects.put_stream("data/x")
+    writer.write(b"new")
+    assert objects.get_bytes("data/x", 10) == b"old"
+    writer.commit()
+    assert objects.get_bytes("data/x", 10) == b"new"
+
+
+def test_open_range(objects: Any) -> None:
+    payload = bytes(range(256)) * 40
+    objects.put_bytes("r", payload)
+    cases = [(0, None), (0, 10), (100, 1000), (10000, None), (10230, 100), (len(payload), None), (len(payload) + 5, 3)]
+    for start, length in cases:
+        with objects.open_range("r", start, length) as f:
+            got = f.read()
+        end = len(payload) if length is None else start + length
+        assert got == payload[start:end], (start, length)
+
+
+def test_list_prefix_and_order(objects: Any) -> None:
+    keys = ["b/2", "a/1", "a/10/x", "a/1x", "a.b", "c", "a/2/deep/key"]
+    for k in keys:
+        objects.put_bytes(k, k.encode())
+    assert _keys(objects) == sorted(keys)
+    assert _keys(objects, "a/") == sorted(k for k in keys if k.startswith("a/"))
+    assert _keys(objects, "a/1") == ["a/1", "a/10/x", "a/1x"]
+    assert _keys(objects, "a/2/de") == ["a/2/deep/key"]
+    assert _keys(objects, "zz") == []
+    sizes = {i.key: i.size for i in objects.list("")}
+    assert sizes == {k: len(k) for k in keys}
+
+
+def test_delete(objects: Any) -> None:
+    objects.put_bytes("g/1/a", b"1")
+    objects.put_bytes("g/1/b", b"2")
+    objects.delete("g/1/a")
+    assert _keys(objects) == ["g/1/b"]
+    objects.delete("g/1/b")
+    assert _keys(objects) == []
+    objects.put_bytes("g", b"a key where a directory was")  # a deleted prefix leaves no obstacle
+    assert objects.get_bytes("g", 100) == b"a key where a directory was"
+
+
+# -- conditional writes
+
+
+def test_if_none_match(objects: Any) -> None:
+    objects.put_bytes("p", b"1", if_none_match=True)
+    with pytest.raises(SnapshotConflictError):
+        objects.put_bytes("p", b"2", if_none_match=True)
+    assert objects.get_bytes("p", 10) == b"1"
+
+
+def test_if_match(objects: Any) -> None:
+    first = objects.put_bytes("p", b"gen 1")
+    second = objects.put_bytes("p", b"gen 2", if_match=first.etag)
+    with pytest.raises(SnapshotConflictError) as err:
+        objects.put_bytes("p", b"gen 3 (stale)", if_match=first.etag)
+    assert not err.value.retryable
+    assert objects.get_bytes("p", 100) == b"gen 2"
+    objects.put_bytes("p", b"gen 3", if_match=second.etag)
+    assert objects.get_bytes("p", 100) == b"gen 3"
+
+
+def test_if_match_missing_object(objects: Any) -> None:
+    with pytest.raises(SnapshotConflictError):
+        objects.put_bytes("p", b"x", if_match="0123456789abcdef")
+    assert objects.head("p") is None
+
+
+def test_two_writers_exactly_one_wins(objects: Any) -> None:
+    base = objects.put_bytes("ptr", b"gen 0")
+    rounds, writers = 4, 6
+    for r in range(rounds):
+        expect = objects.head("ptr")
+        assert expect is not None
+        barrier = threading.Barrier(writers)
+        results: list[str] = []
+
+        def attempt(i: int, etag: str = expect.etag, r: int = r) -> None:
+            barrier.wait()
+            try:
+                objects.put_bytes("ptr", f"gen {r + 1} by {i}".encode(), if_match=etag)
+                results.append(f"won {i}")
+            except SnapshotConflictError:
+                results.append("lost")
+
+        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [x for x in results if x.startswith("won")]
+        assert len(results) == writers and len(winners) == 1, results
+        assert objects.get_bytes("ptr", 100) == f"gen {r + 1} by {winners[0][4:]}".encode()
+    assert base.etag != objects.head("ptr").etag
+
+
+# -- keys
+
+
+BAD_KEYS = ["", "/a", "a/", "a//b", "..", "../x", "a/../b", "a/./b", ".hidden", "a/.partial", "a b", "a\x00b",
+            "é", "a\\b", "x" * 256, "/".join(["a"] * 600)]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_bad_keys_refused(objects: Any, key: str) -> None:
+    with pytest.raises(ValueError):
+        objects.put_bytes(key, b"x")
+    with pytest.raises(ValueError):
+        objects.put_stream(key)
+    with pytest.raises(ValueError):
+        objects.head(key)
+    with pytest.raises(ValueError):
+        objects.get_bytes(key, 10)
+    with pytest.raises(ValueError):
+        objects.delete(key)
+    assert _keys(objects) == []
+
+
+def test_abort_stale_uploads(objects: Any) -> None:
+    writer = objects.put_stream("k")
+    writer.write(b"part")
+    assert objects.abort_stale_uploads(3600) == 0
+    assert objects.abort_stale_uploads(0) == 1
+    with pytest.raises(SnapshotStoreError) as err:
+        writer.commit()
+    assert not err.value.retryable
+    assert objects.head("k") is None
+    assert objects.abort_stale_uploads(0) == 0
+
+
+# -- the model property: any sequence of operations leaves the store as a dict would
+
+
+_key = st.sampled_from(["a", "b", "g/1", "g/2", "g/1x", "h/i/j"])
+_op = st.one_of(
+    st.tuples(st.just("put"), _key, st.binary(max_size=64)),
+    st.tuples(st.just("stream"), _key, st.binary(max_size=64)),
+    st.tuples(st.just("abandon"), _key, st.binary(max_size=64)),
+    st.tuples(st.just("delete"), _key, st.just(b"")),
+    st.tuples(st.just("cas"), _key, st.binary(max_size=64)),
+    st.tuples(st.just("create"), _key, st.binary(max_size=64)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(_op, max_size=12))
+def test_operations_match_a_dict(objects: Any, ops: list[tuple[str, str, bytes]]) -> None:
+    for info in list(objects.list("")):
+        objects.delete(info.key)
+    # "g/1" and "g/1/..." never coexist here (a local directory cannot be a file too), as snapshot keys never do
+    model: dict[str, bytes] = {}
+    etags: dict[str, str] = {}
+    for op, key, data in ops:
+        if op == "put":
+            etags[key] = objects.put_bytes(key, data).etag
+            model[key] = data
+        elif op == "stream":
+            w = objects.put_stream(key)
+            w.write(data)
+            etags[key] = w.commit().etag
+            model[key] = data
+        elif op == "abandon":
+            objects.put_stream(key).write(data)
+        elif op == "delete":
+            objects.delete(key)
+            model.pop(key, None)
+        elif op == "cas":
+            stale = key not in model
+            try:
+                etags[key] = objects.put_bytes(key, data, if_match=etags.get(key, "0" * 32)).etag
+                assert not stale
+                model[key] = data
+            except SnapshotConflictError:
+                assert stale
+        elif op == "create":
+            try:
+                etags[key] = objects.put_bytes(key, data, if_none_match=True).etag
+                assert key not in model
+                model[key] = data
+            except SnapshotConflictError:
+                assert key in model
+        if key not in model:
+            etags.pop(key, None)
+    assert _keys(objects) == sorted(model)
+    for key, data in model.items():
+        assert objects.get_bytes(key, 1000) == data
+    assert objects.abort_stale_uploads(0) >= 0
+
+
+# -- LocalObjects only
+
+
+def test_local_validate_key_components() -> None:
+    assert validate_key("gens/abc/3.tar") == ["gens", "abc", "3.tar"]
+
+
+def test_local_files_private_and_in_place(tmp_path: Any) -> None:
+    store = LocalObjects(tmp_path / "s")
+    try:
+        store.put_bytes("x/y", b"data")
+        w = store.put_stream("x/z")
+        w.write(b"z")
+        w.commit()
+    finally:
+        store.close()
+    assert (tmp_path / "s" / "x" / "y").read_bytes() == b"data"
+    assert os.stat(tmp_path / "s" / "x" / "y").st_mode & 0o777 == 0o600
+    assert os.stat(tmp_path / "s" / "x").st_mode & 0o777 == 0o700
+    assert os.listdir(tmp_path / "s" / ".partial") == []
+
+
+def test_local_symlinked_directory_refused(tmp_path: Any) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "sentinel").write_bytes(b"untouched")
+    store = LocalObjects(tmp_path / "s")
+    try:
+        store.put_bytes("g/a", b"1")
+        # something with write access to the store directory swaps a directory for a symlink
+        os.rename(tmp_path / "s" / "g", tmp_path / "s" / "g.old")
+        os.symlink(outside, tmp_path / "s" / "g")
+        for attempt in (lambda: store.put_bytes("g/sentinel", b"overwritten"),
+                        lambda: store.get_bytes("g/sentinel", 100),
+                        lambda: store.delete("g/sentinel")):
+            with pytest.raises(SnapshotStoreError) as err:
+                attempt()
+            assert str(tmp_path) not in str(err.value)
+        w = store.put_stream("g/new")
+        w.write(b"x")
+        with pytest.raises(SnapshotStoreError):
+            w.commit()
+        with pytest.raises(SnapshotStoreError) as err:
+            store.head("g/sentinel")
+        assert err.value.context["error"] == "symlink_refused"
+        assert _keys(store) == ["g.old/a"]  # the symlink is no object, nothing beyond it is listed
+    finally:
+        store.close()
+    assert sorted(os.listdir(outside)) == ["sentinel"]
+    assert (outside / "sentinel").read_bytes() == b"untouched"
+
+
+def test_local_large_object_identity_etag(tmp_path: Any) -> None:
+    store = LocalObjects(tmp_path / "s")
+    try:
+        w = store.put_stream("big")
+        chunk = b"\0" * (1 << 20)
+        for _ in range(2):
+            w.write(chunk)
+        info = w.commit()
+        assert store.head("big") == info
+        again = store.put_stream("big")
+        for _ in range(2):
+            again.write(chunk)
+        info2 = again.commit()
+        assert info2.etag != info.etag  # same content, another version
+        with pytest.raises(SnapshotConflictError):
+            store.put_bytes("big", b"small", if_match=info.etag)
+        store.put_bytes("big", b"small", if_match=info2.etag)
+    finally:
+        store.close()
+
+
+def test_local_two_processes_one_wins(tmp_path: Any) -> None:
+    store = LocalObjects(tmp_path / "s")
+    first = store.put_bytes("ptr", b"gen 1")
+    store.close()
+    r, w = os.pipe()
+    pids = []
+    for i in range(2):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            code = 3
+            try:
+                os.close(w)
+                os.read(r, 1)  # both start together
+                s = LocalObjects(tmp_path / "s")
+                try:
+                    s.put_bytes("ptr", f"gen 2 by {i}".encode(), if_match=first.etag)
+                    code = 0
+                except SnapshotConflictError:
+                    code = 1
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    os.close(r)
+    os.write(w, b"go")
+    os.close(w)
+    codes = sorted(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids)
+    assert codes == [0, 1]
