@@ -20,7 +20,7 @@ import stat as _stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from . import _native
+from . import _hooks, _native
 from .errors import DirectoryReplacedError, ReadOnlyError, SandboxError
 
 if TYPE_CHECKING:
@@ -249,6 +249,8 @@ def _remove_entry(root: Root, frame: _Frame, cname: bytes, rel: bytes, stack: li
     except PermissionError as exc:
         if exc.errno != errno.EPERM:  # EPERM from unlink(dir) on some fs
             raise
+    if _hooks.current is not None:
+        _hooks.fire("remove.enter_dir", root=root, name=cname, parent_fd=dfd)
     try:
         if skip is not None and skip(os.stat(cname, dir_fd=dfd, follow_symlinks=False)):
             frame.kept = True

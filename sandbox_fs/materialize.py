@@ -67,6 +67,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import trio
 
+from . import _hooks
 from ._root_walk import walk_dirs
 from .errors import PathEscapeError, SandboxError, SymlinkRefusedError
 from .manifest import (
@@ -562,6 +563,8 @@ def _open_source_file(root: Root, rel: str, dest: str) -> tuple[int, os.stat_res
                                   sandbox_path=dest, context={"operation": "open_source"})
     if not _stat.S_ISREG(pst.st_mode):
         _refuse_special(pst.st_mode, rel, dest)
+    if _hooks.current is not None:
+        _hooks.fire("materialize.local_file", root=root, path=rel, dest=dest)
     fd = root.open_fd(rel, _SRC_FLAGS, 0)
     try:
         st = os.fstat(fd)
@@ -1073,6 +1076,8 @@ class _SlowPath(Exception):
 
 def _copy_one(run: _Run, tree: Root, rel_path: str, walk_st: os.stat_result, dest: str) -> WrittenFile:
     """Copy one local_dir file the per-file way (source re-opened, destination repaired)."""
+    if _hooks.current is not None:
+        _hooks.fire("materialize.local_dir_file", root=tree, path=rel_path, dest=dest)
     try:
         fd = tree.open_fd(rel_path, _SRC_FLAGS, 0)
     except (SymlinkRefusedError, PathEscapeError, NotADirectoryError) as exc:

@@ -37,7 +37,7 @@ import stat as _stat
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple
 
-from . import _native
+from . import _hooks, _native
 from ._root_handle import Handle
 from ._root_walk import walk_dirs
 from .errors import (
@@ -584,6 +584,8 @@ class Root:
         if write:
             self._check_writable(rel, op)
         pfd = self._open_fd(rootfd, parent, _DIR_FLAGS, 0, op)
+        if _hooks.current is not None:
+            _hooks.fire("root.parent", root=self, path=rel, op=op, parent_fd=pfd)
         if write and self._deny:
             try:
                 self._check_write_target(pfd, leaf, rel, inplace)
@@ -1431,6 +1433,8 @@ class Root:
                 dpfd, dleaf = self._open_parent(rootfd, drel, "rename", write=True, dir_op=True)
                 try:
                     flags = _native.RENAME_NOREPLACE if no_replace else 0
+                    if _hooks.current is not None:
+                        _hooks.fire("root.rename", root=self, src=srel, dst=drel)
                     ret = _native.renameat2_raw(spfd, sleaf, dpfd, dleaf, flags)
                     if ret == -errno.EXDEV:  # both parents are beneath: a mount boundary
                         cross = OSError(errno.EXDEV, "Invalid cross-device link (rename)", self._show(srel))

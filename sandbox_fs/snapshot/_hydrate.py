@@ -23,6 +23,7 @@ import secrets
 import stat as _stat
 from typing import IO, Callable, Iterable
 
+from .. import _hooks
 from .._root_walk import walk_dirs
 from ..archive import ArchiveFormatError, extract_stream
 from ..errors import InvalidPathError, SandboxError
@@ -170,6 +171,8 @@ def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: Snapshot
         if (st.st_dev, st.st_ino) != sid:
             raise SnapshotError("the restore's staging directory was replaced during the restore; "
                                 "the workspace is unchanged", sandbox_path=staging)
+        if _hooks.current is not None:
+            _hooks.fire("hydrate.swap", root=ws, staging=staging)
         is_mount = is_mount_point_of(ws, mount_points)
         if keep_ids:
             _refuse_entries_over_kept(ws, sub, keep_ids, sid, is_mount)
@@ -254,6 +257,8 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
     elif _stat.S_ISDIR(sst.st_mode) and not sst.st_mode & _stat.S_IWUSR:
         final_mode = _stat.S_IMODE(sst.st_mode) & 0o777
         ws.set_dir_meta(src, mode=final_mode | 0o700)  # renaming a dir rewrites its ".."
+    if _hooks.current is not None:
+        _hooks.fire("hydrate.move_up", root=ws, src=src, dst=dst)
     try:
         ws.rename(src, dst, no_replace=True)
     except FileExistsError:

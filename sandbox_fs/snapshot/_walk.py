@@ -30,7 +30,7 @@ import stat as _stat
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Iterator, NamedTuple
 
-from .. import _native
+from .. import _hooks, _native
 from ..archive import ArchiveLimitError, UnsafeArchiveMemberError
 from ..errors import SandboxError
 from ..paths import normalize
@@ -156,6 +156,8 @@ def _open_listed(src: Root, item: _ListedEntry, flags: int, dfd: int | None = No
             while still listed (retryable).
         OSError: any other failure (with its sandbox path, never a host path).
     """
+    if _hooks.current is not None:
+        _hooks.fire("persist.open_entry", root=src, path=item.path)
     try:
         return src.open_fd(item.path, flags, follow_symlinks=False)
     except FileNotFoundError:
