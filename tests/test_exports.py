@@ -78,6 +78,9 @@ PUBLIC = {
         "AuditEvent", "FaultRule", "Overlay", "OverlayError", "OverlayMount", "OverlayPolicy",
         "OverlayUnavailableError", "mount_overlap", "overlap_text",
     ],
+    "sandbox_fs.testing": [
+        "ALLOWED_ERRNOS", "OutsideSentinel", "check_destination", "classify_failure",
+    ],
     "sandbox_fs.cli": [
         "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_USAGE", "build_parser", "exception_leaves", "main",
     ],

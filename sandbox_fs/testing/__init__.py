@@ -8,8 +8,34 @@ Modules: ``_sentinel`` (the outside sentinel and the destination
 invariants), ``_strategies`` (hostile archives and host trees),
 ``_attacker`` (the attacker interleaving and its hook points),
 ``_plugin`` (the pytest plugin with the ``outside_sentinel`` fixture).
+
+Names are imported on first use, so the pytest plugin (loaded by every
+pytest run where sandbox-fs is installed) imports nothing it does not need.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._sentinel import ALLOWED_ERRNOS, OutsideSentinel, check_destination, classify_failure  # noqa: F401
+
+_LAZY = {
+    "ALLOWED_ERRNOS": "_sentinel",
+    "OutsideSentinel": "_sentinel",
+    "check_destination": "_sentinel",
+    "classify_failure": "_sentinel",
+}
+
 __all__: list[str] = []
+__all__ += list(_LAZY)
+
+
+def __getattr__(name: str) -> object:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
