@@ -1393,18 +1393,22 @@ class Root:
 
         _root_remove.clear(self, skip, make_writable, keep_denied)
 
-    def rename(self, src: str | bytes, dst: str | bytes, *, no_replace: bool = False) -> None:
+    def rename(self, src: str | bytes, dst: str | bytes, *, no_replace: bool = False, exchange: bool = False) -> None:
         """Rename ``src`` to ``dst``, both beneath the root; links are moved, never followed.
 
         Args:
             no_replace: refuse to replace an existing ``dst`` (renameat2
                 ``RENAME_NOREPLACE``): raises FileExistsError.
+            exchange: swap ``src`` and ``dst`` atomically (renameat2
+                ``RENAME_EXCHANGE``); both must exist (FileNotFoundError).
+                Not with ``no_replace`` (InvalidArgumentError).
 
         Raises:
             OSError(EXDEV): ``src`` and ``dst`` are on different mounts beneath
                 the root (a plain OSError, not a PathEscapeError).
             FileExistsError: ``no_replace`` and ``dst`` exists.
-            FileNotFoundError: ``src`` is missing, or a directory on either path.
+            FileNotFoundError: ``src`` is missing (with ``exchange``: either), or a directory on either path.
+            InvalidArgumentError: both ``no_replace`` and ``exchange``.
             NotADirectoryError: a path ends in ``/`` and ``src`` is not a
                 directory, or a directory is moved over a non-directory.
             IsADirectoryError: a non-directory is moved over a directory.
@@ -1418,6 +1422,9 @@ class Root:
             PathEscapeError, SymlinkRefusedError, WorkspaceClosedError: as for
                 every method (see :class:`Root`).
         """
+        if no_replace and exchange:
+            raise InvalidArgumentError("rename: no_replace and exchange exclude each other",
+                                       sandbox_path=display_path(os.fsdecode(dst)))
         srel, drel = self._rel(src), self._rel(dst)
         with self._use() as rootfd:
             spfd, sleaf = self._open_parent(rootfd, srel, "rename", write=True, dir_op=True)
@@ -1432,7 +1439,7 @@ class Root:
                         _native.raise_errno(errno.ENOTDIR, "rename", self._show(srel))
                 dpfd, dleaf = self._open_parent(rootfd, drel, "rename", write=True, dir_op=True)
                 try:
-                    flags = _native.RENAME_NOREPLACE if no_replace else 0
+                    flags = _native.RENAME_NOREPLACE if no_replace else _native.RENAME_EXCHANGE if exchange else 0
                     if _hooks.current is not None:
                         _hooks.fire("root.rename", root=self, src=srel, dst=drel)
                     ret = _native.renameat2_raw(spfd, sleaf, dpfd, dleaf, flags)

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import sandbox_fs
+from sandbox_fs.errors import InvalidArgumentError
 from sandbox_fs import (InvalidPathError, PathEscapeError, ReadOnlyError, SymlinkRefusedError,
                         UnsafeModeError, WorkspaceClosedError, open_root)
 
@@ -186,6 +187,20 @@ def test_rename(root):
     assert root.read_bytes("d/c") == b"A"
     with pytest.raises(PathEscapeError):
         root.rename("d/c", "../c")
+
+
+def test_rename_exchange(root):
+    root.write_bytes("a", b"A")
+    root.mkdir("d")
+    root.write_bytes("d/f", b"F")
+    root.rename("a", "d", exchange=True)  # a file and a directory swap names atomically
+    assert root.read_bytes("d") == b"A" and root.read_bytes("a/f") == b"F"
+    with pytest.raises(FileNotFoundError):
+        root.rename("a", "missing", exchange=True)
+    with pytest.raises(InvalidArgumentError):
+        root.rename("a", "d", exchange=True, no_replace=True)
+    with pytest.raises(PathEscapeError):
+        root.rename("a", "../d", exchange=True)
 
 
 def test_stat_lstat_readlink_symlink(root):
