@@ -56,8 +56,7 @@ PUBLIC = {
         "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
     ],
     "sandbox_fs.snapshot": [
-        "GcReport", "GenerationStore", "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot",
-        "ObjectInfo", "ObjectStore", "ObjectWriter",
+        "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot", "ObjectInfo", "ObjectStore", "ObjectWriter",
         "PersistReport", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
         "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError", "SnapshotPolicy",
         "SnapshotSourceChangedError", "SnapshotStore", "SnapshotStoreError", "SnapshotVerifyError",
@@ -80,7 +79,9 @@ PUBLIC = {
         "OverlayUnavailableError", "mount_overlap", "overlap_text",
     ],
     "sandbox_fs.testing": [
-        "ALLOWED_ERRNOS", "OutsideSentinel", "check_destination", "classify_failure",
+        "ALLOWED_ERRNOS", "ATTACK_RULES", "AttackRecord", "Attacker", "HostNode", "HostTreePlan",
+        "OutsideSentinel", "check_destination", "classify_failure", "hostile_host_trees", "hostile_tar_archives",
+        "hostile_zip_archives", "sandbox_path_names",
     ],
     "sandbox_fs.cli": [
         "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_USAGE", "build_parser", "exception_leaves", "main",

@@ -20,12 +20,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._sentinel import ALLOWED_ERRNOS, OutsideSentinel, check_destination, classify_failure  # noqa: F401
+    from ._attacker import ATTACK_RULES, AttackRecord, Attacker  # noqa: F401
+    from ._strategies import (HostNode, HostTreePlan, hostile_host_trees, hostile_tar_archives,  # noqa: F401
+                              hostile_zip_archives, sandbox_path_names)
 
 _LAZY = {
     "ALLOWED_ERRNOS": "_sentinel",
     "OutsideSentinel": "_sentinel",
     "check_destination": "_sentinel",
     "classify_failure": "_sentinel",
+    **dict.fromkeys(["ATTACK_RULES", "AttackRecord", "Attacker"], "_attacker"),
+    **dict.fromkeys(["HostNode", "HostTreePlan", "hostile_host_trees", "hostile_tar_archives",
+                     "hostile_zip_archives", "sandbox_path_names"], "_strategies"),
 }
 
 __all__: list[str] = []
