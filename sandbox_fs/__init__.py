@@ -6,8 +6,6 @@ capability object every file operation goes through.
 
 from __future__ import annotations
 
-import functools
-
 from . import _native
 from .errors import (
     DirectoryReplacedError,
@@ -70,9 +68,8 @@ def __getattr__(name: str) -> object:
     return value
 
 
-@functools.lru_cache(maxsize=1)
 def features() -> dict[str, object]:
-    """What the running kernel offers, probed once per process.
+    """What the running kernel offers (probed once per process), less what ``SANDBOX_FS_DEGRADE`` removes.
 
     Returns:
         ``{"openat2": bool, "landlock_abi": int (0 when unavailable),
@@ -80,14 +77,19 @@ def features() -> dict[str, object]:
         imports and ``fsopen("fuse")`` is permitted; the reason when not:
         ``fuse_reason`` in ``sandbox-fs features --json``),
         "resolver": "openat2" | "fallback" (the default resolver now)}``.
-    """
-    from ._features import fuse_status  # noqa: PLC0415
+        Every value is the kernel's, lowered by
+        :func:`sandbox_fs._features.lowered` (which never raises one).
 
-    abi = _native.landlock_abi()
+    Raises:
+        InvalidArgumentError: ``SANDBOX_FS_DEGRADE`` is malformed.
+        ValueError: ``SANDBOX_FS_RESOLVER`` is malformed.
+    """
+    from ._features import fuse_status, lowered  # noqa: PLC0415
+
     fuse, _reason = fuse_status()
     return {
         "openat2": _native.have_openat2(),
-        "landlock_abi": abi if abi > 0 else 0,
+        "landlock_abi": lowered().abi(_native.landlock_abi()),
         "fuse": fuse,
         "resolver": _native.choose_resolver(),
     }

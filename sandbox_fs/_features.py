@@ -7,6 +7,13 @@ run would get (cgroup v2 ``pids``, ``RLIMIT_NPROC``, cgroup v1 ``pids``, in
 the order :mod:`sandbox_fs.exec` tries them), FUSE and the identity a
 command runs as.  Every value is read from the kernel: ``/proc``, cgroupfs,
 and for the namespaces an ``unshare(2)`` in a forked child that exits at once.
+
+``SANDBOX_FS_DEGRADE`` (:func:`lowered`) makes this process take the host as
+offering *less* than it does, so that degraded platforms can be tested on a
+full kernel: every probe here, :func:`sandbox_fs.features`, the resolver
+choice, the Landlock ABI a ruleset targets, the cgroup trees a supervisor
+makes and the exec helper's namespaces all read it.  It can only remove a
+feature or lower the ABI, never claim what the kernel lacks.
 """
 
 from __future__ import annotations
@@ -15,14 +22,89 @@ import ctypes
 import errno
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["host_features", "cgroup_dirs", "can_unshare", "fuse_status"]
+from .errors import InvalidArgumentError
+
+__all__ = ["host_features", "cgroup_dirs", "can_unshare", "fuse_status", "Lowered", "lowered", "DEGRADE_ENV"]
 
 # <linux/sched.h>
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
+
+
+#: The environment variable read by :func:`lowered`.
+DEGRADE_ENV = "SANDBOX_FS_DEGRADE"
+
+#: The feature names :data:`DEGRADE_ENV` may remove (besides ``landlock=N``).
+_REMOVABLE = ("openat2", "fuse", "cgroup2", "cgroup1", "userns")
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What :data:`DEGRADE_ENV` takes away from this host (nothing, by default).
+
+    Attributes:
+        landlock_abi: the highest Landlock ABI to use (``None``: no cap; ``0``:
+            no Landlock); the kernel's own ABI when that is lower.
+        removed: feature names taken as absent: ``"openat2"``, ``"fuse"``,
+            ``"cgroup2"``, ``"cgroup1"`` (the v1 ``pids`` hierarchy), ``"userns"``.
+    """
+
+    landlock_abi: int | None = None
+    removed: frozenset[str] = frozenset()
+
+    def has(self, name: str) -> bool:
+        """False when ``name`` is removed (the kernel may still lack it: this never adds)."""
+        return name not in self.removed
+
+    def abi(self, kernel_abi: int) -> int:
+        """The Landlock ABI to use on a kernel offering ``kernel_abi`` (0: none): never above it."""
+        kernel_abi = max(kernel_abi, 0)
+        return kernel_abi if self.landlock_abi is None else min(kernel_abi, self.landlock_abi)
+
+    def tokens(self) -> list[str]:
+        """The lowering as the sorted tokens of :data:`DEGRADE_ENV` (empty: none)."""
+        out = sorted(self.removed)
+        return out + ([f"landlock={self.landlock_abi}"] if self.landlock_abi is not None else [])
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_lowered(text: str) -> Lowered:
+    cap: int | None = None
+    removed: set[str] = set()
+    for raw in text.split(","):
+        token = raw.strip().lower()
+        if not token:
+            continue
+        name, eq, value = token.partition("=")
+        if name == "landlock" and eq and value.isdigit() and len(value) <= 3:
+            cap = int(value) if cap is None else min(cap, int(value))
+        elif name in _REMOVABLE and not eq:
+            removed.add(name)
+        else:
+            raise InvalidArgumentError(f"{DEGRADE_ENV}: unknown entry {token[:40]!r} (known: landlock=N, "
+                                       f"{', '.join(_REMOVABLE)})", sandbox_path=None)
+    return Lowered(cap, frozenset(removed))
+
+
+def lowered() -> Lowered:
+    """What :data:`DEGRADE_ENV` removes, read from the environment now (parsed once per value).
+
+    The value is a comma-separated list: ``landlock=N`` (use at most Landlock
+    ABI ``N``; ``0``: no Landlock) and feature names taken as absent:
+    ``openat2`` (the fallback resolver), ``fuse``, ``cgroup2``, ``cgroup1``
+    (the v1 ``pids`` hierarchy), ``userns`` (no user namespaces: on a
+    non-root host no mount layer and no PID namespace).  Example:
+    ``SANDBOX_FS_DEGRADE=landlock=3,cgroup2``.  It is for testing degraded
+    platforms; it only ever removes (see :class:`Lowered`).
+
+    Raises:
+        InvalidArgumentError: an entry is not one of those (a ``ValueError``).
+    """
+    return _parse_lowered(os.environ.get(DEGRADE_ENV, ""))
 
 
 def _read(path: str) -> str | None:
@@ -59,7 +141,8 @@ def cgroup_dirs() -> tuple[str | None, str | None]:
         elif (fstype == "cgroup" and v1_own is not None and v1 is None and len(parts) > sep + 3
               and "pids" in parts[sep + 3].split(",")):
             v1 = _beneath(parts[3], parts[4], v1_own)
-    return v2, v1
+    low = lowered()
+    return (v2 if low.has("cgroup2") else None), (v1 if low.has("cgroup1") else None)
 
 
 def _beneath(mount_root: str, mount_point: str, own: str) -> str:
@@ -70,7 +153,10 @@ def _beneath(mount_root: str, mount_point: str, own: str) -> str:
 
 def can_unshare(flags: int) -> bool:
     """Can this process make the namespaces ``flags`` (``CLONE_NEW*``)?  Tried in a forked child
-    (``unshare(2)``, then ``_exit``), so this process's own namespaces never change."""
+    (``unshare(2)``, then ``_exit``), so this process's own namespaces never change.
+    False for a user namespace that :func:`lowered` removes."""
+    if flags & CLONE_NEWUSER and not lowered().has("userns"):
+        return False
     try:
         unshare = ctypes.CDLL(None, use_errno=True).unshare
     except (OSError, AttributeError):
@@ -85,7 +171,6 @@ def can_unshare(flags: int) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-@functools.lru_cache(maxsize=1)
 def fuse_status() -> tuple[bool, str | None]:
     """Can the FUSE overlay run here?  ``(usable, reason)``; ``reason`` is None when it can.
 
@@ -93,8 +178,15 @@ def fuse_status() -> tuple[bool, str | None]:
     ``/dev/fuse`` opens read-write; :mod:`pyfuse3` imports (the extra
     ``sandbox-fs[fuse]``); ``fsopen("fuse")`` is permitted (the privilege to
     make a FUSE mount; the context is closed at once, nothing is mounted).
-    Probed once per process.
+    Probed once per process; ``(False, reason)`` when :func:`lowered` removes FUSE.
     """
+    if not lowered().has("fuse"):
+        return False, f"FUSE is removed by {DEGRADE_ENV}"
+    return _probe_fuse()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_fuse() -> tuple[bool, str | None]:
     try:
         fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)  # host-access: probe of a fixed device node
     except OSError as exc:
@@ -150,7 +242,12 @@ def host_features() -> dict[str, Any]:
         ``fuse`` (bool: the FUSE overlay can run, see :func:`fuse_status`),
         ``fuse_reason`` (str, why it cannot; None when it can), ``identity`` (``root``, ``leasable``: bool; ``base``,
         ``count``: the range leased from, ints; ``runs_as``: ``"leased"`` or
-        ``"host"``).
+        ``"host"``), ``lowered`` (list of str: what :data:`DEGRADE_ENV`
+        removes, as :meth:`Lowered.tokens`; every value above already
+        reflects it).
+
+    Raises:
+        InvalidArgumentError: :data:`DEGRADE_ENV` is malformed (see :func:`lowered`).
     """
     from . import features  # noqa: PLC0415
     from .exec import ConfinementPolicy  # noqa: PLC0415
@@ -174,4 +271,5 @@ def host_features() -> dict[str, Any]:
         "fuse_reason": fuse_status()[1],
         "identity": {"root": root, "leasable": root, "base": base, "count": count,
                      "runs_as": "leased" if leased else "host"},
+        "lowered": lowered().tokens(),
     }

@@ -146,11 +146,14 @@ _HAVE_OPENAT2: bool | None = None
 
 
 def have_openat2() -> bool:
-    """True when the kernel offers openat2(2) and seccomp does not block it (probed once)."""
+    """True when the kernel offers openat2(2), seccomp does not block it (probed once) and
+    ``SANDBOX_FS_DEGRADE`` does not remove it (:func:`sandbox_fs._features.lowered`)."""
     global _HAVE_OPENAT2
     if _HAVE_OPENAT2 is None:
         _HAVE_OPENAT2 = _probe_openat2()
-    return _HAVE_OPENAT2
+    from ._features import lowered  # noqa: PLC0415
+
+    return _HAVE_OPENAT2 and lowered().has("openat2")
 
 
 def choose_resolver() -> str:

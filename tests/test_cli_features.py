@@ -15,7 +15,7 @@ from sandbox_fs import _features, _native
 
 SFS = [sys.executable, "-m", "sandbox_fs"]
 KEYS = {"version", "native_abi", "openat2", "resolver", "landlock_abi", "seccomp", "user_namespace",
-        "pid_namespace", "mount_namespace", "processes", "fuse", "fuse_reason", "identity"}
+        "pid_namespace", "mount_namespace", "processes", "fuse", "fuse_reason", "identity", "lowered"}
 
 
 @pytest.fixture(scope="module")

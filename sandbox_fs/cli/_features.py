@@ -50,7 +50,8 @@ def feature_lines(found: dict[str, Any]) -> list[str]:
                                           f" ({found['fuse_reason']}; run --overlay is refused under "
                                           "--confinement required)"),
         f"identity: {who}",
-    ]
+    ] + ([f"lowered: {', '.join(found['lowered'])} (SANDBOX_FS_DEGRADE: taken as absent)"]
+         if found.get("lowered") else [])
 
 
 def handle(args: argparse.Namespace) -> int:

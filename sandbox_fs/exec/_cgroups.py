@@ -10,6 +10,8 @@ import os
 import signal
 import time
 
+from .._features import lowered
+
 
 def _mounts_and_cgroups() -> tuple[list[list[str]], list[str]] | None:
     """This process's mount table (split lines) and its ``/proc/self/cgroup`` lines, or None."""
@@ -32,8 +34,9 @@ def _own_dir(mount_root: str, mount_point: str, own: str) -> str:
 
 
 def _find_cgroup2() -> str | None:
-    """Host path of this process's cgroup v2 directory, or None without a cgroup2 mount."""
-    found = _mounts_and_cgroups()
+    """Host path of this process's cgroup v2 directory, or None without a cgroup2 mount
+    (or when ``SANDBOX_FS_DEGRADE`` removes ``cgroup2``)."""
+    found = _mounts_and_cgroups() if lowered().has("cgroup2") else None
     if found is None:
         return None
     mounts, cgroups = found
@@ -187,8 +190,9 @@ def _read_pids_max(leaf: str) -> int | None:
 
 
 def _find_pids_v1() -> str | None:
-    """Host path of this process's cgroup v1 ``pids`` directory, or None without a v1 pids hierarchy."""
-    found = _mounts_and_cgroups()
+    """Host path of this process's cgroup v1 ``pids`` directory, or None without a v1 pids hierarchy
+    (or when ``SANDBOX_FS_DEGRADE`` removes ``cgroup1``)."""
+    found = _mounts_and_cgroups() if lowered().has("cgroup1") else None
     if found is None:
         return None
     mounts, cgroups = found

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import trio
 
+from .._features import lowered
 from ..errors import redact
 from ._errors import CommandNotFoundError, ConfinementError, ExecError
 
@@ -51,10 +52,13 @@ _RO_MOUNTS: bool | None = None
 
 def ro_mounts_available(helper: str) -> bool:
     """Can the helper make the read-only mount layer?  Root: yes.  Otherwise probed once
-    (a user namespace is needed; some systems disable them)."""
+    (a user namespace is needed; some systems disable them, and ``SANDBOX_FS_DEGRADE=userns``
+    takes them as disabled)."""
     global _RO_MOUNTS
     if os.geteuid() == 0:
         return True
+    if not lowered().has("userns"):
+        return False
     if _RO_MOUNTS is None:
         try:
             _RO_MOUNTS = subprocess.run([helper, "--ro-mounts", "--", "true"], stdin=subprocess.DEVNULL,

@@ -92,9 +92,11 @@ def scope_mask(abi: int) -> int:
 
 
 def abi() -> int:
-    """The running kernel's Landlock ABI version, 0 when Landlock is unavailable."""
-    v = _native.landlock_abi()
-    return v if v > 0 else 0
+    """The Landlock ABI version to target: the running kernel's, 0 when Landlock is unavailable,
+    capped by ``SANDBOX_FS_DEGRADE=landlock=N`` (:func:`sandbox_fs._features.lowered`)."""
+    from .._features import lowered  # noqa: PLC0415
+
+    return lowered().abi(_native.landlock_abi())
 
 
 # --- the system set ----------------------------------------------------------

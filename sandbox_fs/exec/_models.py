@@ -326,6 +326,16 @@ class ExecResult:
             ``"cgroup1.pids.max=N"``, ``"rlimit.nproc=N"`` (only when Linux
             enforces it: a non-root command).  Empty when none holds (then
             only ``confinement="best_effort"`` or ``"none"`` ran it).
+        missing: protections the policy asks for that no layer gave this
+            run on this host (keys of
+            :data:`sandbox_fs.exec._coverage.MISSING_TEXT`: ``"landlock"``,
+            ``"landlock.truncate"`` (ABI < 3), ``"landlock.tcp"`` (ABI < 4),
+            ``"landlock.scope_abstract_unix"`` / ``"landlock.scope_signals"``
+            (ABI < 6), each only where no namespace or mount layer stands
+            in; ``"process_bound"``; ``"mount_layer"``).  Only
+            ``"best_effort"`` runs with any but ``"mount_layer"``:
+            ``"required"`` refuses them (``ConfinementError``).  Empty
+            with ``confinement="none"``.
         identity: ``(uid, gid)`` the child ran as, or None for the host's own.
         overlay: the command ran in its private root (:class:`PrivateRoot`),
             seeing the workspace only through the overlay.
@@ -357,6 +367,7 @@ class ExecResult:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     process_bounds: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
     identity: tuple[int, int] | None = None
     overlay: bool = False
     egress: tuple[EgressEvent, ...] = ()

@@ -19,6 +19,7 @@ from ..paths import PathPolicy, normalize
 from ..root import Root
 from . import _helper, _identity, _landlock
 from ._bounds import read_process_bounds
+from ._coverage import MISSING_TEXT, TOLERATED_BY_REQUIRED, missing_protections, pid_namespace_expected
 from ._cgroups import CgroupTree, PidsV1Tree
 from ._devices import DeviceError, OpenedDevices, open_devices
 from ._env import ensure_dirs, env_blob_fd
@@ -56,6 +57,7 @@ class Prepared:
         net_isolated: the command gets its own network namespace.
         pids_leaf: its cgroup v1 pids leaf, if any.
         process_bounds: see :attr:`ExecResult.process_bounds`.
+        missing: see :attr:`ExecResult.missing`.
         identity: ``(uid, gid)`` the command runs as (None: the host's own).
         overlay: the command runs in its private root (``--private-root``).
         egress: the run's egress proxy channel (``allow_hosts``), or None.
@@ -75,6 +77,7 @@ class Prepared:
     net_isolated: bool = False
     pids_leaf: str | None = None
     process_bounds: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
     identity: tuple[int, int] | None = None
     overlay: bool = False
     egress: EgressChannel | None = None
@@ -257,7 +260,8 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
         # Supervision: the command runs under the helper's init (a PID
         # namespace of its own when one can be made), which the supervisor's
         # lifeline ends when the supervisor or this process goes away.
-        args += ["--init", "--lifeline", prep.pass_fd(supervisor._lifeline_fd())]
+        pid_ns = pid_namespace_expected(os.geteuid() == 0 or ro_mounts_available(helper))
+        args += ["--init" if pid_ns else "--no-pid-ns", "--lifeline", prep.pass_fd(supervisor._lifeline_fd())]
         args += _privilege_args(prep, request)
         flags = 0
         for ns in request.policy.namespaces:
@@ -275,6 +279,7 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
             args += _private_root_args(prep, request)
         if flags:
             args += ["--unshare", str(flags)]
+        _check_missing(prep, request, pid_ns)
         if prep.violations is not None and "--domain-tag" not in args:
             prep.violations.close()  # no Landlock domain to watch (confinement "none", ABI < 7)
             prep.violations = None
@@ -283,6 +288,21 @@ def _prepare(request: ExecRequest, supervisor: ProcessSupervisor, *, mount_ns: H
     except BaseException:
         prep.discard()
         raise
+
+
+def _check_missing(prep: Prepared, request: ExecRequest, pid_ns: bool) -> None:
+    """Set ``prep.missing``; under ``confinement="required"`` refuse a run missing a protection it needs.
+
+    Raises:
+        ConfinementError: ``"required"`` and an entry of
+            :func:`missing_protections` other than the tolerated ones.
+    """
+    prep.missing = missing_protections(request, prep, pid_namespace=pid_ns)
+    fatal = [k for k in prep.missing if k not in TOLERATED_BY_REQUIRED]
+    if fatal and request.confinement == "required":
+        raise ConfinementError("this host cannot give the run every protection its policy asks for ("
+                               + "; ".join(MISSING_TEXT[k] for k in fatal) + "); confinement='required' fails closed",
+                               context={"missing": ",".join(fatal)}, secrets=prep.secrets)
 
 
 def _io_args(prep: Prepared, request: ExecRequest) -> list[str]:

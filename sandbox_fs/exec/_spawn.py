@@ -225,6 +225,7 @@ async def _run(request: ExecRequest, supervisor: ProcessSupervisor) -> ExecResul
         duration_s=time.monotonic() - start, confinement=prep.level, landlock_abi=prep.abi,
         read_only_mounts=prep.ro_mounts, network_isolated=prep.net_isolated,
         stdout_bytes=out.total, stderr_bytes=err.total, process_bounds=prep.process_bounds,
+        missing=prep.missing,
         identity=prep.identity, overlay=prep.overlay,
         violations=watch.log.violations if watch is not None else (),
         violations_dropped=watch.log.dropped if watch is not None else 0, violations_observed=watch is not None)
