@@ -56,7 +56,8 @@ PUBLIC = {
         "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
     ],
     "sandbox_fs.snapshot": [
-        "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot", "ObjectInfo", "ObjectStore", "ObjectWriter",
+        "GcReport", "GenerationStore", "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot",
+        "ObjectInfo", "ObjectStore", "ObjectWriter",
         "PersistReport", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
         "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError", "SnapshotPolicy",
         "SnapshotSourceChangedError", "SnapshotStore", "SnapshotStoreError", "SnapshotVerifyError",

@@ -11,7 +11,7 @@ hydrate restores.
 Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
 reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_objects_local`` (it over a local directory), ``_walk`` (the fd walk), ``_entries`` (what
 the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
-``_persist``, ``_hydrate``.
+``_generations`` (generations over an object store: pointer, retention, gc), ``_persist``, ``_hydrate``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ._errors import (
     SnapshotVerifyError,
     UnrestorableEntryError,
 )
+from ._generations import GcReport, GenerationStore
 from ._hydrate import hydrate
 from ._hydrate import is_mount_point_of as is_mount_point_of
 from ._models import (
@@ -70,6 +71,8 @@ __all__ = [
     "HydrateReport",
     "SnapshotStore",
     "LocalSnapshotStore",
+    "GenerationStore",
+    "GcReport",
     "NoSnapshot",
     "persist",
     "hydrate",

@@ -21,14 +21,16 @@ import contextlib
 import os
 import secrets
 import stat as _stat
-from typing import IO, Callable, Iterable
+from dataclasses import dataclass
+from typing import IO, Callable, Iterable, Protocol
 
 from .. import _hooks
 from .._root_walk import walk_dirs
 from ..archive import ArchiveFormatError, extract_stream
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
-from ._errors import SnapshotCorruptError, SnapshotError, SnapshotSourceChangedError
+from ._errors import SnapshotCorruptError, SnapshotError, SnapshotNotFoundError, SnapshotSourceChangedError
+from ._generations import GenerationStore
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
 
@@ -54,7 +56,8 @@ def is_mount_point_of(ws: Root, mount_points: Iterable[str] = ()) -> Callable[[o
 
 
 def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
-            mount_points: Iterable[str] = (), keep_identities: Iterable[tuple[int, int]] = ()) -> HydrateReport:
+            mount_points: Iterable[str] = (), keep_identities: Iterable[tuple[int, int]] = (),
+            generation: int | None = None, digest: str | None = None, fallback: bool = False) -> HydrateReport:
     """Replace the workspace's contents with snapshot ``name``.  Blocking: call from one worker thread.
 
     Verify and stage first, then swap: the archive's size is checked, then
@@ -97,11 +100,23 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
             clear, never entered, and never merged into; a snapshot with an
             entry where one is (or below it) is refused before anything in the
             workspace changes.
+        generation: restore exactly this generation (None: the current one).
+        digest: when given, the restored generation's metadata must have this
+            SHA-256 (:attr:`SnapshotInfo.digest`, as a session's MAC-protected
+            state recorded it), else :class:`SnapshotCorruptError`.
+        fallback: with a :class:`GenerationStore` and no ``generation``, a
+            current generation that fails verification is passed over for the
+            newest older kept one that verifies (reported in
+            :attr:`HydrateReport.skipped_generations`); each is staged and
+            verified before anything in the workspace changes.
+
+    Returns:
+        A :class:`HydrateReport`; ``generation`` is the generation restored.
 
     Raises:
-        SnapshotNotFoundError: no such snapshot.
+        SnapshotNotFoundError: no such snapshot (or the store does not keep ``generation``).
         SnapshotCorruptError: the archive fails verification or is not a
-            readable tar (the workspace is untouched).
+            readable tar, or its metadata is not ``digest`` (the workspace is untouched).
         SnapshotLimitError: the archive is larger than ``max_archive_bytes``.
         ArchiveLimitError, UnsafeArchiveMemberError: the extractor refuses a
             member (a forged store: persist never writes such members); the
@@ -117,28 +132,101 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
             workspace is untouched.
     """
     limits = limits or SnapshotLimits()
+    keep = frozenset(keep_identities)
+    if isinstance(store, GenerationStore):
+        return _hydrate_generations(ws, store, name, limits, mount_points, keep,
+                                    _Wanted(generation, digest, fallback))
+    if generation is not None or digest is not None:
+        info = store.info(name)
+        if info is None or (generation is not None and info.generation != generation) \
+                or (digest is not None and info.digest != digest):
+            raise SnapshotNotFoundError("the store does not hold that generation of the snapshot", sandbox_path=None,
+                                        context={"snapshot": name, "generation": generation or 0})
     if isinstance(store, LocalSnapshotStore):
         f, info = store.open_archive_unverified(name, limits)  # size checked; CRC-32 checked below
     else:
         f, info = store.open_archive(name, limits)  # verified by the store
+    if digest is not None and info.digest != digest:
+        f.close()
+        raise SnapshotCorruptError("the snapshot's metadata changed in the store while it was opened",
+                                   sandbox_path=None, context={"snapshot": name})
     with f:
         check = _CrcCheck(f.fileno(), info.archive_bytes) if isinstance(store, LocalSnapshotStore) else None
-        keep = frozenset(keep_identities)
-        # With kept directories (read-only grants), every write of the restore checks its fds
-        # against them: a name swapped for one meanwhile is refused or kept, never entered,
-        # emptied, chmod'ed or merged into.
-        target = ws.with_options(deny_write_ids=keep) if keep else contextlib.nullcontext(ws)
         try:
-            with target as guarded:
-                _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
+            _restore(ws, f, info, limits, mount_points, check, keep)
         finally:
             if check is not None:
                 check.stop()  # joined before the archive's fd is closed
-    return HydrateReport(info, "archive")
+    return HydrateReport(info, "archive", info.generation)
+
+
+class _Check(Protocol):
+    """What verifies an archive while or after it is extracted (:class:`_CrcCheck`, the generation reader)."""
+
+    def verify(self, info: SnapshotInfo) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """Which generation hydrate restores: one (``generation``), the current one, or the newest good one."""
+
+    generation: int | None = None
+    digest: str | None = None
+    fallback: bool = False
+
+
+def _restore(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits, mount_points: Iterable[str],
+             check: _Check | None, keep: frozenset[tuple[int, int]]) -> None:
+    """Stage, verify and swap one archive (with kept directories guarded, see :func:`hydrate`)."""
+    # With kept directories (read-only grants), every write of the restore checks its fds
+    # against them: a name swapped for one meanwhile is refused or kept, never entered,
+    # emptied, chmod'ed or merged into.
+    target = ws.with_options(deny_write_ids=keep) if keep else contextlib.nullcontext(ws)
+    with target as guarded:
+        _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
+
+
+def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: SnapshotLimits,
+                         mount_points: Iterable[str], keep: frozenset[tuple[int, int]],
+                         wanted: _Wanted) -> HydrateReport:
+    """Restore from a :class:`GenerationStore`: the wanted generation, or the newest one that verifies.
+
+    Each candidate is read once, verified (size, CRC-32, SHA-256 against
+    its metadata, the metadata against the pointer) before the swap; with
+    ``fallback`` a candidate that fails verification (:class:`SnapshotCorruptError`)
+    is passed over for the next older kept one.  Any other error ends the restore.
+
+    Raises:
+        SnapshotCorruptError: the first candidate's failure, when none verified.
+        The other errors of :func:`hydrate`.
+    """
+    if wanted.generation is not None:
+        candidates: list[int | None] = [wanted.generation]
+    elif wanted.fallback:
+        candidates = list(store.kept(name)) or [None]
+    else:
+        candidates = [None]
+    skipped: list[int] = []
+    first: SnapshotCorruptError | None = None
+    for gen in candidates:
+        try:
+            reader, info = store.open_generation(name, limits, generation=gen, digest=wanted.digest)
+            with reader:
+                _restore(ws, reader, info, limits, mount_points, reader, keep)
+            return HydrateReport(info, "archive", info.generation, skipped)
+        except SnapshotCorruptError as exc:
+            if not wanted.fallback:
+                raise
+            first = first or exc
+            skipped.append(gen if gen is not None else 0)
+    assert first is not None
+    raise first
 
 
 def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits,
-                    mount_points: Iterable[str], check: _CrcCheck | None,
+                    mount_points: Iterable[str], check: _Check | None,
                     keep_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
     # The staging directory is reached by its name only (never through an fd of its own),

@@ -39,6 +39,8 @@ __all__ = [
 
 SNAPSHOT_FORMAT: Final = "sandbox-fs-snapshot"
 SNAPSHOT_VERSION: Final = 1
+#: the metadata version a :class:`~sandbox_fs.snapshot.GenerationStore` writes (``archive_sha256`` set)
+SNAPSHOT_VERSION_OBJECTS: Final = 2
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
@@ -79,7 +81,8 @@ class SnapshotInfo(BaseModel):
     """Metadata stored next to each snapshot (``<name>.json`` in a local store).
 
     Attributes:
-        format, version: ``"sandbox-fs-snapshot"`` and 1.
+        format, version: ``"sandbox-fs-snapshot"`` and 1 (:class:`LocalSnapshotStore`) or 2
+            (:class:`GenerationStore`: ``archive_sha256`` is set and checked at every read).
         name: the snapshot name (a plain token).
         archive: the store's name for the archive (``<name>.g<generation>.<token>.tar`` locally).
         archive_bytes: the archive's size, in bytes.
@@ -95,12 +98,17 @@ class SnapshotInfo(BaseModel):
         created_ns: when persist finished the walk (``time.time_ns()``).
         generation: 1, 2, ... per name, assigned by the store at commit (0: none, e.g. a store without
             generations).
+        archive_sha256: (version 2) the archive's SHA-256, 64 lowercase hex digits ("" in version 1).
+        digest: the SHA-256 of the stored metadata object itself, set by the store each time it
+            reads it ("" for a store that does not); never stored (a value in the stored object is
+            replaced).  A session's serialized state records it under its MAC, so metadata and data
+            swapped together in the store are refused on resume.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: Literal["sandbox-fs-snapshot"] = SNAPSHOT_FORMAT
-    version: Literal[1] = SNAPSHOT_VERSION
+    version: Literal[1, 2] = SNAPSHOT_VERSION
     name: str
     archive: str
     archive_bytes: int = Field(ge=0)
@@ -114,6 +122,8 @@ class SnapshotInfo(BaseModel):
     content_bytes: int = Field(ge=0)
     created_ns: int = 0
     generation: int = Field(default=0, ge=0)
+    archive_sha256: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
+    digest: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$", exclude=True)
 
 
 class SnapshotPolicy:
@@ -214,7 +224,18 @@ class PersistReport:
 
 @dataclass
 class HydrateReport:
-    """What :func:`hydrate` restored: the snapshot's metadata and the extractor used."""
+    """What :func:`hydrate` restored.
+
+    Attributes:
+        info: the metadata of the generation restored.
+        extractor: the extractor used (``"archive"``).
+        generation: the generation restored (``info.generation``): the current one, or with
+            ``fallback=True`` an older kept one when newer ones failed verification.
+        skipped_generations: the newer generations that failed verification and were passed over
+            (newest first; empty when the current one was restored).
+    """
 
     info: SnapshotInfo
     extractor: str
+    generation: int = 0
+    skipped_generations: list[int] = field(default_factory=list)

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Literal
 
 from ..root import Root
 from ._entries import _walk_into, fingerprint
+from ._generations import GenerationStore
 from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._store import SnapshotStore
 from ._tar import _TarStream
@@ -29,7 +30,8 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             skip_identities: Iterable[tuple[int, int]] = (),
             on_unrestorable: Literal["refuse", "skip"] = "refuse",
             limits: SnapshotLimits | None = None,
-            progress: Callable[[int, int], None] | None = None) -> PersistReport:
+            progress: Callable[[int, int], None] | None = None,
+            expect_generation: int | None = None) -> PersistReport:
     """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: call from one worker thread.
 
     Uses one more thread of its own (the archive writer, see
@@ -49,6 +51,10 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             would refuse; ``"skip"`` leaves it out and lists it in the report.
         limits: the same :class:`SnapshotLimits` hydrate will apply.
         progress: called with ``(entries, content_bytes)`` at most every 0.2 s.
+        expect_generation: with a :class:`GenerationStore`, the generation of
+            ``name`` the caller last saw current (0: none); the persist is
+            refused when another is current, and its commit when another
+            writer committed meanwhile (None: only the latter).
 
     Returns:
         A :class:`PersistReport`; ``info`` is the committed snapshot.
@@ -62,6 +68,8 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             longer at its path beneath the workspace (a directory moved
             while the walk held it) (retryable).
         InvalidPathError: ``name`` is not a plain token.
+        SnapshotConflictError: another writer committed ``name`` first
+            (:class:`GenerationStore`; not retryable).
         OSError: the store cannot be written (ENOSPC ...).  In every error
             case the previous snapshot of ``name`` stays current and intact.
     """
@@ -70,7 +78,10 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
     prune = _Prune.of(excluded, mount_points, skip_identities)
     if not store.enabled:
         return PersistReport(None, [])
-    pending = store.begin(name)
+    if isinstance(store, GenerationStore):
+        pending = store.begin(name, expect_generation=expect_generation)
+    else:
+        pending = store.begin(name)
     try:
         tar = _TarStream(pending.sink)
         try:

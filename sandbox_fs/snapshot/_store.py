@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -469,7 +470,7 @@ class LocalSnapshotStore:
         if info.name != name or not info.archive.startswith(f"{name}.") or "/" in info.archive:
             raise SnapshotCorruptError("snapshot metadata names another snapshot", sandbox_path=None,
                                        context={"snapshot": name})
-        return info
+        return info.model_copy(update={"digest": hashlib.sha256(raw).hexdigest()})
 
     def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
         """Open and verify snapshot ``name``; returns a binary reader at offset 0 and its info.
@@ -631,14 +632,15 @@ class LocalSnapshotStore:
                 raise SnapshotVerifyError("the new snapshot archive did not read back with its CRC-32; it was "
                                           "withdrawn and the previous generation stays current", sandbox_path=None,
                                           context=verify_context)
-            if not self._replace_metadata(info, prev_raw):
+            committed = self._replace_metadata(info, prev_raw)
+            if committed is None:
                 raise SnapshotVerifyError("the new snapshot metadata did not read back; the store fell back to the "
                                           "previous generation", sandbox_path=None, context=verify_context)
             for fname in self.root.listdir("."):
                 if fname.startswith(f"{name}.") and fname.endswith(".tar") and fname != info.archive:
                     with contextlib.suppress(FileNotFoundError):
                         self.root.remove(fname)
-            return info
+            return committed
         finally:
             os.close(lock_fd)
             self.abort(pending)
@@ -660,12 +662,13 @@ class LocalSnapshotStore:
             pending.partial = None
         self._fsync_dir()
 
-    def _replace_metadata(self, info: SnapshotInfo, prev_raw: bytes | None) -> bool:
+    def _replace_metadata(self, info: SnapshotInfo, prev_raw: bytes | None) -> SnapshotInfo | None:
         """Atomically replace the metadata of ``info.name`` with ``info`` (the commit point) and read it back.
 
+        Returns what was read back (``info`` with its :attr:`~SnapshotInfo.digest`).
         When it does not read back as ``info``, the previous metadata
         (``prev_raw``; None: there was none) is put back and the new archive
-        removed: False.
+        removed: None.
 
         Raises:
             OSError: the store cannot be written.
@@ -674,8 +677,9 @@ class LocalSnapshotStore:
         self.root.atomic_write(meta, _info_to_json(info), mode=0o600)
         self._fsync_dir()
         try:
-            if self.info(info.name) == info:
-                return True
+            got = self.info(info.name)
+            if got is not None and got.model_copy(update={"digest": ""}) == info.model_copy(update={"digest": ""}):
+                return got
         except SnapshotCorruptError:
             pass
         if prev_raw is not None:
@@ -686,7 +690,7 @@ class LocalSnapshotStore:
         self._fsync_dir()
         with contextlib.suppress(OSError):
             self.root.remove(info.archive)
-        return False
+        return None
 
     def _current(self, name: str) -> tuple[bytes | None, SnapshotInfo | None]:
         """The current metadata of ``name`` as stored and parsed (``(None, None)``: none, or unreadable)."""

@@ -1,0 +1,631 @@
+"""Snapshot generations over an :class:`~sandbox_fs.snapshot.ObjectStore`: objects first, the pointer last.
+
+Object layout, per snapshot name ``NAME`` (a plain token), under the
+object store's directory or prefix::
+
+    NAME/current                                  the pointer (JSON), replaced by compare-and-swap
+    NAME/gen/<generation, 12+ digits>-<token>/archive.tar   the PAX tar persist streamed
+    NAME/gen/<generation, 12+ digits>-<token>/meta.json     its SnapshotInfo (metadata version 2)
+
+A persist writes its archive and metadata under a generation directory no
+other writer uses (16 random hex digits after the number), then replaces
+``NAME/current`` with :meth:`ObjectStore.put_bytes` conditioned on the
+pointer's etag read when the persist began (or on its absence).  So a reader
+that follows the pointer only ever finds complete generations, and of two
+writers that began from the same pointer exactly one commits; the other
+gets :class:`SnapshotConflictError` and its objects are deleted.  The
+pointer lists the kept generations (newest first, at most ``keep``), each
+with the SHA-256 of its metadata object; every metadata object records the
+SHA-256 and CRC-32 of its archive.  So everything read back is checked
+against the pointer, and the pointer itself can be checked against the
+metadata digest a session's MAC-protected state recorded
+(:attr:`SnapshotInfo.digest`).
+
+Generations dropped from the pointer are deleted right after the commit;
+objects a crashed writer left behind (never named by a pointer) are removed
+by :meth:`GenerationStore.gc`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import secrets
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import IO, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ._errors import (
+    SnapshotConflictError,
+    SnapshotCorruptError,
+    SnapshotError,
+    SnapshotLimitError,
+    SnapshotNotFoundError,
+    SnapshotStoreError,
+    SnapshotVerifyError,
+)
+from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, validate_name
+from ._objects import ObjectStore, ObjectWriter
+from ._store import PendingArchive, _HashingSink, _info_from_json, _info_to_json
+
+__all__ = ["GenerationStore", "GcReport"]
+
+_POINTER_FORMAT = "sandbox-fs-generations"
+_MAX_POINTER_BYTES = 1 << 20
+_MAX_META_BYTES = 256 << 20
+_MAX_KEEP = 1000
+_READ_CHUNK = 1 << 20
+_GEN_DIR = r"[0-9]{12,19}-[0-9a-f]{16}"
+
+
+class _PointerEntry(BaseModel):
+    """One kept generation in the pointer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: int = Field(ge=1, le=1 << 62)
+    dir: str = Field(pattern=rf"^{_GEN_DIR}$")
+    meta_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _dir_names_generation(self) -> "_PointerEntry":
+        if int(self.dir.split("-", 1)[0]) != self.generation:
+            raise ValueError("a generation directory must carry its generation number")
+        return self
+
+
+class _Pointer(BaseModel):
+    """``NAME/current``: the kept generations of one snapshot name, newest (the current one) first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["sandbox-fs-generations"] = _POINTER_FORMAT
+    version: Literal[1] = 1
+    name: str
+    generations: list[_PointerEntry] = Field(min_length=1, max_length=_MAX_KEEP)
+
+    @model_validator(mode="after")
+    def _newest_first(self) -> "_Pointer":
+        gens = [e.generation for e in self.generations]
+        if any(a <= b for a, b in zip(gens, gens[1:])):
+            raise ValueError("generations must be listed newest first, each once")
+        return self
+
+
+def _gen_dir(generation: int) -> str:
+    return f"{generation:012d}-{secrets.token_hex(8)}"
+
+
+def _keys(name: str, gen_dir: str) -> tuple[str, str]:
+    """``(archive key, metadata key)`` of one generation directory."""
+    base = f"{name}/gen/{gen_dir}"
+    return f"{base}/archive.tar", f"{base}/meta.json"
+
+
+class _ObjectSink(_HashingSink):
+    """Persist's sink into an :class:`ObjectWriter`: counts, CRC-32s and SHA-256s every byte.
+
+    Written from persist's one writer thread only; ``count``,
+    :meth:`hexdigest` (CRC-32) and :attr:`sha256` are read after it drained.
+    The writer gets each buffer once and must copy what it keeps (persist
+    reuses its buffers).
+    """
+
+    def __init__(self, writer: ObjectWriter) -> None:
+        super().__init__(-1)
+        self.writer = writer
+        self.sha = hashlib.sha256()
+
+    def write(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        self.writer.write(view)
+        self.crc = zlib.crc32(view, self.crc)
+        self.sha.update(view)
+        self.count += len(view)
+        return len(view)
+
+    @property
+    def sha256(self) -> str:
+        return self.sha.hexdigest()
+
+
+@dataclass
+class _PendingGeneration(PendingArchive):
+    """A generation being written: its objects' keys and the pointer state it was begun from."""
+
+    generation: int = 0
+    gen_dir: str = ""
+    pointer: _Pointer | None = None
+    pointer_etag: str | None = None
+    writer: ObjectWriter | None = None
+    done: bool = False
+
+
+@dataclass
+class GcReport:
+    """What :meth:`GenerationStore.gc` removed.
+
+    Attributes:
+        objects: keys of the orphaned objects deleted (generations no pointer names).
+        bytes: their total size, in bytes.
+        uploads: unfinished uploads aborted.
+    """
+
+    objects: list[str] = field(default_factory=list)
+    bytes: int = 0
+    uploads: int = 0
+
+
+class _VerifyingReader(io.RawIOBase):
+    """The archive of one generation as hydrate reads it, SHA-256'd and CRC-32'd on the way.
+
+    Reads end at the recorded size (the extractor never sees a byte more);
+    :meth:`verify` reads whatever the extractor left (the tar's zero
+    padding) and one byte more, then compares size, CRC-32 and SHA-256 with
+    the metadata.  Hydrate calls it before anything in the workspace changes.
+    """
+
+    def __init__(self, raw: IO[bytes], info: SnapshotInfo) -> None:
+        super().__init__()
+        self._raw = raw
+        self._left = info.archive_bytes
+        self._count = 0
+        self._crc = 0
+        self._sha = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        want = min(len(view), self._left)
+        if want <= 0:
+            return 0
+        data = self._raw.read(want)
+        n = len(data)
+        view[:n] = data
+        self._take(view[:n])
+        return n
+
+    def _take(self, data: Any) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+        self._sha.update(data)
+        self._count += len(data)
+        self._left -= len(data)
+
+    def verify(self, info: SnapshotInfo) -> None:
+        """Read the rest (and one byte more) and compare with ``info``.
+
+        Raises:
+            SnapshotCorruptError: size, CRC-32 or SHA-256 differs from the metadata.
+            SnapshotStoreError: the store failed mid-read.
+        """
+        while self._left > 0:
+            data = self._raw.read(min(_READ_CHUNK, self._left))
+            if not data:
+                break
+            self._take(data)
+        extra = self._raw.read(1)
+        if extra or self._count != info.archive_bytes or f"{self._crc:08x}" != info.archive_crc32 \
+                or self._sha.hexdigest() != info.archive_sha256:
+            raise SnapshotCorruptError("snapshot archive does not match its size and SHA-256 (corrupted or "
+                                       "replaced in the store?)", sandbox_path=None,
+                                       context={"snapshot": info.name, "generation": info.generation})
+
+    def stop(self) -> None:
+        """Nothing runs in the background: here for hydrate's check interface."""
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._raw.close()
+        super().close()
+
+
+class GenerationStore:
+    """A :class:`SnapshotStore` keeping ``keep`` generations per name in an :class:`ObjectStore`.
+
+    Works over any object store (a local directory, an S3 bucket): the
+    layout and commit protocol are in this module's docstring.  The store is
+    trusted for availability only: everything read back is checked against
+    the SHA-256 digests in the pointer and the metadata, and a session checks
+    the metadata digest against its MAC-protected state.  Thread-safe as far
+    as the object store is: no state is kept between calls but the objects.
+
+    Args:
+        objects: where the objects live.  :meth:`close` closes it.
+        keep: restore points kept per name (>= 1; default 2: the current one
+            and the previous good one, which hydrate falls back to).
+
+    Raises:
+        ValueError: ``keep`` is not within 1 to 1000.
+    """
+
+    enabled = True
+
+    def __init__(self, objects: ObjectStore, *, keep: int = 2) -> None:
+        if not 1 <= keep <= _MAX_KEEP:
+            raise ValueError(f"keep must be within 1 and {_MAX_KEEP}")
+        self.objects = objects
+        self.keep = keep
+
+    # -- the pointer and the metadata
+
+    def _pointer(self, name: str) -> tuple[_Pointer | None, str | None]:
+        """``(pointer, etag)`` of ``name`` as one consistent read (``(None, None)``: no snapshot).
+
+        Raises:
+            SnapshotCorruptError: the pointer object is not a valid pointer of ``name``.
+            SnapshotStoreError: the store failed.
+        """
+        key = f"{name}/current"
+        for _ in range(5):
+            before = self.objects.head(key)
+            if before is None:
+                return None, None
+            try:
+                raw = self.objects.get_bytes(key, _MAX_POINTER_BYTES)
+            except SnapshotNotFoundError:
+                continue  # removed meanwhile: look again
+            except SnapshotLimitError:
+                raise SnapshotCorruptError("the snapshot's generation pointer is too large", sandbox_path=None,
+                                           context={"snapshot": name}) from None
+            after = self.objects.head(key)
+            if after is None or after.etag != before.etag:
+                continue  # replaced between the reads: read again
+            try:
+                ptr = _Pointer.model_validate(json.loads(raw))
+            except (ValueError, ValidationError) as exc:
+                raise SnapshotCorruptError("the snapshot's generation pointer is not valid", sandbox_path=None,
+                                           context={"snapshot": name}, diagnostic=str(exc)) from None
+            if ptr.name != name:
+                raise SnapshotCorruptError("the generation pointer names another snapshot", sandbox_path=None,
+                                           context={"snapshot": name})
+            return ptr, before.etag
+        raise SnapshotStoreError("the snapshot's generation pointer kept changing while it was read",
+                                 sandbox_path=None, context={"snapshot": name})
+
+    def _meta(self, name: str, entry: _PointerEntry) -> SnapshotInfo:
+        """The verified metadata of one kept generation, with :attr:`SnapshotInfo.digest` set.
+
+        Raises:
+            SnapshotCorruptError: missing, not matching the pointer's SHA-256, or not valid.
+            SnapshotStoreError: the store failed.
+        """
+        _archive, meta_key = _keys(name, entry.dir)
+        ctx = {"snapshot": name, "generation": entry.generation}
+        try:
+            raw = self.objects.get_bytes(meta_key, _MAX_META_BYTES)
+        except SnapshotNotFoundError:
+            raise SnapshotCorruptError("a kept generation's metadata is missing", sandbox_path=None,
+                                       context=ctx) from None
+        except SnapshotLimitError:
+            raise SnapshotCorruptError("a kept generation's metadata is too large", sandbox_path=None,
+                                       context=ctx) from None
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest != entry.meta_sha256:
+            raise SnapshotCorruptError("a generation's metadata does not match the pointer's SHA-256",
+                                       sandbox_path=None, context=ctx)
+        try:
+            info = _info_from_json(raw)
+        except ValueError as exc:
+            raise SnapshotCorruptError("a generation's metadata is not valid", sandbox_path=None, context=ctx,
+                                       diagnostic=str(exc)) from None
+        archive_key, _m = _keys(name, entry.dir)
+        if info.name != name or info.generation != entry.generation or info.archive != archive_key \
+                or info.version != SNAPSHOT_VERSION_OBJECTS:
+            raise SnapshotCorruptError("a generation's metadata names another snapshot or generation",
+                                       sandbox_path=None, context=ctx)
+        return info.model_copy(update={"digest": digest})
+
+    def info(self, name: str) -> SnapshotInfo | None:
+        """The metadata of the current generation of ``name``, or None when there is none.
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotCorruptError: the pointer or the current metadata is not valid.
+            SnapshotStoreError: the store failed.
+        """
+        validate_name(name)
+        ptr, _etag = self._pointer(name)
+        return None if ptr is None else self._meta(name, ptr.generations[0])
+
+    def generations(self, name: str) -> list[SnapshotInfo]:
+        """The metadata of every kept generation of ``name``, newest first (unreadable ones left out).
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotCorruptError: the pointer is not valid.
+            SnapshotStoreError: the store failed.
+        """
+        validate_name(name)
+        ptr, _etag = self._pointer(name)
+        out = []
+        for entry in ptr.generations if ptr is not None else []:
+            with contextlib.suppress(SnapshotCorruptError):
+                out.append(self._meta(name, entry))
+        return out
+
+    def kept(self, name: str) -> list[int]:
+        """The generation numbers the pointer of ``name`` keeps, newest first (empty: none).
+
+        Raises:
+            InvalidPathError, SnapshotCorruptError, SnapshotStoreError: see :meth:`generations`.
+        """
+        validate_name(name)
+        ptr, _etag = self._pointer(name)
+        return [] if ptr is None else [e.generation for e in ptr.generations]
+
+    def list(self) -> list[SnapshotInfo]:
+        """The current metadata of every snapshot name, sorted by name (unreadable ones left out).
+
+        Raises:
+            SnapshotStoreError: the store cannot be listed.
+        """
+        out = []
+        for name in self._names():
+            with contextlib.suppress(SnapshotCorruptError, SnapshotNotFoundError):
+                info = self.info(name)
+                if info is not None:
+                    out.append(info)
+        return out
+
+    def _names(self) -> list[str]:
+        """Every snapshot name that has objects in the store (pointer or not), sorted."""
+        names = set()
+        for obj in self.objects.list(""):
+            head = obj.key.split("/", 1)[0]
+            if _TOKEN.fullmatch(head):
+                names.add(head)
+        return sorted(names)
+
+    # -- writing
+
+    def begin(self, name: str, *, expect_generation: int | None = None) -> _PendingGeneration:
+        """Start generation ``current + 1`` of ``name``; nothing is visible until :meth:`commit`.
+
+        Args:
+            name: the snapshot name (a plain token).
+            expect_generation: the generation the writer last saw current (0:
+                none); another one current now is a conflict.  None: no
+                expectation (the commit still refuses a pointer that moved
+                after this call).
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotConflictError: the current generation is not ``expect_generation``.
+            SnapshotCorruptError: the pointer is not valid.
+            SnapshotStoreError: the store failed.
+        """
+        validate_name(name)
+        ptr, etag = self._pointer(name)
+        current = ptr.generations[0].generation if ptr is not None else 0
+        if expect_generation is not None and current != expect_generation:
+            raise SnapshotConflictError("another writer committed this snapshot since this session last saw it "
+                                        "(two sessions from one state?); nothing was written", sandbox_path=None,
+                                        context={"snapshot": name, "expected_generation": expect_generation,
+                                                 "current_generation": current})
+        generation = current + 1
+        gen_dir = _gen_dir(generation)
+        archive_key, _meta = _keys(name, gen_dir)
+        writer = self.objects.put_stream(archive_key)
+        sink = _ObjectSink(writer)
+        return _PendingGeneration(name=name, fd=-1, sink=sink, stream=io.BufferedWriter(sink), partial=None,
+                                  generation=generation, gen_dir=gen_dir, pointer=ptr, pointer_etag=etag,
+                                  writer=writer)
+
+    def commit(self, pending: PendingArchive, info: SnapshotInfo) -> SnapshotInfo:
+        """Write the generation's metadata, then swap the pointer to it (the commit point).
+
+        The archive upload is finished and its size checked (``head``), the
+        metadata (version 2, with the archive's SHA-256) is written and read
+        back, and only then is the pointer replaced, conditioned on the etag
+        it had at :meth:`begin`.  The generations the new pointer no longer
+        keeps are deleted after it.
+
+        Returns:
+            ``info`` with ``generation``, ``archive`` (its key), ``archive_sha256``,
+            ``version`` and ``digest`` set.
+
+        Raises:
+            SnapshotConflictError: another writer replaced the pointer since
+                :meth:`begin`; this generation's objects are deleted (not retryable).
+            SnapshotVerifyError: the archive or the metadata did not read back
+                as written; the previous generation stays current (retryable).
+            SnapshotStoreError: the store failed; the previous generation stays current.
+        """
+        assert isinstance(pending, _PendingGeneration) and pending.writer is not None
+        sink = pending.sink
+        assert isinstance(sink, _ObjectSink)
+        name, gen = pending.name, pending.generation
+        prev = pending.pointer.generations[0].generation if pending.pointer is not None else 0
+        archive_key, meta_key = _keys(name, pending.gen_dir)
+        verify_ctx = {"snapshot": name, "generation": prev, "failed_generation": gen}
+        pending.done = True
+        try:
+            pending.writer.commit()
+            head = self.objects.head(archive_key)
+            if head is None or head.size != sink.count:
+                raise SnapshotVerifyError("the new snapshot archive did not read back with its size; it was "
+                                          "withdrawn and the previous generation stays current", sandbox_path=None,
+                                          context=verify_ctx)
+            info = info.model_copy(update={"version": SNAPSHOT_VERSION_OBJECTS, "generation": gen,
+                                           "archive": archive_key, "archive_sha256": sink.sha256,
+                                           "archive_bytes": sink.count, "archive_crc32": sink.hexdigest()})
+            raw = _info_to_json(info)
+            self.objects.put_bytes(meta_key, raw, if_none_match=True)
+            if self.objects.get_bytes(meta_key, _MAX_META_BYTES) != raw:
+                raise SnapshotVerifyError("the new snapshot metadata did not read back; the previous generation "
+                                          "stays current", sandbox_path=None, context=verify_ctx)
+            digest = hashlib.sha256(raw).hexdigest()
+            self._swap_pointer(pending, _PointerEntry(generation=gen, dir=pending.gen_dir, meta_sha256=digest))
+        except BaseException:
+            self._delete_quietly([archive_key, meta_key])
+            raise
+        return info.model_copy(update={"digest": digest})
+
+    def _swap_pointer(self, pending: _PendingGeneration, entry: _PointerEntry) -> None:
+        """Replace the pointer by compare-and-swap, then delete the generations it no longer keeps.
+
+        Raises:
+            SnapshotConflictError: the pointer changed since :meth:`begin`.
+            SnapshotStoreError: the store failed.
+        """
+        name = pending.name
+        older = list(pending.pointer.generations) if pending.pointer is not None else []
+        ptr = _Pointer(name=name, generations=[entry] + older[:self.keep - 1])
+        data = json.dumps(ptr.model_dump(mode="json"), indent=1).encode()
+        try:
+            if pending.pointer_etag is None:
+                self.objects.put_bytes(f"{name}/current", data, if_none_match=True)
+            else:
+                self.objects.put_bytes(f"{name}/current", data, if_match=pending.pointer_etag)
+        except SnapshotConflictError:
+            raise SnapshotConflictError("another writer committed this snapshot first (two sessions from one "
+                                        "state?); this persist was discarded and the other one is current",
+                                        sandbox_path=None,
+                                        context={"snapshot": name, "failed_generation": entry.generation}) from None
+        for dropped in older[self.keep - 1:]:
+            self._delete_quietly(list(_keys(name, dropped.dir)))
+
+    def _delete_quietly(self, keys: list[str]) -> None:
+        """Delete objects, best effort: a failure leaves orphans for :meth:`gc`."""
+        for key in keys:
+            with contextlib.suppress(SnapshotError, ValueError, OSError):
+                self.objects.delete(key)
+
+    def abort(self, pending: PendingArchive) -> None:
+        """Discard a generation that will not be committed (idempotent, never raises)."""
+        if isinstance(pending, _PendingGeneration) and pending.writer is not None and not pending.done:
+            pending.done = True
+            with contextlib.suppress(Exception):
+                pending.writer.abort()
+
+    # -- reading archives
+
+    def open_generation(self, name: str, limits: SnapshotLimits, *, generation: int | None = None,
+                        digest: str | None = None) -> tuple[_VerifyingReader, SnapshotInfo]:
+        """Open one kept generation's archive for a single forward read, verified as it is read.
+
+        The reader's :meth:`~_VerifyingReader.verify` must be called after the
+        extraction and before anything the archive produced is used (hydrate
+        does): it checks size, CRC-32 and SHA-256 against the metadata.
+
+        Args:
+            name: the snapshot name.
+            limits: ``max_archive_bytes`` bounds the archive.
+            generation: which kept generation (None: the current one).
+            digest: when given, the metadata's SHA-256 must equal it (the
+                digest a session's MAC-protected state recorded).
+
+        Raises:
+            SnapshotNotFoundError: no snapshot ``name``, or ``generation`` is not kept.
+            SnapshotCorruptError: the metadata or the archive object is missing,
+                does not match its digests or its recorded size, or is not ``digest``.
+            SnapshotLimitError: the archive is larger than ``limits.max_archive_bytes``.
+            SnapshotStoreError: the store failed.
+        """
+        validate_name(name)
+        ptr, _etag = self._pointer(name)
+        entries = [] if ptr is None else [e for e in ptr.generations
+                                          if generation is None or e.generation == generation][:1]
+        if not entries:
+            raise SnapshotNotFoundError("no snapshot (or no such kept generation) with this name", sandbox_path=None,
+                                        context={"snapshot": name, "generation": generation or 0})
+        info = self._meta(name, entries[0])
+        ctx = {"snapshot": name, "generation": info.generation}
+        if digest is not None and info.digest != digest:
+            raise SnapshotCorruptError("the snapshot's metadata is not the one the session state recorded "
+                                       "(replaced in the store?)", sandbox_path=None, context=ctx)
+        if info.archive_bytes > limits.max_archive_bytes:
+            raise SnapshotLimitError("snapshot archive is larger than max_archive_bytes", sandbox_path=None,
+                                     context={**ctx, "max_archive_bytes": limits.max_archive_bytes})
+        head = self.objects.head(info.archive)
+        if head is None or head.size != info.archive_bytes:
+            raise SnapshotCorruptError("snapshot archive is missing or its size does not match its metadata",
+                                       sandbox_path=None, context=ctx)
+        try:
+            raw = self.objects.open_range(info.archive, 0, info.archive_bytes + 1)
+        except SnapshotNotFoundError:
+            raise SnapshotCorruptError("snapshot archive is missing", sandbox_path=None, context=ctx) from None
+        return _VerifyingReader(raw, info), info
+
+    def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
+        """Open the current generation's archive, verified before it is returned (two reads of it).
+
+        Hydrate uses :meth:`open_generation` instead (one read, verified
+        before the swap); this is the :class:`SnapshotStore` method for other
+        readers.
+
+        Raises:
+            The errors of :meth:`open_generation`.
+        """
+        reader, info = self.open_generation(name, limits)
+        with reader:
+            reader.verify(info)
+        fresh, again = self.open_generation(name, limits, generation=info.generation, digest=info.digest)
+        return io.BufferedReader(fresh, _READ_CHUNK), again
+
+    # -- removal and garbage collection
+
+    def remove(self, name: str) -> None:
+        """Delete snapshot ``name``: its pointer first (no generation is current after it), then its objects.
+
+        Raises:
+            InvalidPathError: ``name`` is not a plain token.
+            SnapshotStoreError: the store failed (objects left behind go with :meth:`gc`).
+        """
+        validate_name(name)
+        self.objects.delete(f"{name}/current")
+        for obj in list(self.objects.list(f"{name}/")):
+            self.objects.delete(obj.key)
+
+    def gc(self, *, older_than: float = 3600.0, now: float | None = None) -> GcReport:
+        """Remove objects no pointer names (orphans of crashed or conflicting writers) and stale uploads.
+
+        An object of a generation directory that the name's pointer does not
+        keep is deleted when it is older than ``older_than`` seconds (a
+        younger one may belong to a persist still under way); so are stale
+        unfinished uploads (:meth:`ObjectStore.abort_stale_uploads`).  Kept
+        generations are never touched.  A name whose pointer cannot be read
+        is left alone.
+
+        Args:
+            older_than: grace period, in seconds.
+            now: the current time (seconds since the epoch; default ``time.time()``).
+
+        Raises:
+            SnapshotStoreError: the store failed.
+        """
+        now = time.time() if now is None else now
+        report = GcReport()
+        for name in self._names():
+            try:
+                ptr, _etag = self._pointer(name)
+            except SnapshotCorruptError:
+                continue
+            kept = {e.dir for e in ptr.generations} if ptr is not None else set()
+            for obj in list(self.objects.list(f"{name}/gen/")):
+                parts = obj.key.split("/")
+                if len(parts) == 4 and parts[2] in kept:
+                    continue
+                if now - obj.mtime >= older_than:
+                    self.objects.delete(obj.key)
+                    report.objects.append(obj.key)
+                    report.bytes += obj.size
+        report.uploads = self.objects.abort_stale_uploads(older_than)
+        return report
+
+    def close(self) -> None:
+        """Close the object store.  Idempotent."""
+        self.objects.close()
+
+    def __enter__(self) -> "GenerationStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
