@@ -115,6 +115,11 @@ class SessionState(BaseModel):
             session's own snapshot) last persisted, restored or matched; None
             when there was none.  A resume whose store holds another
             generation is refused unless ``allow_rollback``.
+        snapshot_digest: (version 2) SHA-256 of that generation's stored
+            metadata (:attr:`~sandbox_fs.snapshot.SnapshotInfo.digest`), which
+            names its archive's SHA-256; under the MAC, so a store that replaced
+            a generation's metadata and data together is refused on resume.
+            None when the store sets none.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -127,6 +132,7 @@ class SessionState(BaseModel):
     fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     workspace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     generation: int | None = Field(default=None, ge=0, le=1 << 62)
+    snapshot_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @field_validator("session_id", "snapshot")
     @classmethod
@@ -430,6 +436,7 @@ class LocalSandboxClient:
         return Session(self._config(st.session_id, root), manifest=manifest,
                        restore_from=st.snapshot or st.session_id, fingerprint=st.fingerprint, resumed=True,
                        workspace_id=st.workspace_id, generation=st.generation, bound=st.version >= 2,
+                       snapshot_digest=st.snapshot_digest if st.version >= 2 else None,
                        allow_rollback=allow_rollback)
 
     async def delete(self, session: Session, *, snapshot: bool = False) -> bool:
@@ -485,7 +492,8 @@ class LocalSandboxClient:
                           snapshot=session.snapshot_name if self.store.enabled and session.fingerprint else None,
                           workspace_root_ready=session.workspace_root_ready, fingerprint=session.fingerprint,
                           workspace_id=session.workspace_id,
-                          generation=session.generation if self.store.enabled else None)
+                          generation=session.generation if self.store.enabled else None,
+                          snapshot_digest=session.snapshot_digest if self.store.enabled else None)
         payload = st.model_dump(mode="json")
         if self._state_key is not None:
             payload["mac"] = _mac(self._state_key, payload)

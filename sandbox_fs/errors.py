@@ -63,6 +63,7 @@ operation again may succeed::
     | `feature_unavailable` | `FeatureUnavailableError` | `sandbox_fs.session` | no |
     | `workspace_mismatch` | `WorkspaceMismatchError` | `sandbox_fs.session` | no |
     | `snapshot_generation_mismatch` | `SnapshotGenerationError` | `sandbox_fs.session` | no |
+    | `snapshot_digest_mismatch` | `SnapshotDigestMismatchError` | `sandbox_fs.session` | no |
     | `persist_disabled` | `PersistDisabledError` | `sandbox_fs.session` | no |
     | `session_state_invalid` | `SessionStateError` | `sandbox_fs.client` | no |
     | `session_state_version` | `SessionStateVersionError` | `sandbox_fs.client` | no |

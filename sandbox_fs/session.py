@@ -29,7 +29,10 @@ snapshot it last persisted, restored or matched.  A resumed session refuses,
 before anything in the workspace changes, a workspace holding another id
 (:class:`WorkspaceMismatchError`) and a snapshot at another generation than
 its state recorded (:class:`SnapshotGenerationError`, unless
-``allow_rollback``).  A workspace holding no id is bound to nothing: it is
+``allow_rollback``), or the same generation with other stored metadata than
+the digest its state recorded (:class:`SnapshotDigestMismatchError`: metadata
+and data replaced together in the store); a restore then reads exactly the
+generation whose metadata has that digest.  A workspace holding no id is bound to nothing: it is
 reattached or rebuilt, then given the session's id.  A confined command can
 remove or rewrite its own workspace's id, which only makes that workspace be
 refused or rebuilt; it cannot claim another session's random id.
@@ -81,6 +84,7 @@ __all__ = [
     "FeatureUnavailableError",
     "WorkspaceMismatchError",
     "SnapshotGenerationError",
+    "SnapshotDigestMismatchError",
     "PersistDisabledError",
     "WORKSPACE_ID_NAME",
 ]
@@ -174,6 +178,18 @@ class SnapshotGenerationError(SessionError):
     """
 
     code = "snapshot_generation_mismatch"
+
+
+class SnapshotDigestMismatchError(SnapshotGenerationError):
+    """The store's snapshot metadata is not the one the resumed state recorded (same generation); nothing changed.
+
+    The state's MAC covers the SHA-256 of the snapshot's stored metadata
+    (:attr:`~sandbox_fs.snapshot.SnapshotInfo.digest`), which names the
+    archive's SHA-256: a store that replaced both is refused.  ``context``:
+    ``snapshot`` and ``generation``.  ``allow_rollback=True`` resumes anyway.
+    """
+
+    code = "snapshot_digest_mismatch"
 
 
 class PersistDisabledError(SessionError):
@@ -295,6 +311,8 @@ class Session:
         workspace_id: 32 hex digits binding the session's state to its workspace.
         generation: generation of the snapshot last persisted, restored or
             matched (None: none yet; 0: a snapshot from before generations).
+        snapshot_digest: :attr:`~sandbox_fs.snapshot.SnapshotInfo.digest` of that
+            snapshot's stored metadata (None: none yet, or a store that sets none).
 
     Thread-safety: use one Session from one trio run.
     """
@@ -302,7 +320,7 @@ class Session:
     def __init__(self, config: SessionConfig, *, manifest: Any = None, restore_from: str | None = None,
                  require_snapshot: bool = False, fingerprint: str | None = None,
                  resumed: bool = False, workspace_id: str | None = None, generation: int | None = None,
-                 bound: bool = False, allow_rollback: bool = False) -> None:
+                 bound: bool = False, allow_rollback: bool = False, snapshot_digest: str | None = None) -> None:
         self.config = config
         self.id = config.session_id
         self.manifest = manifest
@@ -313,6 +331,7 @@ class Session:
         # A fresh session gets a new id; a resumed one its state's (version 1 states have none: a new one).
         self.workspace_id = workspace_id or secrets.token_hex(16)
         self.generation = generation
+        self.snapshot_digest = snapshot_digest
         self._bound = bound  # the state recorded a workspace id and a generation (version 2)
         self._allow_rollback = allow_rollback
         self._persist_disabled: str | None = None
@@ -628,6 +647,17 @@ class Session:
                  "(the store was rolled back)") + "; nothing was changed (allow_rollback resumes anyway)",
                 sandbox_path=None, context={"snapshot": info.name, "state_generation": want,
                                             "store_generation": info.generation})
+        if self.snapshot_digest and info.digest != self.snapshot_digest:
+            raise SnapshotDigestMismatchError(
+                "the store's snapshot metadata is not the one this state recorded (replaced in the store); "
+                "nothing was changed (allow_rollback resumes anyway)", sandbox_path=None,
+                context={"snapshot": info.name, "generation": info.generation})
+
+    def _expected_digest(self) -> str | None:
+        """The metadata digest a restore must read: the state's, when it is checked (see :meth:`_check_generation`)."""
+        if not (self._resumed and self._bound) or self._allow_rollback or not self.snapshot_digest:
+            return None
+        return self.snapshot_digest
 
     def _fill_sync(self, created: list[bool]) -> str:
         cfg = self.config
@@ -650,11 +680,15 @@ class Session:
             if _snap.fingerprint(info.manifest_digest, live) == info.fingerprint:
                 self.fingerprint = info.fingerprint
                 self.generation = info.generation
+                self.snapshot_digest = info.digest or None
                 return "reattached"
+        expected = self._expected_digest()
         rep = _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits, mount_points=self._mounts,
-                            keep_identities=self._grant_ids())
+                            keep_identities=self._grant_ids(), digest=expected,
+                            generation=info.generation if expected else None)
         self.fingerprint = rep.info.fingerprint
         self.generation = rep.info.generation  # the generation actually restored
+        self.snapshot_digest = rep.info.digest or None
         return "restored"
 
     def _undo_start(self, created: bool) -> None:
@@ -709,12 +743,15 @@ class Session:
         for fn in list(self._transient_cleanups):
             await fn(self)
         cfg, ws = self.config, self._root
+        # The generation of our own snapshot this session last saw: a store where another writer
+        # (a second machine resuming the same state) committed since is a conflict, not a new base.
+        expect = self.generation if self.snapshot_name == self.id else None
         try:
             report = await trio.to_thread.run_sync(
                 lambda: _snap.persist(ws, cfg.store, self.id, manifest_digest=self._manifest_digest(),
                                       excluded=self._excluded(), mount_points=self._mounts,
                                       skip_identities=self._grant_ids(), on_unrestorable=cfg.on_unrestorable,
-                                      limits=cfg.limits))
+                                      limits=cfg.limits, expect_generation=expect))
         except _snap.SnapshotVerifyError as exc:
             if self.snapshot_name == self.id:  # the store's current generation of our snapshot, as it stands now
                 current = exc.context.get("generation")
@@ -725,6 +762,7 @@ class Session:
             self.fingerprint = report.info.fingerprint
             self.snapshot_name = report.info.name
             self.generation = report.info.generation
+            self.snapshot_digest = report.info.digest or None
         return report
 
     async def shutdown(self) -> None:

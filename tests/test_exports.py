@@ -53,7 +53,7 @@ PUBLIC = {
     "sandbox_fs.session": [
         "CrossRootError", "FeatureUnavailableError", "MountOverlapError", "PersistDisabledError", "Session",
         "SessionBusyError", "SessionConfig", "SessionError", "SessionNotStartedError",
-        "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
+        "SnapshotDigestMismatchError", "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
     ],
     "sandbox_fs.snapshot": [
         "GcReport", "GenerationStore", "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot",

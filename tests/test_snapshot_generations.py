@@ -436,3 +436,78 @@ def test_forged_pointers_are_corrupt(env, ptr):
 def test_keep_is_bounded():
     with pytest.raises(ValueError):
         GenerationStore(DictObjects(), keep=0)
+
+
+# ------------------------------------------------------------- sessions: two machines, one store
+
+
+def _machine(tmp_path, objects_dir, which: str):
+    from sandbox_fs.client import ClientOptions, LocalSandboxClient
+    from sandbox_fs.snapshot._objects_local import LocalObjects
+
+    store = GenerationStore(LocalObjects(objects_dir), keep=2)
+    return LocalSandboxClient(ClientOptions(workspaces_dir=str(tmp_path / f"ws-{which}"), snapshot_store=store,
+                                            state_key=b"k" * 32))
+
+
+async def test_a_session_stopped_on_one_machine_resumes_on_another(tmp_path):
+    from sandbox_fs.session import SnapshotGenerationError
+
+    objs = tmp_path / "objects"
+    with _machine(tmp_path, objs, "a") as a, _machine(tmp_path, objs, "b") as b:
+        async with a.create() as s:
+            await s.write("notes.txt", b"from A")
+        state1 = a.serialize_state(s)
+        assert state1["generation"] == 1 and len(state1["snapshot_digest"]) == 64
+        r = b.resume(state1)
+        async with r:
+            assert r.start_mode == "restored"
+            assert await r.read("notes.txt") == b"from A"
+            await r.write("notes.txt", b"from B")
+        state2 = b.serialize_state(r)
+        assert state2["generation"] == 2 and state2["snapshot_digest"] != state1["snapshot_digest"]
+        with pytest.raises(SnapshotGenerationError):  # A's old state is stale now
+            async with a.resume(state1):
+                pass
+        async with a.resume(state2) as again:
+            assert await again.read("notes.txt") == b"from B"
+
+
+async def test_two_machines_resuming_one_state_cannot_both_commit(tmp_path):
+    objs = tmp_path / "objects"
+    with _machine(tmp_path, objs, "a") as a, _machine(tmp_path, objs, "b") as b:
+        async with a.create() as s:
+            await s.write("f", b"base")
+        state = a.serialize_state(s)
+        ra, rb = a.resume(state), b.resume(state)
+        await ra.start()
+        await rb.start()
+        await ra.write("f", b"A wins")
+        await rb.write("f", b"B loses")
+        await ra.aclose()  # persists: generation 2
+        with pytest.raises(SnapshotConflictError):
+            await rb.aclose()
+        assert GenerationStore(a.store.objects).kept(s.id) == [2, 1]
+        async with b.resume(a.serialize_state(ra)) as c:
+            assert await c.read("f") == b"A wins"
+
+
+async def test_metadata_and_data_replaced_together_are_refused_on_resume(tmp_path):
+    """A store that swaps in another valid generation (same number, other metadata + archive) is refused."""
+    from sandbox_fs.session import SnapshotDigestMismatchError
+
+    objs, evil_objs = tmp_path / "objects", tmp_path / "evil"
+    with _machine(tmp_path, objs, "a") as a, _machine(tmp_path, evil_objs, "e") as e:
+        async with a.create(session_id="victim") as s:
+            await s.write("f", b"genuine")
+        state = a.serialize_state(s)
+        async with e.create(session_id="victim") as forged:
+            await forged.write("f", b"forged")
+        # the store's operator replaces the whole snapshot with the forged one (pointer, metadata, archive)
+        import shutil
+        shutil.rmtree(objs / "victim")
+        shutil.copytree(evil_objs / "victim", objs / "victim")
+        r = a.resume(state)
+        with pytest.raises(SnapshotDigestMismatchError):
+            await r.start()
+        assert (tmp_path / "ws-a" / "victim" / "f").read_bytes() == b"genuine"  # nothing changed
