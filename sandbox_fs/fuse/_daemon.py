@@ -6,7 +6,9 @@ policy, the mounts, and their fds (the workspace's ``O_PATH`` directory fd,
 then one per mount).  The daemon then:
 
 1. raises its ``RLIMIT_NOFILE`` soft and hard limits (to ``fs.nr_open``, at
-   most 2**20): every inode the kernel knows holds one ``O_PATH`` fd;
+   most 2**20): every inode the kernel knows holds one ``O_PATH`` fd, and
+   past :func:`handle_budget` of the limit the least recently used are
+   closed and reopened by name when next used (``_inodes``);
 2. measures the workspace's usage for the quota;
 3. opens ``/dev/fuse`` and makes a *detached* mount (``fsopen("fuse")``,
    ``fsconfig`` with ``allow_other`` and ``default_permissions``,
@@ -59,6 +61,16 @@ log = logging.getLogger("sandbox_fs.fuse.daemon")
 
 NOFILE_MAX = 1 << 20
 """The most ``RLIMIT_NOFILE`` the daemon asks for."""
+
+FD_RESERVE = 4096
+"""fds the inode table leaves free of its handles, for open files, directory streams
+(``_ops.MAX_DIR_STREAMS``), the new entries of one readdirplus reply and the daemon's own fds."""
+
+
+def handle_budget(nofile: int) -> int:
+    """Most inode handles kept after a request under an ``RLIMIT_NOFILE`` of ``nofile`` (at least half of it)."""
+    return max(nofile // 2, nofile - FD_RESERVE)
+
 
 READ_AHEAD_KB = 1024
 """Read-ahead of the mount, in KiB (the kernel's default 128 gave 0.85 GiB/s through the daemon, this 1.5)."""
@@ -287,6 +299,7 @@ class Daemon:
         quota.measure(root_handle)
         quota.set_limits(policy.max_bytes, policy.max_inodes)
         table = InodeTable(root_handle, workspace)
+        table.max_held = handle_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.ops = OverlayOps(table, policy, mounts, AuditLog(policy.audit_capacity), FaultRules(), quota)
         # host-access: the FUSE device node (devtmpfs, root-owned), no workspace path
         self.dev_fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)

@@ -9,6 +9,24 @@ path* shown in audit events and matched by fault rules (at the time of the
 event), what invalidation walks, and how an inode known only by its handle is
 reopened for I/O (through one of its dentries, then verified).
 
+Handles are evicted under fd pressure: past :attr:`InodeTable.max_held`
+held handles (set by the daemon from its ``RLIMIT_NOFILE``), the least
+recently used handles of inodes that are neither open nor a tree's root and
+still have a name are closed after the request (:meth:`InodeTable.trim`).
+The inode stays in the table; its next use reopens it by name from its
+parent's handle (itself reopened the same way when evicted) and checks that
+the name still holds the same ``(st_dev, st_ino)`` and file type: a name that
+now holds another inode (the host changed the tree) gives ``ESTALE``, never
+the other inode.  Only an actor outside the overlay can change a name behind
+the table's back (the confined command acts through the overlay, whose own
+changes keep the dentry table right), and the reopen is one ``O_PATH |
+O_NOFOLLOW`` lookup beneath the tree, so what it can find is only ever an
+entry of the tree.  One case it cannot tell: every name of the inode
+removed out of band and a new entry of the same type given the freed inode
+number; the FUSE inode then shows the new entry (as a lookup would).
+Inodes without a name (unlinked) or open are never evicted, so the
+overlay's own removals never free an evicted inode.
+
 Nothing here does I/O other than closing handles, and nothing imports
 pyfuse3: the table is plain data, used from the daemon's trio thread only.
 """
@@ -17,6 +35,8 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -86,7 +106,9 @@ class Inode:
 
     Attributes:
         ino: the FUSE inode number (never reused within one daemon).
-        handle: the ``O_PATH`` handle on the backing inode (closed by :meth:`InodeTable.forget`).
+        held: the ``O_PATH`` handle on the backing inode, or None while it is
+            evicted (closed by :meth:`InodeTable.forget` and by eviction);
+            use :attr:`handle`, which reopens an evicted one.
         key: ``(tree index, st_dev, st_ino)``.
         tree: the tree it belongs to.
         lookups: the kernel's lookup count (lookup, readdirplus entries,
@@ -103,10 +125,15 @@ class Inode:
             was last opened with ``keep_cache`` (None: not yet).
         data_stale: the backing file was invalidated while open: the next
             open drops the kernel's page cache (``keep_cache=False``).
+        pinned: never evicted (the workspace root and each mount's root,
+            which no name in its parent's tree can reopen).
+        kind: the file type (``S_IFMT`` bits) taken when the handle was
+            evicted; a reopen must find the same.
+        table: the table it belongs to (for :attr:`handle`).
     """
 
     ino: int
-    handle: Handle
+    held: Handle | None
     key: tuple[int, int, int]
     tree: Tree
     lookups: int = 0
@@ -116,6 +143,24 @@ class Inode:
     orphaned: bool = False
     cache_stamp: tuple[int, int] | None = None
     data_stale: bool = False
+    pinned: bool = False
+    kind: int = 0
+    table: "InodeTable | None" = field(default=None, repr=False)
+
+    @property
+    def handle(self) -> Handle:
+        """The ``O_PATH`` handle on the backing inode, reopened by name and verified when it was evicted.
+
+        Raises:
+            OSError: ``ESTALE``, the inode was evicted and no name of it in
+                the table still holds it; ``EBADF`` after :meth:`InodeTable.close`.
+        """
+        table = self.table
+        if table is None:
+            if self.held is None:
+                raise OSError(errno.EBADF, "the inode's handle is closed")
+            return self.held
+        return table.handle_of(self)
 
 
 class InodeTable:
@@ -139,8 +184,14 @@ class InodeTable:
         # inode already known gets another dentry (a rename, a removed name): paths beneath it change
         self._memo: dict[int, tuple[int, str]] = {ROOT_INODE: (0, "")}
         self._next_ino = ROOT_INODE + 1
+        # inos whose (unpinned) handle is held, least recently used first
+        self._held: OrderedDict[int, None] = OrderedDict()
+        self.max_held: int | None = None
+        """Most unpinned handles kept after a request (None: no limit); see :meth:`trim`."""
+        self.evictions = 0
+        """How many handles :meth:`trim` closed so far."""
         dev, ino = root_handle.key
-        root = Inode(ROOT_INODE, root_handle, (workspace.index, dev, ino), workspace, lookups=1)
+        root = Inode(ROOT_INODE, root_handle, (workspace.index, dev, ino), workspace, lookups=1, pinned=True)
         self._by_ino[ROOT_INODE] = root
         self._by_key[root.key] = root
 
@@ -179,14 +230,95 @@ class InodeTable:
         node = self._by_key.get(key)
         new = node is None
         if node is None:
-            node = Inode(self._next_ino, handle, key, tree)
+            pnode = self._by_ino.get(parent)
+            node = Inode(self._next_ino, handle, key, tree, table=self,
+                         pinned=pnode is None or pnode.tree is not tree)
             self._next_ino += 1
             self._by_ino[node.ino] = node
             self._by_key[key] = node
+            if not node.pinned:
+                self._held[node.ino] = None
+        elif node.held is None:
+            if stat.S_IFMT(handle.stat().st_mode) != node.kind:
+                # the evicted inode's number was freed and given to this entry: not the same inode
+                del self._by_key[key]
+                return self.learn(parent, name, handle, tree)
+            node.held = handle  # an evicted inode: the fresh handle is on the same inode
+            self._held[node.ino] = None
         else:
             handle.close()
         self.add_dentry(parent, name, node)
         return node, new
+
+    def handle_of(self, node: Inode) -> Handle:
+        """``node``'s handle (see :attr:`Inode.handle`): marked most recently used, reopened when evicted."""
+        held = node.held
+        if held is not None:
+            if not node.pinned:
+                self._held.move_to_end(node.ino)
+            return held
+        return self._reopen(node)
+
+    def _reopen(self, node: Inode) -> Handle:
+        """Reopen evicted ``node`` and every evicted ancestor, top-down, each verified by ``(st_dev, st_ino)``."""
+        chain: list[Inode] = []
+        cur = node
+        for _ in range(MAX_PATH_DEPTH + 1):
+            if cur.held is not None:
+                break
+            if cur.pinned or cur.dentry is None or cur.ino not in self._by_ino:
+                raise OSError(errno.ESTALE, "the inode's handle was closed and it has no name to reopen")
+            parent = self._by_ino.get(cur.dentry[0])
+            if parent is None:
+                raise OSError(errno.ESTALE, "the inode's directory is no longer known")
+            chain.append(cur)
+            cur = parent
+        else:
+            raise OSError(errno.ESTALE, "the inode's path is too deep to reopen")
+        for child in reversed(chain):
+            assert cur.held is not None
+            found = cur.held.lookup(child.dentry[1]) if child.dentry is not None else None
+            assert found is not None
+            st = found.stat()
+            if (child.tree.index, st.st_dev, st.st_ino) != child.key or stat.S_IFMT(st.st_mode) != child.kind:
+                found.close()
+                raise OSError(errno.ESTALE, "the inode's name now holds another inode")
+            child.held = found
+            self._held[child.ino] = None
+            cur = child
+        assert node.held is not None
+        return node.held
+
+    def trim(self) -> int:
+        """Close the least recently used handles past :attr:`max_held`; returns how many were closed.
+
+        Only inodes that are not open, not pinned and still have a name are
+        evicted (an unlinked inode could not be reopened).  Called by the
+        daemon after each request, never in the middle of one, so no handle
+        a handler is using is closed under it.
+        """
+        limit = self.max_held
+        if limit is None or len(self._held) <= limit:
+            return 0
+        excess = len(self._held) - limit
+        victims: list[Inode] = []
+        for ino in self._held:
+            if len(victims) >= excess:
+                break
+            node = self._by_ino.get(ino)
+            if node is not None and node.opens == 0 and node.links and node.held is not None:
+                try:
+                    node.kind = stat.S_IFMT(node.held.stat().st_mode)
+                except OSError:
+                    continue  # keep what cannot be checked again
+                victims.append(node)
+        for node in victims:
+            del self._held[node.ino]
+            assert node.held is not None
+            node.held.close()
+            node.held = None
+        self.evictions += len(victims)
+        return len(victims)
 
     def add_dentry(self, parent: int, name: bytes, node: Inode) -> None:
         """``(parent, name)`` now refers to ``node`` (replacing what it referred to in the table)."""
@@ -244,7 +376,10 @@ class InodeTable:
             if self._children.get(dentry) == node.ino:
                 del self._children[dentry]
         node.links.clear()
-        node.handle.close()
+        self._held.pop(node.ino, None)
+        if node.held is not None:
+            node.held.close()
+            node.held = None
         self._memo.pop(node.ino, None)
 
     def path_of(self, ino: int, name: bytes | None = None) -> str:
@@ -360,7 +495,11 @@ class InodeTable:
     def close(self) -> None:
         """Close every handle (the daemon is stopping)."""
         for node in list(self._by_ino.values()):
-            node.handle.close()
+            if node.held is not None:
+                node.held.close()
+                node.held = None
+            node.table = None
+        self._held.clear()
         self._by_ino.clear()
         self._by_key.clear()
         self._children.clear()

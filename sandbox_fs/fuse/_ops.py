@@ -9,6 +9,8 @@ Every handler:
   or a held ``O_PATH`` handle; an inode is opened for I/O through one of its
   dentries and verified to be the same inode (``expect``), never by path;
 * records exactly one audit event (op, sandbox path, errno or 0);
+* then lets the inode table close handles past its budget (fd pressure,
+  :meth:`~sandbox_fs.fuse._inodes.InodeTable.trim`), never during the request;
 * answers any failure with an errno: ``FUSEError`` passes, an ``OSError``
   gives its errno, anything else EIO (logged).  Nothing else may escape a
   handler: it would end ``pyfuse3.main()`` and the mount with it.
@@ -192,6 +194,7 @@ class OverlayOps(pyfuse3.Operations):
             err = errno.EIO
         finally:
             self.audit.record(op, path, err)
+            self.table.trim()
         raise FUSEError(err)
 
     def _attr(self, node: Inode, st: os.stat_result) -> EntryAttributes:
