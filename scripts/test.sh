@@ -12,6 +12,18 @@ export PATH="$VENV/bin:$PATH"
 "$VENV/bin/ruff" check --quiet .
 "$VENV/bin/mypy"
 
+# The S3 server of the S3 snapshot store's tests: SeaweedFS on 127.0.0.1, ports picked when it starts, data
+# in a temp dir, stopped by its pid on exit.  Where it cannot start, those tests skip and say why.
+S3_DATA=$(mktemp -d /tmp/sfs-seaweed-XXXXXX)
+if S3_INFO=$("$VENV/bin/python" tests/_seaweed.py start "$S3_DATA"); then
+    S3_PID=${S3_INFO%% *}
+    export SFS_S3_ENDPOINT=${S3_INFO#* } SFS_S3_PID=$S3_PID
+    trap 'kill -9 "$S3_PID" 2>/dev/null || true; rm -rf --one-file-system "$S3_DATA"' EXIT
+else
+    echo "test.sh: the SeaweedFS S3 server did not start; the S3 tests will try again or skip" >&2
+    rm -rf --one-file-system "$S3_DATA"
+fi
+
 BASETEMP=$(mktemp -d /tmp/sfs-pytest-XXXXXX)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$BASETEMP" tests
 rm -rf --one-file-system "$BASETEMP"

@@ -180,3 +180,19 @@ def host_system_dirs_untouched():
     after = _host_names()
     changed = {d: sorted(after[d] ^ before[d]) for d in before if after[d] != before[d]}
     assert not changed, f"the test run changed host system directories: {changed}"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """The SeaweedFS S3 server of tests/_seaweed.py: SFS_S3_ENDPOINT's, or one started for this session.
+
+    Skips (with the reason, the tail of the server's log) only where none can start.
+    """
+    import _seaweed
+
+    try:
+        srv = _seaweed.server()
+    except RuntimeError as exc:
+        pytest.skip(f"no S3 server could start: {exc}")
+    yield srv
+    srv.stop()

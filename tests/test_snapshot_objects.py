@@ -9,6 +9,8 @@ Tests specific to one implementation are at the end.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import threading
 from collections.abc import Iterator
@@ -22,17 +24,43 @@ from sandbox_fs.snapshot import SnapshotConflictError, SnapshotLimitError, Snaps
 from sandbox_fs.snapshot import LocalObjects
 from sandbox_fs.snapshot._objects_local import validate_key
 
-IMPLEMENTATIONS = ["local"]
+MIN_PART = 5 << 20  # S3's smallest part: the S3 store under test uses it, so a few MiB are multipart
+
+IMPLEMENTATIONS = ["local", "s3"]
+_BUCKET = "sfs-contract"
+_counter = itertools.count()
+_clients: dict[Any, Any] = {}
 
 
-def _make_local(tmp_path: Any) -> LocalObjects:
-    return LocalObjects(tmp_path / "store")
+def make_s3(endpoint: str, prefix: str, **options: Any) -> Any:
+    """S3Objects on the test server's bucket ``sfs-contract`` (made when missing) under ``prefix``."""
+    from sandbox_fs.snapshot._s3 import S3Objects, S3Options
+
+    import _seaweed
+
+    opts = S3Options(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=_seaweed.ACCESS_KEY,
+                     aws_secret_access_key=_seaweed.SECRET_KEY, part_size=MIN_PART, **options)
+    cache_key = (endpoint, tuple(sorted(options.items())))
+    client = _clients.get(cache_key)
+    store = S3Objects(_BUCKET, prefix, options=opts, client=client)
+    if client is None:  # a boto3 client costs ~0.5 s to make: one per endpoint and options
+        with contextlib.suppress(Exception):
+            store._client.create_bucket(Bucket=_BUCKET)
+        _clients[cache_key] = store._client
+    store.close = lambda: None  # the client is shared by the tests
+    return store
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
 def objects(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
-    store = _make_local(tmp_path)
+    if request.param == "local":
+        store: Any = LocalObjects(tmp_path / "store")
+    else:
+        pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
+        server = request.getfixturevalue("s3_server")
+        store = make_s3(server.endpoint, f"contract/{os.getpid()}-{next(_counter)}", max_attempts=2)
     yield store
+    store.abort_stale_uploads(0)
     store.close()
 
 
@@ -111,6 +139,23 @@ def test_stream_replaces_at_commit(objects: Any) -> None:
     assert objects.get_bytes("data/x", 10) == b"new"
 
 
+def test_multipart_stream(objects: Any) -> None:
+    # 2.5 parts, written in odd-sized chunks: parts are cut at the part size, not at write boundaries
+    blob = os.urandom(MIN_PART // 2) * 5
+    writer = objects.put_stream("data/multi")
+    for off in range(0, len(blob), 777_777):
+        writer.write(memoryview(blob)[off:off + 777_777])
+    assert objects.head("data/multi") is None
+    info = writer.commit()
+    assert info.size == len(blob)
+    with objects.open_range("data/multi") as f:
+        assert f.read() == blob
+    with objects.open_range("data/multi", MIN_PART - 3, MIN_PART + 6) as f:
+        assert f.read() == blob[MIN_PART - 3:2 * MIN_PART + 3]
+    head = objects.head("data/multi")
+    assert head is not None and head.etag == info.etag
+
+
 def test_open_range(objects: Any) -> None:
     payload = bytes(range(256)) * 40
     objects.put_bytes("r", payload)
@@ -175,7 +220,7 @@ def test_if_match_missing_object(objects: Any) -> None:
 
 def test_two_writers_exactly_one_wins(objects: Any) -> None:
     base = objects.put_bytes("ptr", b"gen 0")
-    rounds, writers = 4, 6
+    rounds, writers = 3, 5
     for r in range(rounds):
         expect = objects.head("ptr")
         assert expect is not None
@@ -225,7 +270,7 @@ def test_bad_keys_refused(objects: Any, key: str) -> None:
 
 def test_abort_stale_uploads(objects: Any) -> None:
     writer = objects.put_stream("k")
-    writer.write(b"part")
+    writer.write(b"p" * (MIN_PART + 1))  # past one part: an S3 multipart upload has begun
     assert objects.abort_stale_uploads(3600) == 0
     assert objects.abort_stale_uploads(0) == 1
     with pytest.raises(SnapshotStoreError) as err:
@@ -249,7 +294,7 @@ _op = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(_op, max_size=12))
 def test_operations_match_a_dict(objects: Any, ops: list[tuple[str, str, bytes]]) -> None:
     for info in list(objects.list("")):
@@ -394,3 +439,108 @@ def test_local_two_processes_one_wins(tmp_path: Any) -> None:
     os.close(w)
     codes = sorted(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids)
     assert codes == [0, 1]
+
+
+# -- S3Objects only
+
+
+@pytest.fixture
+def s3_endpoint(s3_server: Any) -> str:
+    pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
+    return str(s3_server.endpoint)
+
+
+def _s3(endpoint: str, bucket: str = _BUCKET, **kw: Any) -> Any:
+    from sandbox_fs.snapshot._s3 import S3Objects, S3Options
+
+    import _seaweed
+
+    opts = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": _seaweed.ACCESS_KEY,
+            "aws_secret_access_key": _seaweed.SECRET_KEY, "max_attempts": 1, "connect_timeout": 2,
+            "read_timeout": 5}
+    opts.update(kw)
+    return S3Objects(bucket, "errors", options=S3Options(**opts))
+
+
+def test_s3_wrong_secret_not_retryable_names_no_secret(s3_endpoint: str) -> None:
+    wrong = "WRONG-secret-" + "9" * 20
+    store = _s3(s3_endpoint, aws_secret_access_key=wrong)
+    try:
+        for attempt in (store.check, lambda: store.put_bytes("k", b"x"), lambda: store.get_bytes("k", 10),
+                        lambda: list(store.list(""))):
+            with pytest.raises(SnapshotStoreError) as err:
+                attempt()
+            assert not err.value.retryable
+            assert wrong not in str(err.value) and wrong not in repr(err.value.to_dict())
+    finally:
+        store.close()
+
+
+def test_s3_unknown_access_key_not_retryable(s3_endpoint: str) -> None:
+    store = _s3(s3_endpoint, aws_access_key_id="nobody-knows-me")
+    try:
+        with pytest.raises(SnapshotStoreError) as err:
+            store.put_bytes("k", b"x")
+        assert not err.value.retryable
+        assert err.value.context["error"] in ("InvalidAccessKeyId", "AccessDenied", "SignatureDoesNotMatch")
+    finally:
+        store.close()
+
+
+def test_s3_missing_bucket_not_retryable(s3_endpoint: str) -> None:
+    store = _s3(s3_endpoint, bucket="sfs-no-such-bucket")
+    try:
+        with pytest.raises(SnapshotStoreError) as err:
+            store.check()
+        assert not err.value.retryable and "bucket does not exist" in err.value.reason
+        with pytest.raises(SnapshotStoreError) as err:
+            store.get_bytes("k", 10)
+        assert not err.value.retryable
+    finally:
+        store.close()
+
+
+def test_s3_unreachable_endpoint_retryable(s3_endpoint: str) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = _s3(f"http://127.0.0.1:{port}")
+    try:
+        for attempt in (store.check, lambda: store.put_bytes("k", b"x"), lambda: store.head("k")):
+            with pytest.raises(SnapshotStoreError) as err:
+                attempt()
+            assert err.value.retryable and err.value.code == "snapshot_store_unavailable"
+    finally:
+        store.close()
+
+
+def test_s3_part_sizes_fit_the_part_limit() -> None:
+    from sandbox_fs.snapshot._s3 import MAX_PARTS, MIN_PART_SIZE, part_size_for
+
+    total = sum(part_size_for(n, MIN_PART_SIZE) for n in range(1, MAX_PARTS + 1))
+    assert total >= 5 << 40  # S3's largest object fits in 10,000 parts of unknown-size growth
+    assert part_size_for(1, MIN_PART_SIZE) == MIN_PART_SIZE == part_size_for(900, MIN_PART_SIZE)
+    assert part_size_for(901, MIN_PART_SIZE) == 2 * MIN_PART_SIZE
+    assert max(part_size_for(n, 8 << 20) for n in range(1, MAX_PARTS + 1)) <= 5 << 30
+
+
+def test_s3_writer_memory_bounded_by_parts(s3_endpoint: str) -> None:
+    import tracemalloc
+
+    store = make_s3(s3_endpoint, f"mem/{os.getpid()}")
+    chunk = b"m" * (1 << 20)
+    tracemalloc.start()
+    try:
+        writer = store.put_stream("big")
+        for _ in range(40):  # 40 MiB through 5 MiB parts
+            writer.write(chunk)
+        writer.commit()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    head = store.head("big")
+    assert head is not None and head.size == 40 << 20
+    store.delete("big")
+    assert peak < 4 * MIN_PART + (2 << 20), peak  # (upload_threads + 2) parts, not the object

@@ -1,0 +1,715 @@
+"""The object contract (:mod:`._objects`) over an S3-compatible bucket: :class:`S3Objects` (boto3).
+
+Keys are stored under ``<prefix>/`` in one bucket.  What each contract
+operation becomes:
+
+- :meth:`S3Objects.put_stream`: data is buffered up to one part; an object
+  that stays under one part is a single ``PutObject`` at commit, a larger one
+  a multipart upload whose parts are sent by at most ``upload_threads``
+  threads while the caller keeps writing.  Memory is bounded by
+  ``(upload_threads + 2) * part size`` (the part being filled, one queued,
+  one per thread in flight).  The size is not known in advance, so
+  the part size grows: parts ``900 * k + 1 .. 900 * (k + 1)`` are
+  ``part_size * 2**k`` bytes (capped at 5 GiB), which reaches S3's largest
+  object (5 TiB) within S3's 10,000-part limit for any ``part_size`` of at
+  least 5 MiB (doubling every 1000 parts would fall short from 5 MiB).  Nothing is visible before ``CompleteMultipartUpload``.
+- :meth:`S3Objects.put_bytes`: ``PutObject`` with ``If-Match`` /
+  ``If-None-Match: *`` (RFC 9110 §13.1.1-2 conditional requests, which S3
+  and SeaweedFS evaluate atomically on the server); ``412 Precondition
+  Failed`` or ``409 ConditionalRequestConflict`` is
+  :class:`SnapshotConflictError`.
+- :meth:`S3Objects.open_range`: ranged ``GetObject`` of at most one part
+  size each, every range after the first sent with ``If-Match`` of the
+  first one's ETag, so a reader never mixes two versions of an object.
+- :meth:`S3Objects.abort_stale_uploads`: ``ListMultipartUploads`` and
+  ``AbortMultipartUpload`` of those initiated before the cutoff.
+
+Errors: connection failures, timeouts, 5xx and throttling are
+:class:`SnapshotStoreError` with ``retryable=True``; missing credentials,
+refused credentials, access denied and a missing bucket the same class with
+``retryable=False``.  Messages and contexts carry the S3 error code and the
+key, never a credential (they are also redacted) or the endpoint's userinfo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import queue
+import re
+import threading
+import time
+from typing import IO, Any, Iterator
+
+from ._errors import SnapshotConflictError, SnapshotLimitError, SnapshotNotFoundError, SnapshotStoreError
+from ._objects import ObjectInfo
+from ._objects_local import validate_key
+
+__all__ = ["S3Objects", "S3Options", "MIN_PART_SIZE", "MAX_PARTS"]
+
+#: S3's smallest part (all but the last), in bytes.
+MIN_PART_SIZE = 5 << 20
+#: S3's largest part, in bytes.
+MAX_PART_SIZE = 5 << 30
+#: S3's most parts in one multipart upload.
+MAX_PARTS = 10_000
+_PARTS_PER_SIZE = 900
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3 bucket naming rules (general purpose buckets)
+_PREFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,254})(/[A-Za-z0-9][A-Za-z0-9._-]{0,254})*")
+
+_CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+_PERMANENT_CODES = {
+    "NoSuchBucket": "the bucket does not exist",
+    "InvalidAccessKeyId": "the store does not know the access key",
+    "SignatureDoesNotMatch": "the store refused the credentials (signature does not match)",
+    "AccessDenied": "the store denied access",
+    "InvalidToken": "the store refused the session token",
+    "ExpiredToken": "the session token has expired",
+    "TokenRefreshRequired": "the session token has expired",
+    "AllAccessDisabled": "the store denied access",
+    "InvalidBucketName": "the bucket name is not valid",
+    "403": "the store denied access",
+}
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+                    "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}
+
+
+def part_size_for(part_number: int, part_size: int) -> int:
+    """The size of part ``part_number`` (1-based) of an upload of unknown size, in bytes.
+
+    ``part_size`` doubles every 900 parts, capped at :data:`MAX_PART_SIZE`;
+    with ``part_size >= MIN_PART_SIZE``, parts 1..10,000 hold more than 5 TiB.
+    """
+    return min(MAX_PART_SIZE, part_size << ((part_number - 1) // _PARTS_PER_SIZE))
+
+
+class S3Options:
+    """How to reach the bucket: endpoint, credentials and client limits.
+
+    Every field left None comes from the standard AWS configuration chain
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
+    ``AWS_PROFILE``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+    ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``~/.aws/config`` and
+    ``~/.aws/credentials``, instance metadata ...), as boto3 resolves it.
+
+    Args:
+        endpoint_url: e.g. ``"http://127.0.0.1:8333"``; path-style addressing is used with it.
+        region_name: the signing region (``"us-east-1"`` when neither this nor the chain gives one).
+        profile_name: a profile of the AWS config files.
+        aws_access_key_id, aws_secret_access_key, aws_session_token: explicit credentials.
+        part_size: first part size of multipart uploads and the size of each ranged GET,
+            in bytes (>= 5 MiB; default 8 MiB).
+        upload_threads: parts sent at once by one upload (>= 1; default 2).
+        connect_timeout, read_timeout: seconds (defaults 5 and 60).
+        max_attempts: attempts per request, including the first (botocore's
+            standard retry mode; default 3).
+
+    Raises:
+        ValueError: ``part_size`` or ``upload_threads`` out of range.
+    """
+
+    def __init__(self, *, endpoint_url: str | None = None, region_name: str | None = None,
+                 profile_name: str | None = None, aws_access_key_id: str | None = None,
+                 aws_secret_access_key: str | None = None, aws_session_token: str | None = None,
+                 part_size: int = 8 << 20, upload_threads: int = 2, connect_timeout: float = 5.0,
+                 read_timeout: float = 60.0, max_attempts: int = 3) -> None:
+        if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
+            raise ValueError("part_size must be between 5 MiB and 5 GiB")
+        if upload_threads < 1 or max_attempts < 1:
+            raise ValueError("upload_threads and max_attempts must be >= 1")
+        self.endpoint_url = endpoint_url
+        self.region_name = region_name
+        self.profile_name = profile_name
+        self.aws_access_key_id = aws_access_key_id
+        self.aws_secret_access_key = aws_secret_access_key
+        self.aws_session_token = aws_session_token
+        self.part_size = part_size
+        self.upload_threads = upload_threads
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_attempts = max_attempts
+
+    def __repr__(self) -> str:  # never shows a credential
+        return f"S3Options(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r})"
+
+
+def _make_client(options: S3Options) -> tuple[Any, tuple[str, ...]]:
+    """A boto3 S3 client for ``options`` and the credential strings to redact from errors."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        session = boto3.session.Session(profile_name=options.profile_name,
+                                        aws_access_key_id=options.aws_access_key_id,
+                                        aws_secret_access_key=options.aws_secret_access_key,
+                                        aws_session_token=options.aws_session_token,
+                                        region_name=options.region_name)
+        config = Config(connect_timeout=options.connect_timeout, read_timeout=options.read_timeout,
+                        retries={"max_attempts": options.max_attempts, "mode": "standard"},
+                        max_pool_connections=max(10, 2 * options.upload_threads + 2),
+                        s3={"addressing_style": "path"} if options.endpoint_url else None)
+        client = session.client("s3", endpoint_url=options.endpoint_url,
+                                region_name=session.region_name or "us-east-1", config=config)
+        creds = session.get_credentials()
+    except BotoCoreError as exc:
+        raise SnapshotStoreError("the S3 client could not be configured", sandbox_path=None,
+                                 context={"error": type(exc).__name__}, retryable=False) from None
+    secrets: list[str] = [s for s in (options.aws_secret_access_key, options.aws_session_token) if s]
+    if creds is not None:
+        frozen = creds.get_frozen_credentials()
+        secrets += [s for s in (frozen.secret_key, frozen.token) if s]
+    return client, tuple(secrets)
+
+
+class _Errors:
+    """Turns botocore exceptions into the contract's errors, redacting the credentials."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.secrets = secrets
+
+    def store(self, reason: str, key: str | None, context: dict[str, Any], retryable: bool) -> SnapshotStoreError:
+        if key is not None:
+            context = {**context, "key": key}
+        return SnapshotStoreError(reason, sandbox_path=None, context=context, retryable=retryable,
+                                  secrets=self.secrets)
+
+    def translate(self, exc: BaseException, key: str | None, doing: str) -> Exception:
+        """The contract error for ``exc`` raised while ``doing`` (a verb phrase) on ``key``."""
+        from botocore.exceptions import (ClientError, ConnectionError, HTTPClientError, NoCredentialsError,
+                                         PartialCredentialsError, CredentialRetrievalError, BotoCoreError)
+
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            ctx = {"error": code or str(status), "status": status}
+            if code in _CONFLICT_CODES or status == 412:
+                return SnapshotConflictError("the object changed since it was read (conditional write refused)",
+                                             sandbox_path=None, context={"key": key})
+            if code in _MISSING_CODES:
+                return SnapshotNotFoundError("no such object", sandbox_path=None, context={"key": key})
+            if code in _PERMANENT_CODES:
+                return self.store(f"{doing} failed: {_PERMANENT_CODES[code]}", key, ctx, False)
+            if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+                return self.store(f"{doing} failed: the store is unavailable", key, ctx, True)
+            return self.store(f"{doing} failed: the store refused the request", key, ctx, False)
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
+            return self.store(f"{doing} failed: no usable credentials were found", key,
+                              {"error": type(exc).__name__}, False)
+        if isinstance(exc, (ConnectionError, HTTPClientError)):
+            return self.store(f"{doing} failed: the store could not be reached", key,
+                              {"error": type(exc).__name__}, True)
+        if isinstance(exc, BotoCoreError):
+            return self.store(f"{doing} failed", key, {"error": type(exc).__name__}, False)
+        if isinstance(exc, OSError):  # a socket error while reading a body
+            return self.store(f"{doing} failed: the connection broke", key, {"error": type(exc).__name__}, True)
+        return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def _strip(etag: str) -> str:
+    return etag.strip('"')
+
+
+def _mtime(value: Any) -> float:
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    return time.time()
+
+
+class _S3Writer:
+    """A streaming upload of one object: one PutObject, or a multipart upload once a part is full."""
+
+    def __init__(self, store: S3Objects, key: str) -> None:
+        self._store = store
+        self.key = key
+        self._buf = bytearray()
+        self._count = 0
+        self._upload_id: str | None = None
+        self._parts: dict[int, str] = {}
+        self._next_part = 1
+        self._pending: queue.Queue[tuple[int, bytearray] | None] | None = None
+        self._threads: list[threading.Thread] = []
+        self._error: BaseException | None = None
+        self._done = False
+        self._lock = threading.Lock()
+
+    def _limit(self) -> int:
+        return part_size_for(self._next_part, self._store.options.part_size)
+
+    def write(self, data: bytes | memoryview) -> int:
+        """Append ``data``; returns ``len(data)``.  Raises :class:`SnapshotStoreError`."""
+        if self._done:
+            raise self._store._errors.store("write after the upload finished", self.key, {}, False)
+        self._raise_pending()
+        view = memoryview(data).cast("B")
+        total = len(view)
+        off = 0
+        while off < total:
+            room = self._limit() - len(self._buf)
+            take = min(room, total - off)
+            self._buf += view[off:off + take]
+            off += take
+            if len(self._buf) >= self._limit():
+                self._send_part()
+        self._count += total
+        return total
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            err = self._error
+            self.abort()
+            raise self._store._errors.translate(err, self.key, "uploading a part")
+
+    def _start(self) -> None:
+        client = self._store._client
+        try:
+            resp = client.create_multipart_upload(Bucket=self._store.bucket, Key=self._store._full(self.key))
+        except Exception as exc:
+            raise self._store._errors.translate(exc, self.key, "starting the upload") from None
+        self._upload_id = str(resp["UploadId"])
+        threads = self._store.options.upload_threads
+        self._pending = queue.Queue(maxsize=1)  # with the threads' parts in flight: memory bound
+        for i in range(threads):
+            t = threading.Thread(target=self._upload_loop, name=f"sfs-s3-upload-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _send_part(self) -> None:
+        if self._next_part > MAX_PARTS:
+            self.abort()
+            raise self._store._errors.store("the object needs more than 10,000 parts", self.key, {}, False)
+        if self._upload_id is None:
+            self._start()
+        assert self._pending is not None
+        data, self._buf = self._buf, bytearray()  # handed over, not copied
+        number = self._next_part
+        self._next_part += 1
+        while True:
+            self._raise_pending()
+            try:
+                self._pending.put((number, data), timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def _upload_loop(self) -> None:
+        assert self._pending is not None
+        client = self._store._client
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            number, data = item
+            if self._error is not None:
+                continue
+            try:
+                resp = client.upload_part(Bucket=self._store.bucket, Key=self._store._full(self.key),
+                                          UploadId=self._upload_id, PartNumber=number, Body=data)
+                with self._lock:
+                    self._parts[number] = str(resp["ETag"])
+            except BaseException as exc:  # reported to the writer's thread by _raise_pending
+                self._error = exc
+
+    def _drain(self) -> None:
+        if self._pending is not None:
+            for _ in self._threads:
+                self._pending.put(None)
+            for t in self._threads:
+                t.join()
+            self._pending = None
+            self._threads = []
+
+    def commit(self) -> ObjectInfo:
+        """Send what is left and make the object visible.  Raises :class:`SnapshotStoreError`."""
+        if self._done:
+            raise self._store._errors.store("the upload already finished", self.key, {}, False)
+        store = self._store
+        full = store._full(self.key)
+        try:
+            if self._upload_id is None:
+                resp = store._client.put_object(Bucket=store.bucket, Key=full, Body=bytes(self._buf))
+                etag = str(resp["ETag"])
+            else:
+                if self._buf or self._next_part == 1:
+                    self._send_part()
+                self._drain()
+                self._raise_pending()
+                parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self._parts.items())]
+                resp = store._client.complete_multipart_upload(
+                    Bucket=store.bucket, Key=full, UploadId=self._upload_id, MultipartUpload={"Parts": parts})
+                etag = str(resp["ETag"])
+                self._upload_id = None
+        except SnapshotStoreError:
+            self.abort()
+            raise
+        except Exception as exc:
+            self.abort()
+            raise store._errors.translate(exc, self.key, "committing the object") from None
+        self._done = True
+        self._buf = bytearray()
+        return ObjectInfo(self.key, self._count, _strip(etag), time.time())
+
+    def abort(self) -> None:
+        """Discard the upload (its multipart upload is aborted); idempotent, never raises."""
+        self._done = True
+        self._buf = bytearray()
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                while True:
+                    self._pending.get_nowait()
+            self._drain()
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            with contextlib.suppress(Exception):
+                self._store._client.abort_multipart_upload(Bucket=self._store.bucket,
+                                                           Key=self._store._full(self.key), UploadId=upload_id)
+
+
+class _RangeReader(io.RawIOBase):
+    """Reads ``[start, end)`` of one object version through successive ranged GETs of one part size each."""
+
+    def __init__(self, store: S3Objects, key: str, start: int, end: int | None) -> None:
+        self._store = store
+        self._key = key
+        self._pos = start
+        self._end = end  # None: to the end of the object (known after the first GET)
+        self._etag: str | None = None
+        self._body: Any = None
+        self._body_left = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _open_next(self) -> bool:
+        """GET the next range; False at the end."""
+        if self._end is not None and self._pos >= self._end:
+            return False
+        step = self._store.options.part_size
+        last = self._pos + step - 1 if self._end is None else min(self._end, self._pos + step) - 1
+        args: dict[str, Any] = {"Bucket": self._store.bucket, "Key": self._store._full(self._key),
+                                "Range": f"bytes={self._pos}-{last}"}
+        if self._etag is not None:
+            args["IfMatch"] = f'"{self._etag}"'
+        try:
+            resp = self._store._client.get_object(**args)
+        except Exception as exc:
+            from botocore.exceptions import ClientError
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                self._end = self._pos
+                return False
+            err = self._store._errors.translate(exc, self._key, "reading the object")
+            if isinstance(err, SnapshotConflictError):  # the object was replaced between two ranges
+                raise self._store._errors.store("the object changed while it was read", self._key,
+                                                {"error": "PreconditionFailed"}, True) from None
+            raise err from None
+        self._etag = self._etag or _strip(str(resp.get("ETag", "")))
+        total = _total_size(resp.get("ContentRange"))
+        if self._end is None and total is not None:
+            self._end = total
+        self._body = resp["Body"]
+        self._body_left = int(resp.get("ContentLength", 0))
+        if self._body_left == 0:
+            self._end = self._pos
+            return False
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(b).cast("B")
+        if not len(view):
+            return 0
+        if self._body is None or self._body_left <= 0:
+            self._close_body()
+            if not self._open_next():
+                return 0
+        want = min(len(view), self._body_left)
+        try:
+            chunk = self._body.read(want)
+        except Exception as exc:
+            raise self._store._errors.translate(exc, self._key, "reading the object") from None
+        if not chunk:
+            raise self._store._errors.store("the connection ended early", self._key, {"error": "short read"}, True)
+        n = len(chunk)
+        view[:n] = chunk
+        self._pos += n
+        self._body_left -= n
+        return n
+
+    def _close_body(self) -> None:
+        if self._body is not None:
+            with contextlib.suppress(Exception):
+                self._body.close()
+            self._body = None
+
+    def close(self) -> None:
+        self._close_body()
+        super().close()
+
+
+def _total_size(content_range: Any) -> int | None:
+    """The object size from a ``Content-Range: bytes a-b/size`` header (None when absent or ``*``)."""
+    if not isinstance(content_range, str) or "/" not in content_range:
+        return None
+    tail = content_range.rsplit("/", 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+class S3Objects:
+    """Objects in one S3 bucket under a key prefix: :class:`~sandbox_fs.snapshot.ObjectStore` over boto3.
+
+    See the module docstring for how each operation maps onto S3.  Safe to
+    use from several threads at once (one boto3 client, which is).
+
+    Args:
+        bucket: the bucket name (S3 naming rules: 3-63 of ``a-z0-9.-``).
+        prefix: ``/``-separated key prefix the store keeps everything under
+            (components as object keys, :func:`validate_key`), or ``""``.
+        options: endpoint, credentials and limits (:class:`S3Options`);
+            None for the standard AWS chain and the defaults.
+        client: an already-made boto3 S3 client to use instead (tests, hosts
+            with their own session); ``options`` then only gives the limits.
+
+    Raises:
+        ValueError: ``bucket`` or ``prefix`` is not valid.
+        SnapshotStoreError: the client could not be configured (non-retryable).
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, options: S3Options | None = None,
+                 client: Any = None) -> None:
+        if not _BUCKET.fullmatch(bucket):
+            raise ValueError("bucket name must be 3-63 characters of a-z 0-9 . -")
+        prefix = prefix.strip("/")
+        if prefix and not _PREFIX.fullmatch(prefix):
+            raise ValueError("prefix components must be plain names (letters, digits, . _ -, not leading .)")
+        self.bucket = bucket
+        self.prefix = prefix
+        self.options = options or S3Options()
+        if client is None:
+            self._client, secrets = _make_client(self.options)
+        else:
+            self._client, secrets = client, ()
+        self._errors = _Errors(secrets)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<S3Objects s3://{self.bucket}/{self.prefix}>"
+
+    def _full(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def check(self) -> None:
+        """Make one request (``HeadBucket``) so a bad endpoint, credential or bucket fails now.
+
+        Raises:
+            SnapshotStoreError: the bucket cannot be reached (retryable) or is
+                missing or refused (not retryable).
+        """
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            from botocore.exceptions import ClientError
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
+                raise self._errors.store("the bucket does not exist", None, {"error": "NoSuchBucket"},
+                                         False) from None
+            raise self._errors.translate(exc, None, "reaching the bucket") from None
+
+    # -- writing
+
+    def put_stream(self, key: str) -> _S3Writer:
+        """Start a streaming upload of ``key`` (replaces an existing object at commit).
+
+        Raises:
+            ValueError: ``key`` is not a valid key.
+        """
+        validate_key(key)
+        return _S3Writer(self, key)
+
+    def put_bytes(self, key: str, data: bytes, *, if_match: str | None = None,
+                  if_none_match: bool = False) -> ObjectInfo:
+        """One ``PutObject``, conditional with ``If-Match`` / ``If-None-Match: *``.
+
+        Raises:
+            ValueError: ``key`` is not a valid key.
+            SnapshotConflictError: the condition did not hold.
+            SnapshotStoreError: the store failed.
+        """
+        validate_key(key)
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key), "Body": bytes(data)}
+        if if_match is not None:
+            args["IfMatch"] = f'"{_strip(if_match)}"'
+        if if_none_match:
+            args["IfNoneMatch"] = "*"
+        try:
+            resp = self._client.put_object(**args)
+        except Exception as exc:
+            err = self._errors.translate(exc, key, "writing the object")
+            if isinstance(err, SnapshotNotFoundError):  # If-Match on a missing key answers 404 on some servers
+                err = SnapshotConflictError("the object does not exist (conditional write refused)",
+                                            sandbox_path=None, context={"key": key})
+            raise err from None
+        return ObjectInfo(key, len(data), _strip(str(resp["ETag"])), time.time())
+
+    def delete(self, key: str) -> None:
+        """``DeleteObject`` (a missing key is no error).
+
+        Raises:
+            ValueError: ``key`` is not a valid key.
+            SnapshotStoreError: the store failed.
+        """
+        validate_key(key)
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._full(key))
+        except Exception as exc:
+            err = self._errors.translate(exc, key, "deleting the object")
+            if not isinstance(err, SnapshotNotFoundError):
+                raise err from None
+
+    # -- reading
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """``HeadObject``: the object's info, or None when it does not exist.
+
+        Raises:
+            ValueError: ``key`` is not a valid key.
+            SnapshotStoreError: the store failed.
+        """
+        validate_key(key)
+        try:
+            resp = self._client.head_object(Bucket=self.bucket, Key=self._full(key))
+        except Exception as exc:
+            err = self._errors.translate(exc, key, "reading the object")
+            if isinstance(err, SnapshotNotFoundError):
+                return None
+            raise err from None
+        return ObjectInfo(key, int(resp["ContentLength"]), _strip(str(resp["ETag"])), _mtime(resp.get("LastModified")))
+
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> IO[bytes]:
+        """A reader of ``length`` bytes (or to the end) of ``key`` from byte ``start`` (ranged GETs).
+
+        The first range is fetched here, so a missing object fails now.
+
+        Raises:
+            ValueError: ``key`` is not a valid key, or ``start``/``length`` is negative.
+            SnapshotNotFoundError: no object ``key``.
+            SnapshotStoreError: the store failed.
+        """
+        validate_key(key)
+        if start < 0 or (length is not None and length < 0):
+            raise ValueError("start and length must be >= 0")
+        if length == 0:
+            if self.head(key) is None:
+                raise SnapshotNotFoundError("no such object", sandbox_path=None, context={"key": key})
+            return io.BytesIO(b"")
+        raw = _RangeReader(self, key, start, None if length is None else start + length)
+        try:
+            raw._open_next()
+        except BaseException:
+            raw.close()
+            raise
+        return io.BufferedReader(raw, 1 << 20)
+
+    def get_bytes(self, key: str, limit: int) -> bytes:
+        """The whole of a small object (one ``GetObject``, read at most ``limit + 1`` bytes).
+
+        Raises:
+            ValueError: ``key`` is not a valid key.
+            SnapshotNotFoundError: no object ``key``.
+            SnapshotLimitError: it is longer than ``limit`` bytes.
+            SnapshotStoreError: the store failed.
+        """
+        validate_key(key)
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=self._full(key))
+        except Exception as exc:
+            raise self._errors.translate(exc, key, "reading the object") from None
+        body = resp["Body"]
+        try:
+            if int(resp.get("ContentLength", 0)) > limit:
+                raise SnapshotLimitError("the object is larger than its limit", sandbox_path=None,
+                                         context={"key": key, "limit": limit})
+            data = body.read(limit + 1)
+        except SnapshotLimitError:
+            raise
+        except Exception as exc:
+            raise self._errors.translate(exc, key, "reading the object") from None
+        finally:
+            with contextlib.suppress(Exception):
+                body.close()
+        if len(data) > limit:
+            raise SnapshotLimitError("the object is larger than its limit", sandbox_path=None,
+                                     context={"key": key, "limit": limit})
+        return bytes(data)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in key order (``ListObjectsV2``, paginated).
+
+        Objects under the store's prefix whose keys are not valid keys are left out.
+
+        Raises:
+            SnapshotStoreError: the store failed (also while iterating).
+        """
+        if not isinstance(prefix, str) or len(prefix) > 1024:
+            raise ValueError("prefix must be a string of at most 1024 characters")
+        full = self._full(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
+        # S3 lists in UTF-8 binary key order; SeaweedFS walks its filer's directories instead (it lists
+        # "a/1" before "a.b"), so the listing is sorted here: the keys only, a few dozen bytes each
+        return iter(sorted(self._list(full), key=lambda info: info.key))
+
+    def _list(self, full: str) -> Iterator[ObjectInfo]:
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+                for obj in page.get("Contents", []):
+                    key = str(obj["Key"])[strip:]
+                    try:
+                        validate_key(key)
+                    except ValueError:
+                        continue
+                    yield ObjectInfo(key, int(obj["Size"]), _strip(str(obj["ETag"])), _mtime(obj.get("LastModified")))
+        except SnapshotStoreError:
+            raise
+        except Exception as exc:
+            raise self._errors.translate(exc, None, "listing the store") from None
+
+    # -- upkeep
+
+    def abort_stale_uploads(self, older_than: float) -> int:
+        """Abort multipart uploads under the prefix initiated more than ``older_than`` seconds ago.
+
+        Returns:
+            How many were aborted.
+
+        Raises:
+            SnapshotStoreError: the store failed.
+        """
+        cutoff = time.time() - older_than
+        full = f"{self.prefix}/" if self.prefix else ""
+        aborted = 0
+        try:
+            for page in self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                      Prefix=full):
+                for up in page.get("Uploads", []):
+                    if _mtime(up.get("Initiated")) >= cutoff:
+                        continue
+                    with contextlib.suppress(Exception):
+                        self._client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"],
+                                                            UploadId=up["UploadId"])
+                        aborted += 1
+        except Exception as exc:
+            raise self._errors.translate(exc, None, "cleaning unfinished uploads") from None
+        return aborted
+
+    def close(self) -> None:
+        """Close the client's connections.  Idempotent."""
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(Exception):
+                self._client.close()
+
+    def __enter__(self) -> S3Objects:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
