@@ -11,6 +11,8 @@ VENV=${VENV:-$PWD/.venv}
 need_apt=()
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v tar >/dev/null 2>&1 || need_apt+=(tar)
+# bsdtar (libarchive): one of the three readers tests/test_snapshot_header.py checks persist's headers with.
+command -v bsdtar >/dev/null 2>&1 || need_apt+=(libarchive-tools)
 # The FUSE overlay (sandbox-fs[fuse]): fusermount3 and the libfuse headers pyfuse3 builds against.
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 [ -f /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)

@@ -838,25 +838,6 @@ def test_symlink_swapped_in_after_listing_is_never_read_even_for_large_files(lay
         assert layout.secret.encode() not in p.read_bytes()
 
 
-@settings(max_examples=200, deadline=None)
-@given(name=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0/"), min_size=1,
-                    max_size=130),
-       link=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=130),
-       kind=st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE]),
-       size=st.sampled_from([0, 1, 511, 512, 8 ** 11 - 1, 8 ** 11, 20 << 30]),
-       mtime=st.sampled_from([0, 1_700_000_000.7, 8 ** 11 - 1, 8 ** 11]),
-       raw=st.binary(min_size=1, max_size=8))
-def test_header_fast_path_is_byte_identical_to_tarfile_pax(name, link, kind, size, mtime, raw):
-    """persist's headers are exactly tarfile's PAX headers (the library owns the format)."""
-    from sandbox_fs.snapshot._tar import _header, _tarinfo
-
-    for nm in (name, name + os.fsdecode(b"\xff" + raw)):  # also undecodable bytes (surrogateescape)
-        ti = _tarinfo(nm, kind, 0o644, mtime)
-        ti.size = size if kind == tarfile.REGTYPE else 0
-        ti.linkname = link if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
-        assert _header(ti) == ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-
-
 def test_archive_layout_matches_tarfile(layout, store):
     """Members, sizes, data and record padding are what tarfile itself writes and reads."""
     _fill(layout.ws)

@@ -39,7 +39,8 @@ from ..errors import InvalidPathError, SandboxError
 from ..root import Root
 from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
 from ._models import SnapshotLimits, SnapshotPolicy
-from ._tar import _header, _tarinfo, _TarStream, _ustar_fits
+from ._header import MemberHeader, encode_header, ustar_fits
+from ._tar import _TarStream
 from ._walk import (
     _ListedEntry,
     _Prune,
@@ -281,15 +282,15 @@ class _WalkState:
             return False
         assert st is not None  # checked by its path beneath the Root: mode and mtime are the workspace's
         mode = SnapshotPolicy.mode(st.st_mode)
-        admitted, ti, hdr = self.header(item.path, tarfile.DIRTYPE, mode, st.st_mtime)
+        admitted, hdr = self.header(item.path, tarfile.DIRTYPE, mode, st.st_mtime)
         if not admitted:
             return False
         self.count(item)
         self.digest.add(item.path, "dir", 0, mode, "")
         if self.fixups is not None and mode != extracted_dir_mode(mode=mode):
             self.fixups.append((item.path, mode))
-        if self.write:
-            self.tar.add(ti, hdr)
+        if hdr is not None:
+            self.tar.add(hdr)
         return True
 
     def add_nondir(self, item: _ListedEntry, dfd: int) -> bool:
@@ -323,13 +324,13 @@ class _WalkState:
 
     def _add_symlink(self, item: _ListedEntry, target: str, st: os.stat_result) -> bool:
         """Record a symlink (``st``: its ``lstat`` opened by its path and identity-checked); False if skipped."""
-        admitted, ti, hdr = self.header(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime, link=target)
+        admitted, hdr = self.header(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime, link=target)
         if not admitted:
             return False
         self.count(item)
         self.digest.add(item.path, "symlink", 0, 0o777, target)
-        if self.write:
-            self.tar.add(ti, hdr)
+        if hdr is not None:
+            self.tar.add(hdr)
         return True
 
     def _defer_linked(self, item: _ListedEntry) -> None:
@@ -345,38 +346,39 @@ class _WalkState:
                 linked.changed = True
 
     def header(self, path: str, kind: bytes, mode: int, mtime: float, size: int = 0,
-               link: str = "") -> tuple[bool, tarfile.TarInfo | None, bytes | None]:
-        """``(admitted, TarInfo, header bytes)`` of one member, its header chain checked by the policy.
+               link: str = "") -> tuple[bool, bytes | None]:
+        """``(admitted, header bytes)`` of one member (:func:`._header.encode_header`), checked by the policy.
+
+        The member records no owners (uid/gid 0, no names) and its mtime in
+        whole seconds (``int(mtime)``, toward zero).
 
         The policy's :meth:`SnapshotPolicy.header_check` judges the exact
         bytes that will be written (and, for :func:`tree_digest`, the bytes
         persist would write, so both make the same decisions).  A member
         whose header fits ustar has no extension header and nothing to check;
-        without a sink it is not even built (``(True, None, None)``).  A
-        refused one is skipped and reported (``(False, None, None)``) with
+        without a sink it is not even built (``(True, None)``).  A
+        refused one is skipped and reported (``(False, None)``) with
         ``on_unrestorable="skip"``.
 
         Raises:
             UnrestorableEntryError: the header is refused and ``on_unrestorable="refuse"``.
         """
         name = path + "/" if kind == tarfile.DIRTYPE else path
-        fits = _ustar_fits(name, link, size, int(mtime))
+        secs = int(mtime)  # whole seconds: a fraction would need a PAX record on every member
+        fits = ustar_fits(name, link, size, secs)
         if fits and not self.write:
-            return True, None, None
-        ti = _tarinfo(path, kind, mode, mtime)
-        ti.size = size
-        ti.linkname = link
-        hdr = _header(ti)
+            return True, None
+        hdr = encode_header(MemberHeader(name, kind, mode, secs, size, link))
         if not fits:
             why, cost = self.headers.check(header=hdr, member=path)
             if why is not None:
                 if self.on_unrestorable == "skip":
                     self.skipped.append((path, why))
-                    return False, None, None
+                    return False, None
                 raise UnrestorableEntryError(f"{why}; hydrate would refuse it, so persist refuses it too",
                                              sandbox_path=path, context={"kind": _KIND_NAMES.get(kind, "file")})
             self.headers.admit(cost=cost)
-        return True, ti, hdr
+        return True, hdr
 
     def count(self, item: _ListedEntry) -> None:
         self.entries += 1
@@ -408,7 +410,7 @@ class _WalkState:
                 raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
                                                  "persisted", sandbox_path=other.path)
         mode = SnapshotPolicy.mode(st.st_mode)
-        admitted, ti, hdr = self.header(item.path, tarfile.REGTYPE, mode, st.st_mtime, size=st.st_size)
+        admitted, hdr = self.header(item.path, tarfile.REGTYPE, mode, st.st_mtime, size=st.st_size)
         if not admitted:
             self.skipped.extend((other.path, "a hard link of a skipped file") for other in links)
             return None
@@ -421,19 +423,16 @@ class _WalkState:
                                      context={"max_total_bytes": limits.max_total_bytes})
         if self.fixups is not None and mode != extracted_file_mode(mode=mode):
             self.fixups.append((item.path, mode))
-        if ti is None:  # no sink: the digest needs no header
-            ti = _tarinfo(item.path, tarfile.REGTYPE, mode, st.st_mtime)
-            ti.size = st.st_size
-        sha_hex = self.tar.add_file(ti, fd, item.path, hdr)
+        sha_hex = self.tar.add_file(st.st_size, fd, item.path, hdr)
         self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
         for other in links:
-            admitted, lti, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
+            admitted, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
             if not admitted:
                 self.entries -= 1
                 continue
             self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
-            if self.write:
-                self.tar.add(lti, lhdr)
+            if lhdr is not None:
+                self.tar.add(lhdr)
         return st
 
     def add_linked(self, linked: _Linked) -> None:

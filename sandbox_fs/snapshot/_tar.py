@@ -1,8 +1,8 @@
-"""The tar stream persist writes: PAX headers from tarfile, file data through two fixed buffers.
+"""The tar stream persist writes: headers from :mod:`._header`, file data through two fixed buffers.
 
 Memory is O(1) in workspace size: one file is open at a time and data moves
 through two fixed 1 MiB buffers: each file is read into one (``readv``),
-SHA-256-hashed there for the fingerprint and, with its tarfile-built header,
+SHA-256-hashed there for the fingerprint and, with its header,
 handed to one writer thread that writes (and CRC-32s) the other buffer
 meanwhile, so every byte is read once and the write uses the second core.  A
 file that grows or shrinks while it is read no longer matches its header and
@@ -35,27 +35,6 @@ _ZEROS = bytes(_RECORD_BYTES)
 # archive; large-folio allocation), while 1 MiB - 512 never did.  A multiple of
 # the tar block, so headers and padding still pack.
 _WRITE_BUF_BYTES = (1 << 20) - _BLOCK_BYTES
-_USTAR_MAX_NUMBER = 8 ** 11  # size and mtime fields: 11 octal digits
-
-
-def _ustar_fits(name: str, link: str, size: int, mtime: float) -> bool:
-    """True when a member needs no PAX header (the condition of :func:`_header`'s fast path)."""
-    return len(name) <= 100 and len(link) <= 100 and name.isascii() and link.isascii() \
-        and 0 <= size < _USTAR_MAX_NUMBER and 0 <= mtime < _USTAR_MAX_NUMBER
-
-
-def _header(ti: tarfile.TarInfo) -> bytes:
-    """The PAX-format header of ``ti``, as ``tobuf(PAX_FORMAT, "utf-8", "surrogateescape")`` builds it.
-
-    When no PAX record is needed (ASCII name and link target of at most 100
-    bytes, size and mtime within 11 octal digits), tarfile's PAX writer
-    emits exactly its ustar header; asking for that directly skips its
-    field-by-field PAX checks (about a sixth of the header's cost).  The
-    bytes are the same (tests compare both).
-    """
-    if _ustar_fits(ti.name, ti.linkname, ti.size, ti.mtime):
-        return ti.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
-    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
 class _WriterThread:
@@ -154,8 +133,9 @@ class _WriterThread:
 class _TarStream:
     """Streams tar members through fixed buffers of ``_WRITE_BUF_BYTES`` (1 MiB - 512) bytes into a sink.
 
-    Headers come from :meth:`tarfile.TarInfo.tobuf` (POSIX.1-2001 / PAX, UTF-8
-    with ``surrogateescape``: the standard library owns the format); file
+    Headers are the caller's bytes, built by :func:`._header.encode_header`
+    (ustar, or POSIX.1-2001 PAX when a field does not fit; the bytes
+    tarfile's PAX writer makes, UTF-8 with ``surrogateescape``); file
     data is read from the member's fd straight into the buffer with
     ``readv`` (no per-chunk ``bytes`` objects, no second copy) and
     SHA-256-hashed there for the fingerprint.  With a sink, there are two
@@ -216,23 +196,22 @@ class _TarStream:
         self.view[self.pos:self.pos + n] = data
         self.pos += n
 
-    def add(self, ti: tarfile.TarInfo | None, hdr: bytes | None = None) -> None:
-        """Append a member header without data (directory, symlink, hard link); ``hdr``: its bytes, if built."""
+    def add(self, hdr: bytes) -> None:
+        """Append a member header without data (directory, symlink, hard link): its bytes from ``encode_header``."""
         if self._writer is not None:
-            if hdr is None:
-                assert ti is not None, "a member needs its TarInfo or its header bytes"
-                hdr = _header(ti)
             self._put(hdr)
 
-    def add_file(self, ti: tarfile.TarInfo, fd: int, path: str, hdr: bytes | None = None) -> str:
-        """Append a regular file's header and exactly ``ti.size`` bytes read from ``fd``, then padding.
+    def add_file(self, size: int, fd: int, path: str, hdr: bytes | None) -> str:
+        """Append a regular file's header and exactly ``size`` bytes read from ``fd``, then padding.
 
         Args:
-            ti: the member header; ``ti.size`` (bytes, from the caller's
-                ``fstat``) is the exact length the data must have.
+            size: the size in its header (bytes, from the caller's ``fstat``):
+                the exact length the data must have.
             fd: the member's fd, opened ``O_NOFOLLOW`` and identity-checked
                 by the caller, positioned at offset 0.
             path: its sandbox path (for errors).
+            hdr: its header bytes (``encode_header``); None without a sink
+                (only hashed, nothing written).
 
         Returns:
             The hex SHA-256 of the file's content.
@@ -241,8 +220,9 @@ class _TarStream:
             SnapshotSourceChangedError: the file shrank or grew while read.
             OSError: reading ``fd`` or writing the sink failed.
         """
-        size = ti.size
-        self.add(ti, hdr)
+        if self._writer is not None:
+            assert hdr is not None, "a written member needs its header"
+            self._put(hdr)
         sha = hashlib.sha256()
         threaded = self._writer is not None
         left = size
@@ -295,14 +275,3 @@ class _TarStream:
         """Join the writer thread (idempotent; call on every path before the sink's fd is closed)."""
         if self._writer is not None:
             self._writer.stop()
-
-
-def _tarinfo(path: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
-    """A member header for ``path``: no owners (uid/gid 0, no names), mtime in whole seconds."""
-    ti = tarfile.TarInfo(path + "/" if kind == tarfile.DIRTYPE else path)
-    ti.type = kind
-    ti.mode = mode
-    ti.mtime = int(mtime)  # whole seconds: a float would force a PAX header on every member
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = ""
-    return ti
