@@ -1,14 +1,10 @@
-"""atheris harness: tar archives (plain and compressed) through sandbox_fs.archive.extract.
+"""atheris harness: the ``tar`` target (sandbox_fs.testing.fuzz), asserting the sandbox invariant after every input.
 
-Run: ``fuzz/run.sh tar SECONDS`` (or ``python fuzz/fuzz_tar.py fuzz/corpus/tar -max_total_time=60``).
+Run: ``fuzz/run.sh tar SECONDS [-jobs N]`` or ``sandbox-fs fuzz tar --seconds N``; directly,
+``python fuzz/fuzz_tar.py [libFuzzer flags] [corpus dirs]``.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import _harness  # noqa: E402
+from sandbox_fs.testing.fuzz._worker import run_direct
 
 if __name__ == "__main__":
-    _harness.main("tar")
+    run_direct("tar")

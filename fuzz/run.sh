@@ -1,20 +1,32 @@
 #!/bin/sh
-# Usage: fuzz/run.sh TARGET SECONDS     (TARGET: tar | zip)
-# Runs the atheris harness fuzz/fuzz_TARGET.py on fuzz/corpus/TARGET for SECONDS.
-# Without atheris installed it replays the corpus and mutates it for SECONDS instead.
-# New corpus entries found by libFuzzer go to a scratch dir, never into the committed seeds.
+# Usage: fuzz/run.sh TARGET SECONDS [-jobs N]
+# Runs one fuzz target (sandbox-fs fuzz TARGET) for SECONDS on a scratch copy of the committed
+# seeds fuzz/corpus/TARGET, with the dictionary fuzz/dict/TARGET.dict.  New corpus entries go to
+# the scratch copy, never into the committed seeds; a failing input and its minimized form go to
+# fuzz/findings/ (or $SFS_FUZZ_ARTIFACTS).  Exit status: 0 no finding, 1 a finding, 2 usage.
+# PYTHON picks the interpreter (default python3); SFS_FUZZ_NO_INSTRUMENT=1 mutates blind.
 set -eu
-target=${1:?usage: fuzz/run.sh TARGET SECONDS}
-seconds=${2:?usage: fuzz/run.sh TARGET SECONDS}
+usage="usage: fuzz/run.sh TARGET SECONDS [-jobs N]"
+target=${1:?$usage}
+seconds=${2:?$usage}
+jobs=1
+if [ $# -ge 3 ]; then
+  case $3 in
+    -jobs=*) jobs=${3#-jobs=} ;;
+    -jobs) jobs=${4:?$usage} ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+fi
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
-harness="$here/fuzz_$target.py"
-[ -f "$harness" ] || { echo "fuzz/run.sh: unknown target '$target'" >&2; exit 2; }
+[ -d "$here/corpus/$target" ] || { echo "fuzz/run.sh: unknown target '$target'" >&2; exit 2; }
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/sfs-fuzz-$target-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
-if "$py" -c 'import atheris' 2>/dev/null; then
-  exec "$py" "$harness" "$scratch" "$here/corpus/$target" -max_total_time="$seconds" -rss_limit_mb=2048 \
-       -timeout=30 -artifact_prefix="$scratch/"
-else
-  exec "$py" "$harness" "$here/corpus/$target" -max_total_time="$seconds"
-fi
+mkdir "$scratch/corpus"
+cp "$here/corpus/$target"/* "$scratch/corpus/"
+set -- --seconds "$seconds" --jobs "$jobs" --corpus "$scratch/corpus" --artifacts "${SFS_FUZZ_ARTIFACTS:-$here/findings}"
+[ -f "$here/dict/$target.dict" ] && set -- "$@" --dict "$here/dict/$target.dict"
+[ "${SFS_FUZZ_NO_INSTRUMENT:-0}" = 1 ] && set -- "$@" --no-instrument
+rc=0
+"$py" -m sandbox_fs.cli fuzz "$target" "$@" || rc=$?
+exit $rc

@@ -38,6 +38,7 @@ SUBCOMMANDS = {
     "session": "create, resume or remove a sandbox session (state in a JSON file)",
     "snapshot": "save a workspace into a snapshot store, restore it, list snapshots",
     "features": "what the kernel offers here and what confinement a run would get",
+    "fuzz": "fuzz a parser or the path policy, asserting the sandbox invariant (needs sandbox-fs[fuzz])",
 }
 
 
