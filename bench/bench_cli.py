@@ -19,7 +19,7 @@ Cases (goals from issue 12):
   ``local_dir`` of the whole folder (digests on, the default) vs ``cp -a``
   (goal <= 1.5x).
 
-Usage: ``python bench/bench_cli.py [--rounds N] [--dir /dev/shm] [--only NAME[,NAME]]``
+Usage: ``python bench/bench_cli.py [--rounds N] [--dir /dev/shm] [--only NAME[,NAME]] [--quick]``
 (NAME: version, one, stdlib, site, apply).  Run it with the venv's python, so
 ``sandbox-fs`` is the console script next to it.
 """
@@ -36,6 +36,8 @@ import sys
 import sysconfig
 import tempfile
 import time
+
+from _rows import emit_row
 
 
 def sandbox_fs_cmd() -> list[str]:
@@ -88,10 +90,13 @@ class Case:
             w, c = statistics.median(walls[tool]), statistics.median(cpus[tool])
             print(f"  {tool:<22} wall {w * 1000:9.1f} ms  cpu {c * 1000:9.1f} ms  "
                   f"x{w / ref:5.2f} of {self.reference}")
-        main = statistics.median(walls[next(iter(self.tools))])
+        ours = next(iter(self.tools))
+        main = statistics.median(walls[ours])
         met = ((self.goal_ratio is None or main / ref <= self.goal_ratio)
                and (self.goal_s is None or main <= self.goal_s))
         print(f"  goal {'met' if met else 'NOT met'}")
+        emit_row("cli", self.name, ours, self.reference, main / ref, ours=main * 1000, anchor_value=ref * 1000,
+                 unit="ms", goal=self.goal_ratio, goal_text=self.goal, met=met)
 
 
 def make_tar(tar: str, parent: str, name: str, *, exclude: str | None = None) -> int:
@@ -109,7 +114,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--dir", default="/dev/shm", help="tmpfs directory for the archives and outputs")
     ap.add_argument("--only", default="version,one,stdlib,site,apply")
+    ap.add_argument("--quick", action="store_true", help="a short run: version, one, stdlib (9 rounds)")
     opts = ap.parse_args()
+    if opts.quick:
+        opts.rounds, opts.only = 9, "version,one,stdlib"
     if opts.rounds < 9:
         ap.error("--rounds must be at least 9 (medians of at least 9 runs)")
     only = set(opts.only.split(","))

@@ -37,7 +37,8 @@ threads in another process, no parsing, no checks.  Alternating, medians;
 "host cpu" is this process's CPU per download (the proxy, plus starting
 curl: see the direct row).
 
-Usage: python bench/bench_exec.py [N] [--proxy-only]   (default N = 200; the proxy row runs N // 10 rounds)
+Usage: python bench/bench_exec.py [N] [--proxy-only] [--quick]   (default N = 200, 30 with --quick; the proxy
+row runs max(3, N // 10) rounds)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import tempfile
 import time
 
 import trio
+from _rows import emit_row
 
 from sandbox_fs import open_root
 from sandbox_fs.exec import ConfinementPolicy, EgressLog, EgressProxy, HostRule, ProcessSupervisor, run_confined
@@ -186,6 +188,12 @@ async def _proxy_rounds(rounds: int, port: int, floor_port: int) -> None:
               f"{user:12.1f} + {system:6.1f}")
     worst = max(statistics.median(ts) for name, ts in times.items() if name.startswith("proxy")) / base
     floor = statistics.median(times["floor-relay"]) / base
+    for name, ts in times.items():
+        if name != "direct":
+            emit_row("exec", f"{DOWNLOAD_BYTES >> 20} MiB download, curl time_total", name, "direct (no proxy)",
+                     statistics.median(ts) / base, ours=statistics.median(ts) * 1e3, anchor_value=base * 1e3,
+                     unit="ms", goal=1.2 if name.startswith("proxy") else None,
+                     goal_text="<= 1.2x direct" if name.startswith("proxy") else "")
     print(f"goal proxy <= 1.2x direct: {'met' if worst <= 1.2 else 'NOT met'} (worst {worst:.2f}x; "
           f"the floor relay {floor:.2f}x, so the proxy's own share is {worst / floor:.2f}x)")
 
@@ -254,6 +262,12 @@ async def main(n: int) -> None:
             p10, p90 = ts[len(ts) // 10], ts[(len(ts) * 9) // 10]
             print(f"  {name:16} {med * 1e3:10.2f} {p10 * 1e3:8.2f} {p90 * 1e3:8.2f} {(med - base) * 1e3:+9.2f} "
                   f"{med / base:6.2f}")
+            if name != "baseline":
+                limit_ms = {"confined": 5.0, "confined-egress": 15.0}.get(name)
+                emit_row("exec", "spawn of `true`", name, "unconfined trio.run_process", med / base, ours=med * 1e3,
+                         anchor_value=base * 1e3, unit="ms",
+                         goal_text=f"<= baseline + {limit_ms:g} ms" if limit_ms is not None else "",
+                         met=(med - base) * 1e3 <= limit_ms if limit_ms is not None else None)
     conf = statistics.median(main_pair["confined"])
     for base_name in ("baseline", "baseline-capture"):
         delta = (conf - statistics.median(main_pair[base_name])) * 1e3
@@ -270,4 +284,5 @@ async def run_all(n: int, proxy_only: bool) -> None:
 
 if __name__ == "__main__":
     numbers = [int(a) for a in sys.argv[1:] if a.isdigit()]
-    trio.run(run_all, numbers[0] if numbers else 200, "--proxy-only" in sys.argv[1:])
+    default_n = 30 if "--quick" in sys.argv[1:] else 200
+    trio.run(run_all, numbers[0] if numbers else default_n, "--proxy-only" in sys.argv[1:])

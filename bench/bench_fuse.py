@@ -31,7 +31,7 @@ link); the direct arm is reached the same way, so both pay the same.
 Usage (as root, on an otherwise idle machine)::
 
     .venv/bin/python bench/bench_fuse.py [--repeat 5] [--files 10000] [--big-mib 256] [--dir /tmp]
-                                        [--skip-main] [--only NAME[,NAME...]]
+                                        [--skip-main] [--only NAME[,NAME...]] [--quick]
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+from _rows import emit_row
 
 from sandbox_fs import open_root
 from sandbox_fs.fuse import Overlay, OverlayError, OverlayPolicy
@@ -464,6 +465,9 @@ def report(rows: list[Row], cold_ok: bool, args: argparse.Namespace) -> int:
         rat = f"{ratio:.2f}x" if ratio is not None else "-"
         print(f"{r.name:<44} {cell(di):>21} {cell(ov):>21} {rat:>7}  {r.goal.text:<34} {verdict}"
               + (f"  ({r.note})" if r.note else ""))
+        if ratio is not None:
+            emit_row("fuse", r.name, "overlay", "direct access", ratio, ours=ov, anchor_value=di,
+                     goal=r.goal.max_ratio, goal_text=r.goal.text, met=ok if has_bound else None)
     print()
     print(f"medians of {args.repeat}; {args.files} x 1 KiB files + {args.big_mib} MiB under {args.dir}; "
           f"cold = after drop_caches" + ("" if cold_ok else " (NOT cold: drop_caches refused, not root)"))
@@ -520,7 +524,11 @@ def main() -> int:
     p.add_argument("--only", type=lambda s: [w for w in s.split(",") if w], default=[],
                    help="comma-separated substrings of measure names (find, lstat, ls, read, write, "
                         "create, tar, invalid, main)")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: 3 rounds, 2,000 files, a 64 MiB big file, no main-job row")
     args = p.parse_args()
+    if args.quick:
+        args.repeat, args.files, args.big_mib, args.skip_main = 3, 2000, 64, True
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
     return trio.run(amain, args)

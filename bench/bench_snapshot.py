@@ -23,7 +23,7 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
 
 Usage::
 
-    /tmp/venv/bin/python bench/bench_snapshot.py [--rounds 5] [--rss-gib 1] [--skip-rss] [--only ext4|tmpfs|rss]
+    /tmp/venv/bin/python bench/bench_snapshot.py [--rounds 5] [--rss-gib 1] [--skip-rss] [--only ext4|tmpfs|rss] [--quick]
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import sysconfig
 import tempfile
 import textwrap
 import time
+
+from _rows import emit_row
 
 from sandbox_fs import open_root
 from sandbox_fs.snapshot import LocalSnapshotStore, hydrate, persist
@@ -147,6 +149,13 @@ def round_trip(base_parent: str, label: str, rounds: int) -> tuple[float, float]
         print(f"{label:6s}   persist spent {med(fs) * 1000:7.1f} ms in fsync; persist without it "
               f"{med(nofs) * 1000:8.1f} ms ({med(nofs) / med(tc):4.2f}x tar -cf); round trip without it "
               f"{(med(ours) - med(fs)) / mt:5.2f}x")
+        goal = 1.3 if label == "ext4" else 2.5
+        emit_row("snapshot", f"persist + hydrate of stdlib on {label}", "persist + hydrate", "tar -c | tar -x",
+                 mo / mt, ours=mo, anchor_value=mt, goal=goal, goal_text=f"<= {goal}x")
+        emit_row("snapshot", f"persist of stdlib on {label}", "persist", "tar -cf", med(op) / med(tc), ours=med(op),
+                 anchor_value=med(tc))
+        emit_row("snapshot", f"hydrate of stdlib on {label}", "hydrate", "tar -xf", med(oh) / med(tx), ours=med(oh),
+                 anchor_value=med(tx))
         return mo, mt
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -203,7 +212,10 @@ def main() -> None:
     ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--only", choices=("ext4", "tmpfs", "rss"), default=None,
                     help="run one part only (faster iteration)")
+    ap.add_argument("--quick", action="store_true", help="a short run: 3 rounds of the tmpfs round trip only")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.only = 3, args.only or "tmpfs"
     if args.only in (None, "ext4"):
         round_trip("/tmp", "ext4", args.rounds)
     if args.only in (None, "tmpfs") and os.path.isdir("/dev/shm"):
