@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
+import time
 
 import pytest
 
@@ -150,3 +152,60 @@ echo end
     assert r2.stdout == b"USERNS\n", r2.stderr
     contained.check()
     assert not agent.exists()
+
+
+async def test_cve_2021_30465_protected_path_placeholders_never_follow_a_swapped_in_symlink(layout, ws):
+    """CVE-2021-30465 (runc mount destinations): the runtime created a mount's missing destination by
+    name while the container swapped a directory on its path for a symlink, so it created (and
+    mounted) on the host. Here a racing process keeps turning ``.git`` into a symlink to a host
+    directory while runs make their missing protected placeholders (``.git/config``, ``.git/hooks/``)."""
+    from sandbox_fs import _native
+    from sandbox_fs.exec import ConfinementPolicy
+
+    host_dir = layout.outside / "gitdir"
+    host_dir.mkdir()
+    before = layout.snapshot()
+    stop = threading.Event()
+    swaps = [0]
+
+    def attacker() -> None:
+        dirfd = os.open(layout.ws, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            while not stop.is_set():
+                try:
+                    os.symlink(host_dir, layout.ws / ".gitlink")
+                except FileExistsError:
+                    pass
+                # a real .git made by the run is exchanged for the symlink; a missing one is the symlink
+                if _native.renameat2_raw(dirfd, b".gitlink", dirfd, b".git", _native.RENAME_EXCHANGE) == 0:
+                    swaps[0] += 1
+                else:
+                    try:
+                        os.rename(layout.ws / ".gitlink", layout.ws / ".git")
+                        swaps[0] += 1
+                    except OSError:
+                        pass
+                time.sleep(0.0005)
+        finally:
+            os.close(dirfd)
+
+    policy = ConfinementPolicy(protected=(".git/config", ".git/hooks/"))
+    t = threading.Thread(target=attacker, daemon=True)
+    t.start()
+    outcomes: list[str] = []
+    try:
+        for _ in range(15):
+            try:
+                r = await run(layout, ws, "(echo evil > .git/config) 2>/dev/null && echo WROTE; echo end",
+                              policy=policy)
+                outcomes.append("ran" if r.stdout.endswith(b"end\n") else "odd")
+            except (sandbox_fs.SandboxError, OSError) as e:
+                outcomes.append(f"{type(e).__name__}: {e}")
+    finally:
+        stop.set()
+        t.join()
+    assert swaps[0] > 10, f"the attacker barely ran ({swaps[0]} swaps)"
+    assert "odd" not in outcomes, outcomes  # every run either ran to its end or was refused (fail closed)
+    assert os.listdir(host_dir) == [], "a placeholder was made in the host directory"
+    layout.assert_outside_unchanged(before)
+    layout.assert_secret_absent()
