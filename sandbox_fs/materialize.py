@@ -551,7 +551,8 @@ def _open_source_file(root: Root, rel: str, dest: str) -> tuple[int, os.stat_res
         SymlinkRefusedError: the final component is a symlink.
         PathEscapeError: the path leaves the base or grant.
         SourceRefusedError: not a regular file.
-        SourceChangedError: swapped between the two opens.
+        SourceChangedError: swapped between the two opens (another inode,
+            a symlink, a special file, an escape or nothing at the name).
     """
     pfd = root.open_fd(rel, _O_PATH | os.O_NOFOLLOW, 0)
     try:
@@ -565,7 +566,17 @@ def _open_source_file(root: Root, rel: str, dest: str) -> tuple[int, os.stat_res
         _refuse_special(pst.st_mode, rel, dest)
     if _hooks.current is not None:
         _hooks.fire("materialize.local_file", root=root, path=rel, dest=dest)
-    fd = root.open_fd(rel, _SRC_FLAGS, 0)
+    try:
+        fd = root.open_fd(rel, _SRC_FLAGS, 0)
+    except (SymlinkRefusedError, PathEscapeError, NotADirectoryError, FileNotFoundError) as exc:
+        # the look saw a regular file there: a symlink, an escape or nothing now is a change
+        raise SourceChangedError("the source file was replaced while it was opened; nothing outside was read",
+                                 sandbox_path=dest, diagnostic=repr(exc)) from None
+    except SandboxError as exc:
+        if exc.code == "special_file":
+            raise SourceChangedError("the source file was replaced while it was opened",
+                                     sandbox_path=dest) from None
+        raise
     try:
         st = os.fstat(fd)
         if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (pst.st_dev, pst.st_ino):
