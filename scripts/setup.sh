@@ -17,6 +17,8 @@ command -v bsdtar >/dev/null 2>&1 || need_apt+=(libarchive-tools)
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 [ -f /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+# tests/test_resolve_flags.py reads the openat2 flags the library passes from strace's decoding.
+command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -q
