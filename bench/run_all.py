@@ -95,7 +95,7 @@ def run_script(name: str, path: str, quick: bool, timeout_s: float) -> dict[str,
     state = "skipped" if rc == SKIPPED else f"exit {rc}"
     print(f"   -> {state}, {seconds:.0f} s, {len(rows)} rows" + (f"; stderr: {last_err}" if rc else ""),
           flush=True)
-    return {"name": name, "argv": argv[1:], "exit_status": rc, "seconds": round(seconds, 1), "rows": rows,
+    return {"name": name, "argv": [os.path.relpath(path, os.path.dirname(HERE))] + argv[2:], "exit_status": rc, "seconds": round(seconds, 1), "rows": rows,
             "last_stderr_line": last_err if rc else ""}
 
 
