@@ -28,5 +28,17 @@ set -- --seconds "$seconds" --jobs "$jobs" --corpus "$scratch/corpus" --artifact
 [ -f "$here/dict/$target.dict" ] && set -- "$@" --dict "$here/dict/$target.dict"
 [ "${SFS_FUZZ_NO_INSTRUMENT:-0}" = 1 ] && set -- "$@" --no-instrument
 rc=0
+if [ -f "$here/fuzz_$target.py" ] && ! grep -q run_direct "$here/fuzz_$target.py"; then
+  # a standalone atheris script (not a shipped target): libFuzzer flags directly, artifacts to scratch
+  dict=""
+  [ -f "$here/dict/$target.dict" ] && dict="-dict=$here/dict/$target.dict"
+  "$py" "$here/fuzz_$target.py" "$scratch/corpus" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30 \
+      -artifact_prefix="$scratch/" $dict || rc=$?
+  if [ $rc -ne 0 ]; then
+    mkdir -p "${SFS_FUZZ_ARTIFACTS:-$here/findings}"
+    cp "$scratch"/crash-* "$scratch"/timeout-* "$scratch"/oom-* "${SFS_FUZZ_ARTIFACTS:-$here/findings}/" 2>/dev/null || true
+  fi
+  exit $rc
+fi
 "$py" -m sandbox_fs.cli fuzz "$target" "$@" || rc=$?
 exit $rc

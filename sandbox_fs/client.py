@@ -499,6 +499,22 @@ class LocalSandboxClient:
             payload["mac"] = _mac(self._state_key, payload)
         return payload
 
+    def sign_state(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Return a copy of ``payload`` (a JSON-ready dict, any ``mac`` dropped) with its ``mac`` under this client's key.
+
+        What :meth:`serialize_state` does after building the payload; for tools
+        and tests that forge state under a key they hold (fuzzing
+        :meth:`deserialize_state` with valid MACs over mutated payloads).  Signing
+        grants nothing: :meth:`deserialize_state` still validates every field.
+
+        Raises:
+            TypeError: ``payload`` is not JSON-serializable.
+        """
+        out = {k: v for k, v in payload.items() if k != "mac"}
+        if self._state_key is not None:
+            out["mac"] = _mac(self._state_key, out)
+        return out
+
     def deserialize_state(self, data: dict[str, Any]) -> SessionState:
         """Validate serialized state.
 

@@ -13,6 +13,7 @@ TARGET_MODULES: dict[str, tuple[str, str]] = {
     "resolver": ("_resolver", "RESOLVER"),
     "tar": ("_archive", "TAR"),
     "zip": ("_archive", "ZIP"),
+    "state": ("_state", "STATE"),
 }
 
 # name -> the modules atheris instruments for coverage feedback (a prefix covers its submodules).
@@ -21,6 +22,7 @@ INSTRUMENT: dict[str, tuple[str, ...]] = {
     "resolver": ("sandbox_fs.testing.fuzz._resolver",),
     "tar": ("sandbox_fs.archive", "tarfile"),
     "zip": ("sandbox_fs.archive", "zipfile"),
+    "state": ("sandbox_fs.client", "sandbox_fs.testing.fuzz._state"),
 }
 
 
