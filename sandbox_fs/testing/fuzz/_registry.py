@@ -14,6 +14,7 @@ TARGET_MODULES: dict[str, tuple[str, str]] = {
     "tar": ("_archive", "TAR"),
     "zip": ("_archive", "ZIP"),
     "state": ("_state", "STATE"),
+    "policy": ("_policy", "POLICY"),
 }
 
 # name -> the modules atheris instruments for coverage feedback (a prefix covers its submodules).
@@ -23,6 +24,7 @@ INSTRUMENT: dict[str, tuple[str, ...]] = {
     "tar": ("sandbox_fs.archive", "tarfile"),
     "zip": ("sandbox_fs.archive", "zipfile"),
     "state": ("sandbox_fs.client", "sandbox_fs.testing.fuzz._state"),
+    "policy": ("sandbox_fs.paths", "sandbox_fs.testing.fuzz._policy"),
 }
 
 

@@ -91,13 +91,16 @@ class Scene:
             _force_rmtree(self.ws)
         os.mkdir(self.ws)
 
-    def run(self, step: Callable[[], object], *, destination: str | None = None) -> None:
+    def run(self, step: Callable[[], object], *, destination: str | None = None,
+            host_paths: Sequence[str] | None = None) -> None:
         """Run ``step`` and assert the invariant.
 
         Args:
             step: the operation on the input; may raise an allowed failure.
             destination: the host directory checked with ``check_destination``
                 (default: the workspace).
+            host_paths: host paths no error text may show (default: the base
+                directory; empty where sandbox paths are host paths, as for grants).
 
         Raises:
             Finding: ``step`` raised a failure that is not allowed (chained),
@@ -106,7 +109,7 @@ class Scene:
         try:
             step()
         except Exception as exc:  # noqa: BLE001  (every exception is classified)
-            if not classify_failure(exc, host_paths=[self.base]):
+            if not classify_failure(exc, host_paths=[self.base] if host_paths is None else host_paths):
                 raise Finding(f"unexpected failure {type(exc).__name__}: {exc}") from exc
         try:
             self.sentinel.check()
