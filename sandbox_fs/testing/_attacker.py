@@ -120,6 +120,7 @@ class Attacker:
         self.log: list[AttackRecord] = []
         self._lock = threading.RLock()
         self._rng = random.Random(seed)
+        self._attic_state: dict[str, tuple[int, int, bytes | None]] = {}
         self._armed: list[tuple[str, str, str, Callable[[dict[str, Any]], bool] | None]] = []
 
     def close(self) -> None:
@@ -176,7 +177,7 @@ class Attacker:
             tmp = self._tmp()
             os.symlink(self.outside, tmp, dir_fd=pfd)
             try:
-                os.rename(tmp, leaf, src_dir_fd=pfd, dst_dir_fd=pfd)
+                _rename_over(pfd, tmp, leaf)
             except OSError:
                 os.unlink(tmp, dir_fd=pfd)
                 return False
@@ -206,7 +207,7 @@ class Attacker:
                 return False
             tmp = self._tmp()
             os.mkfifo(tmp, 0o666, dir_fd=pfd)
-            os.rename(tmp, leaf, src_dir_fd=pfd, dst_dir_fd=pfd)
+            _rename_over(pfd, tmp, leaf)
             return True
         return self._act("replace_with_fifo", path, point, go)
 
@@ -217,7 +218,7 @@ class Attacker:
                 return False
             tmp = self._tmp()
             os.link(self.outside_file, tmp, dst_dir_fd=pfd)
-            os.rename(tmp, leaf, src_dir_fd=pfd, dst_dir_fd=pfd)
+            _rename_over(pfd, tmp, leaf)
             return True
         return self._act("replace_with_hardlink", path, point, go)
 
@@ -227,6 +228,7 @@ class Attacker:
             if self._kind(pfd, leaf) != stat.S_IFDIR:
                 return False
             os.rename(leaf, self._tmp(), src_dir_fd=pfd, dst_dir_fd=self._attic_fd)
+            self._attic_state = self.attic_snapshot()
             return True
         return self._act("move_out", path, point, go)
 
@@ -273,6 +275,23 @@ class Attacker:
                         continue
                     out[os.path.relpath(p, attic)] = (stat.S_IFMT(s.st_mode), s.st_size, data)
         return out
+
+    def rebase_attic(self) -> None:
+        """Take the attic as it is now as the state :meth:`attic_changes` compares with."""
+        with self._lock:
+            self._attic_state = self.attic_snapshot()
+
+    def attic_changes(self) -> list[str]:
+        """What appeared or changed in the attic since the last :meth:`move_out` (``list[str]``; empty: nothing).
+
+        Removals are not reported: a library operation that had entered a
+        directory before it was moved out may still remove that directory's
+        own entries (they were the workspace's, and the mover could remove
+        them itself); creating or changing anything there is a write outside.
+        """
+        now = self.attic_snapshot()
+        return [f"{name}: {'new' if name not in self._attic_state else 'changed'}"
+                for name, rec in sorted(now.items()) if self._attic_state.get(name) != rec]
 
     # ------------------------------------------------------------ interleaving
 
@@ -364,6 +383,13 @@ class Attacker:
         finally:
             stop.set()
             thread.join()
+
+
+def _rename_over(dfd: int, tmp: bytes, leaf: bytes) -> None:
+    """Rename ``tmp`` over ``leaf`` in ``dfd``; when both were links to one inode (rename does nothing), drop ``tmp``."""
+    os.rename(tmp, leaf, src_dir_fd=dfd, dst_dir_fd=dfd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dfd)
 
 
 def _join(path: str, leaf: bytes) -> str:
