@@ -72,6 +72,12 @@ class CentralDirectory:
         self.start, self.size, self.entries = start, size, entries
 
 
+#: A ZIP64 locator naming another record than the one right before it (where zipfile reads it) makes
+#: readers that follow the offset (libarchive) list other members than zipfile (CVE-2025-8291).
+_LOCATOR_ELSEWHERE = ("the ZIP64 end-of-central-directory locator does not point at the ZIP64 record right "
+                      "before it (readers would disagree on the members, CVE-2025-8291)")
+
+
 def _read_at(f: SeekCounter, offset: int, n: int) -> bytes:
     f.seek(offset)
     return f.read(n)
@@ -83,7 +89,11 @@ def locate_central_directory(f: SeekCounter, limits: ArchiveLimits) -> CentralDi
     The search mirrors ``zipfile._EndRecData``/``_EndRecData64`` (same
     window: the last 22 bytes, else the last ``64 KiB + 22`` bytes searched
     backwards; the ZIP64 locator and record right before the EOCD, wherever
-    that is), so the records checked here are the records zipfile uses.
+    that is), so the records checked here are the records zipfile uses.  A
+    ZIP64 locator must point at that record (its offset counted like the
+    central directory's): zipfile ignores the offset and other readers follow
+    it, so an archive where they differ lists different members to each
+    (CVE-2025-8291).
     Data after the EOCD and its comment is refused: it is how a second,
     unchecked ZIP64 record is hidden from a reader with a narrower window.
     The limits then apply to what zipfile will read: ``max_central_directory_bytes``
@@ -93,7 +103,8 @@ def locate_central_directory(f: SeekCounter, limits: ArchiveLimits) -> CentralDi
 
     Raises:
         ArchiveFormatError: no EOCD record, data after it, a multi-disk
-            archive, a central directory outside the file or malformed.
+            archive, a ZIP64 locator not pointing at the record right before
+            it, a central directory outside the file or malformed.
         ArchiveLimitError: ``max_members`` or ``max_central_directory_bytes``.
     """
     size = f.seek(0, 2)
@@ -116,16 +127,21 @@ def locate_central_directory(f: SeekCounter, limits: ArchiveLimits) -> CentralDi
     zip64 = False
     if pos >= _EOCD64_LOC_SIZE:
         loc = _read_at(f, pos - _EOCD64_LOC_SIZE, _EOCD64_LOC_SIZE)
-        sig, diskno, _reloff, disks = struct.unpack("<4sLQL", loc)
+        sig, diskno, reloff, disks = struct.unpack("<4sLQL", loc)
         if sig == _EOCD64_LOC:
             if diskno != 0 or disks > 1:
                 raise _fmt("zip archives spanning several disks are not supported")
             at = pos - _EOCD64_LOC_SIZE - _EOCD64_SIZE
-            if at >= 0:
-                r64 = _read_at(f, at, _EOCD64_SIZE)
-                if r64[:4] == _EOCD64:
-                    (_s, _sz, _cv, _ev, _d, _dcd, _nd, entries, cd_size, cd_off) = struct.unpack("<4sQ2H2L4Q", r64)
-                    zip64 = True
+            r64 = _read_at(f, at, _EOCD64_SIZE) if at >= 0 else b""
+            if r64[:4] != _EOCD64:
+                raise _fmt(_LOCATOR_ELSEWHERE)
+            (_s, _sz, _cv, _ev, _d, _dcd, _nd, entries, cd_size, cd_off) = struct.unpack("<4sQ2H2L4Q", r64)
+            zip64 = True
+            # The record follows the central directory, and the locator's offset counts from the same
+            # origin as the record's cd_off (the start of the zip data, after any prepended stub):
+            # pointing at the record used here, it equals cd_off + cd_size.
+            if reloff != cd_off + cd_size:
+                raise _fmt(_LOCATOR_ELSEWHERE)
     if entries > limits.max_members:
         raise ArchiveLimitError("max_members", limits.max_members, entries, None,
                                 reason=f"central directory declares {entries} entries > max_members {limits.max_members}")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from _acceptance import run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sandbox_fs import SandboxError, open_root
 from sandbox_fs.archive import ArchiveLimits, ExtractPolicy, extract
@@ -372,3 +374,78 @@ def test_cve_2018_20685_dot_members_leave_an_existing_destination_alone(layout, 
             assert stat.S_IMODE(after.st_mode) == 0o700
             assert after.st_mtime_ns != 0, "the member's mtime 0 was applied to the destination"
     contained.check()
+
+
+# ---------------------------------------------------------------- zip: ZIP64 locator
+
+def _local(name: bytes, data: bytes) -> bytes:
+    return struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0x21, zlib.crc32(data), len(data), len(data),
+                       len(name), 0) + name + data
+
+
+def _central(name: bytes, data: bytes, offset: int) -> bytes:
+    return struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0x21, zlib.crc32(data), len(data), len(data),
+                       len(name), 0, 0, 0, 0, 0, offset) + name
+
+
+def _zip64_end(entries: int, cd_size: int, cd_off: int) -> bytes:
+    return struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, cd_size, cd_off)
+
+
+def zip64_two_directories(locator_offset: int | None = None) -> tuple[bytes, int, int]:
+    """A zip with two ZIP64 end records: the one right before the locator lists ``ok``; an earlier one
+    lists ``../outside/pwned.txt``.  The locator's offset names the honest record unless
+    ``locator_offset`` says otherwise.  Returns (archive, honest record offset, hidden record offset)."""
+    ok, evil = b"ok", b"../outside/pwned.txt"
+    out = _local(ok, b"ok")
+    evil_at = len(out)
+    out += _local(evil, b"pwned")
+    hidden_cd_at = len(out)
+    hidden_cd = _central(evil, b"pwned", evil_at)
+    out += hidden_cd
+    hidden_rec = len(out)
+    out += _zip64_end(1, len(hidden_cd), hidden_cd_at)
+    cd_at = len(out)
+    cd = _central(ok, b"ok", 0)
+    out += cd
+    honest_rec = len(out)
+    out += _zip64_end(1, len(cd), cd_at)
+    out += struct.pack("<4sLQL", b"PK\x06\x07", 0, honest_rec if locator_offset is None else locator_offset, 1)
+    out += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return out, honest_rec, hidden_rec
+
+
+def test_cve_2025_8291_zip64_locator_naming_another_record_is_refused(layout, contained):
+    """CVE-2025-8291 (zipfile): the ZIP64 end-of-central-directory locator's offset was not checked;
+    zipfile read the record right before it while other readers follow the offset, so one archive
+    listed different members to different tools (here ``ok`` to zipfile, ``../outside/pwned.txt``
+    to an offset-following reader). Such an archive is refused; the honest form extracts."""
+    honest, _, hidden_at = zip64_two_directories()
+    with zipfile.ZipFile(io.BytesIO(honest)) as zf:
+        assert zf.namelist() == ["ok"], "the builder's honest form must be what zipfile reads"
+    rep = attempt(layout, honest)
+    assert not isinstance(rep, SandboxError), rep
+    assert (layout.ws / "dest" / "ok").read_bytes() == b"ok"
+    forked, _, _ = zip64_two_directories(locator_offset=hidden_at)
+    rep = attempt(layout, forked, dest="dest2")
+    assert isinstance(rep, SandboxError) and rep.code == "archive_format", rep
+    assert not (layout.ws / "dest2").exists()
+    contained.check()
+    assert not (layout.outside / "pwned.txt").exists()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 1 << 12) | st.integers(0, (1 << 64) - 1))
+def test_property_zip64_locator_accepted_only_where_it_points(layout, offset):
+    """For any locator offset, the archive is extracted only when the offset names the record used."""
+    data, honest_at, _ = zip64_two_directories(locator_offset=offset)
+    with open_root(layout.ws) as root:
+        if root.exists("d"):
+            root.rmtree("d")
+        try:
+            extract(root, "d", io.BytesIO(data))
+            accepted = True
+        except SandboxError:
+            accepted = False
+    assert accepted == (offset == honest_at)
+    assert not (layout.outside / "pwned.txt").exists()
