@@ -15,6 +15,7 @@ TARGET_MODULES: dict[str, tuple[str, str]] = {
     "zip": ("_archive", "ZIP"),
     "state": ("_state", "STATE"),
     "policy": ("_policy", "POLICY"),
+    "manifest": ("_manifest", "MANIFEST"),
 }
 
 # name -> the modules atheris instruments for coverage feedback (a prefix covers its submodules).
@@ -25,6 +26,7 @@ INSTRUMENT: dict[str, tuple[str, ...]] = {
     "zip": ("sandbox_fs.archive", "zipfile"),
     "state": ("sandbox_fs.client", "sandbox_fs.testing.fuzz._state"),
     "policy": ("sandbox_fs.paths", "sandbox_fs.testing.fuzz._policy"),
+    "manifest": ("sandbox_fs.manifest", "sandbox_fs.materialize"),
 }
 
 

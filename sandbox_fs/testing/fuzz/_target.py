@@ -62,7 +62,9 @@ def render_dictionary(tokens: Sequence[bytes]) -> str:
 class Scene:
     """A private base directory with ``ws/`` and a recorded ``outside/`` beside it.
 
-    Made on first use and removed at interpreter exit.  ``outside/`` holds
+    Made on first use and removed at interpreter exit.  ``prepare(scene)``,
+    when given, runs before the outside is recorded (to plant hard links to
+    outside files in a host tree, which changes their link counts).  ``outside/`` holds
     ``secret.txt``, ``sub/file``, a symlink and a hard-linked pair, so an
     input that reads, writes, links or replaces any of them is caught.
 
@@ -71,7 +73,7 @@ class Scene:
         sentinel: the :class:`OutsideSentinel` over ``outside``.
     """
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, prepare: Callable[["Scene"], object] | None = None) -> None:
         self.base = tempfile.mkdtemp(prefix=f"sfs-fuzz-{prefix}-")
         atexit.register(shutil.rmtree, self.base, True)
         self.ws = os.path.join(self.base, "ws")
@@ -83,6 +85,8 @@ class Scene:
             fh.write(b"inner\n")
         os.symlink("secret.txt", os.path.join(self.outside, "link"))
         os.link(os.path.join(self.outside, "sub", "file"), os.path.join(self.outside, "hardlink"))
+        if prepare is not None:
+            prepare(self)
         self.sentinel = OutsideSentinel(self.outside)
 
     def reset(self) -> None:
