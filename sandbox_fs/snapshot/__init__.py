@@ -9,7 +9,7 @@ hydrate's own rules (:class:`SnapshotPolicy`), so whatever it commits,
 hydrate restores.
 
 Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
-reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_objects_local`` (it over a local directory), ``_walk`` (the fd walk), ``_entries`` (what
+reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_objects_local`` (it over a local directory), ``_s3`` (it over an S3 bucket, and S3SnapshotStore), ``_walk`` (the fd walk), ``_entries`` (what
 the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
 ``_generations`` (generations over an object store: pointer, retention, gc), ``_persist``, ``_hydrate``.
 """
@@ -45,6 +45,7 @@ from ._models import (
 )
 from ._objects import ObjectInfo, ObjectStore, ObjectWriter
 from ._objects_local import LocalObjects
+from ._s3 import S3Objects, S3Options, S3SnapshotStore
 from ._persist import persist
 from ._store import LocalSnapshotStore, NoSnapshot, SnapshotStore
 from ._store import PendingArchive as PendingArchive
@@ -64,6 +65,9 @@ __all__ = [
     "ObjectWriter",
     "ObjectInfo",
     "LocalObjects",
+    "S3Objects",
+    "S3Options",
+    "S3SnapshotStore",
     "SnapshotLimits",
     "SnapshotPolicy",
     "SnapshotInfo",

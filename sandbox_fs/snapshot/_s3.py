@@ -43,10 +43,11 @@ import time
 from typing import IO, Any, Iterator
 
 from ._errors import SnapshotConflictError, SnapshotLimitError, SnapshotNotFoundError, SnapshotStoreError
+from ._generations import GenerationStore
 from ._objects import ObjectInfo
 from ._objects_local import validate_key
 
-__all__ = ["S3Objects", "S3Options", "MIN_PART_SIZE", "MAX_PARTS"]
+__all__ = ["S3Objects", "S3Options", "S3SnapshotStore", "MIN_PART_SIZE", "MAX_PARTS"]
 
 #: S3's smallest part (all but the last), in bytes.
 MIN_PART_SIZE = 5 << 20
@@ -137,9 +138,13 @@ class S3Options:
 
 def _make_client(options: S3Options) -> tuple[Any, tuple[str, ...]]:
     """A boto3 S3 client for ``options`` and the credential strings to redact from errors."""
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError
+    try:
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        raise SnapshotStoreError("the S3 store needs boto3 (install sandbox-fs[s3])", sandbox_path=None,
+                                 context={"error": "ImportError"}, retryable=False) from None
 
     try:
         session = boto3.session.Session(profile_name=options.profile_name,
@@ -713,3 +718,58 @@ class S3Objects:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class S3SnapshotStore(GenerationStore):
+    """Snapshots in an S3-compatible bucket: :class:`GenerationStore` over :class:`S3Objects`.
+
+    Generations, the compare-and-swap pointer (``If-Match`` /
+    ``If-None-Match`` on ``PutObject``, which SeaweedFS and S3 evaluate
+    atomically: no lease object is needed), retention and gc are
+    :class:`GenerationStore`'s; the bucket is trusted for availability only
+    (what is read back is checked against the digests in the pointer, the
+    metadata and the session's MAC-protected state) and for confidentiality.
+
+    Args:
+        bucket: the bucket name.
+        prefix: key prefix under which the store keeps its objects (``""``: the bucket's top).
+        keep: restore points kept per snapshot name (default 2).
+        endpoint_url, region_name, profile_name, aws_access_key_id,
+            aws_secret_access_key, aws_session_token: as :class:`S3Options`;
+            None takes them from the standard AWS configuration chain.
+        options: a whole :class:`S3Options` instead (the keyword arguments above must then be None).
+        client: an already-made boto3 S3 client (see :class:`S3Objects`).
+        check: make one request now (``HeadBucket``), so a bad endpoint,
+            credential or bucket fails here rather than at the first stop.
+
+    Raises:
+        ValueError: ``bucket``, ``prefix`` or ``keep`` is not valid, or both ``options`` and its fields are given.
+        SnapshotStoreError: boto3 is missing, or (with ``check``) the bucket
+            cannot be reached (retryable), is missing or refuses the
+            credentials (not retryable).
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, keep: int = 2, endpoint_url: str | None = None,
+                 region_name: str | None = None, profile_name: str | None = None,
+                 aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
+                 aws_session_token: str | None = None, options: S3Options | None = None, client: Any = None,
+                 check: bool = False) -> None:
+        fields = (endpoint_url, region_name, profile_name, aws_access_key_id, aws_secret_access_key,
+                  aws_session_token)
+        if options is not None and any(v is not None for v in fields):
+            raise ValueError("give either options or its fields, not both")
+        if options is None:
+            options = S3Options(endpoint_url=endpoint_url, region_name=region_name, profile_name=profile_name,
+                                aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
+                                aws_session_token=aws_session_token)
+        objects = S3Objects(bucket, prefix, options=options, client=client)
+        try:
+            super().__init__(objects, keep=keep)
+            if check:
+                objects.check()
+        except BaseException:
+            objects.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<S3SnapshotStore {self.objects!r} keep={self.keep}>"
