@@ -16,6 +16,7 @@ TARGET_MODULES: dict[str, tuple[str, str]] = {
     "state": ("_state", "STATE"),
     "policy": ("_policy", "POLICY"),
     "manifest": ("_manifest", "MANIFEST"),
+    "hydrate": ("_hydrate", "HYDRATE"),
 }
 
 # name -> the modules atheris instruments for coverage feedback (a prefix covers its submodules).
@@ -27,6 +28,7 @@ INSTRUMENT: dict[str, tuple[str, ...]] = {
     "state": ("sandbox_fs.client", "sandbox_fs.testing.fuzz._state"),
     "policy": ("sandbox_fs.paths", "sandbox_fs.testing.fuzz._policy"),
     "manifest": ("sandbox_fs.manifest", "sandbox_fs.materialize"),
+    "hydrate": ("sandbox_fs.snapshot", "sandbox_fs.archive"),
 }
 
 

@@ -1,0 +1,151 @@
+"""Fuzz target ``hydrate``: arbitrary bytes and mutated real snapshots through :func:`sandbox_fs.snapshot.hydrate`.
+
+The seeds are real snapshots: small workspaces (files, directories,
+in-root symlinks, hard links, odd modes) persisted into a
+:class:`~sandbox_fs.snapshot.LocalSnapshotStore` and read back.  An input is
+an archive served by a *forged store* (:class:`ForgedStore`, the
+:class:`~sandbox_fs.snapshot.SnapshotStore` protocol) whose metadata is the
+real snapshot's with size and checksums recomputed over the input, so the
+input passes the store's verification and meets hydrate's own rules: the
+threat of a store an attacker writes to.  The workspace starts with
+content of its own.  Checked, besides the common invariant: a hydrate that
+fails leaves that content exactly as it was (bytes and metadata).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import zlib
+from typing import IO, Any
+
+from .._sentinel import OutsideSentinel
+from ._target import Finding, Scene, Target
+
+__all__ = ["HYDRATE", "ForgedStore"]
+
+NAME = "fuzz"
+
+
+class ForgedStore:
+    """A store serving one archive (``bytes``) under ``info``'s metadata, checksums recomputed to match it."""
+
+    enabled = True
+
+    def __init__(self, archive: bytes, info: Any) -> None:
+        update = {"archive_bytes": len(archive), "archive_crc32": f"{zlib.crc32(archive) & 0xFFFFFFFF:08x}"}
+        if getattr(info, "archive_sha256", ""):
+            update["archive_sha256"] = hashlib.sha256(archive).hexdigest()
+        self._archive = archive
+        self._info = info.model_copy(update=update)
+
+    def info(self, name: str) -> Any:
+        return self._info if name == NAME else None
+
+    def open_archive(self, name: str, limits: Any) -> tuple[IO[bytes], Any]:
+        from ...snapshot import SnapshotNotFoundError  # noqa: PLC0415
+
+        if name != NAME:
+            raise SnapshotNotFoundError("no such snapshot", sandbox_path=None)
+        return io.BytesIO(self._archive), self._info
+
+    def list(self) -> list[Any]:
+        return [self._info]
+
+    def begin(self, name: str) -> Any:
+        raise NotImplementedError("a forged store is read-only")
+
+    commit = abort = remove = begin
+
+    def close(self) -> None:
+        pass
+
+
+def _fill(ws: str, variant: int) -> None:
+    os.makedirs(os.path.join(ws, "d", "e"))
+    for rel, data in (("a", b"alpha\n"), ("d/b", b"beta" * (1 + variant * 100)), ("d/e/c", b"")):
+        with open(os.path.join(ws, rel), "wb") as fh:
+            fh.write(data)
+    os.symlink("d/b", os.path.join(ws, "l"))
+    os.symlink("../a", os.path.join(ws, "d", "up"))
+    os.link(os.path.join(ws, "a"), os.path.join(ws, "h"))
+    os.chmod(os.path.join(ws, "d", "b"), 0o600 if variant else 0o755)
+    if variant == 2:
+        os.mkdir(os.path.join(ws, "empty"), 0o700)
+        os.chmod(os.path.join(ws, "d", "e"), 0o555)
+
+
+class _Env:
+    def __init__(self) -> None:
+        from ... import open_root  # noqa: PLC0415
+        from ...snapshot import LocalSnapshotStore, SnapshotLimits, persist  # noqa: PLC0415
+
+        self.scene = Scene("hydrate")
+        self.limits = SnapshotLimits(max_entries=2000, max_file_bytes=1 << 20, max_total_bytes=8 << 20,
+                                     max_archive_bytes=16 << 20)
+        store = LocalSnapshotStore(os.path.join(self.scene.base, "store"))
+        self.real: list[bytes] = []
+        self.info: Any = None
+        for variant in range(3):
+            self.scene.reset()
+            _fill(self.scene.ws, variant)
+            with open_root(self.scene.ws) as ws:
+                persist(ws, store, NAME, limits=self.limits)
+            f, info = store.open_archive(NAME, self.limits)
+            with f:
+                self.real.append(f.read())
+            self.info = info
+        store.close()
+
+
+_env: _Env | None = None
+
+
+def _get_env() -> _Env:
+    global _env
+    if _env is None:
+        _env = _Env()
+    return _env
+
+
+def one_input(data: bytes) -> None:
+    """Hydrate ``data`` as a forged snapshot into a workspace with content; raise a Finding if the invariant breaks."""
+    from ... import open_root  # noqa: PLC0415
+    from ...snapshot import hydrate  # noqa: PLC0415
+
+    env = _get_env()
+    scene = env.scene
+    scene.reset()
+    with open(os.path.join(scene.ws, "mine"), "wb") as fh:
+        fh.write(b"the workspace's own file\n")
+    os.mkdir(os.path.join(scene.ws, "mydir"))
+    before = OutsideSentinel(scene.ws)
+    store = ForgedStore(data, env.info)
+    failed = []
+
+    def step() -> None:
+        try:
+            with open_root(scene.ws) as ws:
+                hydrate(ws, store, NAME, limits=env.limits)  # type: ignore[arg-type]
+        except BaseException:
+            failed.append(True)
+            raise
+
+    scene.run(step)
+    if failed:
+        changed = [c for c in before.changes() if not c.startswith(".:")]  # the staging dir came and went
+        if changed:
+            raise Finding("a failed hydrate changed the workspace: " + "; ".join(changed[:10]))
+
+
+def seeds() -> list[bytes]:
+    """The real snapshots (persisted workspaces), and one truncated."""
+    real = list(_get_env().real)
+    return real + [real[0][: len(real[0]) // 2]]
+
+
+TOKENS = (b"ustar\x00", b"00", b"path=", b"linkpath=", b"size=", b"mode=", b"../", b"/", b".sfs-hydrate-",
+          b"0000755\x00", b"0004755\x00", b"0000644\x00", b"outside/secret.txt", b"mine", b"mydir")
+
+HYDRATE = Target("hydrate", one_input, seeds, TOKENS)
