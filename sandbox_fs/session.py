@@ -746,12 +746,13 @@ class Session:
         # The generation of our own snapshot this session last saw: a store where another writer
         # (a second machine resuming the same state) committed since is a conflict, not a new base.
         expect = self.generation if self.snapshot_name == self.id else None
+        expect_digest = self.snapshot_digest if expect is not None else None
         try:
             report = await trio.to_thread.run_sync(
                 lambda: _snap.persist(ws, cfg.store, self.id, manifest_digest=self._manifest_digest(),
                                       excluded=self._excluded(), mount_points=self._mounts,
                                       skip_identities=self._grant_ids(), on_unrestorable=cfg.on_unrestorable,
-                                      limits=cfg.limits, expect_generation=expect))
+                                      limits=cfg.limits, expect_generation=expect, expect_digest=expect_digest))
         except _snap.SnapshotVerifyError as exc:
             if self.snapshot_name == self.id:  # the store's current generation of our snapshot, as it stands now
                 current = exc.context.get("generation")

@@ -31,7 +31,7 @@ from sandbox_fs.archive import (
 from sandbox_fs.archive import _for_snapshot, _names, _tar, _writer
 
 CONTRACT = _for_snapshot.__all__
-FUNCTIONS = ["extract_stream", "normalize_member_name", "symlink_target_walk", "extracted_file_mode",
+FUNCTIONS = ["extract_stream", "extract_streams", "normalize_member_name", "symlink_target_walk", "extracted_file_mode",
              "extracted_dir_mode"]
 
 

@@ -185,7 +185,8 @@ def test_round_trip_and_layout(env):
     assert len(info.digest) == 64
     keys = sorted(objects.objs)
     gen_dir = info.archive.split("/")[2]
-    assert keys == sorted(["s/current", f"s/gen/{gen_dir}/archive.tar", f"s/gen/{gen_dir}/meta.json"])
+    assert keys == sorted(["s/current", f"s/gen/{gen_dir}/archive.tar", f"s/gen/{gen_dir}/meta.json",
+                           f"s/gen/{gen_dir}/index"])
     assert gen_dir.startswith("000000000001-")
     got = hydrate(d, store, "s")
     assert got.generation == 1 and got.skipped_generations == []
@@ -259,6 +260,7 @@ def test_metadata_swapped_with_its_archive_is_refused_by_digest(env):
     ptr = json.loads(objects.objs["s/current"][0])
     ptr["generations"][0] = dict(ptr["generations"][1])
     ptr["generations"] = [ptr["generations"][0]]
+    ptr["restore_points"] = 1
     objects.put_bytes("s/current", json.dumps(ptr).encode())
     assert store.info("s").digest == old.digest
     with pytest.raises(SnapshotCorruptError, match="session state recorded"):
@@ -385,7 +387,7 @@ def test_gc_removes_orphans_only_after_the_grace_period(env):
                                    "s/gen/000000000009-00000000000000aa/archive.tar"]
     assert rep.bytes == len(b"orphan") + len(b"no pointer")
     assert store.kept("s") == [1]
-    assert store.info("s") is not None and len([k for k in objects.objs if k.startswith("s/gen/")]) == 2
+    assert store.info("s") is not None and len([k for k in objects.objs if k.startswith("s/gen/")]) == 3
 
 
 def test_open_archive_returns_verified_bytes(env):

@@ -65,6 +65,7 @@ from ._extract import FORMATS, extract, extract_async
 from ._for_snapshot import STAGED_PATH_MAX as STAGED_PATH_MAX
 from ._for_snapshot import HeaderChainCheck as HeaderChainCheck
 from ._for_snapshot import extract_stream as extract_stream
+from ._for_snapshot import extract_streams as extract_streams
 from ._for_snapshot import extracted_dir_mode as extracted_dir_mode
 from ._for_snapshot import extracted_file_mode as extracted_file_mode
 from ._for_snapshot import normalize_member_name as normalize_member_name

@@ -12,6 +12,9 @@ takes keyword arguments only.  Snapshot imports them from
 Names:
 
 * :func:`extract_stream`: extract an uncompressed tar into a new destination.
+* :func:`extract_streams`: extract several uncompressed tars, in order, into
+  one new destination in one staged pass, taking only the members a filter
+  selects (a snapshot's base and layers).
 * :func:`normalize_member_name`: the member-name rule.
 * :func:`symlink_target_walk`: the lexical symlink-target rule.
 * :class:`HeaderChainCheck`: the header-chain rules (size, count, PAX bodies
@@ -23,12 +26,19 @@ Names:
 
 from __future__ import annotations
 
+import io
+import os
+import stat
 import tarfile
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ..root import Root
 from ._errors import ArchiveFormatError
+from ._errors import ArchiveLimitError, UnsafeArchiveMemberError
 from ._extract import run_extraction
+from ._streams import InputCounter, Meter
+from ._tar import extract_tar
+from ._writer import Extractor
 from ._models import ArchiveLimits, ExtractPolicy, ExtractReport
 from ._names import normalize_member, symlink_walk
 from ._tar import EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
@@ -36,6 +46,7 @@ from ._writer import STAGED_PATH_MAX, dir_mode, file_mode
 
 __all__ = [
     "extract_stream",
+    "extract_streams",
     "normalize_member_name",
     "symlink_target_walk",
     "HeaderChainCheck",
@@ -210,3 +221,112 @@ class HeaderChainCheck:
     def admit(self, *, cost: int) -> None:
         """Count an admitted header chain's digit cost (from :meth:`check`) against the archive's budget."""
         self.budget.spent += cost
+
+
+class _TakingExtractor(Extractor):
+    """The extractor, handed only the members ``take(source index, normalized name, kind)`` selects.
+
+    A member not taken is passed over as tarfile steps to the next header
+    (its data is read and discarded, counted like any read); every member
+    taken goes through the extractor's own rules, across all sources
+    together (a hard link may name a file taken from an earlier source; a
+    path below a symlink taken earlier is refused as ever).  Kinds: ``file``
+    (also a hard link), ``dir``, ``symlink``.  A name the extractor refuses
+    is refused, taken or not.
+    """
+
+    take: Callable[[int, bytes, str], bool]
+    source = 0
+
+    def _taken(self, name: str | bytes, kind: str) -> bool:
+        return self.take(self.source, self.name(name), kind)
+
+    def add_new_file_from(self, name: str | bytes, mode: int, mtime: float | int | None, size: int,
+                          counter: Any, offset_data: int) -> bool:
+        if not self._taken(name, "file"):
+            return False  # the caller falls back to add_file, which passes it over
+        return super().add_new_file_from(name, mode, mtime, size, counter, offset_data)
+
+    def add_file(self, name: str | bytes, read: Callable[[int], bytes], mode: int | None,
+                 mtime: float | int | None, declared_size: int | None = None,
+                 owner: tuple[int, int] | None = None,
+                 splice: Callable[[int, int], int] | None = None) -> None:
+        if self._taken(name, "file"):
+            super().add_file(name, read, mode, mtime, declared_size=declared_size, owner=owner, splice=splice)
+
+    def add_dir(self, name: str | bytes, mode: int | None, mtime: float | int | None,
+                owner: tuple[int, int] | None = None) -> None:
+        if self._taken(name, "dir"):
+            super().add_dir(name, mode, mtime, owner=owner)
+
+    def add_symlink(self, name: str | bytes, target: str | bytes, mtime: float | int | None) -> None:
+        if self._taken(name, "symlink"):
+            super().add_symlink(name, target, mtime)
+
+    def add_hardlink(self, name: str | bytes, target: str | bytes) -> None:
+        if self._taken(name, "file"):
+            super().add_hardlink(name, target)
+
+
+def extract_streams(*, root: Root, dest: str, sources: Sequence[Any], take: Callable[[int, bytes, str], bool],
+                    limits: ArchiveLimits, policy: ExtractPolicy, made: list[tuple[int, int]] | None = None,
+                    exact_modes: dict[bytes, int] | None = None) -> ExtractReport:
+    """Extract the uncompressed tars ``sources``, in order, into ``dest`` in one staged pass, filtered by ``take``.
+
+    One extractor (one staging directory, one set of limits counted over all
+    sources, one ``finish``) applies the members ``take(i, name, kind)``
+    selects (``i``: the source's index; ``name``: the normalized member
+    name; ``kind``: ``file``, ``dir`` or ``symlink``).  Every member of every
+    source is parsed by tarfile behind the extractor's guards and counted
+    against ``max_members``, taken or not.
+
+    Args:
+        root, dest, limits, policy, made, exact_modes: as for :func:`extract_stream`
+            (``limits.max_input_bytes`` bounds all sources together).
+        sources: readable binary streams, each read once, forward only.
+        take: the member filter.
+
+    Returns:
+        The :class:`~sandbox_fs.archive.ExtractReport` of the whole pass.
+
+    Raises:
+        The errors of :func:`~sandbox_fs.archive.extract`; nothing is left
+        at ``dest`` when one is raised (the staging directory is removed).
+    """
+    meter = Meter(limits)
+    ex = _TakingExtractor(root, dest, limits, policy, meter, exact_modes)
+    ex.take = take
+    try:
+        for i, source in enumerate(sources):
+            ex.source = i
+            extract_tar(InputCounter(source, meter), ex, limits, meter, None, _splice_fd(source))
+        ex.finish()
+    except BaseException as exc:
+        earlier = ex.pending_error(run_queued=isinstance(exc, Exception))
+        ex.abort()
+        if earlier is not None and isinstance(exc, Exception):
+            exc = earlier
+        if isinstance(exc, (ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError)) and \
+                exc.sandbox_path is None:
+            exc.sandbox_path = ex.shown_dest
+        if exc is not earlier:
+            raise
+        raise exc from None
+    finally:
+        if made is not None and ex.made_identity is not None:
+            made.append(ex.made_identity)
+        ex.close()
+    return ExtractReport(format="tar", members=ex.members, files=ex.files, dirs=ex.dirs, symlinks=ex.symlinks,
+                         hardlinks=ex.hardlinks, bytes_written=meter.written_bytes, input_bytes=meter.input_bytes,
+                         skipped=ex.skipped, skipped_count=ex.skipped_count)
+
+
+def _splice_fd(source: Any) -> int:
+    """The source's fd when kernel-side copies are exact: an unbuffered regular file (``io.FileIO``)."""
+    if not isinstance(source, io.FileIO):
+        return -1
+    try:
+        fd = source.fileno()
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else -1
+    except (OSError, ValueError):
+        return -1

@@ -38,6 +38,7 @@ from ..archive import (
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root
 from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
+from ._index import IndexEntry
 from ._models import SnapshotLimits, SnapshotPolicy
 from ._header import MemberHeader, encode_header, ustar_fits
 from ._tar import _TarStream
@@ -118,7 +119,8 @@ def _symlink_reason(ws: Root, link: bytes, target: str, alimits: Any) -> str | N
 
 
 def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable: str, tar: _TarStream,
-               progress: Callable[[int, int], None] | None = None) -> _WalkState:
+               progress: Callable[[int, int], None] | None = None,
+               setup: Callable[[_WalkState], None] | None = None) -> _WalkState:
     """Walk the workspace once and record every kept entry in the digest (and write it to ``tar``).
 
     Ordinary entries stream as they are listed (O(1) memory).  Listings
@@ -144,6 +146,8 @@ def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable:
         on_unrestorable: ``"refuse"`` or ``"skip"`` an entry hydrate would refuse.
         tar: the stream members are written to (``_TarStream(None)``: hash only).
         progress: called with ``(entries, content bytes)`` at most every 0.2 s, and once at the end.
+        setup: called with the new walk state before the walk (a layered persist sets its
+            ``reuse`` and ``records``).
 
     Returns:
         The walk's state: counts, digest, skipped entries, mode fix-ups.
@@ -156,6 +160,8 @@ def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable:
     """
     with _source_view(ws) as src:
         state = _WalkState(ws, src, policy, tar, on_unrestorable)
+        if setup is not None:
+            setup(state)
         last_report = time.monotonic()
         with contextlib.closing(_walk(ws, src, prune, state.skipped, state.admit_dir)) as walk:
             for dfd, nondirs in walk:
@@ -209,6 +215,36 @@ class _WalkState:
         self.multi_linked: dict[tuple[int, int], _Linked] = {}
         self.entries = 0
         self.content = 0
+        #: layered persist: the parent-index entry of an unchanged regular file (None: read it), see _index
+        self.reuse: Callable[[_ListedEntry], IndexEntry | None] | None = None
+        #: layered persist: the new generation's index entries, in walk order (None: not recorded)
+        self.records: list[IndexEntry] | None = None
+
+    def _record(self, path: str, kind: str, st: os.stat_result, mode: int, content: str, layer: int = 0) -> None:
+        """Add an index entry (layer 0: this generation's archive holds the member)."""
+        if self.records is not None:
+            self.records.append(IndexEntry(path, kind, st.st_ino, st.st_size if kind == "file" else 0,
+                                           st.st_mtime_ns, st.st_ctime_ns, mode, content, st.st_nlink, layer))
+
+    def add_unchanged(self, item: _ListedEntry, old: IndexEntry) -> None:
+        """Record a regular file the parent index proves unchanged: not read, not written; its SHA-256 taken over.
+
+        Raises:
+            SnapshotLimitError: a size limit is exceeded.
+        """
+        st = item.st
+        mode = SnapshotPolicy.mode(st.st_mode)
+        if st.st_size > self.limits.max_file_bytes:
+            raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
+                                     context={"max_file_bytes": self.limits.max_file_bytes})
+        self.content += st.st_size
+        if self.content > self.limits.max_total_bytes:
+            raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
+                                     context={"max_total_bytes": self.limits.max_total_bytes})
+        if self.fixups is not None and mode != extracted_file_mode(mode=mode):
+            self.fixups.append((item.path, mode))
+        self.digest.add(item.path, "file", st.st_size, mode, old.content)
+        self._record(item.path, "file", st, mode, old.content, old.layer)
 
     def restorable(self, item: _ListedEntry,
                    dfd: int | None = None) -> tuple[bool, str | None, os.stat_result | None]:
@@ -287,6 +323,7 @@ class _WalkState:
             return False
         self.count(item)
         self.digest.add(item.path, "dir", 0, mode, "")
+        self._record(item.path, "dir", st, mode, "")
         if self.fixups is not None and mode != extracted_dir_mode(mode=mode):
             self.fixups.append((item.path, mode))
         if hdr is not None:
@@ -311,6 +348,11 @@ class _WalkState:
         if item.st.st_nlink > 1:
             self._defer_linked(item)
             return True
+        if self.reuse is not None:
+            old = self.reuse(item)
+            if old is not None:
+                self.add_unchanged(item, old)
+                return True
         fd = _open_member(self.src, item, dfd)
         if fd is None:
             self.entries -= 1
@@ -329,6 +371,7 @@ class _WalkState:
             return False
         self.count(item)
         self.digest.add(item.path, "symlink", 0, 0o777, target)
+        self._record(item.path, "symlink", st, 0o777, target)
         if hdr is not None:
             self.tar.add(hdr)
         return True
@@ -425,12 +468,14 @@ class _WalkState:
             self.fixups.append((item.path, mode))
         sha_hex = self.tar.add_file(st.st_size, fd, item.path, hdr)
         self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
+        self._record(item.path, "file", st, mode, sha_hex)
         for other in links:
             admitted, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
             if not admitted:
                 self.entries -= 1
                 continue
             self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
+            self._record(other.path, "file", st, mode, sha_hex)
             if lhdr is not None:
                 self.tar.add(lhdr)
         return st

@@ -6,6 +6,16 @@ object store's directory or prefix::
     NAME/current                                  the pointer (JSON), replaced by compare-and-swap
     NAME/gen/<generation, 12+ digits>-<token>/archive.tar   the PAX tar persist streamed
     NAME/gen/<generation, 12+ digits>-<token>/meta.json     its SnapshotInfo (metadata version 2)
+    NAME/gen/<generation, 12+ digits>-<token>/index         its index (see ``_index``)
+
+A generation is *full* (its archive holds the whole tree) or a *layer*: its
+archive holds only the entries added or changed since its parent generation,
+and its index says, for every entry of the tree, which generation's archive
+holds it, plus the deletion list.  A layer's metadata names its parent's
+metadata digest, so one digest covers a whole chain.  Compaction: persist
+writes a full generation instead of a layer when the parent's chain already
+has :data:`MAX_CHAIN` generations, or its layers after the base already
+hold more than :data:`MAX_DELTA_RATIO` times the base's archive bytes.
 
 A persist writes its archive and metadata under a generation directory no
 other writer uses (16 random hex digits after the number), then replaces
@@ -21,7 +31,11 @@ against the pointer, and the pointer itself can be checked against the
 metadata digest a session's MAC-protected state recorded
 (:attr:`SnapshotInfo.digest`).
 
-Generations dropped from the pointer are deleted right after the commit;
+The pointer lists the ``keep`` newest generations (the *restore points*) and
+after them every older generation a restore point's chain still needs, each
+with its parent; retention counts restore points only, and pruning keeps
+every chain a kept restore point needs.  Generations dropped from the
+pointer are deleted right after the commit;
 objects a crashed writer left behind (never named by a pointer) are removed
 by :meth:`GenerationStore.gc`.
 """
@@ -33,6 +47,7 @@ import hashlib
 import io
 import json
 import secrets
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -49,11 +64,17 @@ from ._errors import (
     SnapshotStoreError,
     SnapshotVerifyError,
 )
-from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, validate_name
+from ._index import Index, decode_index, encode_index, index_digest
+from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
 from ._store import PendingArchive, _HashingSink, _info_from_json, _info_to_json
 
-__all__ = ["GenerationStore", "GcReport"]
+__all__ = ["GenerationStore", "GcReport", "MAX_CHAIN", "MAX_DELTA_RATIO"]
+
+#: most generations in a chain (a full base and its layers); the next persist after it writes a full one
+MAX_CHAIN = 8
+#: layers after a base may hold at most this many times the base's archive bytes before a full one is written
+MAX_DELTA_RATIO = 0.5
 
 _POINTER_FORMAT = "sandbox-fs-generations"
 _MAX_POINTER_BYTES = 1 << 20
@@ -71,6 +92,7 @@ class _PointerEntry(BaseModel):
     generation: int = Field(ge=1, le=1 << 62)
     dir: str = Field(pattern=rf"^{_GEN_DIR}$")
     meta_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    parent: str = Field(default="", pattern=rf"^(?:{_GEN_DIR})?$")
 
     @model_validator(mode="after")
     def _dir_names_generation(self) -> "_PointerEntry":
@@ -87,14 +109,30 @@ class _Pointer(BaseModel):
     format: Literal["sandbox-fs-generations"] = _POINTER_FORMAT
     version: Literal[1] = 1
     name: str
-    generations: list[_PointerEntry] = Field(min_length=1, max_length=_MAX_KEEP)
+    generations: list[_PointerEntry] = Field(min_length=1, max_length=2 * _MAX_KEEP * MAX_CHAIN)
+    restore_points: int = Field(default=1, ge=1, le=_MAX_KEEP)
 
     @model_validator(mode="after")
     def _newest_first(self) -> "_Pointer":
         gens = [e.generation for e in self.generations]
         if any(a <= b for a, b in zip(gens, gens[1:])):
             raise ValueError("generations must be listed newest first, each once")
+        if self.restore_points > len(gens):
+            raise ValueError("more restore points than generations")
+        by_dir = {e.dir: e for e in self.generations}
+        for e in self.generations:
+            parent = by_dir.get(e.parent) if e.parent else None
+            if e.parent and (parent is None or parent.generation >= e.generation):
+                raise ValueError("a generation's parent must be an older generation of the pointer")
         return self
+
+    def chain(self, entry: _PointerEntry) -> list[_PointerEntry]:
+        """``entry``'s chain, base first (the validator guarantees every parent is present and older)."""
+        by_dir = {e.dir: e for e in self.generations}
+        out = [entry]
+        while out[-1].parent:
+            out.append(by_dir[out[-1].parent])
+        return out[::-1]
 
 
 def _gen_dir(generation: int) -> str:
@@ -105,6 +143,10 @@ def _keys(name: str, gen_dir: str) -> tuple[str, str]:
     """``(archive key, metadata key)`` of one generation directory."""
     base = f"{name}/gen/{gen_dir}"
     return f"{base}/archive.tar", f"{base}/meta.json"
+
+
+def _index_key(name: str, gen_dir: str) -> str:
+    return f"{name}/gen/{gen_dir}/index"
 
 
 class _ObjectSink(_HashingSink):
@@ -144,6 +186,26 @@ class _PendingGeneration(PendingArchive):
     pointer_etag: str | None = None
     writer: ObjectWriter | None = None
     done: bool = False
+    #: the current generation when begun (the parent of a layer), and its metadata
+    parent: _PointerEntry | None = None
+    parent_info: SnapshotInfo | None = None
+    #: True: persist writes a layer over ``parent``; False: a full generation
+    layered: bool = False
+    #: the new generation's index, set by persist before the commit
+    index: Index | None = None
+
+
+@dataclass
+class _Chain:
+    """What hydrate reads to restore one generation: its chain's archives (base first) and the final index."""
+
+    infos: list[SnapshotInfo]
+    readers: list["_VerifyingReader"]
+    index: Index | None  # the final index (None: a generation recorded without one)
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
 
 
 @dataclass
@@ -252,6 +314,8 @@ class GenerationStore:
             raise ValueError(f"keep must be within 1 and {_MAX_KEEP}")
         self.objects = objects
         self.keep = keep
+        self._lock = threading.Lock()
+        self._baselines: dict[str, tuple[str, Index]] = {}
 
     # -- the pointer and the metadata
 
@@ -335,7 +399,7 @@ class GenerationStore:
         return None if ptr is None else self._meta(name, ptr.generations[0])
 
     def generations(self, name: str) -> list[SnapshotInfo]:
-        """The metadata of every kept generation of ``name``, newest first (unreadable ones left out).
+        """The metadata of every restore point of ``name``, newest first (unreadable ones left out).
 
         Raises:
             InvalidPathError: ``name`` is not a plain token.
@@ -345,7 +409,7 @@ class GenerationStore:
         validate_name(name)
         ptr, _etag = self._pointer(name)
         out = []
-        for entry in ptr.generations if ptr is not None else []:
+        for entry in ptr.generations[:ptr.restore_points] if ptr is not None else []:
             with contextlib.suppress(SnapshotCorruptError):
                 out.append(self._meta(name, entry))
         return out
@@ -358,7 +422,7 @@ class GenerationStore:
         """
         validate_name(name)
         ptr, _etag = self._pointer(name)
-        return [] if ptr is None else [e.generation for e in ptr.generations]
+        return [] if ptr is None else [e.generation for e in ptr.generations[:ptr.restore_points]]
 
     def list(self) -> list[SnapshotInfo]:
         """The current metadata of every snapshot name, sorted by name (unreadable ones left out).
@@ -385,7 +449,8 @@ class GenerationStore:
 
     # -- writing
 
-    def begin(self, name: str, *, expect_generation: int | None = None) -> _PendingGeneration:
+    def begin(self, name: str, *, expect_generation: int | None = None,
+              expect_digest: str | None = None) -> _PendingGeneration:
         """Start generation ``current + 1`` of ``name``; nothing is visible until :meth:`commit`.
 
         Args:
@@ -394,6 +459,10 @@ class GenerationStore:
                 none); another one current now is a conflict.  None: no
                 expectation (the commit still refuses a pointer that moved
                 after this call).
+            expect_digest: when given, the current generation's metadata must
+                have this SHA-256 (the one the writer restored or wrote), or
+                it is a conflict too: a layer is only ever written over the
+                generation its writer knows.
 
         Raises:
             InvalidPathError: ``name`` is not a plain token.
@@ -409,6 +478,15 @@ class GenerationStore:
                                         "(two sessions from one state?); nothing was written", sandbox_path=None,
                                         context={"snapshot": name, "expected_generation": expect_generation,
                                                  "current_generation": current})
+        parent = ptr.generations[0] if ptr is not None else None
+        parent_info = self._meta(name, parent) if parent is not None else None
+        if expect_digest is not None and parent_info is not None and parent_info.digest != expect_digest:
+            raise SnapshotConflictError("the store's current generation is not the one this session knows "
+                                        "(replaced by another writer); nothing was written", sandbox_path=None,
+                                        context={"snapshot": name, "current_generation": current})
+        layered = parent_info is not None and parent_info.index_sha256 != "" \
+            and parent_info.chain_length < MAX_CHAIN \
+            and parent_info.chain_bytes <= MAX_DELTA_RATIO * max(parent_info.base_bytes, 1)
         generation = current + 1
         gen_dir = _gen_dir(generation)
         archive_key, _meta = _keys(name, gen_dir)
@@ -416,7 +494,60 @@ class GenerationStore:
         sink = _ObjectSink(writer)
         return _PendingGeneration(name=name, fd=-1, sink=sink, stream=io.BufferedWriter(sink), partial=None,
                                   generation=generation, gen_dir=gen_dir, pointer=ptr, pointer_etag=etag,
-                                  writer=writer)
+                                  writer=writer, parent=parent, parent_info=parent_info, layered=layered)
+
+    def parent_index(self, pending: _PendingGeneration, policy: SnapshotPolicy) -> Index | None:
+        """The index a layer is computed against: the parent's, or the baseline hydrate left for it.
+
+        None when ``pending`` writes a full generation.  A baseline (see
+        :meth:`remember_baseline`) is used when it was taken for exactly the
+        parent generation (same metadata digest); otherwise the parent's
+        stored index, checked against its metadata's SHA-256.
+
+        Raises:
+            SnapshotCorruptError: the parent's index is missing or not valid.
+            SnapshotStoreError: the store failed.
+        """
+        if not pending.layered or pending.parent_info is None or pending.pointer is None \
+                or pending.parent is None:
+            return None
+        info = pending.parent_info
+        with self._lock:
+            cached = self._baselines.get(pending.name)
+        if cached is not None and cached[0] == info.digest:
+            return cached[1]
+        chain = {e.generation for e in pending.pointer.chain(pending.parent)}
+        return self._index(pending.name, pending.parent, info, policy, frozenset(chain))
+
+    def remember_baseline(self, name: str, info: SnapshotInfo, index: Index) -> None:
+        """Keep ``index`` (the restored tree's entries with their new inodes and times) for the next layer.
+
+        Hydrate calls this after a restore, so the first persist after a
+        resume compares against the inodes it made, not those of the machine
+        that persisted (kept in memory, one per name, for this store object).
+        """
+        with self._lock:
+            self._baselines[name] = (info.digest, index)
+
+    def _index(self, name: str, entry: _PointerEntry, info: SnapshotInfo, policy: SnapshotPolicy,
+               layers: frozenset[int]) -> Index:
+        """The verified index of one generation.
+
+        Raises:
+            SnapshotCorruptError: missing, not matching the metadata, or not valid.
+        """
+        ctx = {"snapshot": name, "generation": entry.generation}
+        if not info.index_sha256:
+            raise SnapshotCorruptError("a generation has no index", sandbox_path=None, context=ctx)
+        try:
+            raw = self.objects.get_bytes(_index_key(name, entry.dir), max(info.index_bytes, 0))
+        except (SnapshotNotFoundError, SnapshotLimitError):
+            raise SnapshotCorruptError("a generation's index is missing or larger than recorded", sandbox_path=None,
+                                       context=ctx) from None
+        if len(raw) != info.index_bytes or hashlib.sha256(raw).hexdigest() != info.index_sha256:
+            raise SnapshotCorruptError("a generation's index does not match its metadata", sandbox_path=None,
+                                       context=ctx)
+        return decode_index(raw, policy, layers, name)
 
     def commit(self, pending: PendingArchive, info: SnapshotInfo) -> SnapshotInfo:
         """Write the generation's metadata, then swap the pointer to it (the commit point).
@@ -444,6 +575,7 @@ class GenerationStore:
         name, gen = pending.name, pending.generation
         prev = pending.pointer.generations[0].generation if pending.pointer is not None else 0
         archive_key, meta_key = _keys(name, pending.gen_dir)
+        index_key = _index_key(name, pending.gen_dir)
         verify_ctx = {"snapshot": name, "generation": prev, "failed_generation": gen}
         pending.done = True
         try:
@@ -453,18 +585,32 @@ class GenerationStore:
                 raise SnapshotVerifyError("the new snapshot archive did not read back with its size; it was "
                                           "withdrawn and the previous generation stays current", sandbox_path=None,
                                           context=verify_ctx)
-            info = info.model_copy(update={"version": SNAPSHOT_VERSION_OBJECTS, "generation": gen,
-                                           "archive": archive_key, "archive_sha256": sink.sha256,
-                                           "archive_bytes": sink.count, "archive_crc32": sink.hexdigest()})
+            update: dict[str, Any] = {"version": SNAPSHOT_VERSION_OBJECTS, "generation": gen,
+                                      "archive": archive_key, "archive_sha256": sink.sha256,
+                                      "archive_bytes": sink.count, "archive_crc32": sink.hexdigest(),
+                                      "chain_length": 1, "chain_bytes": 0, "base_bytes": sink.count}
+            if pending.index is not None:
+                iraw = encode_index(pending.index)
+                self.objects.put_bytes(index_key, iraw, if_none_match=True)
+                update.update(index_sha256=hashlib.sha256(iraw).hexdigest(), index_bytes=len(iraw),
+                              deleted=len(pending.index.deleted))
+            parent = pending.parent_info
+            if pending.layered and parent is not None:
+                update.update(parent_generation=parent.generation, parent_digest=parent.digest,
+                              chain_length=parent.chain_length + 1, chain_bytes=parent.chain_bytes + sink.count,
+                              base_bytes=parent.base_bytes)
+            info = info.model_copy(update=update)
             raw = _info_to_json(info)
             self.objects.put_bytes(meta_key, raw, if_none_match=True)
             if self.objects.get_bytes(meta_key, _MAX_META_BYTES) != raw:
                 raise SnapshotVerifyError("the new snapshot metadata did not read back; the previous generation "
                                           "stays current", sandbox_path=None, context=verify_ctx)
             digest = hashlib.sha256(raw).hexdigest()
-            self._swap_pointer(pending, _PointerEntry(generation=gen, dir=pending.gen_dir, meta_sha256=digest))
+            parent_dir = pending.parent.dir if pending.layered and pending.parent is not None else ""
+            self._swap_pointer(pending, _PointerEntry(generation=gen, dir=pending.gen_dir, meta_sha256=digest,
+                                                      parent=parent_dir))
         except BaseException:
-            self._delete_quietly([archive_key, meta_key])
+            self._delete_quietly([archive_key, meta_key, index_key])
             raise
         return info.model_copy(update={"digest": digest})
 
@@ -476,8 +622,20 @@ class GenerationStore:
             SnapshotStoreError: the store failed.
         """
         name = pending.name
-        older = list(pending.pointer.generations) if pending.pointer is not None else []
-        ptr = _Pointer(name=name, generations=[entry] + older[:self.keep - 1])
+        old = pending.pointer
+        older = list(old.generations[:old.restore_points]) if old is not None else []
+        points = [entry] + older[:self.keep - 1]
+        by_dir = {e.dir: e for e in (old.generations if old is not None else [])}
+        by_dir[entry.dir] = entry
+        needed: dict[str, _PointerEntry] = {}
+        for point in points:  # every chain a kept restore point needs
+            cur: _PointerEntry | None = point
+            while cur is not None and cur.dir not in needed:
+                needed[cur.dir] = cur
+                cur = by_dir.get(cur.parent) if cur.parent else None
+        kept = sorted(needed.values(), key=lambda e: -e.generation)
+        rest = [e for e in kept if e not in points]
+        ptr = _Pointer(name=name, generations=points + rest, restore_points=len(points))
         data = json.dumps(ptr.model_dump(mode="json"), indent=1).encode()
         try:
             if pending.pointer_etag is None:
@@ -489,8 +647,9 @@ class GenerationStore:
                                         "state?); this persist was discarded and the other one is current",
                                         sandbox_path=None,
                                         context={"snapshot": name, "failed_generation": entry.generation}) from None
-        for dropped in older[self.keep - 1:]:
-            self._delete_quietly(list(_keys(name, dropped.dir)))
+        for dropped in (old.generations if old is not None else []):
+            if dropped.dir not in needed:
+                self._delete_quietly([*_keys(name, dropped.dir), _index_key(name, dropped.dir)])
 
     def _delete_quietly(self, keys: list[str]) -> None:
         """Delete objects, best effort: a failure leaves orphans for :meth:`gc`."""
@@ -529,21 +688,95 @@ class GenerationStore:
             SnapshotLimitError: the archive is larger than ``limits.max_archive_bytes``.
             SnapshotStoreError: the store failed.
         """
-        validate_name(name)
+        chain = self.open_chain(name, limits, generation=generation, digest=digest)
+        if len(chain.infos) > 1:
+            chain.close()
+            raise SnapshotError("this generation is a layer: only hydrate restores it (base and layers in one pass)",
+                                sandbox_path=None, context={"snapshot": name, "generation": chain.infos[-1].generation})
+        return chain.readers[0], chain.infos[0]
+
+    def _restore_point(self, name: str, generation: int | None) -> tuple[_Pointer, _PointerEntry]:
+        """The pointer and the restore point ``generation`` (None: the current one).
+
+        Raises:
+            SnapshotNotFoundError: no snapshot ``name``, or ``generation`` is not a kept restore point.
+        """
         ptr, _etag = self._pointer(name)
-        entries = [] if ptr is None else [e for e in ptr.generations
+        entries = [] if ptr is None else [e for e in ptr.generations[:ptr.restore_points]
                                           if generation is None or e.generation == generation][:1]
-        if not entries:
+        if ptr is None or not entries:
             raise SnapshotNotFoundError("no snapshot (or no such kept generation) with this name", sandbox_path=None,
                                         context={"snapshot": name, "generation": generation or 0})
-        info = self._meta(name, entries[0])
+        return ptr, entries[0]
+
+    def open_chain(self, name: str, limits: SnapshotLimits, *, generation: int | None = None,
+                   digest: str | None = None) -> _Chain:
+        """Open a restore point for hydrate: its chain's archives, base first, and (for a layer) the final index.
+
+        Each metadata object is checked against the pointer, each layer's
+        ``parent_digest`` against its parent's metadata (so ``digest``, the
+        newest one's, covers the chain), the index against the newest
+        metadata and its tree digest; each reader verifies its archive
+        (:meth:`_VerifyingReader.verify`) once read.
+
+        Args:
+            name: the snapshot name.
+            limits: ``max_archive_bytes`` bounds the chain's archives together;
+                ``max_entries`` the index.
+            generation: which restore point (None: the current one).
+            digest: when given, the restore point's metadata SHA-256 must equal it.
+
+        Raises:
+            SnapshotNotFoundError: no snapshot ``name``, or ``generation`` is not kept.
+            SnapshotCorruptError: an object is missing or does not match, the chain is broken,
+                the index is not valid, or the metadata is not ``digest``.
+            SnapshotLimitError: the archives are larger than ``limits.max_archive_bytes``.
+            SnapshotStoreError: the store failed.
+        """
+        validate_name(name)
+        ptr, entry = self._restore_point(name, generation)
+        members = ptr.chain(entry)
+        infos = [self._meta(name, e) for e in members]
+        info = infos[-1]
         ctx = {"snapshot": name, "generation": info.generation}
         if digest is not None and info.digest != digest:
             raise SnapshotCorruptError("the snapshot's metadata is not the one the session state recorded "
                                        "(replaced in the store?)", sandbox_path=None, context=ctx)
-        if info.archive_bytes > limits.max_archive_bytes:
-            raise SnapshotLimitError("snapshot archive is larger than max_archive_bytes", sandbox_path=None,
+        for parent, child in zip(infos, infos[1:]):
+            if child.parent_digest != parent.digest or child.parent_generation != parent.generation:
+                raise SnapshotCorruptError("a layer's metadata does not name its parent's", sandbox_path=None,
+                                           context=ctx)
+        if infos[0].parent_generation or len(infos) != info.chain_length:
+            raise SnapshotCorruptError("a chain does not start at a full generation", sandbox_path=None, context=ctx)
+        total = sum(i.archive_bytes for i in infos)
+        if total > limits.max_archive_bytes:
+            raise SnapshotLimitError("snapshot archives are larger than max_archive_bytes", sandbox_path=None,
                                      context={**ctx, "max_archive_bytes": limits.max_archive_bytes})
+        index = None
+        if info.index_sha256:
+            policy = SnapshotPolicy(limits)
+            index = self._index(name, members[-1], info, policy, frozenset(i.generation for i in infos))
+            if index_digest(index.entries) != info.tree_digest:
+                raise SnapshotCorruptError("a layer's index does not match its tree digest", sandbox_path=None,
+                                           context=ctx)
+        readers: list[_VerifyingReader] = []
+        try:
+            for i in infos:
+                readers.append(self._open_reader(i))
+        except BaseException:
+            for r in readers:
+                r.close()
+            raise
+        return _Chain(infos, readers, index)
+
+    def _open_reader(self, info: SnapshotInfo) -> "_VerifyingReader":
+        """A verifying reader of one generation's archive.
+
+        Raises:
+            SnapshotCorruptError: the archive is missing or not of its recorded size.
+            SnapshotStoreError: the store failed.
+        """
+        ctx = {"snapshot": info.name, "generation": info.generation}
         head = self.objects.head(info.archive)
         if head is None or head.size != info.archive_bytes:
             raise SnapshotCorruptError("snapshot archive is missing or its size does not match its metadata",
@@ -552,7 +785,7 @@ class GenerationStore:
             raw = self.objects.open_range(info.archive, 0, info.archive_bytes + 1)
         except SnapshotNotFoundError:
             raise SnapshotCorruptError("snapshot archive is missing", sandbox_path=None, context=ctx) from None
-        return _VerifyingReader(raw, info), info
+        return _VerifyingReader(raw, info)
 
     def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
         """Open the current generation's archive, verified before it is returned (two reads of it).

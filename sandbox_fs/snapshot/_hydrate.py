@@ -22,15 +22,16 @@ import os
 import secrets
 import stat as _stat
 from dataclasses import dataclass
-from typing import IO, Callable, Iterable, Protocol
+from typing import IO, Any, Callable, Iterable, Protocol
 
 from .. import _hooks
 from .._root_walk import walk_dirs
-from ..archive import ArchiveFormatError, extract_stream
+from ..archive import ArchiveFormatError, extract_stream, extract_streams
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
 from ._errors import SnapshotCorruptError, SnapshotError, SnapshotNotFoundError, SnapshotSourceChangedError
 from ._generations import GenerationStore
+from ._index import Index, coarse_now_ns
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
 
@@ -177,7 +178,63 @@ class _Wanted:
     fallback: bool = False
 
 
-def _restore(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits, mount_points: Iterable[str],
+@dataclass
+class _Layers:
+    """A chain to restore in one staged pass: its archives (base first), the member filter, their verification."""
+
+    infos: list[SnapshotInfo]
+    readers: list[Any]
+    final: dict[bytes, tuple[int, str]]  # normalized path -> (index of the source holding it, kind)
+
+    @classmethod
+    def of(cls, infos: list[SnapshotInfo], readers: list[Any], index: Index) -> "_Layers":
+        where = {info.generation: i for i, info in enumerate(infos)}
+        return cls(infos, readers, {e.path.encode("utf-8", "surrogateescape"): (where[e.layer], e.kind)
+                                    for e in index.entries})
+
+    @property
+    def archive_bytes(self) -> int:
+        return sum(i.archive_bytes for i in self.infos)
+
+    def take(self, source: int, name: bytes, kind: str) -> bool:
+        """True for the one member the final index says holds ``name``: that source, that kind."""
+        return self.final.get(name) == (source, kind)
+
+    def verify(self, info: SnapshotInfo) -> None:
+        """Verify every archive of the chain (see :meth:`_VerifyingReader.verify`)."""
+        for reader, one in zip(self.readers, self.infos):
+            reader.verify(one)
+
+    def stop(self) -> None:
+        """Nothing runs in the background."""
+
+
+def _baseline(ws: Root, index: Index) -> Index:
+    """The restored tree's index with this workspace's inodes and times: the first persist after it is a layer.
+
+    The clock is read before the ``lstat`` pass, so an entry changed after
+    the restore carries a later ctime and is read again.  A regular file that
+    is not there as restored (other size, type or link count) is marked so
+    that it is read again (link count 0).
+    """
+    now = coarse_now_ns()
+    dev = ws.stat(".").st_dev
+    out = []
+    for e in index.entries:
+        if e.kind == "file":
+            try:
+                st = ws.lstat(e.path)
+            except (OSError, SandboxError):
+                st = None
+            if st is None or not _stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_nlink != 1:
+                e = e._replace(nlink=0)
+            else:
+                e = e._replace(ino=st.st_ino, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+        out.append(e)
+    return Index(now, dev, out, [])
+
+
+def _restore(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: SnapshotLimits, mount_points: Iterable[str],
              check: _Check | None, keep: frozenset[tuple[int, int]]) -> None:
     """Stage, verify and swap one archive (with kept directories guarded, see :func:`hydrate`)."""
     # With kept directories (read-only grants), every write of the restore checks its fds
@@ -212,9 +269,18 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
     first: SnapshotCorruptError | None = None
     for gen in candidates:
         try:
-            reader, info = store.open_generation(name, limits, generation=gen, digest=wanted.digest)
-            with reader:
-                _restore(ws, reader, info, limits, mount_points, reader, keep)
+            chain = store.open_chain(name, limits, generation=gen, digest=wanted.digest)
+            try:
+                info = chain.infos[-1]
+                if chain.index is None or len(chain.readers) == 1:
+                    _restore(ws, chain.readers[0], info, limits, mount_points, chain.readers[0], keep)
+                else:
+                    layers = _Layers.of(chain.infos, chain.readers, chain.index)
+                    _restore(ws, layers, info, limits, mount_points, layers, keep)
+            finally:
+                chain.close()
+            if chain.index is not None:
+                store.remember_baseline(name, info, _baseline(ws, chain.index))
             return HydrateReport(info, "archive", info.generation, skipped)
         except SnapshotCorruptError as exc:
             if not wanted.fallback:
@@ -225,7 +291,7 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
     raise first
 
 
-def _hydrate_staged(ws: Root, f: IO[bytes], info: SnapshotInfo, limits: SnapshotLimits,
+def _hydrate_staged(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: SnapshotLimits,
                     mount_points: Iterable[str], check: _Check | None,
                     keep_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
@@ -365,7 +431,7 @@ def _move_up(ws: Root, src: str, dst: str, is_mount: Callable[[os.stat_result], 
         ws.set_dir_meta(dst, mode=final_mode)
 
 
-def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLimits,
+def _extract_with_archive(ws: Root, dest: str, f: "IO[bytes] | _Layers", limits: SnapshotLimits,
                           archive_bytes: int, made: list[tuple[int, int]], exact: dict[bytes, int]) -> None:
     # ``dest`` is hydrate's staging name, not yet existing: the extractor stages in a sibling
     # directory (reached by name from ``ws``) and renames it to ``dest`` when complete.
@@ -374,8 +440,13 @@ def _extract_with_archive(ws: Root, dest: str, f: IO[bytes], limits: SnapshotLim
     # by hydrate as a corrupt archive once the CRC-32 check (also bounded) disagrees.
     rules = SnapshotPolicy(limits)
     try:
-        extract_stream(root=ws, dest=dest, source=f, limits=rules.archive_limits(archive_bytes),
-                       policy=rules.extract_policy(), made=made, exact_modes=exact)
+        if isinstance(f, _Layers):  # base and layers, one staged pass, each path from the layer that holds it
+            extract_streams(root=ws, dest=dest, sources=f.readers, take=f.take,
+                            limits=rules.archive_limits(f.archive_bytes), policy=rules.extract_policy(), made=made,
+                            exact_modes=exact)
+        else:
+            extract_stream(root=ws, dest=dest, source=f, limits=rules.archive_limits(archive_bytes),
+                           policy=rules.extract_policy(), made=made, exact_modes=exact)
     except ArchiveFormatError as exc:
         raise SnapshotCorruptError("snapshot archive is not a readable tar", sandbox_path=None,
                                    diagnostic=str(exc)) from None

@@ -103,6 +103,15 @@ class SnapshotInfo(BaseModel):
             reads it ("" for a store that does not); never stored (a value in the stored object is
             replaced).  A session's serialized state records it under its MAC, so metadata and data
             swapped together in the store are refused on resume.
+        parent_generation: (version 2) 0 for a full generation; for a *layer* (only what changed
+            since its parent, see :mod:`~sandbox_fs.snapshot._index`) the parent's generation.
+        parent_digest: (version 2) the parent's metadata SHA-256 ("" for a full generation), so the
+            digest of the newest metadata covers its whole chain.
+        chain_length: (version 2) generations hydrate reads to restore this one (1: full).
+        chain_bytes: (version 2) archive bytes of the chain's layers after its base (0: full).
+        base_bytes: (version 2) archive bytes of the chain's full base generation.
+        index_sha256, index_bytes: (version 2) the SHA-256 and size of the generation's index.
+        deleted: (version 2) entries of the parent this generation no longer has.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -124,6 +133,14 @@ class SnapshotInfo(BaseModel):
     generation: int = Field(default=0, ge=0)
     archive_sha256: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
     digest: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$", exclude=True)
+    parent_generation: int = Field(default=0, ge=0)
+    parent_digest: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
+    chain_length: int = Field(default=1, ge=1)
+    chain_bytes: int = Field(default=0, ge=0)
+    base_bytes: int = Field(default=0, ge=0)
+    index_sha256: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
+    index_bytes: int = Field(default=0, ge=0)
+    deleted: int = Field(default=0, ge=0)
 
 
 class SnapshotPolicy:

@@ -16,7 +16,8 @@ from typing import Callable, Iterable, Literal
 
 from ..root import Root
 from ._entries import _walk_into, fingerprint
-from ._generations import GenerationStore
+from ._generations import GenerationStore, _PendingGeneration
+from ._layers import Layering
 from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._store import SnapshotStore
 from ._tar import _TarStream
@@ -31,7 +32,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             on_unrestorable: Literal["refuse", "skip"] = "refuse",
             limits: SnapshotLimits | None = None,
             progress: Callable[[int, int], None] | None = None,
-            expect_generation: int | None = None) -> PersistReport:
+            expect_generation: int | None = None, expect_digest: str | None = None) -> PersistReport:
     """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: call from one worker thread.
 
     Uses one more thread of its own (the archive writer, see
@@ -55,6 +56,15 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             ``name`` the caller last saw current (0: none); the persist is
             refused when another is current, and its commit when another
             writer committed meanwhile (None: only the latter).
+        expect_digest: with a :class:`GenerationStore`, the metadata digest of
+            the generation the caller last saw current; another one is a conflict.
+
+    With a :class:`GenerationStore`, persist records the new generation's
+    index and, when the current generation has one taken on this device (or
+    hydrate left a baseline for it) and its chain is short enough, writes a
+    *layer*: only the entries changed since then, and the deletion list (see
+    :mod:`~sandbox_fs.snapshot._layers`).  The fingerprint comes from the
+    walk's digest, which takes unchanged files' SHA-256 from the index.
 
     Returns:
         A :class:`PersistReport`; ``info`` is the committed snapshot.
@@ -78,17 +88,25 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
     prune = _Prune.of(excluded, mount_points, skip_identities)
     if not store.enabled:
         return PersistReport(None, [])
+    layering: Layering | None = None
     if isinstance(store, GenerationStore):
-        pending = store.begin(name, expect_generation=expect_generation)
+        pending = store.begin(name, expect_generation=expect_generation, expect_digest=expect_digest)
     else:
         pending = store.begin(name)
     try:
+        if isinstance(pending, _PendingGeneration):
+            layering = Layering(ws, store.parent_index(pending, policy) if isinstance(store, GenerationStore)
+                                else None)
+            pending.layered = layering.layered
         tar = _TarStream(pending.sink)
         try:
-            walked = _walk_into(ws, prune, policy, on_unrestorable, tar, progress)
+            walked = _walk_into(ws, prune, policy, on_unrestorable, tar, progress,
+                                layering.setup if layering is not None else None)
             tar.close()
         finally:
             tar.stop()  # the writer thread is joined before the archive's fd can be closed
+        if layering is not None and isinstance(pending, _PendingGeneration):
+            pending.index = layering.index(pending.generation)
         policy.check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
         tree = walked.digest.hexdigest()
         info = SnapshotInfo(
