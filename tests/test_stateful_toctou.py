@@ -59,7 +59,8 @@ from typing import Any, Iterator
 
 import pytest
 import trio
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import FlakyStrategyDefinition
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -595,12 +596,34 @@ def _run(tmp_path: Path) -> None:
     Workspace.basetemp = str(tmp_path)
     before = dict(STATS)
     try:
-        run_state_machine_as_test(Workspace, settings=PROFILE)
+        if LONG:
+            _run_free(before["examples"])
+        else:
+            run_state_machine_as_test(Workspace, settings=PROFILE)
     finally:
         assert _hooks.current is None
         ran = {k: STATS[k] - before[k] for k in STATS if k != "longest_interleaving"}
         print(f"\nstateful {os.environ.get('SANDBOX_FS_RESOLVER')}: {ran}, longest interleaving so far "
               f"{STATS['longest_interleaving']} attacker moves in one example")
+
+
+def _run_free(start: int) -> None:
+    """The long profile: generate only, restarting when the free-running thread made a run's draws diverge.
+
+    With a free-running attacker the model (so what a step may draw) depends
+    on the scheduler, so hypothesis cannot replay a prefix (it raises
+    FlakyStrategyDefinition and stops that run): the run starts again, until
+    the profile's examples are done.  An invariant failure is reported as it
+    happened (as FlakyFailure when it did not reproduce), with its steps.
+    """
+    free = settings(PROFILE, phases=[Phase.generate], database=None)
+    restarts = 0
+    while STATS["examples"] - start < PROFILE.max_examples and restarts < 1000:
+        try:
+            run_state_machine_as_test(Workspace, settings=free)
+        except FlakyStrategyDefinition:
+            restarts += 1
+    print(f"\nlong profile: {restarts} restarts (draws diverged under the free-running thread)")
 
 
 def test_stateful_toctou(resolver: str, tmp_path: Path) -> None:

@@ -176,11 +176,7 @@ class Attacker:
         def go(pfd: int, leaf: bytes) -> bool:
             tmp = self._tmp()
             os.symlink(self.outside, tmp, dir_fd=pfd)
-            try:
-                _rename_over(pfd, tmp, leaf)
-            except OSError:
-                os.unlink(tmp, dir_fd=pfd)
-                return False
+            _rename_over(pfd, tmp, leaf)
             return True
         return self._act("plant_symlink", path, point, go)
 
@@ -386,10 +382,17 @@ class Attacker:
 
 
 def _rename_over(dfd: int, tmp: bytes, leaf: bytes) -> None:
-    """Rename ``tmp`` over ``leaf`` in ``dfd``; when both were links to one inode (rename does nothing), drop ``tmp``."""
-    os.rename(tmp, leaf, src_dir_fd=dfd, dst_dir_fd=dfd)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp, dir_fd=dfd)
+    """Rename ``tmp`` over ``leaf`` in ``dfd``; ``tmp`` never stays behind (a failed rename, or one
+    between two links of one inode, which does nothing).
+
+    Raises:
+        OSError: the rename failed (``tmp`` removed).
+    """
+    try:
+        os.rename(tmp, leaf, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dfd)
 
 
 def _join(path: str, leaf: bytes) -> str:
