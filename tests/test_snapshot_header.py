@@ -11,7 +11,9 @@ three independent readers.  So:
   seconds; tobuf writes a float as a decimal PAX ``mtime`` record), no
   ``uname``/``gname`` (persist records no owner names), and only the four
   typeflags persist writes (tobuf also fills device numbers for device
-  members).  These are refused with ``TypeError``/``ValueError``, never
+  members), and no name persist cannot have (empty, holding NUL, or a
+  non-directory's ending in ``/``, which tarfile reads back without the
+  ``/`` from a PAX path but with it from a ustar name).  These are refused with ``TypeError``/``ValueError``, never
   written differently.
 * **readers**: for generated batches of entries, the decoded (name bytes,
   type, size, mode, mtime, link target, uid, gid) tuples from tarfile,
@@ -421,7 +423,7 @@ def test_bytes_equal_tarfile_pax_at_field_edges():
 
 
 def test_refuses_what_it_does_not_write():
-    """Fields tobuf would write differently (float mtime, device members) are refused, never written."""
+    """Fields tobuf would write differently (float mtime, device members, NUL in a name, a non-directory name ending in /) are refused, never written."""
     with pytest.raises(TypeError):
         encode_header(MemberHeader("f", b"0", 0o644, 1.5))  # type: ignore[arg-type]
     for kind in (b"3", b"4", b"6", b"7", b"x", b"", b"00", "0"):
@@ -430,6 +432,9 @@ def test_refuses_what_it_does_not_write():
     for bad in ({"size": -1}, {"uid": -1}, {"gid": -1}):
         with pytest.raises(ValueError):
             encode_header(MemberHeader("f", b"0", 0o644, 0)._replace(**bad))
+    for nul in ({"name": "a\0b"}, {"linkname": "\0"}, {"name": ""}, {"name": "f/"}):
+        with pytest.raises(ValueError):
+            encode_header(MemberHeader("f", b"2", 0o777, 0)._replace(**nul))
     with pytest.raises(UnicodeEncodeError):
         encode_header(MemberHeader("\ud800", b"0", 0o644, 0))  # a surrogate os.fsdecode never makes
 

@@ -96,7 +96,11 @@ def encode_header(m: MemberHeader) -> bytes:
         "utf-8", "surrogateescape")`` of a TarInfo with the same fields.
 
     Raises:
-        ValueError: ``size``, ``uid`` or ``gid`` is negative, or ``kind`` is
+        ValueError: ``size``, ``uid`` or ``gid`` is negative; the name is
+            empty (or only slashes), or ends in ``/`` but is not a directory's (tarfile strips
+            that ``/`` from a PAX path but not from a ustar name); a name
+            holds a NUL (no file name can; the ustar field would end there);
+            or ``kind`` is
             not one of the four typeflags above (no devices, FIFOs or
             contiguous files: persist never writes them).
         TypeError: a field has the wrong type (``mtime`` must be an ``int``).
@@ -110,8 +114,15 @@ def encode_header(m: MemberHeader) -> bytes:
         raise ValueError("size, uid and gid cannot be negative")
     if kind not in _KINDS:
         raise ValueError("kind must be REGTYPE, LNKTYPE, SYMTYPE or DIRTYPE")
-    if kind == _DIRTYPE and not name.endswith("/"):
-        name += "/"
+    if "\0" in name or "\0" in linkname:
+        raise ValueError("a member name or link target cannot hold NUL")
+    if kind == _DIRTYPE:
+        if not name.endswith("/"):
+            name += "/"
+    elif name.endswith("/"):
+        raise ValueError("only a directory's member name ends in /")
+    if not name.rstrip("/"):
+        raise ValueError("a member name cannot be empty (or only slashes)")
     if ustar_fits(name, linkname, size, mtime, uid, gid):
         return _ustar(name.encode("ascii"), kind, mode & 0o7777, mtime, size, linkname.encode("ascii"), uid, gid)
     return _pax(name, kind, mode & 0o7777, mtime, size, linkname, uid, gid)
