@@ -31,7 +31,7 @@ rm -rf --one-file-system "$BASETEMP"
 # Bounded fuzzing of every target (fuzz/run.sh; SFS_FUZZ_SECONDS each, the loop about 2 minutes
 # in all), each input checked against the sandbox invariant; a finding fails the run.  Blind
 # mutation (no coverage instrumentation: it costs more start-up than the time slot here).
-for target in resolver tar zip state policy manifest hydrate; do
+for target in resolver tar zip state policy manifest hydrate tarheader; do
     PYTHON="$VENV/bin/python" SFS_FUZZ_NO_INSTRUMENT=${SFS_FUZZ_NO_INSTRUMENT:-1} sh fuzz/run.sh "$target" "${SFS_FUZZ_SECONDS:-10}" >"$VENV/fuzz-$target.log" 2>&1 || {
         echo "test.sh: fuzz target $target found a failure (minimized input in fuzz/findings/); log follows" >&2
         tail -60 "$VENV/fuzz-$target.log" >&2
