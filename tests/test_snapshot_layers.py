@@ -370,3 +370,46 @@ def test_property_layers_restore_what_persist_committed(trees, keep_some, tmp_pa
             assert tree_digest(d) == rep.info.tree_digest
         assert lengths[0] == 1 and lengths[1] == 2  # the second persist is always a layer
         assert store.kept("p") == list(range(len(trees), 0, -1))
+
+
+# ------------------------------------------------------------- the command line
+
+
+def test_cli_generations_ls_restore_and_gc(tmp_path, capsys):
+    from sandbox_fs.cli import main
+
+    ws, dst, store = tmp_path / "ws", tmp_path / "dst", tmp_path / "objects"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f").write_text("one")
+    (ws / "big").write_bytes(os.urandom(100_000))
+    dst.mkdir()
+
+    def run(*argv):
+        rc = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        return json.loads(out) if "--json" in argv else out
+
+    first = run("snapshot", "save", "--workspace", ws, "--store", store, "--generations", "--name", "s", "--json")
+    assert first["generation"] == 1 and first["chain_length"] == 1
+    _tick()
+    (ws / "d" / "f").write_text("two")
+    second = run("snapshot", "save", "--workspace", ws, "--store", store, "--name", "s", "--json")  # recognized
+    assert second["generation"] == 2 and second["chain_length"] == 2
+    assert second["archive_bytes"] < first["archive_bytes"] // 5
+    rows = run("snapshot", "ls", "--store", store, "--json")
+    assert [(r["name"], r["generation"], r["chain_length"]) for r in rows] == [("s", 2, 2), ("s", 1, 1)]
+    assert all(r["age_s"] is not None and r["age_s"] >= 0 for r in rows)
+    got = run("snapshot", "restore", "--workspace", dst, "--store", store, "--name", "s", "--generation", "1",
+              "--json")
+    assert got["generation"] == 1 and (dst / "d" / "f").read_text() == "one"
+    run("snapshot", "restore", "--workspace", dst, "--store", store, "--name", "s")
+    assert (dst / "d" / "f").read_text() == "two"
+    orphan = store / "s" / "gen" / "000000000009-00000000000000aa"
+    orphan.mkdir(parents=True)
+    (orphan / "archive.tar").write_bytes(b"left by a crash")
+    os.utime(orphan / "archive.tar", (1, 1))
+    assert run("snapshot", "gc", "--store", store, "--json") == {"action": "gc", "objects": 1, "bytes": 15,
+                                                                 "uploads": 0}
+    assert not (orphan / "archive.tar").exists()
+    assert run("snapshot", "gc", "--store", store, "--json")["objects"] == 0

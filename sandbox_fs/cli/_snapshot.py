@@ -1,30 +1,81 @@
-"""``sandbox-fs snapshot save|restore|ls``: persist a workspace into a store, hydrate it back, list.
+"""``sandbox-fs snapshot save|restore|ls|gc``: persist a workspace into a store, hydrate it back, list, collect.
 
 ``save`` streams the workspace (fd walk, never follows a symlink) into the
 store; ``restore`` verifies the snapshot and replaces the workspace
-contents; ``ls`` lists valid snapshots.  Progress is shown on stderr when it
-is a terminal; ``--json`` prints a JSON report on stdout.
+contents; ``ls`` lists valid snapshots (for a store with generations, every
+restore point: generation, chain length, sizes, age); ``gc`` removes
+orphaned objects and stale uploads.  Progress is shown on stderr when it is
+a terminal; ``--json`` prints a JSON report on stdout.
+
+``--store`` is a directory or ``s3://BUCKET[/PREFIX]`` (an
+:class:`~sandbox_fs.snapshot.S3SnapshotStore`: credentials and endpoint from
+the standard AWS configuration chain, or ``--store-endpoint``).  A directory
+is a :class:`~sandbox_fs.snapshot.LocalSnapshotStore`, unless it holds an
+object store (:class:`~sandbox_fs.snapshot.LocalObjects`, recognized by its
+``.partial`` directory) or ``save --generations`` makes one: it is then a
+:class:`~sandbox_fs.snapshot.GenerationStore` over it (generations and
+incremental layers).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import stat
 import sys
 import time
 from typing import Callable
 
+from ._args import MAX_SECONDS, float_option, int_option
 from ._output import print_report, progress_printer
 from . import _hostpath
 from ._hostpath import host_path
 from ..root import open_root
-from ..snapshot import LocalSnapshotStore, SnapshotLimits, hydrate, persist
+from ..snapshot import (
+    GenerationStore,
+    LocalObjects,
+    LocalSnapshotStore,
+    SnapshotLimits,
+    SnapshotStore,
+    hydrate,
+    persist,
+)
+
+
+def _open_store(args: argparse.Namespace, *, create: bool) -> SnapshotStore:
+    """The store ``--store`` names (see the module docstring).
+
+    Raises:
+        ValueError: an ``s3://`` store without a bucket.
+        OSError: the directory cannot be opened (or made, with ``create``).
+    """
+    spec = str(args.store)
+    keep = getattr(args, "keep", 2)
+    if spec.startswith("s3://"):
+        from ..snapshot import S3SnapshotStore
+
+        bucket, _, prefix = spec[5:].partition("/")
+        if not bucket:
+            raise ValueError("an s3:// store needs a bucket: s3://BUCKET[/PREFIX]")
+        return S3SnapshotStore(bucket, prefix.strip("/"), keep=keep, endpoint_url=args.store_endpoint)
+    directory = host_path(args, args.store)
+    objects = getattr(args, "generations", False)
+    if not objects:
+        try:  # opened by the host-path rule, as the stores open it; the marker is looked up beneath it
+            with open_root(directory, label="snapshot-store") as top:
+                objects = top.exists(".partial") and stat.S_ISDIR(top.lstat(".partial").st_mode)
+        except FileNotFoundError:
+            objects = False
+    if objects:
+        return GenerationStore(LocalObjects(directory, create=create), keep=keep)
+    return LocalSnapshotStore(directory, create=create)
 
 
 def _save(args: argparse.Namespace) -> int:
     show = progress_printer()
     t0 = time.monotonic()
     # both host paths by the host-path rule (no symlink on any component)
-    with LocalSnapshotStore(host_path(args, args.store)) as store, \
+    with contextlib.closing(_open_store(args, create=True)) as store, \
             open_root(host_path(args, args.workspace), read_only=True) as ws:
         try:
             rep = persist(ws, store, args.name, excluded=args.exclude,
@@ -37,6 +88,7 @@ def _save(args: argparse.Namespace) -> int:
     assert info is not None
     print_report(args, {"action": "save", "name": info.name, "entries": info.entries,
                    "content_bytes": info.content_bytes, "archive_bytes": info.archive_bytes,
+                   "generation": info.generation, "chain_length": info.chain_length,
                    "fingerprint": info.fingerprint, "seconds": round(time.monotonic() - t0, 3),
                    "skipped": [{"path": p, "reason": r} for p, r in rep.skipped] or None})
     return 0
@@ -48,25 +100,48 @@ def _restore(args: argparse.Namespace) -> int:
     if tty:
         print("restoring...", end="", file=sys.stderr, flush=True)
     try:
-        with LocalSnapshotStore(host_path(args, args.store), create=False) as store, \
+        with contextlib.closing(_open_store(args, create=False)) as store, \
                 open_root(host_path(args, args.workspace)) as ws:
-            rep = hydrate(ws, store, args.name)
+            rep = hydrate(ws, store, args.name, generation=args.generation, fallback=args.generation is None)
     finally:
         if tty:
             print("\r" + " " * 20 + "\r", end="", file=sys.stderr, flush=True)
-    print_report(args, {"action": "restore", "name": rep.info.name, "entries": rep.info.entries,
+    print_report(args, {"action": "restore", "name": rep.info.name, "generation": rep.generation,
+                        "skipped_generations": rep.skipped_generations or None, "entries": rep.info.entries,
                    "content_bytes": rep.info.content_bytes, "fingerprint": rep.info.fingerprint,
                    "seconds": round(time.monotonic() - t0, 3)})
     return 0
 
 
 def _ls(args: argparse.Namespace) -> int:
-    with LocalSnapshotStore(host_path(args, args.store), create=False) as store:
-        rows = [{"name": i.name, "entries": i.entries, "content_bytes": i.content_bytes,
-                 "archive_bytes": i.archive_bytes, "created_ns": i.created_ns, "fingerprint": i.fingerprint}
-                for i in store.list()]
+    now = time.time_ns()
+    with contextlib.closing(_open_store(args, create=False)) as store:
+        infos = store.list()
+        if isinstance(store, GenerationStore):
+            infos = [g for i in infos for g in store.generations(i.name)]
+        rows = [{"name": i.name, "generation": i.generation, "chain_length": i.chain_length,
+                 "entries": i.entries, "content_bytes": i.content_bytes, "archive_bytes": i.archive_bytes,
+                 "age_s": round(max(0, now - i.created_ns) / 1e9, 1) if i.created_ns else None,
+                 "fingerprint": i.fingerprint} for i in infos]
     print_report(args, rows)
     return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    with contextlib.closing(_open_store(args, create=False)) as store:
+        if isinstance(store, GenerationStore):
+            rep = store.gc(older_than=args.older_than)
+            row = {"action": "gc", "objects": len(rep.objects), "bytes": rep.bytes, "uploads": rep.uploads}
+        else:  # a LocalSnapshotStore removes older archives at each commit: nothing is orphaned
+            row = {"action": "gc", "objects": 0, "bytes": 0, "uploads": 0}
+    print_report(args, row)
+    return 0
+
+
+def _store_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--store", required=True, help=f"{what}: a directory or s3://BUCKET[/PREFIX]")
+    p.add_argument("--store-endpoint", default=None,
+                   help="S3 endpoint URL (default: the AWS configuration chain, e.g. AWS_ENDPOINT_URL_S3)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,7 +151,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     s = ss.add_parser("save", help="persist a workspace directory as a named snapshot")
     s.add_argument("--workspace", required=True, help="workspace directory (read only, through a Root)")
-    s.add_argument("--store", required=True, help="snapshot store directory (created 0700)")
+    _store_flags(s, "snapshot store (a directory is created 0700)")
+    s.add_argument("--generations", action="store_true",
+                   help="keep generations and incremental layers as objects in a store directory")
+    s.add_argument("--keep", type=int_option(1, 1000), default=2, help="restore points kept per name (generations; default 2)")
     s.add_argument("--name", required=True, help="snapshot name (letters, digits, '_' or '-')")
     s.add_argument("--exclude", action="append", default=[], help="workspace-relative path to leave out (repeatable)")
     s.add_argument("--skip-unrestorable", action="store_true",
@@ -86,18 +164,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     r = ss.add_parser("restore", help="replace a workspace's contents with a verified snapshot")
     r.add_argument("--workspace", required=True, help="workspace directory (its contents are replaced)")
-    r.add_argument("--store", required=True, help="snapshot store directory")
+    _store_flags(r, "snapshot store")
     r.add_argument("--name", required=True, help="snapshot name")
+    r.add_argument("--generation", type=int_option(1, 1 << 62), default=None,
+                   help="restore this generation (default: the newest that verifies)")
     r.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     _hostpath.add_flag(r)
 
     ls = ss.add_parser("ls", help="list the valid snapshots in a store")
-    ls.add_argument("--store", required=True, help="snapshot store directory")
+    _store_flags(ls, "snapshot store")
     ls.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     _hostpath.add_flag(ls)
 
+    gc = ss.add_parser("gc", help="remove orphaned objects and stale uploads from a store with generations")
+    _store_flags(gc, "snapshot store")
+    gc.add_argument("--older-than", type=float_option(0.0, MAX_SECONDS, unit="s"), default=3600.0,
+                    help="grace period in seconds: younger orphans may be a persist in progress (default 3600)")
+    gc.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    _hostpath.add_flag(gc)
 
-_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"save": _save, "restore": _restore, "ls": _ls}
+
+_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"save": _save, "restore": _restore, "ls": _ls,
+                                                           "gc": _gc}
 
 
 def handle(args: argparse.Namespace) -> int:
