@@ -17,6 +17,9 @@ command -v bsdtar >/dev/null 2>&1 || need_apt+=(libarchive-tools)
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 [ -f /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+# The sanitizer run of the fuzz targets (fuzz/sanitize.sh): clang and its ASan/UBSan runtime.
+command -v clang >/dev/null 2>&1 || need_apt+=(clang)
+ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.asan-x86_64.so >/dev/null 2>&1 || need_apt+=(libclang-rt-14-dev)
 # tests/test_resolve_flags.py reads the openat2 flags the library passes from strace's decoding.
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -40,6 +40,15 @@ for target in resolver tar zip state policy manifest hydrate tarheader; do
     echo "fuzz $target: $(grep -Eo 'Done [0-9]+ runs in [0-9]+ second' "$VENV/fuzz-$target.log" | tail -1 || echo 'ran')"
 done
 
+# The native-facing targets against the C module built with clang -fsanitize=address,undefined
+# (fuzz/sanitize.sh, SFS_SANITIZE_SECONDS each, about 15 s in all): a sanitizer report fails the run.
+PYTHON="$VENV/bin/python" sh fuzz/sanitize.sh "${SFS_SANITIZE_SECONDS:-3}" >"$VENV/fuzz-sanitize.log" 2>&1 || {
+    echo "test.sh: the sanitizer fuzz run failed; log follows" >&2
+    tail -60 "$VENV/fuzz-sanitize.log" >&2
+    exit 1
+}
+grep '^sanitized fuzz' "$VENV/fuzz-sanitize.log"
+
 # The shared attack corpus, through the command line (every case must pass).
 CASES="$PWD/../shared/cases"
 if [ -f "$CASES/run_cases.py" ]; then

@@ -2,7 +2,7 @@
 
 Every target asserts the security invariant of issue 15 after each input
 (see :class:`~sandbox_fs.testing.fuzz.Scene`), not only "no crash".
-Targets: ``resolver``, ``tar``, ``zip`` (see ``target_names()``).  A
+Targets: ``resolver``, ``tar``, ``zip``, ``state``, ``policy``, ``manifest``, ``hydrate`` (see ``target_names()``).  A
 downstream project writes its own :class:`Target` and runs it with
 ``sandbox-fs fuzz package.module:ATTRIBUTE``.  Running needs atheris (the
 ``sandbox-fs[fuzz]`` extra); importing this package does not.
