@@ -299,3 +299,89 @@ def _retry(fn: Any, timeout: float = 30.0) -> None:
 def _kept_dirs(store: Any) -> set[str]:
     ptr, _etag = store._pointer("sess")
     return {e.dir for e in ptr.generations} if ptr is not None else set()
+
+
+# -- the command line: --store s3://BUCKET/PREFIX, --store-endpoint or the AWS environment
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", _seaweed.ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", _seaweed.SECRET_KEY)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def _cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    from sandbox_fs.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_snapshot_save_ls_restore_s3(tmp_path: Any, capsys: Any, endpoint: str, prefix: str,
+                                         aws_env: None) -> None:
+    import json
+
+    ws, dst = tmp_path / "ws", tmp_path / "dst"
+    _fill(ws, {"d/f": b"content", "g": b"x" * 100})
+    dst.mkdir()
+    url = f"s3://{BUCKET}/{prefix}"
+    rc, out, err = _cli(capsys, "snapshot", "save", "--workspace", str(ws), "--store", url,
+                        "--store-endpoint", endpoint, "--name", "s1", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["entries"] == 3
+    rc, out, err = _cli(capsys, "snapshot", "ls", "--store", url, "--store-endpoint", endpoint, "--json")
+    assert rc == 0, err
+    assert [row["name"] for row in json.loads(out)] == ["s1"]
+    rc, out, err = _cli(capsys, "snapshot", "restore", "--workspace", str(dst), "--store", url,
+                        "--store-endpoint", endpoint, "--name", "s1", "--json")
+    assert rc == 0, err
+    assert (dst / "d" / "f").read_bytes() == b"content" and (dst / "g").read_bytes() == b"x" * 100
+
+
+def test_cli_session_moves_between_machines_with_env_endpoint(tmp_path: Any, capsys: Any, endpoint: str,
+                                                              prefix: str, aws_env: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)  # the standard variable instead of --store-endpoint
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 32)
+    url = f"s3://{BUCKET}/{prefix}"
+    common = ["--store", url, "--state-key-file", str(key), "--json"]
+    state = tmp_path / "state.json"
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"entries": {"made-on-a.txt": {"type": "file", "content": "from A"}}}))
+    rc, _, err = _cli(capsys, "session", "create", "--workspaces-dir", str(tmp_path / "a"), "--session-id", "mv",
+                      "--manifest", str(manifest), "--state", str(state), *common)
+    assert rc == 0, err
+    assert json.loads(state.read_text())["generation"] == 1
+    shutil.rmtree(tmp_path / "a")  # machine A is gone: the bucket and the state file are all there is
+    rc, _, err = _cli(capsys, "session", "resume", "--workspaces-dir", str(tmp_path / "b"), "--state", str(state),
+                      *common)
+    assert rc == 0, err
+    assert (tmp_path / "b" / "mv" / "made-on-a.txt").read_bytes() == b"from A"
+
+
+def test_cli_s3_refusals_are_one_line(tmp_path: Any, capsys: Any, endpoint: str, prefix: str, aws_env: None,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = tmp_path / "ws"
+    _fill(ws, {"f": b"x"})
+    wrong = "WRONG-secret-" + "7" * 24
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    cases = [
+        (["--store", f"s3://{BUCKET}/{prefix}", "--store-endpoint", endpoint], "snapshot_store_unavailable"),
+        (["--store", str(tmp_path / "dir"), "--store-endpoint", endpoint], "cli_input"),
+        (["--store", "s3://Not_A_Bucket/x", "--store-endpoint", endpoint], "cli_input"),
+    ]
+    for store_args, code in cases:
+        rc, out, err = _cli(capsys, "snapshot", "save", "--workspace", str(ws), "--name", "s", *store_args)
+        assert rc != 0
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and code in lines[0] and "Traceback" not in err, err
+        assert wrong not in err and wrong not in out

@@ -59,6 +59,7 @@ from ._args import int_option, seconds_option
 from ._errors import CliInputError, exception_leaves, first_refusal
 from ._hostpath import host_path, load_state, parse_grant, read_input
 from ._output import escape_text, json_text, write_command_output
+from ._store import STORE_HELP, add_endpoint_arg, client_store_options
 from ..root import open_root
 
 
@@ -80,7 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="parent of private workspaces (default $XDG_STATE_HOME/sandbox-fs/workspaces)")
     p.add_argument("--grant", action="append", default=[], metavar="PATH[:ro|:rw]",
                    help="extra path grant for the manifest and the command (repeatable; default read-only)")
-    p.add_argument("--snapshot-dir", help="snapshot store directory (created 0700); no snapshot without it")
+    p.add_argument("--store", "--snapshot-dir", dest="snapshot_dir", metavar="STORE",
+                   help=STORE_HELP + " (--snapshot-dir DIR: the same); no snapshot without it")
+    add_endpoint_arg(p)
     p.add_argument("--state", help="write the session state JSON here after the run")
     p.add_argument("--resume", metavar="FILE", help="resume the session recorded in this state file")
     p.add_argument("--allow-rollback", action="store_true",
@@ -221,7 +224,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     # the client makes (0700) and opens the workspaces and snapshot directories by the same rule
     options = ClientOptions(
         workspaces_dir=host_path(args, args.workspaces_dir or _default_workspaces_dir()),
-        snapshot_dir=host_path(args, args.snapshot_dir),
+        **client_store_options(args, args.snapshot_dir),
         extra_path_grants=tuple(parse_grant(g, args) for g in args.grant),
         base_dir=host_path(args, args.base),
         confinement=args.confinement,

@@ -20,12 +20,14 @@ from . import _hostpath
 from ._errors import CliInputError
 from ._hostpath import host_path, load_state, parse_grant, read_input
 from ._output import print_report, progress_printer
+from ._store import STORE_HELP, add_endpoint_arg, client_store_options
 
 
 def add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workspaces-dir", required=True,
                    help="trusted host directory holding private workspaces (created 0700)")
-    p.add_argument("--store", help="snapshot store directory (created 0700); no snapshots without it")
+    p.add_argument("--store", help=STORE_HELP + "; no snapshots without it")
+    add_endpoint_arg(p)
     p.add_argument("--grant", action="append", default=[], metavar="[NAME=]PATH[:ro|:rw]",
                    help="extra path grant (repeatable; default read-only)")
     p.add_argument("--base-dir", help="trusted base directory for manifest host sources")
@@ -46,7 +48,7 @@ def client_options(args: argparse.Namespace) -> Any:
             raise CliInputError("the state key must be at least 16 bytes", sandbox_path=None)
     return ClientOptions(
         workspaces_dir=host_path(args, args.workspaces_dir),
-        snapshot_dir=host_path(args, args.store),
+        **client_store_options(args, args.store),
         extra_path_grants=tuple(parse_grant(g, args) for g in args.grant),
         base_dir=host_path(args, args.base_dir),
         state_key=key,
