@@ -28,6 +28,7 @@ from typing import Callable
 
 from ._args import MAX_SECONDS, float_option, int_option
 from ._output import print_report, progress_printer
+from ._store import is_s3, open_store
 from . import _hostpath
 from ._hostpath import host_path
 from ..root import open_root
@@ -51,13 +52,8 @@ def _open_store(args: argparse.Namespace, *, create: bool) -> SnapshotStore:
     """
     spec = str(args.store)
     keep = getattr(args, "keep", 2)
-    if spec.startswith("s3://"):
-        from ..snapshot import S3SnapshotStore
-
-        bucket, _, prefix = spec[5:].partition("/")
-        if not bucket:
-            raise ValueError("an s3:// store needs a bucket: s3://BUCKET[/PREFIX]")
-        return S3SnapshotStore(bucket, prefix.strip("/"), keep=keep, endpoint_url=args.store_endpoint)
+    if is_s3(spec) or args.store_endpoint is not None:  # checked with one request; see _store
+        return open_store(args, spec, keep=keep)  # type: ignore[no-any-return]
     directory = host_path(args, args.store)
     objects = getattr(args, "generations", False)
     if not objects:

@@ -40,13 +40,14 @@ def _parse_s3(value: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
-def open_store(args: argparse.Namespace, value: str | None, *, create: bool = True) -> Any:
+def open_store(args: argparse.Namespace, value: str | None, *, create: bool = True, keep: int = 2) -> Any:
     """The store ``value`` names, opened, or None when ``value`` is None.
 
     Args:
         args: the parsed options (``store_endpoint``, ``follow_host_symlinks``).
         value: the ``--store`` value.
         create: make a missing local directory (0700).
+        keep: restore points an S3 store keeps per name.
 
     Raises:
         CliInputError: ``--store-endpoint`` without an ``s3://`` store, or a
@@ -68,7 +69,7 @@ def open_store(args: argparse.Namespace, value: str | None, *, create: bool = Tr
 
     bucket, prefix = _parse_s3(value)
     try:
-        return S3SnapshotStore(bucket, prefix, endpoint_url=endpoint, check=True)
+        return S3SnapshotStore(bucket, prefix, keep=keep, endpoint_url=endpoint, check=True)
     except ValueError as exc:
         raise CliInputError(f"the s3:// store is not valid: {exc}", sandbox_path=None) from None
 
