@@ -42,6 +42,7 @@ by :meth:`GenerationStore.gc`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import io
@@ -82,6 +83,8 @@ _MAX_META_BYTES = 256 << 20
 _MAX_KEEP = 1000
 _READ_CHUNK = 1 << 20
 _GEN_DIR = r"[0-9]{12,19}-[0-9a-f]{16}"
+#: names whose last index (written or restored by this store object) is kept in memory for the next layer
+_MAX_BASELINES = 32
 
 
 class _PointerEntry(BaseModel):
@@ -315,7 +318,7 @@ class GenerationStore:
         self.objects = objects
         self.keep = keep
         self._lock = threading.Lock()
-        self._baselines: dict[str, tuple[str, Index]] = {}
+        self._baselines: collections.OrderedDict[str, tuple[str, Index]] = collections.OrderedDict()
 
     # -- the pointer and the metadata
 
@@ -524,10 +527,15 @@ class GenerationStore:
 
         Hydrate calls this after a restore, so the first persist after a
         resume compares against the inodes it made, not those of the machine
-        that persisted (kept in memory, one per name, for this store object).
+        that persisted; a commit calls it with the index it wrote (no re-read
+        and re-check of it next time).  Kept in memory for this store object,
+        for the :data:`_MAX_BASELINES` names used last.
         """
         with self._lock:
             self._baselines[name] = (info.digest, index)
+            self._baselines.move_to_end(name)
+            while len(self._baselines) > _MAX_BASELINES:
+                self._baselines.popitem(last=False)
 
     def _index(self, name: str, entry: _PointerEntry, info: SnapshotInfo, policy: SnapshotPolicy,
                layers: frozenset[int]) -> Index:
@@ -612,7 +620,10 @@ class GenerationStore:
         except BaseException:
             self._delete_quietly([archive_key, meta_key, index_key])
             raise
-        return info.model_copy(update={"digest": digest})
+        committed = info.model_copy(update={"digest": digest})
+        if pending.index is not None:  # the next layer of this name compares against it, without a re-read
+            self.remember_baseline(name, committed, pending.index)
+        return committed
 
     def _swap_pointer(self, pending: _PendingGeneration, entry: _PointerEntry) -> None:
         """Replace the pointer by compare-and-swap, then delete the generations it no longer keeps.
