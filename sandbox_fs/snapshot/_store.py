@@ -32,6 +32,11 @@ __all__ = ["SnapshotStore", "LocalSnapshotStore", "NoSnapshot", "PendingArchive"
 _READ_CHUNK = 1 << 20
 _MAX_META_BYTES = 256 << 20
 _WRITEBACK_BYTES = 8 << 20  # start writeback of the archive every 8 MiB (see _HashingSink); 0: never
+def _meta_partial(name: str) -> str:
+    """The temporary a commit of ``name`` writes its new metadata to (see :meth:`LocalSnapshotStore._write_metadata`)."""
+    return f".{name}.json.partial"
+
+
 _GEN_ARCHIVE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.g([0-9]{1,18})\.[0-9a-f]{16}\.tar")
 
 
@@ -427,7 +432,9 @@ class LocalSnapshotStore:
     """Snapshots as files in one trusted host directory (the embedded default).
 
     Layout: ``<name>.json`` (the :class:`SnapshotInfo`, replaced atomically:
-    the commit point) and ``<name>.<token>.tar`` (the archive it names).
+    the commit point) and ``<name>.<token>.tar`` (the archive it names);
+    ``.<name>.json.partial`` is a commit's new metadata before its rename
+    (one left by a killed process goes with the name's next commit).
     Files are created mode 0600; a directory this class creates is 0700.
     Every access goes through a :class:`Root` opened on the directory.
     A per-name ``flock`` on ``<name>.lock`` serializes commits of one name.
@@ -674,8 +681,7 @@ class LocalSnapshotStore:
             OSError: the store cannot be written.
         """
         meta = f"{info.name}.json"
-        self.root.atomic_write(meta, _info_to_json(info), mode=0o600)
-        self._fsync_dir()
+        self._write_metadata(info.name, _info_to_json(info))
         try:
             got = self.info(info.name)
             if got is not None and got.model_copy(update={"digest": ""}) == info.model_copy(update={"digest": ""}):
@@ -683,7 +689,7 @@ class LocalSnapshotStore:
         except SnapshotCorruptError:
             pass
         if prev_raw is not None:
-            self.root.atomic_write(meta, prev_raw, mode=0o600)
+            self._write_metadata(info.name, prev_raw)
         else:
             with contextlib.suppress(FileNotFoundError):
                 self.root.remove(meta)
@@ -691,6 +697,41 @@ class LocalSnapshotStore:
         with contextlib.suppress(OSError):
             self.root.remove(info.archive)
         return None
+
+    def _write_metadata(self, name: str, raw: bytes) -> None:
+        """Atomically replace ``<name>.json`` with ``raw``, durably; the caller holds the name's lock.
+
+        The new content is written to the name's own temporary,
+        ``.<name>.json.partial`` (fsynced, then renamed over the metadata and
+        the directory fsynced).  Only a commit holding the name's ``flock``
+        writes it, so one left by a process killed mid-write is removed here
+        by the next commit of the name: a crash never leaves a temporary the
+        store would keep forever (a randomly named one could never be told
+        from another commit's, in flight).
+
+        Raises:
+            OSError: the store cannot be written (ENOSPC, EIO ...); the
+                temporary is removed and the metadata is unchanged.
+        """
+        tmp = _meta_partial(name)
+        with contextlib.suppress(FileNotFoundError):
+            self.root.remove(tmp)
+        fd = self.root.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(raw)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.root.rename(tmp, f"{name}.json")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.root.remove(tmp)
+            raise
+        self._fsync_dir()
 
     def _current(self, name: str) -> tuple[bytes | None, SnapshotInfo | None]:
         """The current metadata of ``name`` as stored and parsed (``(None, None)``: none, or unreadable)."""
@@ -737,7 +778,7 @@ class LocalSnapshotStore:
             OSError: the store directory cannot be written.
         """
         validate_name(name)
-        for fname in [f"{name}.json"] + [f for f in self.root.listdir(".")
+        for fname in [f"{name}.json", _meta_partial(name)] + [f for f in self.root.listdir(".")
                                           if f.startswith(f"{name}.") and f.endswith((".tar", ".lock"))]:
             with contextlib.suppress(FileNotFoundError):
                 self.root.remove(fname)
