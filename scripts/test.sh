@@ -17,8 +17,10 @@ export PATH="$VENV/bin:$PATH"
 S3_DATA=$(mktemp -d /tmp/sfs-seaweed-XXXXXX)
 if S3_INFO=$("$VENV/bin/python" tests/_seaweed.py start "$S3_DATA"); then
     S3_PID=${S3_INFO%% *}
-    export SFS_S3_ENDPOINT=${S3_INFO#* } SFS_S3_PID=$S3_PID
-    trap 'kill -9 "$S3_PID" 2>/dev/null || true; rm -rf --one-file-system "$S3_DATA"' EXIT
+    export SFS_S3_ENDPOINT=${S3_INFO#* } SFS_S3_PID=$S3_PID SFS_S3_DATA=$S3_DATA
+    # a test may kill and restart it: the running pid is the one in weed.pid
+    trap 'kill -9 "$(cat "$S3_DATA/weed.pid" 2>/dev/null || echo "$S3_PID")" 2>/dev/null || true
+          rm -rf --one-file-system "$S3_DATA"' EXIT
 else
     echo "test.sh: the SeaweedFS S3 server did not start; the S3 tests will try again or skip" >&2
     rm -rf --one-file-system "$S3_DATA"

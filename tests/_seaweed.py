@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 ENV_ENDPOINT = "SFS_S3_ENDPOINT"
 ENV_PID = "SFS_S3_PID"  # its pid, set by scripts/test.sh beside the endpoint (tests pause it with SIGSTOP)
+ENV_DATA = "SFS_S3_DATA"  # its data directory (with weed.pid and weed.ports), so a test may kill and restart it
 START_TIMEOUT = 60.0
 # the one identity the server accepts (a wrong key or secret is refused, as by a real store)
 ACCESS_KEY = "sfs-test"
@@ -46,6 +47,26 @@ class Server:
     data_dir: str | None
     proc: subprocess.Popen[bytes] | None = None
     ports: list[int] | None = None
+    shared_data: str | None = None  # the data dir of a server someone else owns (scripts/test.sh's)
+
+    def restart_killed(self) -> None:
+        """SIGKILL the server and start it again on the same ports and data (a crash and a reboot).
+
+        Raises:
+            RuntimeError: the server cannot be restarted (unknown data or ports), or did not come back.
+        """
+        data = self.data_dir or self.shared_data
+        if data is None or self.ports is None or self.pid is None:
+            raise RuntimeError("this server's data directory or ports are unknown")
+        self.kill(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(10)
+        else:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and os.path.exists(f"/proc/{self.pid}"):
+                time.sleep(0.05)
+        again = start(data, ports=self.ports)
+        self.pid, self.proc = again.pid, again.proc
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.pid is not None:
@@ -129,6 +150,11 @@ def start(data_dir: str, *, timeout: float = START_TIMEOUT, log: str | None = No
         if proc.poll() is not None:
             break
         if _answers(server.endpoint):
+            # who runs it now and where: scripts/test.sh stops the pid in weed.pid (a restart rewrites it)
+            with open(os.path.join(data_dir, "weed.pid"), "w") as f:
+                f.write(f"{proc.pid}\n")
+            with open(os.path.join(data_dir, "weed.ports"), "w") as f:
+                f.write(" ".join(map(str, ports)) + "\n")
             return server
         time.sleep(0.2)
     server.stop()
@@ -146,7 +172,13 @@ def server() -> Server:
     endpoint = os.environ.get(ENV_ENDPOINT)
     if endpoint:
         pid = os.environ.get(ENV_PID, "")
-        return Server(endpoint.rstrip("/"), int(pid) if pid.isdigit() else None, None)
+        srv = Server(endpoint.rstrip("/"), int(pid) if pid.isdigit() else None, None)
+        srv.shared_data = os.environ.get(ENV_DATA) or None
+        if srv.shared_data is not None:
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(srv.shared_data, "weed.ports")) as f:
+                    srv.ports = [int(p) for p in f.read().split()]
+        return srv
     data = tempfile.mkdtemp(prefix="sfs-seaweed-")
     try:
         srv = start(data)

@@ -8,6 +8,7 @@ contract itself is tested in tests/test_snapshot_objects.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -230,8 +231,10 @@ def test_server_paused_mid_persist_leaves_previous_generation(tmp_path: Any, s3_
                                                               prefix: str) -> None:
     if s3_server.pid is None:
         pytest.skip("the S3 server's pid is unknown (SFS_S3_ENDPOINT given without SFS_S3_PID)")
-    store = _store(endpoint, prefix, max_attempts=1, read_timeout=0.5, connect_timeout=0.5)
-    paused = GenerationStore(_Tripwire(store.objects, 2 * PART, lambda: s3_server.kill(signal.SIGSTOP)))
+    store = _store(endpoint, prefix)
+    # only the persist that meets the paused server has short timeouts (one attempt of 1 s each)
+    hasty = S3Objects(BUCKET, prefix, options=_options(endpoint, max_attempts=1, read_timeout=1, connect_timeout=1))
+    paused = GenerationStore(_Tripwire(hasty, 2 * PART, lambda: s3_server.kill(signal.SIGSTOP)))
     try:
         src, first = _two_generations(tmp_path, store)
         try:
@@ -245,43 +248,8 @@ def test_server_paused_mid_persist_leaves_previous_generation(tmp_path: Any, s3_
             assert persist(ws, store, "sess").info.generation == 2  # and the store works again
     finally:
         s3_server.kill(signal.SIGCONT)
+        hasty.close()
         store.close()
-
-
-def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, prefix: str) -> None:
-    data = tempfile.mkdtemp(prefix="sfs-seaweed-kill-")
-    try:
-        server = _seaweed.start(data)
-    except RuntimeError as exc:
-        shutil.rmtree(data, ignore_errors=True)
-        pytest.skip(f"no S3 server could start: {exc}")
-    store = None
-    try:
-        objs = S3Objects(BUCKET, options=_options(server.endpoint))
-        objs._client.create_bucket(Bucket=BUCKET)
-        objs.close()
-        store = _store(server.endpoint, prefix, max_attempts=1, read_timeout=5, connect_timeout=2)
-        killing = GenerationStore(_Tripwire(store.objects, 2 * PART, lambda: server.kill(signal.SIGKILL)))
-        src, first = _two_generations(tmp_path, store)
-        with open_root(src) as ws, pytest.raises(SnapshotStoreError) as err:
-            persist(ws, killing, "sess")
-        assert err.value.retryable
-        assert server.proc is not None
-        server.proc.wait(10)
-        server = _seaweed.start(data, ports=server.ports)  # the same endpoint and data, after the crash
-        # its volumes rejoin a moment after the gateway answers: until then reads fail as retryable, and a
-        # host retries them as this does
-        _retry(lambda: _restores_generation_1(tmp_path, store, first))
-        store.gc(older_than=0)  # the dead persist's upload and objects go
-        assert all(o.key.split("/")[2] in _kept_dirs(store) for o in store.objects.list("sess/gen/"))
-        assert not store.objects._client.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads")
-        with open_root(src) as ws:
-            assert persist(ws, store, "sess").info.generation == 2
-    finally:
-        if store is not None:
-            store.close()
-        server.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def _retry(fn: Any, timeout: float = 30.0) -> None:
@@ -385,3 +353,40 @@ def test_cli_s3_refusals_are_one_line(tmp_path: Any, capsys: Any, endpoint: str,
         lines = err.strip().splitlines()
         assert len(lines) == 1 and code in lines[0] and "Traceback" not in err, err
         assert wrong not in err and wrong not in out
+
+
+def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, s3_server: Any, endpoint: str,
+                                                              prefix: str) -> None:
+    """SIGKILL mid-upload, then the server restarts on its data (last in this file: the others need not wait)."""
+    server, data = s3_server, None
+    if (s3_server.data_dir or s3_server.shared_data) is None or s3_server.ports is None or s3_server.pid is None:
+        data = tempfile.mkdtemp(prefix="sfs-seaweed-kill-")  # a server of its own, to kill
+        try:
+            server = _seaweed.start(data)
+        except RuntimeError as exc:
+            shutil.rmtree(data, ignore_errors=True)
+            pytest.skip(f"no S3 server could start: {exc}")
+        server.data_dir = data
+        endpoint = server.endpoint
+        with contextlib.suppress(Exception):
+            S3Objects(BUCKET, options=_options(endpoint))._client.create_bucket(Bucket=BUCKET)
+    store = _store(endpoint, prefix, max_attempts=1, read_timeout=5, connect_timeout=2)
+    try:
+        killing = GenerationStore(_Tripwire(store.objects, 2 * PART, lambda: server.kill(signal.SIGKILL)))
+        src, first = _two_generations(tmp_path, store)
+        with open_root(src) as ws, pytest.raises(SnapshotStoreError) as err:
+            persist(ws, killing, "sess")
+        assert err.value.retryable
+        server.restart_killed()  # the same endpoint and data, after the crash
+        # its volumes rejoin a moment after the gateway answers: until then reads fail as retryable, and a
+        # host retries them as this does
+        _retry(lambda: _restores_generation_1(tmp_path, store, first))
+        store.gc(older_than=0)  # the dead persist's upload and objects go
+        assert all(o.key.split("/")[2] in _kept_dirs(store) for o in store.objects.list("sess/gen/"))
+        assert not store.objects._client.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads")
+        with open_root(src) as ws:
+            assert persist(ws, store, "sess").info.generation == 2
+    finally:
+        store.close()
+        if data is not None:
+            server.stop()
