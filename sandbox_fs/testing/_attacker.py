@@ -312,8 +312,11 @@ class Attacker:
         return len(self._armed)
 
     @contextlib.contextmanager
-    def armed(self, *, timeout_s: float = 30.0) -> Iterator["Attacker"]:
-        """Install the hook that runs armed rules from the attacker's thread; disarm what did not fire on exit.
+    def armed(self, *, timeout_s: float = 30.0, disarm: bool = True) -> Iterator["Attacker"]:
+        """Install the hook that runs armed rules from the attacker's thread; on exit, disarm what did not fire.
+
+        ``disarm=False`` keeps the rules that did not fire armed for the next
+        :meth:`armed` block (a rule waits for the operation that reaches its point).
 
         At a matching point, the library's thread hands the rule to the
         attacker thread and waits until it is done (at most ``timeout_s``
@@ -348,7 +351,8 @@ class Attacker:
             with _hooks.installed(hook):
                 yield self
         finally:
-            self._armed.clear()
+            if disarm:
+                self._armed.clear()
             jobs.put(None)
             thread.join(timeout_s)
 
