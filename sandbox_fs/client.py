@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Liter
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ._json import check_depth
 from .errors import SandboxError
 from .paths import Grant
 from .root import Root, open_root
@@ -524,7 +525,8 @@ class LocalSandboxClient:
                 before anything else is trusted).  State is always authenticated:
                 with ``ClientOptions.state_key``, else the installation key.
             SessionStateError: any other malformed or extra field (``root``,
-                ``grants``, ``owned`` ... are refused, never ignored).
+                ``grants``, ``owned`` ... are refused, never ignored), or
+                arrays/objects nested deeper than 64 (checked before the MAC).
         """
         if not isinstance(data, dict):
             raise SessionStateError("session state must be a JSON object", sandbox_path=None)
@@ -533,6 +535,10 @@ class LocalSandboxClient:
             raise SessionStateVersionError(
                 f"session state version {version!r} is not supported (this sandbox-fs reads 1 and {STATE_VERSION})",
                 sandbox_path=None)
+        try:
+            check_depth(data)  # the MAC re-serializes it: a deep one would exhaust the stack
+        except ValueError:
+            raise SessionStateError("session state nests too deeply", sandbox_path=None) from None
         payload = dict(data)
         mac = payload.pop("mac", None)
         if self._state_key is not None:

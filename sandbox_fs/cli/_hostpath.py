@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any, Callable, overload
 
+from .._json import loads_untrusted
 from ..errors import SandboxError
 from ..paths import Grant
 from ..root import check_host_output_target, open_host_file_fd, write_host_file_atomic
@@ -118,7 +119,7 @@ def load_state(args: argparse.Namespace | None, path: str) -> dict[str, Any]:
         SandboxError: the host-path rule refused ``path`` (see :func:`read_input`).
     """
     try:
-        data = json.loads(read_input(args, path, "state"))
+        data = loads_untrusted(read_input(args, path, "state"))
     except ValueError:
         raise CliInputError("the state file is not valid JSON", sandbox_path=None) from None
     if not isinstance(data, dict):

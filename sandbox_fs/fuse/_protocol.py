@@ -31,6 +31,8 @@ import os
 import socket
 from typing import Any
 
+from .._json import loads_untrusted
+
 MAX_MESSAGE_BYTES = 256 << 10
 """Largest datagram either side sends or accepts, in bytes."""
 
@@ -87,7 +89,7 @@ def encode(msg: dict[str, Any]) -> bytes:
 def decode(data: bytes) -> dict[str, Any]:
     """The JSON object in ``data``. Raises ProtocolError for anything else."""
     try:
-        msg = json.loads(data)
+        msg = loads_untrusted(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"not JSON: {e}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("tag"), int):

@@ -56,6 +56,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .._json import loads_untrusted
 from ._errors import (
     SnapshotConflictError,
     SnapshotCorruptError,
@@ -345,7 +346,7 @@ class GenerationStore:
             if after is None or after.etag != before.etag:
                 continue  # replaced between the reads: read again
             try:
-                ptr = _Pointer.model_validate(json.loads(raw))
+                ptr = _Pointer.model_validate(loads_untrusted(raw))
             except (ValueError, ValidationError) as exc:
                 raise SnapshotCorruptError("the snapshot's generation pointer is not valid", sandbox_path=None,
                                            context={"snapshot": name}, diagnostic=str(exc)) from None

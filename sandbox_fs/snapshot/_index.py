@@ -40,6 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .._json import loads_untrusted
 from ..archive import ArchiveLimitError, UnsafeArchiveMemberError, normalize_member_name
 from ._errors import SnapshotCorruptError
 from ._models import SnapshotPolicy
@@ -138,7 +139,7 @@ def decode_index(raw: bytes, policy: SnapshotPolicy, layers: frozenset[int], nam
         text = dec.decompress(raw, (limit + 1) * _BYTES_PER_ENTRY)
         if dec.unconsumed_tail or not dec.eof:
             raise ValueError("too large, or truncated")
-        doc = json.loads(text)
+        doc = loads_untrusted(text, max_depth=None)  # every field's type is checked below
         if not isinstance(doc, dict) or doc.get("format") != _FORMAT or doc.get("version") != 1:
             raise ValueError("not an index")
         entries, deleted = doc["entries"], doc["deleted"]

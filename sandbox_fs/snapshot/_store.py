@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol, runtime_checkable
 
 from .. import _native
+from .._json import loads_untrusted
 from ..root import open_root
 from ._errors import SnapshotCorruptError, SnapshotError, SnapshotLimitError, SnapshotNotFoundError, SnapshotVerifyError
 from ._models import _TOKEN, SnapshotInfo, SnapshotLimits, validate_name
@@ -425,7 +426,7 @@ def _info_from_json(raw: bytes) -> SnapshotInfo:
     Raises:
         ValueError: not JSON, or not valid :class:`SnapshotInfo`.
     """
-    return SnapshotInfo.model_validate(json.loads(raw))
+    return SnapshotInfo.model_validate(loads_untrusted(raw))
 
 
 class LocalSnapshotStore:
