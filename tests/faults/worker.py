@@ -34,6 +34,7 @@ import resource
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tarfile
 import threading
@@ -392,7 +393,9 @@ class Worker:
         assert sc is not None
         before = open_fds()
         if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (len(before) + nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+            # the limit bounds fd numbers: ``nofile`` more than the highest one open now
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(before) + 1 + nofile,
+                                                        resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         self.lib.sfs_fault_arm(mask if action != "none" else 0, nth, ACTIONS.get(action, 0), err)
         report: dict[str, Any] = {}
         code = EXIT_OK
@@ -429,20 +432,40 @@ class Worker:
         os.write(w, json.dumps({"problems": problems, "state": state}).encode())
         return EXIT_OK
 
+    @staticmethod
+    def _resize(fs: str, size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", fs], check=True)
+
+    def _shrink(self, fs: str, margin: int) -> None:
+        """Make the tmpfs at ``fs`` full but ``margin`` bytes (rounded to pages)."""
+        sv = os.statvfs(fs)
+        used = (sv.f_blocks - sv.f_bfree) * sv.f_frsize
+        self._resize(fs, str(max(used + margin, 4096 * 4)))
+
     def batch(self, action: str, mask: int, points: list[int], err: int = errno.EIO,
-              nofile: list[int] | None = None) -> dict[str, Any]:
+              nofile: list[int] | None = None, shrink: str | None = None) -> dict[str, Any]:
         """Run one fault child and one check child per point; the tally and every problem found."""
         sc = self.scenario
         assert sc is not None
         fds = open_fds()
         tally: dict[str, int] = {}
+        errnos: dict[str, int] = {}
         problems: list[str] = []
         calls = 0
         mixed = 0
         runs = [(p, None) for p in points] if nofile is None else [(0, n) for n in nofile]
         for nth, limit in runs:
+            if shrink is not None:  # ``points`` are the free bytes left on the tmpfs ``shrink``
+                self._shrink(shrink, nth)
             outcome, rep = in_child(lambda w: self.fault(w, action, mask, nth, err, limit))
+            if shrink is not None:
+                self._resize(shrink, "256m")
+                if outcome == "error" and rep.get("errno") != errno.ENOSPC and "No space left" not in rep.get("error", ""):
+                    problems.append(f"free {nth}: a full disk gave another error: {rep.get('error')}")
             tally[outcome] = tally.get(outcome, 0) + 1
+            if outcome == "error":
+                key = errno.errorcode.get(rep.get("errno") or 0, rep.get("error", "?")[:40])
+                errnos[key] = errnos.get(key, 0) + 1
             calls = max(calls, rep.get("calls", 0))
             where = f"{type(sc).__name__} {action} at {nth if limit is None else f'nofile+{limit}'}"
             if outcome not in ("ok", "error", "killed"):
@@ -457,7 +480,7 @@ class Worker:
             mixed += bool(crep["state"].get("mixed"))
         if open_fds() != fds:
             problems.append("the worker's fds changed over the batch")
-        return {"tally": tally, "problems": problems, "calls": calls, "mixed": mixed}
+        return {"tally": tally, "problems": problems, "calls": calls, "mixed": mixed, "errnos": errnos}
 
     def count(self, mask: int) -> dict[str, Any]:
         """How many calls of ``mask`` one clean run makes (the range fault points are chosen in)."""
