@@ -30,9 +30,16 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
   and 4 layers of 1% each) vs hydrate of the same tree as one full
   generation (goal <= 1.25x).
 
+* through an S3 server (SeaweedFS on this machine: ``SFS_S3_ENDPOINT``'s, or
+  one started here by tests/_seaweed.py): persist + hydrate of the stdlib
+  tree through ``S3SnapshotStore`` vs boto3 ``upload_file`` +
+  ``download_file`` of a tar of the same tree (goal <= 1.5x; ``--only s3``),
+  and the RSS growth of a child persisting 1 GiB into it (goal <= 64 MiB;
+  ``--only s3-rss``).
+
 Usage::
 
-    /tmp/venv/bin/python bench/bench_snapshot.py [--rounds 5] [--rss-gib 1] [--skip-rss] [--only ext4|tmpfs|rss|headers|layers] [--quick]
+    /tmp/venv/bin/python bench/bench_snapshot.py [--rounds 5] [--rss-gib 1] [--skip-rss] [--only ext4|tmpfs|rss|headers|layers|s3|s3-rss] [--quick]
 """
 
 from __future__ import annotations
@@ -348,12 +355,160 @@ def layers(base_parent: str, rounds: int) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+# -- through an S3 server (SeaweedFS on this machine, tests/_seaweed.py)
+
+_S3_BUCKET = "sfs-bench"
+
+
+def _s3_server() -> object | None:
+    """SFS_S3_ENDPOINT's server or one started here (None, with a message, where none can start)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    import _seaweed
+
+    try:
+        return _seaweed.server()
+    except RuntimeError as exc:
+        print(f"s3: no S3 server could start, rows skipped: {str(exc).splitlines()[0]}")
+        return None
+
+
+def _s3_client(endpoint: str) -> object:
+    import boto3
+    import _seaweed
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id=_seaweed.ACCESS_KEY, aws_secret_access_key=_seaweed.SECRET_KEY)
+
+
+def _s3_store(endpoint: str, prefix: str) -> object:
+    import _seaweed
+    from sandbox_fs.snapshot import S3SnapshotStore
+
+    return S3SnapshotStore(_S3_BUCKET, prefix, endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id=_seaweed.ACCESS_KEY, aws_secret_access_key=_seaweed.SECRET_KEY)
+
+
+def s3_round_trip(base_parent: str, rounds: int) -> None:
+    """persist + hydrate of the stdlib tree through S3SnapshotStore vs boto3 upload_file + download_file of its tar."""
+    server = _s3_server()
+    if server is None:
+        return
+    base = tempfile.mkdtemp(prefix="sfs-bench-s3-", dir=base_parent)
+    try:
+        client = _s3_client(server.endpoint)
+        try:
+            client.create_bucket(Bucket=_S3_BUCKET)
+        except Exception as exc:  # an earlier run's bucket
+            if "BucketAlready" not in repr(exc):
+                raise
+        src, dst, _store_dir = _prepare(base)
+        tar_file, back = os.path.join(base, "tree.tar"), os.path.join(base, "back.tar")
+        subprocess.run(["tar", "-C", src, "-cf", tar_file, "."], check=True)
+        op, oh, bu, bd = [], [], [], []
+        for r in range(rounds):
+            with _s3_store(server.endpoint, f"bench-{os.getpid()}-{r}") as store, open_root(src) as ws, \
+                    open_root(dst) as out:
+                t0 = time.perf_counter()
+                persist(ws, store, "bench", on_unrestorable="skip")
+                t1 = time.perf_counter()
+                hydrate(out, store, "bench")
+                t2 = time.perf_counter()
+                store.remove("bench")
+            op.append(t1 - t0)
+            oh.append(t2 - t1)
+            key = f"anchor-{os.getpid()}-{r}.tar"
+            t0 = time.perf_counter()
+            client.upload_file(tar_file, _S3_BUCKET, key)
+            t1 = time.perf_counter()
+            client.download_file(_S3_BUCKET, key, back)
+            t2 = time.perf_counter()
+            client.delete_object(Bucket=_S3_BUCKET, Key=key)
+            bu.append(t1 - t0)
+            bd.append(t2 - t1)
+        med = statistics.median
+        mo, mb = med(op) + med(oh), med(bu) + med(bd)
+        size = os.path.getsize(tar_file)
+        print(f"s3     persist {med(op):6.3f}s + hydrate {med(oh):6.3f}s = {mo:6.3f}s  vs boto3 upload_file "
+              f"{med(bu):6.3f}s + download_file {med(bd):6.3f}s = {mb:6.3f}s of the {size / 1e6:.0f} MB tar  ->  "
+              f"{mo / mb:4.2f}x (goal <= 1.5x, n={rounds})")
+        emit_row("snapshot", "persist + hydrate of stdlib through SeaweedFS", "S3SnapshotStore",
+                 "boto3 upload_file + download_file", mo / mb, ours=mo, anchor_value=mb, goal=1.5,
+                 goal_text="<= 1.5x")
+        emit_row("snapshot", "persist of stdlib through SeaweedFS", "persist", "boto3 upload_file",
+                 med(op) / med(bu), ours=med(op), anchor_value=med(bu))
+        emit_row("snapshot", "hydrate of stdlib through SeaweedFS", "hydrate", "boto3 download_file",
+                 med(oh) / med(bd), ours=med(oh), anchor_value=med(bd))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        server.stop()
+
+
+_RSS_CHILD_S3 = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[3])
+    import _seaweed
+    from sandbox_fs import open_root
+    from sandbox_fs.snapshot import S3SnapshotStore, persist
+
+    def status(key):
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith(key + ":"))
+
+    ws, endpoint = sys.argv[1], sys.argv[2]
+    store = S3SnapshotStore("sfs-bench", "rss", endpoint_url=endpoint, region_name="us-east-1",
+                            aws_access_key_id=_seaweed.ACCESS_KEY, aws_secret_access_key=_seaweed.SECRET_KEY,
+                            check=True)
+    before = status("VmRSS")  # after boto3 is imported and its client made: persist's own growth is what follows
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    with store as s, open_root(ws) as w:
+        info = persist(w, s, "rss").info
+        s.remove("rss")
+    print(before, status("VmHWM"), info.content_bytes)
+""")
+
+
+def s3_peak_rss(base_parent: str, gib: float) -> None:
+    """Peak RSS growth of a child persisting ``gib`` GiB into S3SnapshotStore (goal <= 64 MiB)."""
+    server = _s3_server()
+    if server is None:
+        return
+    base = tempfile.mkdtemp(prefix="sfs-bench-s3rss-", dir=base_parent)
+    try:
+        client = _s3_client(server.endpoint)
+        try:
+            client.create_bucket(Bucket=_S3_BUCKET)
+        except Exception as exc:
+            if "BucketAlready" not in repr(exc):
+                raise
+        ws = os.path.join(base, "ws")
+        os.makedirs(ws)
+        block = os.urandom(16 << 20)
+        for n in range(max(1, int(gib * (1 << 30)) // len(block))):
+            with open(os.path.join(ws, f"f{n:04d}"), "wb") as fh:
+                fh.write(block)
+        tests_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+        p = subprocess.run([sys.executable, "-c", _RSS_CHILD_S3, ws, server.endpoint, tests_dir],
+                           capture_output=True, text=True, check=True)
+        before_kib, after_kib, content = (int(x) for x in p.stdout.split())
+        growth = (after_kib - before_kib) / 1024
+        print(f"s3     peak RSS persisting {content / (1 << 30):.2f} GiB into SeaweedFS: {after_kib / 1024:.1f} MiB "
+              f"(before persist, with boto3's client: {before_kib / 1024:.1f} MiB; growth {growth:.1f} MiB; "
+              f"goal <= 64 MiB)")
+        emit_row("snapshot", f"RSS growth persisting {content / (1 << 30):.2f} GiB through SeaweedFS",
+                 "S3SnapshotStore", "64 MiB goal", growth / 64, ours=growth, anchor_value=64.0, unit="MiB",
+                 goal=1.0, goal_text="<= 64 MiB")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rss-gib", type=float, default=1.0)
     ap.add_argument("--skip-rss", action="store_true")
-    ap.add_argument("--only", choices=("ext4", "tmpfs", "rss", "headers", "layers"), default=None,
+    ap.add_argument("--only", choices=("ext4", "tmpfs", "rss", "headers", "layers", "s3", "s3-rss"), default=None,
                     help="run one part only (faster iteration)")
     ap.add_argument("--quick", action="store_true", help="a short run: 3 rounds of the tmpfs round trip only")
     args = ap.parse_args()
@@ -369,6 +524,10 @@ def main() -> None:
         peak_rss("/tmp", args.rss_gib)
     if args.only in (None, "layers"):
         layers("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", args.rounds)
+    if args.only in (None, "s3"):
+        s3_round_trip("/tmp", args.rounds)
+    if args.only in (None, "s3-rss") and not args.skip_rss:
+        s3_peak_rss("/tmp", args.rss_gib)
 
 
 if __name__ == "__main__":
