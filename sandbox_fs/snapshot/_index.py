@@ -24,7 +24,8 @@ unprivileged process (see SECURITY.md).
 
 Hydrate trusts no index it did not verify: it is read only through the
 generation's metadata (SHA-256), and :func:`decode` refuses names the
-extractor would refuse (``..``, absolute, non-normalized), duplicates, an
+extractor would refuse (``..``, absolute, non-normalized, the empty name:
+the workspace itself), duplicates, an
 entry below a non-directory (a directory replaced by a symlink in a later
 layer keeps nothing below it), layers outside the chain, and more entries
 or deletions than ``max_entries``.
@@ -184,7 +185,7 @@ def _entry(e: object, layers: frozenset[int]) -> IndexEntry:
 
 
 def _check_names(index: Index, policy: SnapshotPolicy, ctx: dict[str, object]) -> None:
-    """Every name is one the extractor accepts, already normalized, unique, and below directories only.
+    """Every name is one the extractor accepts, normalized, not the workspace itself, unique, below directories only.
 
     Raises:
         SnapshotCorruptError: a name breaks one of these rules.
@@ -197,6 +198,9 @@ def _check_names(index: Index, policy: SnapshotPolicy, ctx: dict[str, object]) -
         except (UnsafeArchiveMemberError, ArchiveLimitError) as exc:
             raise SnapshotCorruptError("a generation's index names a path the extractor refuses", sandbox_path=None,
                                        context={**ctx, "rule": getattr(exc, "rule", "limit")}) from None
+        if not norm:  # the destination itself: no entry of the tree (the extractor skips or refuses it)
+            raise SnapshotCorruptError("a generation's index names the workspace itself", sandbox_path=None,
+                                       context={**ctx, "rule": "names_destination"})
         if norm != raw:
             raise SnapshotCorruptError("a generation's index names a path that is not normalized",
                                        sandbox_path=None, context=ctx)
