@@ -13,6 +13,7 @@ Internal to the root modules: it uses ``Root`` internals (``_rel``,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets as _secrets
@@ -90,13 +91,24 @@ def rmdir_checked(root: Root, pfd: int, name: bytes, expect: tuple[int, int] | N
     # directory sits in a directory others may write, and its name could be exchanged
     # with a symlink or another directory meanwhile.  Checked to be the empty directory
     # just made, owned by us and closed to others.
-    tfd = os.open(trash, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    try:
+        tfd = os.open(trash, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(trash, dir_fd=pfd)  # (an empty directory, or whatever took the name: then kept)
+        raise
     try:
         tst = os.fstat(tfd)
         if tst.st_uid != os.geteuid() or _stat.S_IMODE(tst.st_mode) & 0o077 or tst.st_nlink != 2:
             raise DirectoryReplacedError("rmdir: its private directory was replaced by another process",
                                          sandbox_path=None)
-        _native.renameat2(pfd, name, tfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
+        try:
+            _native.renameat2(pfd, name, tfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
+        except OSError:
+            # Nothing was moved: the private directory is removed again (only if it is still
+            # the empty one made above), so a failed rmdir leaves no ``.sfs-rm-*`` behind.
+            _remove_own_empty(pfd, trash, tst)
+            raise
         st = os.stat(name, dir_fd=tfd, follow_symlinks=False)
         ident = (st.st_dev, st.st_ino)
         ours = ident not in root._deny and (expect is None or ident == expect)
@@ -119,6 +131,14 @@ def rmdir_checked(root: Root, pfd: int, name: bytes, expect: tuple[int, int] | N
         return ours
     finally:
         os.close(tfd)
+
+
+def _remove_own_empty(pfd: int, name: bytes, made: os.stat_result) -> None:
+    """Best effort: ``rmdir(name)`` in ``pfd`` if it is still the directory ``made`` (an empty one is all rmdir takes)."""
+    with contextlib.suppress(OSError):
+        left = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        if (left.st_dev, left.st_ino) == (made.st_dev, made.st_ino):
+            os.rmdir(name, dir_fd=pfd)
 
 
 def rmtree(root: Root, path: str | bytes, missing_ok: bool, skip: Skip | None) -> None:

@@ -162,3 +162,25 @@ def test_a_commit_killed_while_writing_the_metadata_leaves_nothing_the_next_comm
         assert store.info("snap").generation == 1  # killed before the commit point
         info = persist(ws, store, "snap").info
     assert sorted(os.listdir(store_dir)) == sorted(["snap.json", "snap.lock", info.archive])
+
+
+def test_a_checked_rmdir_whose_move_fails_leaves_no_private_directory(tmp_path, monkeypatch):
+    """Regression (found by the EIO batch): an EIO on the move into ``.sfs-rm-*`` left that directory for good."""
+    from sandbox_fs import _native, _root_remove, open_root
+
+    (tmp_path / "d").mkdir()
+    real = _native.renameat2
+
+    def failing(*a, **k):
+        raise OSError(errno.EIO, "injected")
+
+    with open_root(tmp_path) as root:
+        ident = root.lstat("d")
+        monkeypatch.setattr(_root_remove._native, "renameat2", failing)
+        with pytest.raises(OSError) as ei:
+            root.rmdir("d", expect=(ident.st_dev, ident.st_ino))
+        assert ei.value.errno == errno.EIO
+        monkeypatch.setattr(_root_remove._native, "renameat2", real)
+        assert sorted(os.listdir(tmp_path)) == ["d"]  # the directory kept, no .sfs-rm-* beside it
+        root.rmdir("d", expect=(ident.st_dev, ident.st_ino))
+    assert os.listdir(tmp_path) == []
