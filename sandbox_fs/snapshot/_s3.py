@@ -19,8 +19,9 @@ operation becomes:
   Failed`` or ``409 ConditionalRequestConflict`` is
   :class:`SnapshotConflictError`.
 - :meth:`S3Objects.open_range`: ranged ``GetObject`` of at most one part
-  size each, every range after the first sent with ``If-Match`` of the
-  first one's ETag, so a reader never mixes two versions of an object.
+  size each, fetched one ahead by a thread, every range after the first
+  sent with ``If-Match`` of the first one's ETag, so a reader never mixes
+  two versions of an object.
 - :meth:`S3Objects.abort_stale_uploads`: ``ListMultipartUploads`` and
   ``AbortMultipartUpload`` of those initiated before the cutoff.
 
@@ -374,82 +375,124 @@ class _S3Writer:
 
 
 class _RangeReader(io.RawIOBase):
-    """Reads ``[start, end)`` of one object version through successive ranged GETs of one part size each."""
+    """Reads ``[start, end)`` of one object version through successive ranged GETs of one part size each.
+
+    A thread (``sfs-s3-read``) fetches the next range while the caller
+    consumes the current one, so the network and the caller's work (hydrate's
+    extraction) overlap.  Memory: at most three ranges (the one being read,
+    one queued, one being fetched).  Every range after the first is sent
+    with ``If-Match`` of the first one's ETag.
+    """
 
     def __init__(self, store: S3Objects, key: str, start: int, end: int | None) -> None:
         self._store = store
         self._key = key
-        self._pos = start
+        self._start = start
         self._end = end  # None: to the end of the object (known after the first GET)
-        self._etag: str | None = None
-        self._body: Any = None
-        self._body_left = 0
+        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._buf = memoryview(b"")
+        self._eof = False
+        self._thread = threading.Thread(target=self._fetch_loop, name="sfs-s3-read", daemon=True)
 
     def readable(self) -> bool:
         return True
 
-    def _open_next(self) -> bool:
-        """GET the next range; False at the end."""
-        if self._end is not None and self._pos >= self._end:
-            return False
+    def begin(self) -> None:
+        """Start fetching and wait for the first range (a missing object or a refused request raises here)."""
+        self._thread.start()
+        self._next()
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fetch_loop(self) -> None:
+        pos, end, etag = self._start, self._end, None
         step = self._store.options.part_size
-        last = self._pos + step - 1 if self._end is None else min(self._end, self._pos + step) - 1
+        try:
+            while not self._stop.is_set():
+                if end is not None and pos >= end:
+                    break
+                last = pos + step - 1 if end is None else min(end, pos + step) - 1
+                data, etag, total = self._fetch(pos, last, etag)
+                if end is None and total is not None:
+                    end = total
+                if not data:
+                    break
+                pos += len(data)
+                if not self._put(data):
+                    return
+        except BaseException as exc:  # raised in the reader's thread by _next
+            self._put(exc)
+            return
+        self._put(None)
+
+    def _fetch(self, pos: int, last: int, etag: str | None) -> tuple[bytes, str | None, int | None]:
+        """One ranged GET: ``(data, etag, object size)``; empty data past the end."""
+        from botocore.exceptions import ClientError
+
         args: dict[str, Any] = {"Bucket": self._store.bucket, "Key": self._store._full(self._key),
-                                "Range": f"bytes={self._pos}-{last}"}
-        if self._etag is not None:
-            args["IfMatch"] = f'"{self._etag}"'
+                                "Range": f"bytes={pos}-{last}"}
+        if etag is not None:
+            args["IfMatch"] = f'"{etag}"'
         try:
             resp = self._store._client.get_object(**args)
+            body = resp["Body"]
+            try:
+                data = body.read()
+            finally:
+                body.close()
         except Exception as exc:
-            from botocore.exceptions import ClientError
             if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "InvalidRange":
-                self._end = self._pos
-                return False
+                return b"", etag, None
             err = self._store._errors.translate(exc, self._key, "reading the object")
             if isinstance(err, SnapshotConflictError):  # the object was replaced between two ranges
                 raise self._store._errors.store("the object changed while it was read", self._key,
                                                 {"error": "PreconditionFailed"}, True) from None
             raise err from None
-        self._etag = self._etag or _strip(str(resp.get("ETag", "")))
-        total = _total_size(resp.get("ContentRange"))
-        if self._end is None and total is not None:
-            self._end = total
-        self._body = resp["Body"]
-        self._body_left = int(resp.get("ContentLength", 0))
-        if self._body_left == 0:
-            self._end = self._pos
-            return False
-        return True
+        if len(data) != int(resp.get("ContentLength", len(data))):
+            raise self._store._errors.store("the connection ended early", self._key, {"error": "short read"}, True)
+        return bytes(data), etag or _strip(str(resp.get("ETag", ""))), _total_size(resp.get("ContentRange"))
+
+    def _next(self) -> None:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._eof = True
+            raise item
+        if item is None:
+            self._eof = True
+            self._buf = memoryview(b"")
+        else:
+            self._buf = memoryview(item)
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         view = memoryview(b).cast("B")
         if not len(view):
             return 0
-        if self._body is None or self._body_left <= 0:
-            self._close_body()
-            if not self._open_next():
+        while not len(self._buf):
+            if self._eof:
                 return 0
-        want = min(len(view), self._body_left)
-        try:
-            chunk = self._body.read(want)
-        except Exception as exc:
-            raise self._store._errors.translate(exc, self._key, "reading the object") from None
-        if not chunk:
-            raise self._store._errors.store("the connection ended early", self._key, {"error": "short read"}, True)
-        n = len(chunk)
-        view[:n] = chunk
-        self._pos += n
-        self._body_left -= n
+            self._next()
+        n = min(len(view), len(self._buf))
+        view[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
         return n
 
-    def _close_body(self) -> None:
-        if self._body is not None:
-            with contextlib.suppress(Exception):
-                self._body.close()
-            self._body = None
-
     def close(self) -> None:
-        self._close_body()
+        if not self.closed:
+            self._stop.set()
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._queue.get_nowait()
+            if self._thread.is_alive():
+                self._thread.join()
+            self._buf = memoryview(b"")
         super().close()
 
 
@@ -609,7 +652,7 @@ class S3Objects:
             return io.BytesIO(b"")
         raw = _RangeReader(self, key, start, None if length is None else start + length)
         try:
-            raw._open_next()
+            raw.begin()
         except BaseException:
             raw.close()
             raise
