@@ -11,6 +11,7 @@ outside in the workspace or the store, and the outside sentinel unchanged.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,6 +58,13 @@ def _other_inode(path: Path) -> Callable[[], None]:
     return move
 
 
+def _fifo(path: Path) -> Callable[[], None]:
+    def move() -> None:
+        os.unlink(path)
+        os.mkfifo(path)
+    return move
+
+
 def _link_to_secret(layout, path: Path) -> Callable[[], None]:
     def move() -> None:
         os.unlink(path)
@@ -76,9 +84,10 @@ def base(layout) -> Path:
     return b
 
 
-@pytest.mark.parametrize("swap", ["other_inode", "symlink_to_outside"])
+@pytest.mark.parametrize("swap", ["other_inode", "symlink_to_outside", "fifo"])
 def test_local_file_swapped_between_look_and_open(layout, resolver, base, swap):
-    move = _other_inode(base / "src.txt") if swap == "other_inode" else _link_to_secret(layout, base / "src.txt")
+    move = {"other_inode": _other_inode, "fifo": _fifo}.get(swap, lambda p: _link_to_secret(layout, p))(
+        base / "src.txt")
     before = layout.snapshot()
     with _hooks.installed(_once("materialize.local_file", "src.txt", move)), pytest.raises(SourceChangedError) as ei:
         _materialize(layout.ws, {"a.txt": {"type": "local_file", "src": "src.txt"}}, base)
@@ -96,12 +105,14 @@ def _per_file(layout) -> None:
     (layout.ws / "c" / "f.txt").mkdir(parents=True)
 
 
-@pytest.mark.parametrize("swap", ["other_inode", "symlink_to_outside", "parent_is_symlink"])
+@pytest.mark.parametrize("swap", ["other_inode", "symlink_to_outside", "parent_is_symlink", "fifo"])
 def test_local_dir_file_swapped_on_the_per_file_path(layout, resolver, base, swap):
     _per_file(layout)
     tree = base / "tree"
     if swap == "other_inode":
         move = _other_inode(tree / "f.txt")
+    elif swap == "fifo":
+        move = _fifo(tree / "f.txt")
     elif swap == "symlink_to_outside":
         move = _link_to_secret(layout, tree / "f.txt")
     else:
@@ -122,13 +133,17 @@ def test_local_dir_file_swapped_on_the_per_file_path(layout, resolver, base, swa
     layout.assert_outside_unchanged(before)
 
 
-def test_local_dir_per_file_control(layout, resolver, base):
-    """Without a swap the same per-file path copies the file (the hook fired: the race was at the window)."""
+@pytest.mark.parametrize("mode, expect", [(0o640, 0o640), (0o4755, 0o755), (0o2711, 0o711)])
+def test_local_dir_per_file_control(layout, resolver, base, mode, expect):
+    """Without a swap the per-file path copies the file (the hook fired: the race was at the window),
+    with its permission bits and never a set-id bit."""
     _per_file(layout)
+    os.chmod(base / "tree" / "f.txt", mode)
     fired = []
     with _hooks.installed(_once("materialize.local_dir_file", "f.txt", lambda: fired.append(1))):
         _materialize(layout.ws, {"c": {"type": "local_dir", "src": "tree"}}, base)
     assert fired == [1] and (layout.ws / "c" / "f.txt").read_text() == "inside\n"
+    assert stat.S_IMODE(os.lstat(layout.ws / "c" / "f.txt").st_mode) == expect
 
 
 # ------------------------------------------------------------------ persist: an entry's parent
