@@ -66,7 +66,7 @@ from ._errors import (
     SnapshotStoreError,
     SnapshotVerifyError,
 )
-from ._index import Index, decode_index, encode_index, index_digest
+from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
 from ._store import PendingArchive, _HashingSink, _info_from_json, _info_to_json
@@ -548,6 +548,9 @@ class GenerationStore:
         ctx = {"snapshot": name, "generation": entry.generation}
         if not info.index_sha256:
             raise SnapshotCorruptError("a generation has no index", sandbox_path=None, context=ctx)
+        if info.index_bytes > max_index_bytes(policy):  # never read more than could decode
+            raise SnapshotCorruptError("a generation's index is larger than its entry limit allows",
+                                       sandbox_path=None, context=ctx)
         try:
             raw = self.objects.get_bytes(_index_key(name, entry.dir), max(info.index_bytes, 0))
         except (SnapshotNotFoundError, SnapshotLimitError):

@@ -46,7 +46,8 @@ from ..archive import ArchiveLimitError, UnsafeArchiveMemberError, normalize_mem
 from ._errors import SnapshotCorruptError
 from ._models import SnapshotPolicy
 
-__all__ = ["IndexEntry", "Index", "encode_index", "decode_index", "coarse_now_ns", "index_digest"]
+__all__ = ["IndexEntry", "Index", "encode_index", "decode_index", "coarse_now_ns", "index_digest",
+           "max_index_bytes"]
 
 _FORMAT = "sandbox-fs-index"
 _KINDS = ("file", "dir", "symlink")
@@ -119,6 +120,18 @@ def encode_index(index: Index) -> bytes:
     doc = {"format": _FORMAT, "version": 1, "time_ns": index.time_ns, "dev": index.dev,
            "entries": [list(e) for e in index.entries], "deleted": index.deleted}
     return zlib.compress(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode(), 1)
+
+
+def max_index_bytes(policy: SnapshotPolicy) -> int:
+    """The most bytes an index object may have under ``policy``: what :func:`decode_index` could accept.
+
+    The decompressed text is bounded by ``max_entries`` (see ``_BYTES_PER_ENTRY``);
+    zlib's output is never longer than its input plus 5 bytes per 16 KiB
+    stored block and its 6-byte framing, so a larger object cannot decode and
+    is refused before it is read (its recorded size comes from the store).
+    """
+    text = (policy.limits.max_entries + 1) * _BYTES_PER_ENTRY
+    return text + 5 * (text // 16384 + 1) + 6
 
 
 def decode_index(raw: bytes, policy: SnapshotPolicy, layers: frozenset[int], name: str) -> Index:
