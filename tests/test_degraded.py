@@ -119,6 +119,12 @@ async def test_lower_landlock_abi(abi, degrade, ws):
     assert entry in ei.value.context["missing"].split(",")
     result = await _run(ws, "true", "best_effort", **policy)
     assert result.exit_code == 0 and result.landlock_abi == abi and entry in result.missing
+    first = {1: 3, 3: 4, 5: 6}[abi]  # the first ABI with the right (landlock.h)
+    for level in range(abi + 1, first + 1):
+        degrade(f"landlock={level}")
+        got = await _run(ws, "true", "best_effort", **policy)
+        assert (entry in got.missing) == (level < first), (level, got.missing)
+    degrade(f"landlock={abi}")
     default = await _run(ws, "true")  # the default policy: the namespaces stand in for the lower ABI
     assert default.exit_code == 0 and default.landlock_abi == abi and default.missing == ()
     assert f"landlock: ABI {abi}" in _report() and any(line.startswith("lowered: landlock=") for line in _report())
