@@ -306,7 +306,7 @@ def test_operations_match_a_dict_local(objects: Any, ops: list[tuple[str, str, b
 
 
 @pytest.mark.parametrize("objects", ["s3"], indirect=True)
-@settings(max_examples=10, deadline=None, suppress_health_check=_HEALTH)
+@settings(max_examples=6, deadline=None, suppress_health_check=_HEALTH)
 @given(ops=st.lists(_op, max_size=12))
 def test_operations_match_a_dict_s3(objects: Any, ops: list[tuple[str, str, bytes]]) -> None:
     _operations_match_a_dict(objects, ops)
