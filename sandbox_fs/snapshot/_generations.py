@@ -47,6 +47,7 @@ import contextlib
 import hashlib
 import io
 import json
+import re
 import secrets
 import threading
 import time
@@ -84,6 +85,8 @@ _MAX_META_BYTES = 256 << 20
 _MAX_KEEP = 1000
 _READ_CHUNK = 1 << 20
 _GEN_DIR = r"[0-9]{12,19}-[0-9a-f]{16}"
+#: the objects of one generation directory: the only keys gc ever deletes
+_GEN_OBJECT = re.compile(rf"gen/({_GEN_DIR})/(?:archive\.tar|meta\.json|index)")
 #: names whose last index (written or restored by this store object) is kept in memory for the next layer
 _MAX_BASELINES = 32
 
@@ -835,7 +838,9 @@ class GenerationStore:
     def gc(self, *, older_than: float = 3600.0, now: float | None = None) -> GcReport:
         """Remove objects no pointer names (orphans of crashed or conflicting writers) and stale uploads.
 
-        An object of a generation directory that the name's pointer does not
+        An object of a generation directory (``NAME/gen/<dir>/archive.tar``,
+        ``meta.json`` or ``index``: no other key is ever deleted, so objects of
+        other tools sharing the bucket or directory stay) that the name's pointer does not
         keep is deleted when it is older than ``older_than`` seconds (a
         younger one may belong to a persist still under way); so are stale
         unfinished uploads (:meth:`ObjectStore.abort_stale_uploads`).  Kept
@@ -858,9 +863,9 @@ class GenerationStore:
                 continue
             kept = {e.dir for e in ptr.generations} if ptr is not None else set()
             for obj in list(self.objects.list(f"{name}/gen/")):
-                parts = obj.key.split("/")
-                if len(parts) == 4 and parts[2] in kept:
-                    continue
+                m = _GEN_OBJECT.fullmatch(obj.key[len(name) + 1:])
+                if m is None or m.group(1) in kept:
+                    continue  # kept, or not an object this class writes (never deleted)
                 if now - obj.mtime >= older_than:
                     self.objects.delete(obj.key)
                     report.objects.append(obj.key)
