@@ -1445,3 +1445,59 @@ def test_open_archive_verification_is_bounded_by_the_recorded_size(store, layout
     with pytest.raises(SnapshotCorruptError):
         store.open_archive("s", SnapshotLimits())
     assert _open_fds() == fds and totals == [info.archive_bytes + 1]
+
+
+# The extractor applies mtimes only within +-2**62 ns of the epoch; a file dated past that was
+# persisted with its mtime and hydrated with the time of the restore (found by the stateful suite).
+_MTIME_EDGE_S = (1 << 62) // 10**9  # 4611686018: the last whole second hydrate applies
+
+
+@pytest.mark.parametrize("kind", ["file", "dir", "symlink"])
+@pytest.mark.parametrize("secs", [_MTIME_EDGE_S + 1, -_MTIME_EDGE_S - 1])
+def test_an_mtime_hydrate_would_not_restore_is_unrestorable_at_persist(layout, store, kind, secs):
+    (layout.ws / "ok.txt").write_text("ok")
+    entry = layout.ws / "far"
+    if kind == "file":
+        entry.write_text("x")
+    elif kind == "dir":
+        entry.mkdir()
+    else:
+        entry.symlink_to("ok.txt")
+    os.utime(entry, ns=(0, secs * 10**9), follow_symlinks=False)
+    if -(1 << 62) < os.lstat(entry).st_mtime_ns < (1 << 62):
+        pytest.skip("this file system clamps the mtime into the range hydrate restores")
+    with open_root(layout.ws) as ws:
+        with pytest.raises(UnrestorableEntryError) as ei:
+            persist(ws, store, "s1")
+        assert ei.value.sandbox_path == "far" and "mtime" in str(ei.value)
+        assert store.info("s1") is None
+        rep = persist(ws, store, "s1", on_unrestorable="skip")
+        assert [p for p, _why in rep.skipped] == ["far"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(secs=st.one_of(st.integers(-(1 << 40), 1 << 40),
+                      st.integers(_MTIME_EDGE_S - 3, _MTIME_EDGE_S + 3),
+                      st.integers(-_MTIME_EDGE_S - 3, -_MTIME_EDGE_S + 3)))
+def test_property_persist_refuses_or_hydrate_restores_the_mtime(tmp_path_factory, secs):
+    """Property: for any whole-second mtime the kernel takes, persist either refuses the entry or
+    hydrate restores exactly that mtime (never the time of the restore)."""
+    base = tmp_path_factory.mktemp("mt")
+    ws, dst = base / "ws", base / "dst"
+    ws.mkdir()
+    dst.mkdir()
+    (ws / "f").write_text("x")
+    try:
+        os.utime(ws / "f", ns=(0, secs * 10**9))
+    except (OverflowError, OSError):
+        return  # not a time this kernel and file system take
+    recorded = os.stat(ws / "f").st_mtime_ns
+    with LocalSnapshotStore(base / "store") as s, open_root(ws) as w:
+        try:
+            persist(w, s, "s")
+        except UnrestorableEntryError:
+            assert not -(1 << 62) < recorded < (1 << 62)
+            return
+        with open_root(dst) as d:
+            hydrate(d, s, "s")
+    assert os.stat(dst / "f").st_mtime_ns == recorded

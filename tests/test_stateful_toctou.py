@@ -81,8 +81,8 @@ if os.environ.get("SFS_STATEFUL_EXAMPLES"):  # a longer local run without the fr
     PROFILE = settings(PROFILE, max_examples=int(os.environ["SFS_STATEFUL_EXAMPLES"]))
 
 #: File mtimes the rules set (seconds).  Bounded by what hydrate restores: the extractor applies an
-#: mtime only within +-2**62 ns (``archive._meta.mtime_ns_of``, about 2116-02-20); a later one is
-#: persisted but restored as "now" (open finding, see the stateful notes of issue 15).
+#: mtime only within +-2**62 ns (``sandbox_fs.archive.mtime_is_applied``, about 2116-02-20), and
+#: persist refuses an entry dated past it (tests/test_snapshot.py covers that refusal).
 MTIMES_S = st.integers(0, (1 << 62) // 10**9)
 SECRET = b"SECRET-stateful-7f3a9c"
 BAIT = b"BAIT-hardlinked-outside\n"

@@ -68,6 +68,7 @@ from ._for_snapshot import extract_stream as extract_stream
 from ._for_snapshot import extract_streams as extract_streams
 from ._for_snapshot import extracted_dir_mode as extracted_dir_mode
 from ._for_snapshot import extracted_file_mode as extracted_file_mode
+from ._for_snapshot import mtime_is_applied as mtime_is_applied
 from ._for_snapshot import normalize_member_name as normalize_member_name
 from ._for_snapshot import symlink_target_walk as symlink_target_walk
 from ._models import ArchiveLimits, ExtractPolicy, ExtractReport, SkippedMember

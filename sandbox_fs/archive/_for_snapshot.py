@@ -22,6 +22,8 @@ Names:
 * :func:`extracted_file_mode`, :func:`extracted_dir_mode`: the modes the
   extractor gives entries without an exact mode.
 * :data:`STAGED_PATH_MAX`: the longest member path an atomic extraction stages.
+* :func:`mtime_is_applied`: whether the extractor applies a member's mtime
+  (outside its range it leaves the time of extraction).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ._models import ArchiveLimits, ExtractPolicy, ExtractReport
 from ._names import normalize_member, symlink_walk
 from ._tar import EXT_TYPES, MAX_HEADER_CHAIN, PaxBudget, check_pax_body
 from ._writer import STAGED_PATH_MAX, dir_mode, file_mode
+from ._meta import mtime_ns_of
 
 __all__ = [
     "extract_stream",
@@ -53,7 +56,19 @@ __all__ = [
     "extracted_file_mode",
     "extracted_dir_mode",
     "STAGED_PATH_MAX",
+    "mtime_is_applied",
 ]
+
+
+def mtime_is_applied(*, mtime: int) -> bool:
+    """True when the extractor sets a member's mtime of ``mtime`` whole seconds since the epoch.
+
+    The extractor applies mtimes strictly within +-2**62 ns of the epoch
+    (about 1824 to 2116: nanoseconds that fit the native batch's signed
+    64-bit field with room to spare); outside that range the member keeps
+    the time it was extracted at.
+    """
+    return mtime_ns_of(mtime) is not None
 
 _BLOCK_BYTES = tarfile.BLOCKSIZE
 _PAX_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)

@@ -32,6 +32,7 @@ from ..archive import (
     UnsafeArchiveMemberError,
     extracted_dir_mode,
     extracted_file_mode,
+    mtime_is_applied,
     normalize_member_name,
     symlink_target_walk,
 )
@@ -393,7 +394,10 @@ class _WalkState:
         """``(admitted, header bytes)`` of one member (:func:`._header.encode_header`), checked by the policy.
 
         The member records no owners (uid/gid 0, no names) and its mtime in
-        whole seconds (``int(mtime)``, toward zero).
+        whole seconds (``int(mtime)``, toward zero).  An mtime the extractor
+        would not apply (:func:`sandbox_fs.archive.mtime_is_applied`) makes
+        the entry unrestorable: hydrate would give it the time of the
+        restore, not the one recorded.
 
         The policy's :meth:`SnapshotPolicy.header_check` judges the exact
         bytes that will be written (and, for :func:`tree_digest`, the bytes
@@ -408,6 +412,9 @@ class _WalkState:
         """
         name = path + "/" if kind == tarfile.DIRTYPE else path
         secs = int(mtime)  # whole seconds: a fraction would need a PAX record on every member
+        if not mtime_is_applied(mtime=secs):
+            return self._unrestorable(path, kind, "its mtime is outside the range hydrate restores "
+                                      "(+-2**62 ns of the epoch, about 1824 to 2116)")
         fits = ustar_fits(name, link, size, secs)
         if fits and not self.write:
             return True, None
@@ -415,13 +422,17 @@ class _WalkState:
         if not fits:
             why, cost = self.headers.check(header=hdr, member=path)
             if why is not None:
-                if self.on_unrestorable == "skip":
-                    self.skipped.append((path, why))
-                    return False, None
-                raise UnrestorableEntryError(f"{why}; hydrate would refuse it, so persist refuses it too",
-                                             sandbox_path=path, context={"kind": _KIND_NAMES.get(kind, "file")})
+                return self._unrestorable(path, kind, why)
             self.headers.admit(cost=cost)
         return True, hdr
+
+    def _unrestorable(self, path: str, kind: bytes, why: str) -> tuple[bool, None]:
+        """A member hydrate would not restore as recorded: skipped and reported, or refused (see :meth:`header`)."""
+        if self.on_unrestorable == "skip":
+            self.skipped.append((path, why))
+            return False, None
+        raise UnrestorableEntryError(f"{why}; hydrate would refuse it, so persist refuses it too",
+                                     sandbox_path=path, context={"kind": _KIND_NAMES.get(kind, "file")})
 
     def count(self, item: _ListedEntry) -> None:
         self.entries += 1
