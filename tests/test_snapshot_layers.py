@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sandbox_fs import open_root
 from sandbox_fs.snapshot import GenerationStore, SnapshotCorruptError, SnapshotLimits, hydrate, persist, tree_digest
-from sandbox_fs.snapshot import _layers
+from sandbox_fs.snapshot import _hydrate, _layers
 from sandbox_fs.snapshot._generations import MAX_CHAIN
 from sandbox_fs.snapshot._index import index_digest
 from tests.test_snapshot import _host_view, _trees
@@ -50,6 +50,7 @@ def env(tmp_path):
     (ws / "big").write_bytes(os.urandom(200_000))
     (ws / "keep").write_text("unchanged\n")
     (ws / "ln").symlink_to("d/a.txt")
+    _tick()  # the tree is strictly older than the first persist's walk: no file of it is racy
     objects = DictObjects()
     store = GenerationStore(objects, keep=2)
     with open_root(ws) as w, open_root(dst) as d:
@@ -103,11 +104,16 @@ def test_same_size_rewrite_with_restored_mtime_is_caught_by_ctime(env):
     assert (dst / "keep").read_text() == "UNCHANGED\n"
 
 
-def test_the_first_persist_after_a_hydrate_is_incremental(env):
+def test_the_first_persist_after_a_hydrate_is_incremental(env, monkeypatch):
     ws, dst, w, d, objects, store = env
     persist(w, store, "s")
+    real_now = _hydrate.coarse_now_ns
+    # the baseline's clock one tick on: the restored files are strictly older than it, as they are
+    # whenever the restore did not end in the tick the baseline is taken (the racy rule re-reads them then)
+    monkeypatch.setattr(_hydrate, "coarse_now_ns", lambda: real_now() + 12_000_000)
     hydrate(d, store, "s")  # "another machine": new inodes and ctimes
-    _tick()
+    monkeypatch.undo()
+    time.sleep(0.024)
     (dst / "d" / "a.txt").write_text("on the other machine\n")
     layer = persist(d, store, "s").info
     assert layer.chain_length == 2
