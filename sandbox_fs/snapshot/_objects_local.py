@@ -186,6 +186,10 @@ class _LocalWriter:
         self._fd = store._root.open_fd(self.partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._done = False
 
+    def fileno(self) -> int:
+        """The upload's fd (owned by the writer until :meth:`abort`)."""
+        return self._fd
+
     def write(self, data: bytes | memoryview) -> int:
         """Append ``data``; returns ``len(data)``.  Raises :class:`SnapshotStoreError`."""
         if self._done:
@@ -297,7 +301,7 @@ class LocalObjects:
         writer = self.put_stream(key)
         try:
             writer.write(data)
-            os.fsync(writer._fd)
+            os.fsync(writer.fileno())
             with _Lock(self._root):
                 if if_match is not None or if_none_match:
                     current = self.head(key)
@@ -308,7 +312,7 @@ class LocalObjects:
                         raise SnapshotConflictError("the object changed since it was read", sandbox_path=None,
                                                     context={"key": key})
                 self._place(writer.partial, key)
-            return _info_of_fd(key, writer._fd, os.fstat(writer._fd))
+            return _info_of_fd(key, writer.fileno(), os.fstat(writer.fileno()))
         except (OSError, SandboxError) as exc:
             if isinstance(exc, (SnapshotStoreError, SnapshotConflictError)):
                 raise
