@@ -162,7 +162,7 @@ def wlayout(world_tmp):
     namespace hides from an unprivileged identity; tests of the read-only
     mount layer need the outside tree visible to the child.
     """
-    import conftest
+    from tests import conftest  # not "import conftest": tests/acceptance has a conftest of its own
 
     base = world_tmp / "l"
     (base / "ws").mkdir(parents=True)
