@@ -103,7 +103,9 @@ _STAGING_LEAK = ("known finding (notes/faults.md): the extractor removes its sta
                  "EIO in that removal (open, unlink, rmdir, rename) leaves '.sfs-extract-*' (and '.sfs-rm-*') in the "
                  "destination for good, after a failure and after a success; an EIO on a rename while merging into "
                  "an existing destination also leaves a partial merge")
-EIO_CASES = [pytest.param(kind, cls, marks=pytest.mark.xfail(strict=True, reason=_STAGING_LEAK))
+# materialize copies with several threads, so which call is the Nth varies between runs: its
+# cases may miss the staging removal (not strict); extract's calls are in one order (strict)
+EIO_CASES = [pytest.param(kind, cls, marks=pytest.mark.xfail(strict=kind == "extract", reason=_STAGING_LEAK))
              if kind in ("extract", "materialize") and cls in ("rename", "open", "names") else (kind, cls)
              for kind in ("persist", "hydrate", "extract", "materialize") for cls in EIO_CLASSES]
 
