@@ -72,13 +72,7 @@ def test_a_full_disk_is_an_error_that_loses_and_leaks_nothing(worker, fs, kind):
     assert res["tally"].get("error", 0) >= 3, res  # the disk did fill at several points
 
 
-_STAGING_LEAK = ("known finding (notes/faults.md): the extractor removes its staging directory best effort; "
-                 "out of fds, the removal fails too and '.sfs-extract-*' stays in the destination with what was "
-                 "staged")
-
-
-@pytest.mark.parametrize("kind", ["persist", "hydrate", pytest.param(
-    "extract", marks=pytest.mark.xfail(strict=True, reason=_STAGING_LEAK)), "materialize"])
+@pytest.mark.parametrize("kind", ["persist", "hydrate", "extract", "materialize"])
 def test_too_many_open_files_is_an_error_that_loses_and_leaks_nothing(worker, fs, kind):
     assert worker.call("setup", kind=kind, top=str(fs))["ok"]
     res = worker.call("batch", action="none", mask=0, points=[], nofile=EXTRA_FDS)

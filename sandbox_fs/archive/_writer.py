@@ -63,7 +63,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat as _stat
 from typing import IO, Callable, Iterator
 
@@ -79,11 +78,11 @@ from ._meta import (DIR, FILE, LINK, check_owner, dir_mode, file_mode, identity,
                     process_umask)
 from ._names import normalize_member
 from ._streams import CHUNK_BYTES, Meter
+from ._staging import STAGING_PREFIX, make_staging, sweep_stale
 from ._symlinks import PendingSymlinks
 
 __all__ = ["Extractor", "file_mode", "dir_mode", "STAGING_PREFIX", "STAGED_PATH_MAX"]
 
-STAGING_PREFIX = ".sfs-extract-"
 #: the longest member path (bytes) an atomic extraction can stage: every staged path is
 #: resolved as ``<staging name>/<member path>`` (a 30-byte prefix) within PATH_MAX
 STAGED_PATH_MAX = MAX_PATH_BYTES - len(STAGING_PREFIX) - 16 - 1
@@ -171,6 +170,7 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
         self._dest_root: Root | None = None    # an existing destination
         self._dest_leaf: str | None = None
         self._staging: str | None = None
+        self._staging_lock = -1  # the flock'ed fd of the staging directory (see _staging)
         self._opened: list[Root] = []
         self._stage_fd = -1
         self._stage_pre = b""
@@ -181,6 +181,9 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
         try:
             self._setup(root, dest)
         except BaseException:
+            if self._staging_lock >= 0:
+                os.close(self._staging_lock)
+                self._staging_lock = -1
             for r in reversed(self._opened):
                 r.close()
             raise
@@ -241,19 +244,17 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
                 self.work = Subtree(prt, leaf, identity(prt.lstat(leaf)))
                 return
             self._parent_root, self._dest_leaf = prt, leaf
-            self._staging = STAGING_PREFIX + secrets.token_hex(8)
-            prt.mkdir(self._staging, 0o700)
-            # (the identity is taken right after mkdir: a directory swapped in between those
-            # two calls would be taken for ours; it is inside the destination either way)
-            self.work = Subtree(prt, self._staging, identity(prt.lstat(self._staging)))
+            sweep_stale(prt)
+            self._staging, made, self._staging_lock = make_staging(prt)
+            self.work = Subtree(prt, self._staging, made)
             return
         self._dest_root = dest_root
         if self.policy.in_place:
             self.work = dest_root
             return
-        self._staging = STAGING_PREFIX + secrets.token_hex(8)
-        dest_root.mkdir(self._staging, 0o700)
-        self.work = Subtree(dest_root, self._staging, identity(dest_root.lstat(self._staging)))
+        sweep_stale(dest_root)
+        self._staging, made, self._staging_lock = make_staging(dest_root)
+        self.work = Subtree(dest_root, self._staging, made)
 
     @property
     def fresh(self) -> bool:
@@ -803,6 +804,9 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
             if self._stage_fd >= 0:
                 os.close(self._stage_fd)
                 self._stage_fd = -1
+            if self._staging_lock >= 0:
+                os.close(self._staging_lock)  # a staging directory left behind is now sweepable
+                self._staging_lock = -1
             for r in reversed(self._opened):
                 r.close()
             self._opened.clear()
