@@ -32,7 +32,7 @@ from sandbox_fs.archive import _for_snapshot, _names, _tar, _writer
 
 CONTRACT = _for_snapshot.__all__
 FUNCTIONS = ["extract_stream", "extract_streams", "normalize_member_name", "symlink_target_walk", "extracted_file_mode",
-             "extracted_dir_mode"]
+             "extracted_dir_mode", "mtime_is_applied"]
 
 
 def test_contract_is_exported_by_archive_but_not_public():
@@ -64,6 +64,8 @@ def test_positional_calls_are_refused():
         archive.extracted_dir_mode(0o755)  # type: ignore[misc]
     with pytest.raises(TypeError):
         archive.HeaderChainCheck(limits)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        archive.mtime_is_applied(0)  # type: ignore[misc]
     with pytest.raises(TypeError):
         archive.extract_stream(None, "d", io.BytesIO(), limits, ExtractPolicy())  # type: ignore[misc]
 
