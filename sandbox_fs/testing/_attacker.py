@@ -113,6 +113,7 @@ class Attacker:
                  outside_file: str | os.PathLike[str], attic: str | os.PathLike[str], *, seed: int = 0) -> None:
         self.outside = os.fspath(outside)
         self.outside_file = os.fspath(outside_file)
+        # host-access: the attic is the test's own directory outside the workspace, made and held by fd before any attack
         Path(attic).mkdir(exist_ok=True)
         self._attic_fd = os.open(attic, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         self._ws: Root = open_root(workspace, no_symlinks=True)
@@ -236,6 +237,7 @@ class Attacker:
                 return False
             fd = os.open(leaf, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
             try:
+                # host-access: the attacker's own move: a chmod through the O_PATH fd it just opened (NOFOLLOW) beneath its no-symlink Root
                 os.chmod(f"/proc/self/fd/{fd}", mode)  # fchmod on an O_PATH fd is EBADF before Linux 6.6
             finally:
                 os.close(fd)
@@ -258,6 +260,7 @@ class Attacker:
         out: dict[str, tuple[int, int, bytes | None]] = {}
         with self._lock:
             attic = f"/proc/self/fd/{self._attic_fd}"
+            # host-access: reads the attic through the fd held since __init__ (never by a name the workspace can change)
             for dirpath, dirnames, filenames in os.walk(attic, followlinks=False):
                 for n in dirnames + filenames:
                     p = os.path.join(dirpath, n)

@@ -50,6 +50,7 @@ class OutsideSentinels:
         (self.path / "sub").mkdir(parents=True)
         self.secret.write_bytes(SECRET)
         (self.path / "sub" / "file").write_bytes(b"inner\n")
+        # host-access: the plugin's self-check builds its own throw-away tree (tmp_path), not a workspace
         os.symlink("secret.txt", self.path / "link")
         os.link(self.path / "sub" / "file", self.path / "hardlink")
         self._watched: list[OutsideSentinel] = [OutsideSentinel(self.path)]

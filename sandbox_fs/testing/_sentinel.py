@@ -131,6 +131,7 @@ class OutsideSentinel:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        # host-access: the sentinel tree is the test's own outside tree, which it must read as the host sees it
         top = os.lstat(self.path)
         if not stat.S_ISDIR(top.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, "the sentinel must be a directory", self.path)
@@ -138,6 +139,7 @@ class OutsideSentinel:
         self.inodes = frozenset((r.dev, r.ino) for r in self._before.values())
 
     def _snapshot(self) -> dict[str, _Record]:
+        # host-access: the sentinel tree is the test's own outside tree, which it must read as the host sees it
         top = os.lstat(self.path)
         records = {".": _record(-1, self.path, top)} if stat.S_ISDIR(top.st_mode) else {}
         records.update((_join(rel, name), _record(dirfd, name, st)) for rel, dirfd, name, st in _walk(self.path))
@@ -175,6 +177,7 @@ class OutsideSentinel:
 
 
 def _real_of_fd(fd: int) -> str:
+    # host-access: the target of an fd this sentinel opened, for its report only
     return os.readlink(f"/proc/self/fd/{fd}")
 
 

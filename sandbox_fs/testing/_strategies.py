@@ -240,6 +240,7 @@ class HostTreePlan:
             p = top / n.path
             if n.kind == "dir":
                 p.mkdir(mode=0o755)
+                # host-access: builds the hostile host tree a test asked for, in the test's own directory (the point is to plant it)
                 os.chmod(p, n.mode)
             elif n.kind == "file":
                 p.write_bytes(n.data)

@@ -42,6 +42,7 @@ def one_input(data: bytes, fmt: str) -> None:
     source: object = io.BytesIO(data)
     if flags & 2:
         path = os.path.join(scene.base, "input.bin")
+        # host-access: writes the fuzz input to the harness's own scratch file beside (not in) the workspace
         with open(path, "wb") as fh:
             fh.write(data)
         source = path

@@ -81,6 +81,7 @@ class Outcome:
 
 
 def _seed(corpus: str, spec: str) -> None:
+    # host-access: the corpus, log and artifact directories the campaign's caller named (a host path of the CI job)
     os.makedirs(corpus, exist_ok=True)
     if os.listdir(corpus):
         return
