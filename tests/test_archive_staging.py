@@ -98,3 +98,112 @@ def test_the_extractions_own_staging_directory_is_locked_while_it_runs(tmp_path,
         extract(root, "dest", io.BytesIO(_tar({"a.txt": b"a\n"})))
     assert seen == [True]
     assert sorted(os.listdir(ws / "dest")) == ["a.txt"]
+
+
+def test_a_staging_directory_a_sweep_removed_before_its_lock_is_a_conflict(tmp_path, monkeypatch):
+    """A concurrent sweep that locks, empties and removes the new directory between its open and its lock.
+
+    The extraction's flock then succeeds on the removed directory; it must see
+    that the name no longer holds it and fail with ``conflict`` (as when the
+    sweep still holds the lock), not go on as if it held a staging directory.
+    """
+    import pytest
+
+    from sandbox_fs.archive import UnsafeArchiveMemberError, _staging
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    real_flock = _staging.fcntl.flock
+    swept: list[int] = []
+
+    class _Fcntl:
+        LOCK_EX, LOCK_NB = fcntl.LOCK_EX, fcntl.LOCK_NB
+
+        @staticmethod
+        def flock(fd, op):
+            if not swept:
+                swept.append(-1)
+                with open_root(ws) as other:  # another extraction's sweep, at the worst moment
+                    swept[0] = _staging.sweep_stale(other)
+            return real_flock(fd, op)
+
+    monkeypatch.setattr(_staging, "fcntl", _Fcntl)
+    with open_root(ws) as root:
+        with pytest.raises(UnsafeArchiveMemberError) as ei:
+            _staging.make_staging(root)
+    assert swept == [1]  # the sweep did remove the new directory first
+    assert ei.value.rule == "conflict"
+    assert os.listdir(ws) == []
+
+
+def _sweep_at(ws, point, monkeypatch):
+    """make_staging in ``ws`` with another extraction's sweep run once just before step ``point``."""
+    from sandbox_fs.archive import _staging
+
+    real_flock = _staging.fcntl.flock
+    done: list[bool] = []
+
+    def sweep_once():
+        if not done:
+            done.append(True)
+            with open_root(ws) as other:
+                _staging.sweep_stale(other)
+
+    class _Owner:
+        def __init__(self, root, calls):
+            self._root, self._calls = root, calls
+
+        def __getattr__(self, attr):
+            fn = getattr(self._root, attr)
+
+            def call(*a, **kw):
+                self._calls.append(attr)
+                if f"{attr}#{self._calls.count(attr)}" == point:
+                    sweep_once()
+                return fn(*a, **kw)
+            return call
+
+    class _Fcntl:
+        LOCK_EX, LOCK_NB = fcntl.LOCK_EX, fcntl.LOCK_NB
+
+        @staticmethod
+        def flock(fd, op):
+            if point == "flock" and not done:
+                sweep_once()
+            return real_flock(fd, op)
+
+    monkeypatch.setattr(_staging, "fcntl", _Fcntl)
+    with open_root(ws) as root:
+        return _staging.make_staging(_Owner(root, []))
+
+
+def test_a_sweep_at_any_step_of_making_a_staging_directory_leaves_it_held_or_refused(tmp_path, monkeypatch):
+    """At every step of make_staging a concurrent sweep either finds it locked or the extraction fails with conflict."""
+    import pytest
+
+    from sandbox_fs.archive import UnsafeArchiveMemberError
+
+    outcomes = {}
+    for i, point in enumerate(("lstat#1", "open_dir_fd#1", "flock", "lstat#2")):
+        ws = tmp_path / f"ws{i}"
+        ws.mkdir()
+        try:
+            name, made, fd = _sweep_at(ws, point, monkeypatch)
+        except UnsafeArchiveMemberError as e:
+            assert e.rule == "conflict"
+            assert os.listdir(ws) == []
+            outcomes[point] = "conflict"
+            continue
+        try:
+            st = os.lstat(ws / name)
+            assert (st.st_dev, st.st_ino) == made
+            probe = os.open(ws / name, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(probe)
+        finally:
+            os.close(fd)
+        outcomes[point] = "held"
+    assert outcomes == {"lstat#1": "conflict", "open_dir_fd#1": "conflict", "flock": "conflict", "lstat#2": "held"}

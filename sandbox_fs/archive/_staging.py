@@ -15,7 +15,9 @@ name in a destination is treated as a leftover.
 
 The new directory is locked right after ``mkdir``; a sweep that takes its
 lock first wins, and the extraction then fails with ``conflict`` (it never
-writes into a directory it does not hold).
+writes into a directory it does not hold): whether the sweep still holds the
+lock, or has already removed the directory and released it (the name is
+checked to still hold the directory made once the lock is taken).
 """
 
 from __future__ import annotations
@@ -43,13 +45,18 @@ def make_staging(owner: Root) -> tuple[str, tuple[int, int], int]:
 
     Raises:
         UnsafeArchiveMemberError: ``conflict``, the directory at the new name
-            is not the one made, or a sweep took its lock first.
+            is not the one made, or a sweep took its lock first (and may
+            have removed it).
         OSError, SandboxError: from ``mkdir`` or the open (EROFS, ENOSPC, ...).
     """
     name = STAGING_PREFIX + secrets.token_hex(8)
     owner.mkdir(name, 0o700)
-    made = identity(owner.lstat(name))
-    fd = owner.open_dir_fd(name)
+    try:
+        made = identity(owner.lstat(name))
+        fd = owner.open_dir_fd(name)
+    except FileNotFoundError:  # a sweep removed it before it could be locked
+        raise UnsafeArchiveMemberError("conflict", None,
+                                       "another extraction's sweep removed the new staging directory") from None
     try:
         if identity(os.fstat(fd)) != made:
             raise UnsafeArchiveMemberError("conflict", None, "the staging directory was replaced as it was made")
@@ -58,6 +65,15 @@ def make_staging(owner: Root) -> tuple[str, tuple[int, int], int]:
         except BlockingIOError:
             raise UnsafeArchiveMemberError("conflict", None,
                                            "another extraction's sweep took the new staging directory") from None
+        try:
+            # a sweep that locked, emptied and removed it before this lock leaves the lock on a
+            # directory no longer at the name: the name must still hold the one made
+            held = identity(owner.lstat(name)) == made
+        except FileNotFoundError:
+            held = False
+        if not held:
+            raise UnsafeArchiveMemberError("conflict", None,
+                                           "another extraction's sweep removed the new staging directory")
     except BaseException:
         os.close(fd)
         raise
