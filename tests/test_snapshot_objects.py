@@ -560,3 +560,32 @@ def test_s3_writer_memory_bounded_by_parts(s3_endpoint: str) -> None:
     assert head is not None and head.size == 40 << 20
     store.delete("big")
     assert peak < 4 * MIN_PART + (2 << 20), peak  # (upload_threads + 2) parts, not the object
+
+
+class _ListingClient:
+    """A stand-in boto3 client whose listing also returns keys outside the prefix asked for."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    def get_paginator(self, name: str) -> Any:
+        assert name == "list_objects_v2"
+        keys = self.keys
+
+        class _Pages:
+            def paginate(self, **kw: Any) -> Iterator[dict[str, Any]]:
+                yield {"Contents": [{"Key": k, "Size": 1, "ETag": '"e"'} for k in keys]}
+
+        return _Pages()
+
+
+def test_s3_listing_leaves_out_keys_outside_the_prefix_asked_for() -> None:
+    """A store that lists foreign keys (misbehaving or hostile) never gets them cut to look like ours."""
+    pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
+    from sandbox_fs.snapshot._s3 import S3Objects
+
+    foreign = ["sessX/gen-1", "other/sessA/gen-1", "sess", "sessA"]
+    store = S3Objects("bucket", "sess", client=_ListingClient(["sess/a/1", *foreign, "sess/b"]))
+    assert [o.key for o in store.list("")] == ["a/1", "b"]
+    store2 = S3Objects("bucket", "sess", client=_ListingClient(["sess/a/1", "sess/ab", "xsess/a/2"]))
+    assert [o.key for o in store2.list("a/")] == ["a/1"]

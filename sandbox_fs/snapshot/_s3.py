@@ -706,11 +706,16 @@ class S3Objects:
         return iter(sorted(self._list(full), key=lambda info: info.key))
 
     def _list(self, full: str) -> Iterator[ObjectInfo]:
-        strip = len(self.prefix) + 1 if self.prefix else 0
+        mine = f"{self.prefix}/" if self.prefix else ""
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
                 for obj in page.get("Contents", []):
-                    key = str(obj["Key"])[strip:]
+                    listed = str(obj["Key"])
+                    # the server is trusted to list only what starts with the prefix asked for; a key
+                    # that does not (a misbehaving or hostile store) is left out, never cut by length
+                    if not listed.startswith(full):
+                        continue
+                    key = listed[len(mine):]
                     try:
                         validate_key(key)
                     except ValueError:
