@@ -44,8 +44,9 @@ from ._json import check_depth
 from .errors import SandboxError
 from .paths import Grant
 from .root import Root, open_root
-from .session import Session, SessionConfig, SessionError
+from .session import Session, SessionConfig, SessionError, SnapshotDigestMismatchError, SnapshotGenerationError
 from .snapshot import LocalSnapshotStore, NoSnapshot, SnapshotLimits, SnapshotStore, validate_name
+from .snapshot import SnapshotInfo, SnapshotNotFoundError, fork_snapshot
 
 if TYPE_CHECKING:  # the overlay is optional: sandbox_fs.fuse is imported only by a session that uses it
     from .fuse import OverlayPolicy
@@ -476,6 +477,92 @@ class LocalSandboxClient:
                 await trio.to_thread.run_sync(self.store.remove, sid)
         await trio.lowlevel.checkpoint()
         return removed
+
+    async def fork(self, state: "SessionState | dict[str, Any]", *, session_id: str | None = None) -> dict[str, Any]:
+        """Fork a session: a new session state, with its own id and workspace, seeded from the source's snapshot.
+
+        The new session starts from the generation of the source's snapshot
+        that ``state`` recorded, which must still be the store's current one
+        (the source's *stopped* state: a live session's unpersisted changes
+        are not in it).  The store decides how (see
+        :func:`~sandbox_fs.snapshot.fork_snapshot`): a
+        :class:`~sandbox_fs.snapshot.GenerationStore` (a local object directory,
+        S3) *shares* the source's stored objects, copying nothing, and keeps
+        them from being deleted while the fork lists them; the version-1
+        :class:`~sandbox_fs.snapshot.LocalSnapshotStore` *copies* the archive
+        through the store's methods (memory bounded by a 1 MiB chunk).
+        Either way later persists of either session write under its own name,
+        so changes in one never show in the other.
+
+        The returned state is like any other: under this client's MAC, bound to
+        a new random workspace id and to the new snapshot's generation and
+        metadata digest, with the source's manifest data (loaded as untrusted
+        on resume).  Nothing is made on the host: :meth:`resume` it to build
+        the workspace ``<workspaces_dir>/<new id>`` from the snapshot, on this
+        machine or another.  The source's workspace and snapshot are never
+        written (a hold object is added beside the source's objects).
+
+        Args:
+            state: the source session's :class:`SessionState` or serialized dict
+                (checked as by :meth:`deserialize_state`).
+            session_id: the new session's id, a plain token; default 32 random hex digits.
+
+        Returns:
+            The new session's serialized state (a JSON-ready dict with its ``mac``).
+
+        Raises:
+            SessionStateError, SessionStateVersionError, SessionStateTamperedError:
+                see :meth:`deserialize_state`.
+            InvalidPathError: ``session_id`` is not a plain token.
+            SessionError: the client has no snapshot store, ``session_id`` is the
+                source's id or snapshot name, or a workspace with that id exists.
+            SnapshotNotFoundError: the source has no persisted snapshot.
+            SnapshotGenerationError, SnapshotDigestMismatchError: the store's snapshot of
+                the source is at another generation, or has other metadata, than ``state``
+                recorded (a stale state: fork from the newer one).
+            SnapshotConflictError: the new snapshot name is in use, or the
+                source changed while it was forked (nothing was made).
+            SnapshotCorruptError, SnapshotStoreError, OSError: from the store (nothing was made).
+
+        Cancellation:
+            The store work runs in one worker thread that a cancel waits for;
+            when it had finished, the forked snapshot exists without a state
+            (``store.remove(new id)`` removes it).
+        """
+        st = state if isinstance(state, SessionState) else self.deserialize_state(state)
+        new_id = validate_name(session_id or secrets.token_hex(16), "session id")
+        source = st.snapshot or st.session_id
+        if not self.store.enabled:
+            raise SessionError("forking a session needs a snapshot store", sandbox_path=None)
+        if new_id in (st.session_id, source) or self._parent.exists(new_id):
+            raise SessionError("the fork's session id is the source's or has a workspace already",
+                               sandbox_path=None, context={"session": new_id})
+        info = await trio.to_thread.run_sync(self._fork_sync, st, source, new_id)
+        new = SessionState(session_id=new_id, manifest=st.manifest, snapshot=new_id, fingerprint=info.fingerprint,
+                           workspace_id=secrets.token_hex(16), generation=info.generation,
+                           snapshot_digest=info.digest or None)
+        return self.sign_state(new.model_dump(mode="json"))
+
+    def _fork_sync(self, st: SessionState, source: str, new_id: str) -> SnapshotInfo:
+        """The store part of :meth:`fork`: check the source is at the state's generation, then fork it."""
+        generation, digest = None, None
+        if st.version >= 2:  # bound: the store must hold what the state recorded, as on resume
+            info = self.store.info(source)
+            if info is None or not st.generation:
+                raise SnapshotNotFoundError("the source session has no persisted snapshot to fork",
+                                            sandbox_path=None, context={"snapshot": source})
+            ctx = {"snapshot": source, "state_generation": st.generation, "store_generation": info.generation}
+            if info.generation != st.generation:
+                raise SnapshotGenerationError("the store's snapshot of the source is at another generation than "
+                                              "the state recorded (a stale state?); nothing was made",
+                                              sandbox_path=None, context=ctx)
+            if st.snapshot_digest and info.digest != st.snapshot_digest:
+                raise SnapshotDigestMismatchError("the store's snapshot metadata of the source is not the one the "
+                                                  "state recorded; nothing was made", sandbox_path=None, context=ctx)
+            generation, digest = st.generation, st.snapshot_digest or info.digest or None
+        info, _shared = fork_snapshot(self.store, source, new_id, generation=generation, digest=digest,
+                                      limits=self.options.limits)
+        return info
 
     # ----------------------------------------------------------------- state
 

@@ -35,7 +35,7 @@ SUBCOMMANDS = {
     "apply": "materialize a manifest into a workspace directory",
     "schema": "print the JSON Schema of the manifest format",
     "run": "materialize a manifest (or resume), run a command confined, persist a snapshot",
-    "session": "create, resume or remove a sandbox session (state in a JSON file)",
+    "session": "create, resume, fork or remove a sandbox session (state in a JSON file)",
     "snapshot": "save a workspace into a snapshot store, restore it, list snapshots",
     "features": "what the kernel offers here and what confinement a run would get",
     "fuzz": "fuzz a parser or the path policy, asserting the sandbox invariant (needs sandbox-fs[fuzz])",

@@ -1,4 +1,4 @@
-"""``sandbox-fs session create|resume|rm``: sessions with their state kept in JSON files.
+"""``sandbox-fs session create|resume|fork|rm``: sessions with their state kept in JSON files.
 
 Each command is one-shot: it starts the session (materialize, reattach or
 restore), closes it (which persists a snapshot when a store is given) and
@@ -6,6 +6,11 @@ writes the serialized state.  The workspace stays in place for the next
 ``resume`` until ``rm``.  The state file carries no authority: the
 workspaces directory, the store and the grants are given on the command
 line every time.
+
+``fork`` writes the state of a new session seeded from the source state's
+snapshot (shared with it in a store with generations, copied in a plain
+version-1 directory store: see :meth:`LocalSandboxClient.fork`); its
+workspace is built by the first ``resume`` of that state.
 """
 
 from __future__ import annotations
@@ -124,6 +129,23 @@ def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fork(args: argparse.Namespace) -> int:
+    from ..client import LocalSandboxClient  # noqa: PLC0415
+
+    _hostpath.check_output(args, args.state_out)
+
+    async def main() -> dict[str, Any]:
+        with LocalSandboxClient(client_options(args)) as client:
+            source = client.deserialize_state(load_state(args, args.state))
+            state = await client.fork(source, session_id=args.session_id)
+            _hostpath.write_json(args, args.state_out, state)
+            return {"action": "fork", "session_id": state["session_id"], "source_session_id": source.session_id,
+                    "snapshot": state["snapshot"], "generation": state["generation"]}
+
+    print_report(args, trio.run(main))
+    return 0
+
+
 def _rm(args: argparse.Namespace) -> int:
     from ..client import LocalSandboxClient  # noqa: PLC0415
 
@@ -161,13 +183,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="resume even when the store's snapshot is at another generation than the state recorded "
                         "(a stale or replayed state file, or a store rolled back)")
 
+    f = ss.add_parser("fork", help="write the state of a new session seeded from a stopped session's snapshot "
+                                   "(shared in a store with generations, copied in a plain directory store)")
+    add_client_args(f)
+    f.add_argument("--state", required=True, help="the source session's state JSON file")
+    f.add_argument("--state-out", required=True, help="where to write the new session's state JSON")
+    f.add_argument("--session-id", help="plain token to use as the new session id (default random)")
+
     d = ss.add_parser("rm", help="remove the session's private workspace (never a caller-owned one)")
     add_client_args(d)
     d.add_argument("--state", required=True, help="session state JSON file")
     d.add_argument("--snapshot", action="store_true", help="also remove the session's snapshot")
 
 
-_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"create": _create, "resume": _resume, "rm": _rm}
+_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"create": _create, "resume": _resume, "fork": _fork,
+                                                           "rm": _rm}
 
 
 def handle(args: argparse.Namespace) -> int:

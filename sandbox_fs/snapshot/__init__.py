@@ -11,7 +11,8 @@ hydrate restores.
 Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
 reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_objects_local`` (it over a local directory), ``_s3`` (it over an S3 bucket, and S3SnapshotStore), ``_walk`` (the fd walk), ``_entries`` (what
 the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
-``_generations`` (generations over an object store: pointer, retention, gc), ``_persist``, ``_hydrate``.
+``_generations`` (generations over an object store: pointer, retention, gc, fork), ``_holds`` (what a fork
+shares, kept from deletion), ``_fork`` (fork on any store), ``_persist``, ``_hydrate``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ._errors import (
     SnapshotVerifyError,
     UnrestorableEntryError,
 )
+from ._fork import fork_snapshot
 from ._generations import GcReport, GenerationStore
 from ._hydrate import hydrate
 from ._hydrate import is_mount_point_of as is_mount_point_of
@@ -80,6 +82,7 @@ __all__ = [
     "NoSnapshot",
     "persist",
     "hydrate",
+    "fork_snapshot",
     "tree_digest",
     "fingerprint",
     "validate_name",

@@ -67,6 +67,7 @@ from ._errors import (
     SnapshotStoreError,
     SnapshotVerifyError,
 )
+from ._holds import HeldBy, delete_quietly, held_dirs, hold_key, list_holds, write_hold
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
@@ -100,6 +101,8 @@ class _PointerEntry(BaseModel):
     dir: str = Field(pattern=rf"^{_GEN_DIR}$")
     meta_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     parent: str = Field(default="", pattern=rf"^(?:{_GEN_DIR})?$")
+    #: the snapshot name whose objects these are ("": this pointer's own); set by a fork (version 2)
+    origin: str = Field(default="", pattern=rf"^(?:{_TOKEN.pattern})?$")
 
     @model_validator(mode="after")
     def _dir_names_generation(self) -> "_PointerEntry":
@@ -114,7 +117,7 @@ class _Pointer(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: Literal["sandbox-fs-generations"] = _POINTER_FORMAT
-    version: Literal[1] = 1
+    version: Literal[1, 2] = 1
     name: str
     generations: list[_PointerEntry] = Field(min_length=1, max_length=2 * _MAX_KEEP * MAX_CHAIN)
     restore_points: int = Field(default=1, ge=1, le=_MAX_KEEP)
@@ -127,6 +130,12 @@ class _Pointer(BaseModel):
         if self.restore_points > len(gens):
             raise ValueError("more restore points than generations")
         by_dir = {e.dir: e for e in self.generations}
+        if len(by_dir) != len(gens):
+            raise ValueError("a generation directory is listed twice")
+        if any(e.origin for e in self.generations) and self.version < 2:
+            raise ValueError("generations of another name (a fork's) need pointer version 2")
+        if any(e.origin == self.name for e in self.generations):
+            raise ValueError("a generation's origin is the pointer's own name")
         for e in self.generations:
             parent = by_dir.get(e.parent) if e.parent else None
             if e.parent and (parent is None or parent.generation >= e.generation):
@@ -140,6 +149,22 @@ class _Pointer(BaseModel):
         while out[-1].parent:
             out.append(by_dir[out[-1].parent])
         return out[::-1]
+
+
+def _dump_pointer(ptr: _Pointer) -> bytes:
+    """The pointer object's bytes: version 2 (with ``origin``) only when it lists another name's generations."""
+    body = ptr.model_dump(mode="json")
+    forked = any(e.origin for e in ptr.generations)
+    body["version"] = 2 if forked else 1
+    for entry in body["generations"]:
+        if not entry["origin"]:
+            del entry["origin"]
+    return json.dumps(body, indent=1).encode()
+
+
+def _owner(name: str, entry: _PointerEntry) -> str:
+    """The snapshot name whose objects ``entry`` names: its origin (a fork's source), else ``name``."""
+    return entry.origin or name
 
 
 def _gen_dir(generation: int) -> str:
@@ -223,11 +248,13 @@ class GcReport:
         objects: keys of the orphaned objects deleted (generations no pointer names).
         bytes: their total size, in bytes.
         uploads: unfinished uploads aborted.
+        holds: stale holds (see :meth:`GenerationStore.fork`) shrunk or removed.
     """
 
     objects: list[str] = field(default_factory=list)
     bytes: int = 0
     uploads: int = 0
+    holds: int = 0
 
 
 class _VerifyingReader(io.RawIOBase):
@@ -363,11 +390,17 @@ class GenerationStore:
     def _meta(self, name: str, entry: _PointerEntry) -> SnapshotInfo:
         """The verified metadata of one kept generation, with :attr:`SnapshotInfo.digest` set.
 
+        A generation a fork shares (``entry.origin``) is read from its
+        origin's objects and must name its origin; it is returned under
+        ``name`` (the name it was looked up by), its ``archive`` key and
+        ``digest`` unchanged.
+
         Raises:
             SnapshotCorruptError: missing, not matching the pointer's SHA-256, or not valid.
             SnapshotStoreError: the store failed.
         """
-        _archive, meta_key = _keys(name, entry.dir)
+        owner = _owner(name, entry)
+        _archive, meta_key = _keys(owner, entry.dir)
         ctx = {"snapshot": name, "generation": entry.generation}
         try:
             raw = self.objects.get_bytes(meta_key, _MAX_META_BYTES)
@@ -386,12 +419,12 @@ class GenerationStore:
         except ValueError as exc:
             raise SnapshotCorruptError("a generation's metadata is not valid", sandbox_path=None, context=ctx,
                                        diagnostic=str(exc)) from None
-        archive_key, _m = _keys(name, entry.dir)
-        if info.name != name or info.generation != entry.generation or info.archive != archive_key \
+        archive_key, _m = _keys(owner, entry.dir)
+        if info.name != owner or info.generation != entry.generation or info.archive != archive_key \
                 or info.version != SNAPSHOT_VERSION_OBJECTS:
             raise SnapshotCorruptError("a generation's metadata names another snapshot or generation",
                                        sandbox_path=None, context=ctx)
-        return info.model_copy(update={"digest": digest})
+        return info.model_copy(update={"digest": digest, "name": name})
 
     def info(self, name: str) -> SnapshotInfo | None:
         """The metadata of the current generation of ``name``, or None when there is none.
@@ -555,7 +588,7 @@ class GenerationStore:
             raise SnapshotCorruptError("a generation's index is larger than its entry limit allows",
                                        sandbox_path=None, context=ctx)
         try:
-            raw = self.objects.get_bytes(_index_key(name, entry.dir), max(info.index_bytes, 0))
+            raw = self.objects.get_bytes(_index_key(_owner(name, entry), entry.dir), max(info.index_bytes, 0))
         except (SnapshotNotFoundError, SnapshotLimitError):
             raise SnapshotCorruptError("a generation's index is missing or larger than recorded", sandbox_path=None,
                                        context=ctx) from None
@@ -653,8 +686,9 @@ class GenerationStore:
                 cur = by_dir.get(cur.parent) if cur.parent else None
         kept = sorted(needed.values(), key=lambda e: -e.generation)
         rest = [e for e in kept if e not in points]
-        ptr = _Pointer(name=name, generations=points + rest, restore_points=len(points))
-        data = json.dumps(ptr.model_dump(mode="json"), indent=1).encode()
+        ptr = _Pointer(name=name, generations=points + rest, restore_points=len(points),
+                       version=2 if any(e.origin for e in kept) else 1)
+        data = _dump_pointer(ptr)
         try:
             if pending.pointer_etag is None:
                 self.objects.put_bytes(f"{name}/current", data, if_none_match=True)
@@ -665,15 +699,51 @@ class GenerationStore:
                                         "state?); this persist was discarded and the other one is current",
                                         sandbox_path=None,
                                         context={"snapshot": name, "failed_generation": entry.generation}) from None
-        for dropped in (old.generations if old is not None else []):
-            if dropped.dir not in needed:
-                self._delete_quietly([*_keys(name, dropped.dir), _index_key(name, dropped.dir)])
+        dropped = [e for e in (old.generations if old is not None else []) if e.dir not in needed]
+        if dropped:
+            self._release(name, dropped, kept)
 
     def _delete_quietly(self, keys: list[str]) -> None:
         """Delete objects, best effort: a failure leaves orphans for :meth:`gc`."""
-        for key in keys:
-            with contextlib.suppress(SnapshotError, ValueError, OSError):
-                self.objects.delete(key)
+        delete_quietly(self.objects, keys)
+
+    def _release(self, name: str, dropped: list[_PointerEntry], kept: list[_PointerEntry]) -> None:
+        """After ``name``'s pointer stopped listing ``dropped`` (it lists ``kept``): delete what nothing keeps.
+
+        Best effort (a failure leaves orphans for :meth:`gc`), in the order
+        of ``_holds``: ``name``'s own generations go unless a hold (a fork)
+        keeps them; for another name's generations (a fork's shared ones),
+        ``name``'s hold on that origin first shrinks to what ``kept`` still
+        lists, then they go unless the origin's pointer or another hold keeps them.
+        """
+        own = {e.dir for e in dropped if not e.origin}
+        if own:
+            self._collect(name, own, keep={e.dir for e in kept})
+        for origin in sorted({e.origin for e in dropped if e.origin}):
+            try:
+                write_hold(self.objects, origin, name, {e.dir for e in kept if e.origin == origin})
+            except (SnapshotError, ValueError, OSError):
+                continue  # the hold stays as it was: nothing is deleted on its account (gc shrinks it)
+            self._collect(origin, {e.dir for e in dropped if e.origin == origin})
+
+    def _collect(self, owner: str, dirs: set[str], keep: set[str] | None = None) -> None:
+        """Delete generation directories ``dirs`` of ``owner`` that its pointer and its holds do not keep.
+
+        ``keep``: what the owner's pointer lists, when the caller just wrote
+        it (else the pointer is read).  Nothing is deleted when the pointer
+        or a hold cannot be read.
+        """
+        try:
+            if keep is None:
+                ptr, _etag = self._pointer(owner)
+                keep = {e.dir for e in ptr.generations} if ptr is not None else set()
+            held = held_dirs(self.objects, owner)
+        except (SnapshotError, ValueError, OSError):
+            return
+        if held is None:
+            return
+        for d in sorted(dirs - keep - held):
+            self._delete_quietly([*_keys(owner, d), _index_key(owner, d)])
 
     def abort(self, pending: PendingArchive) -> None:
         """Discard a generation that will not be committed (idempotent, never raises)."""
@@ -727,6 +797,111 @@ class GenerationStore:
                                         context={"snapshot": name, "generation": generation or 0})
         return ptr, entries[0]
 
+    def _verified_chain(self, name: str, generation: int | None,
+                        digest: str | None) -> tuple[_Pointer, list[_PointerEntry], list[SnapshotInfo]]:
+        """The pointer, and a restore point's chain (base first) with its verified metadata.
+
+        Each metadata object is checked against the pointer, each layer's
+        ``parent_digest`` against its parent's, and the newest against ``digest``.
+
+        Raises:
+            SnapshotNotFoundError: no snapshot ``name``, or ``generation`` is not kept.
+            SnapshotCorruptError: an object is missing or does not match, the chain is broken,
+                or the metadata is not ``digest``.
+            SnapshotStoreError: the store failed.
+        """
+        ptr, entry = self._restore_point(name, generation)
+        members = ptr.chain(entry)
+        infos = [self._meta(name, e) for e in members]
+        info = infos[-1]
+        ctx = {"snapshot": name, "generation": info.generation}
+        if digest is not None and info.digest != digest:
+            raise SnapshotCorruptError("the snapshot's metadata is not the one the session state recorded "
+                                       "(replaced in the store?)", sandbox_path=None, context=ctx)
+        for parent, child in zip(infos, infos[1:]):
+            if child.parent_digest != parent.digest or child.parent_generation != parent.generation:
+                raise SnapshotCorruptError("a layer's metadata does not name its parent's", sandbox_path=None,
+                                           context=ctx)
+        if infos[0].parent_generation or len(infos) != info.chain_length:
+            raise SnapshotCorruptError("a chain does not start at a full generation", sandbox_path=None, context=ctx)
+        return ptr, members, infos
+
+    def fork(self, source: str, target: str, *, generation: int | None = None,
+             digest: str | None = None) -> SnapshotInfo:
+        """Make new snapshot ``target`` whose only restore point is a generation of ``source``, sharing its objects.
+
+        Nothing is copied: ``target``'s pointer lists the generation and its
+        chain with ``origin`` set to the name that owns them, and a hold per
+        owner (``OWNER/holds/TARGET``, see ``_holds``) keeps the owner's
+        pruning, :meth:`remove` and :meth:`gc` from deleting them while
+        ``target`` lists them.  Later persists of either name write new
+        generations under that name only, so changes never show in the other.
+        The holds are written before the source's pointer is read again and
+        checked to still list the generation, and ``target``'s pointer is
+        written last, only if none exists.
+
+        Args:
+            source: the snapshot to fork (a plain token).
+            target: the new snapshot name (a plain token, not ``source``).
+            generation: which restore point of ``source`` (None: the current one).
+            digest: when given, that generation's metadata SHA-256 must equal
+                it (the digest a session's MAC-protected state recorded).
+
+        Returns:
+            The forked generation's metadata under the name ``target``: same
+            ``generation`` and ``digest`` as in ``source``.
+
+        Raises:
+            InvalidPathError: ``source`` or ``target`` is not a plain token.
+            SnapshotNotFoundError: no snapshot ``source``, or ``generation`` is not a kept restore point.
+            SnapshotCorruptError: the chain does not verify, or its metadata is not ``digest``.
+            SnapshotConflictError: ``target`` is ``source``, already exists, is an owner
+                of the chain, or has a hold left on an owner (run :meth:`gc`); or
+                ``source`` pruned the generation meanwhile (fork again).  Nothing was made.
+            SnapshotStoreError: the store failed; nothing was made.
+        """
+        validate_name(source)
+        validate_name(target)
+        ctx = {"snapshot": source, "target": target}
+        _ptr, members, infos = self._verified_chain(source, generation, digest)
+        shared = [e.model_copy(update={"origin": _owner(source, e)}) for e in members]
+        if target == source or any(e.origin == target for e in shared) \
+                or self.objects.head(f"{target}/current") is not None:
+            raise SnapshotConflictError("the fork's snapshot name is in use (it exists, or is the source or one "
+                                        "of its origins); nothing was made", sandbox_path=None, context=ctx)
+        owners: dict[str, set[str]] = collections.defaultdict(set)
+        for e in shared:
+            owners[e.origin].add(e.dir)
+        written: list[str] = []
+        try:
+            for owner in sorted(owners):
+                self._new_hold(owner, target, owners[owner], ctx)
+                written.append(owner)
+            again, _etag = self._pointer(source)  # after the holds (see _holds)
+            if again is None or members[-1].dir not in {e.dir for e in again.generations}:
+                raise SnapshotConflictError("the source snapshot dropped the generation while it was forked; fork "
+                                            "again", sandbox_path=None, context=ctx)
+            ptr = _Pointer(version=2, name=target, generations=shared[::-1], restore_points=1)
+            self.objects.put_bytes(f"{target}/current", _dump_pointer(ptr), if_none_match=True)
+        except BaseException:
+            self._delete_quietly([hold_key(owner, target) for owner in written])
+            raise
+        return infos[-1].model_copy(update={"name": target})
+
+    def _new_hold(self, owner: str, holder: str, dirs: set[str], ctx: dict[str, Any]) -> None:
+        """Write ``holder``'s hold on ``owner``, only where none exists.
+
+        Raises:
+            SnapshotConflictError: a hold of ``holder`` on ``owner`` exists.
+            SnapshotStoreError: the store failed.
+        """
+        try:
+            write_hold(self.objects, owner, holder, dirs, if_none_match=True)
+        except SnapshotConflictError:
+            raise SnapshotConflictError("a hold of the fork's snapshot name is left on the source (a removed "
+                                        "snapshot of that name?); run gc or choose another name; nothing was made",
+                                        sandbox_path=None, context=ctx) from None
+
     def open_chain(self, name: str, limits: SnapshotLimits, *, generation: int | None = None,
                    digest: str | None = None) -> _Chain:
         """Open a restore point for hydrate: its chain's archives, base first, and (for a layer) the final index.
@@ -752,20 +927,9 @@ class GenerationStore:
             SnapshotStoreError: the store failed.
         """
         validate_name(name)
-        ptr, entry = self._restore_point(name, generation)
-        members = ptr.chain(entry)
-        infos = [self._meta(name, e) for e in members]
+        _ptr, members, infos = self._verified_chain(name, generation, digest)
         info = infos[-1]
         ctx = {"snapshot": name, "generation": info.generation}
-        if digest is not None and info.digest != digest:
-            raise SnapshotCorruptError("the snapshot's metadata is not the one the session state recorded "
-                                       "(replaced in the store?)", sandbox_path=None, context=ctx)
-        for parent, child in zip(infos, infos[1:]):
-            if child.parent_digest != parent.digest or child.parent_generation != parent.generation:
-                raise SnapshotCorruptError("a layer's metadata does not name its parent's", sandbox_path=None,
-                                           context=ctx)
-        if infos[0].parent_generation or len(infos) != info.chain_length:
-            raise SnapshotCorruptError("a chain does not start at a full generation", sandbox_path=None, context=ctx)
         total = sum(i.archive_bytes for i in infos)
         if total > limits.max_archive_bytes:
             raise SnapshotLimitError("snapshot archives are larger than max_archive_bytes", sandbox_path=None,
@@ -826,14 +990,34 @@ class GenerationStore:
     def remove(self, name: str) -> None:
         """Delete snapshot ``name``: its pointer first (no generation is current after it), then its objects.
 
+        Objects another name still shares (a fork of ``name``: see
+        :meth:`fork`) are kept, with the holds that keep them, until that
+        name no longer needs them (its pruning or removal deletes them, or
+        :meth:`gc`).  The generations of another name that ``name`` shared
+        (``name`` is a fork) are released: its holds on them go, and so do
+        they when nothing else keeps them.
+
         Raises:
             InvalidPathError: ``name`` is not a plain token.
             SnapshotStoreError: the store failed (objects left behind go with :meth:`gc`).
         """
         validate_name(name)
+        try:
+            ptr, _etag = self._pointer(name)
+        except SnapshotCorruptError:
+            ptr = None  # its holds on other names, if any, are left to gc
         self.objects.delete(f"{name}/current")
+        held = held_dirs(self.objects, name)  # read after the pointer is gone (see _holds)
         for obj in list(self.objects.list(f"{name}/")):
+            rest = obj.key[len(name) + 1:]
+            if rest.startswith("holds/"):
+                continue  # another name's hold on this one's generations
+            m = _GEN_OBJECT.fullmatch(rest)
+            if m is not None and (held is None or m.group(1) in held):
+                continue  # a fork still needs it
             self.objects.delete(obj.key)
+        if ptr is not None:
+            self._release(name, [e for e in ptr.generations if e.origin], [])
 
     def gc(self, *, older_than: float = 3600.0, now: float | None = None) -> GcReport:
         """Remove objects no pointer names (orphans of crashed or conflicting writers) and stale uploads.
@@ -861,7 +1045,10 @@ class GenerationStore:
                 ptr, _etag = self._pointer(name)
             except SnapshotCorruptError:
                 continue
-            kept = {e.dir for e in ptr.generations} if ptr is not None else set()
+            held = self._gc_holds(name, now, older_than, report)
+            if held is None:
+                continue  # a hold cannot be read: nothing of this name is deleted
+            kept = ({e.dir for e in ptr.generations} if ptr is not None else set()) | held
             for obj in list(self.objects.list(f"{name}/gen/")):
                 m = _GEN_OBJECT.fullmatch(obj.key[len(name) + 1:])
                 if m is None or m.group(1) in kept:
@@ -872,6 +1059,39 @@ class GenerationStore:
                     report.bytes += obj.size
         report.uploads = self.objects.abort_stale_uploads(older_than)
         return report
+
+    def _gc_holds(self, owner: str, now: float, older_than: float, report: GcReport) -> set[str] | None:
+        """The directories of ``owner`` its holds keep, after shrinking stale holds; None: one cannot be read.
+
+        A hold older than ``older_than`` seconds (a younger one may be a fork
+        still under way) is shrunk to what its holder's pointer still lists
+        of ``owner``, and deleted when that is nothing (its holder was removed
+        or crashed before releasing it).  A holder whose pointer cannot be
+        read keeps its hold.
+        """
+        holds = list_holds(self.objects, owner)
+        if holds is None:
+            return None
+        out: set[str] = set()
+        for h in holds:
+            out |= self._shrink_hold(owner, h, report) if now - h.mtime >= older_than else h.dirs
+        return out
+
+    def _shrink_hold(self, owner: str, hold: HeldBy, report: GcReport) -> frozenset[str]:
+        """Shrink ``hold`` to what its holder's pointer still lists of ``owner`` (delete it when nothing); what it keeps now."""
+        try:
+            ptr, _etag = self._pointer(hold.holder)
+        except SnapshotCorruptError:
+            return hold.dirs  # kept as it is
+        refs = {e.dir for e in ptr.generations if e.origin == owner} if ptr is not None else set()
+        if hold.dirs <= refs:
+            return hold.dirs
+        try:
+            write_hold(self.objects, owner, hold.holder, hold.dirs & refs, if_match=hold.etag)
+        except SnapshotConflictError:
+            return hold.dirs  # rewritten meanwhile: kept as read
+        report.holds += 1
+        return hold.dirs & refs
 
     def close(self) -> None:
         """Close the object store.  Idempotent."""

@@ -1,0 +1,98 @@
+"""Fork a snapshot under a new name: shared where the store allows it, else copied through the store API."""
+
+from __future__ import annotations
+
+import secrets
+
+from ._errors import SnapshotConflictError, SnapshotCorruptError, SnapshotError
+from ._generations import GenerationStore
+from ._models import SnapshotInfo, SnapshotLimits, validate_name
+from ._store import SnapshotStore
+
+__all__ = ["fork_snapshot"]
+
+_CHUNK = 1 << 20
+
+
+def fork_snapshot(store: SnapshotStore, source: str, target: str, *, generation: int | None = None,
+                  digest: str | None = None, limits: SnapshotLimits | None = None) -> tuple[SnapshotInfo, bool]:
+    """Make snapshot ``target`` hold what the current snapshot ``source`` holds.
+
+    A :class:`GenerationStore` (a local object directory, S3) *shares*: see
+    :meth:`GenerationStore.fork`; nothing is copied and ``target`` starts at
+    ``source``'s generation.  Any other enabled store (the version-1
+    :class:`LocalSnapshotStore`, a host's own store) gets a *copy* through
+    the :class:`SnapshotStore` methods: the archive, verified by
+    ``open_archive``, is streamed into ``begin(target)`` in 1 MiB chunks
+    (memory bounded by the chunk, whatever the archive's size) and committed
+    with the source's metadata; ``target`` starts at the store's first
+    generation.  A store that keeps nothing (:class:`NoSnapshot`) is refused.
+
+    Args:
+        store: the snapshot store.
+        source: the snapshot to fork (a plain token).
+        target: the new snapshot name (a plain token, not ``source``).
+        generation: the generation ``source`` must be at (None: whichever is current).
+        digest: the metadata SHA-256 ``source`` must have (None: not checked).
+        limits: ``max_archive_bytes`` bounds a copied archive.
+
+    Returns:
+        ``(info, shared)``: the new snapshot's metadata (its ``generation``
+        and ``digest`` are what a state records) and whether the store
+        shares the source's objects (True) or copied them (False).
+
+    Raises:
+        InvalidPathError: ``source`` or ``target`` is not a plain token.
+        SnapshotError: the store keeps no snapshots.
+        SnapshotNotFoundError: no snapshot ``source`` (or not at ``generation``, with a GenerationStore).
+        SnapshotConflictError: ``target`` is ``source`` or exists; or ``source``
+            is no longer at ``generation`` / ``digest`` (a copying store).
+        SnapshotCorruptError: the source does not verify, is not ``digest`` (a GenerationStore),
+            or changed while it was copied.
+        SnapshotLimitError: a copied archive is larger than ``max_archive_bytes``.
+        SnapshotStoreError, OSError: the store failed; nothing was made.
+    """
+    validate_name(source)
+    validate_name(target)
+    if isinstance(store, GenerationStore):
+        return store.fork(source, target, generation=generation, digest=digest), True
+    if not store.enabled:
+        raise SnapshotError("the store keeps no snapshots: there is nothing to fork", sandbox_path=None,
+                            context={"snapshot": source})
+    return _copy(store, source, target, generation, digest, limits or SnapshotLimits()), False
+
+
+def _copy(store: SnapshotStore, source: str, target: str, generation: int | None, digest: str | None,
+          limits: SnapshotLimits) -> SnapshotInfo:
+    """Copy the current snapshot ``source`` to new name ``target`` through the store's methods (see :func:`fork_snapshot`)."""
+    ctx = {"snapshot": source, "target": target}
+    if target == source or store.info(target) is not None:
+        raise SnapshotConflictError("the fork's snapshot name is in use; nothing was made", sandbox_path=None,
+                                    context=ctx)
+    reader, info = store.open_archive(source, limits)  # verified by the store
+    with reader:
+        if (generation is not None and info.generation != generation) or (digest is not None and info.digest != digest):
+            raise SnapshotConflictError("the source snapshot changed since its state was taken; nothing was made",
+                                        sandbox_path=None, context=ctx)
+        pending = store.begin(target)
+        try:
+            left = info.archive_bytes
+            while left > 0:
+                chunk = reader.read(min(_CHUNK, left))
+                if not chunk:
+                    break
+                pending.stream.write(chunk)
+                left -= len(chunk)
+            pending.stream.flush()
+            if pending.sink.count != info.archive_bytes or pending.sink.hexdigest() != info.archive_crc32:
+                raise SnapshotCorruptError("the source archive changed while it was copied; nothing was made",
+                                            sandbox_path=None, context=ctx)
+            copy = info.model_copy(update={"name": target, "archive": f"{target}.{secrets.token_hex(8)}.tar",
+                                           "generation": 0, "digest": ""})
+            committed = store.commit(pending, copy)
+        except BaseException:
+            store.abort(pending)
+            raise
+    if committed is None:  # a store without generations: what was committed is ``copy``, read back
+        committed = store.info(target) or copy
+    return committed
