@@ -61,7 +61,7 @@ PUBLIC = {
         "PersistReport", "S3Objects", "S3Options", "S3SnapshotStore", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
         "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError", "SnapshotPolicy",
         "SnapshotSourceChangedError", "SnapshotStore", "SnapshotStoreError", "SnapshotVerifyError",
-        "UnrestorableEntryError", "fingerprint", "hydrate", "persist", "tree_digest", "validate_name",
+        "UnrestorableEntryError", "fingerprint", "fork_snapshot", "hydrate", "persist", "tree_digest", "validate_name",
     ],
     "sandbox_fs.exec": [
         "CommandNotFoundError", "ConfinementError", "ConfinementPolicy", "DEFAULT_MAX_OUTPUT_BYTES",
