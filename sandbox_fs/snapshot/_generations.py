@@ -38,6 +38,14 @@ every chain a kept restore point needs.  Generations dropped from the
 pointer are deleted right after the commit;
 objects a crashed writer left behind (never named by a pointer) are removed
 by :meth:`GenerationStore.gc`.
+
+Forks (:meth:`GenerationStore.fork`) share objects between names: a pointer
+entry may carry ``origin``, the name whose ``gen/`` directory holds that
+generation (pointer version 2; version 1 pointers have none), and the
+owner keeps ``OWNER/holds/HOLDER`` objects that pruning, :meth:`remove` and
+:meth:`gc` respect (the protocol is in ``_holds``)::
+
+    NAME/holds/<holder name>                      the generations of NAME that holder's pointer lists
 """
 
 from __future__ import annotations
