@@ -9,6 +9,7 @@ directory store (copied); the command line; and S3 with two machines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from sandbox_fs import open_root
 from sandbox_fs.client import ClientOptions, LocalSandboxClient, SessionStateTamperedError
@@ -28,6 +31,7 @@ from sandbox_fs.snapshot import (
     LocalSnapshotStore,
     SnapshotConflictError,
     SnapshotCorruptError,
+    SnapshotNotFoundError,
     fork_snapshot,
     hydrate,
     persist,
@@ -392,3 +396,67 @@ def test_holds_name_generation_directories_as_the_store_does() -> None:
     from sandbox_fs.snapshot import _generations, _holds
 
     assert _holds.HOLD_DIR == _generations._GEN_DIR
+
+
+# ------------------------------------------------------------- a model check of the reference tracking
+
+_NAMES = ("a", "b")
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("persist"), st.sampled_from(_NAMES), st.booleans()),
+    st.tuples(st.just("fork"), st.sampled_from(_NAMES), st.sampled_from(_NAMES)),
+    st.tuples(st.just("remove"), st.sampled_from(_NAMES), st.just(False)),
+    st.tuples(st.just("gc"), st.just(""), st.just(False)),
+), min_size=1, max_size=14)
+
+
+def _restore_points_verify(store: GenerationStore) -> None:
+    from sandbox_fs.snapshot import SnapshotLimits
+
+    for name in _NAMES:
+        for generation in store.kept(name):
+            chain = store.open_chain(name, SnapshotLimits(), generation=generation)
+            try:
+                for reader, info in zip(chain.readers, chain.infos):
+                    while reader.read(1 << 16):
+                        pass
+                    reader.verify(info)
+            finally:
+                chain.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_OPS)
+@example(ops=[("persist", "a", True), ("fork", "a", "b"), ("persist", "a", True), ("persist", "a", True),
+              ("gc", "", False), ("persist", "b", False), ("remove", "a", False), ("persist", "b", True),
+              ("persist", "b", True)])
+@example(ops=[("persist", "a", True), ("fork", "a", "b"), ("persist", "b", False), ("remove", "a", False),
+              ("fork", "b", "a"), ("remove", "b", False), ("persist", "a", True), ("persist", "a", True)])
+def test_property_every_restore_point_stays_readable_and_nothing_leaks(tmp_path_factory: Any, ops: list) -> None:
+    """Persists, forks, removals and gc in any order: every kept restore point of every name reads back and
+    verifies after each step, and once every name is removed (and gc ran) the store is empty."""
+    from tests.test_snapshot_generations import DictObjects
+
+    top = tmp_path_factory.mktemp("model")
+    objects = DictObjects()
+    store = GenerationStore(objects, keep=1)
+    for i, (op, name, arg) in enumerate(ops):
+        if op == "persist":
+            ws_dir = top / name
+            ws_dir.mkdir(exist_ok=True)
+            (ws_dir / "f").write_text(f"{name} {i}")
+            # as large as the rest: a layer of it, then a full generation (compaction), which prunes
+            (ws_dir / ("big" if arg else "big2")).write_bytes(os.urandom(4096))
+            with open_root(ws_dir) as ws:
+                persist(ws, store, name)
+        elif op == "fork":
+            with contextlib.suppress(SnapshotConflictError, SnapshotNotFoundError):
+                store.fork(name, arg)
+        elif op == "remove":
+            store.remove(name)
+        else:
+            store.gc(older_than=0)
+        _restore_points_verify(store)
+    for name in _NAMES:
+        store.remove(name)
+    store.gc(older_than=0)
+    assert sorted(objects.objs) == []
