@@ -43,7 +43,7 @@ BIG = 256 * 1024  # a rewrite of the big file is more than half the base: the ne
 
 
 def _client(tmp_path: Path, which: str, store: Any = None, **kw: Any) -> LocalSandboxClient:
-    if store is None and "snapshot_dir" not in kw:
+    if store is None:
         store = GenerationStore(LocalObjects(tmp_path / "objects"), keep=2)
     return LocalSandboxClient(ClientOptions(workspaces_dir=str(tmp_path / f"ws-{which}"), snapshot_store=store,
                                             state_key=KEY, **kw))
@@ -83,6 +83,7 @@ async def _read_all(client: LocalSandboxClient, state: dict[str, Any], *paths: s
 async def test_fork_shares_objects_and_changes_never_cross(tmp_path: Path) -> None:
     with _client(tmp_path, "a") as a, _client(tmp_path, "b") as b:
         src, s1 = await _source(a, {"f": b"base", "keep": b"k"})
+        src_pointer = a.store.objects.head(f"{src.id}/current")
         f1 = await a.fork(s1)
         assert f1["session_id"] != s1["session_id"] and f1["workspace_id"] != s1["workspace_id"]
         assert f1["generation"] == s1["generation"] and f1["snapshot_digest"] == s1["snapshot_digest"]
@@ -99,6 +100,8 @@ async def test_fork_shares_objects_and_changes_never_cross(tmp_path: Path) -> No
             await r.write("only-fork", b"x")
         f1 = b.serialize_state(r)
         assert f1["generation"] == s1["generation"] + 1
+        assert store.objects.head(f"{src.id}/current") == src_pointer  # the fork never wrote the source's pointer
+        assert len(_gen_dirs(store, fid)) == 1  # its own layer, under its own name
 
         async with a.resume(s1) as s:
             assert await s.read("f") == b"base" and "only-fork" not in {e.name for e in await s.ls()}
@@ -290,8 +293,7 @@ async def test_no_store_is_a_clear_refusal(tmp_path: Path) -> None:
 
 
 async def test_version_1_directory_store_copies_through_the_store(tmp_path: Path) -> None:
-    with _client(tmp_path, "a", snapshot_dir=str(tmp_path / "snaps")) as a:
-        assert isinstance(a.store, LocalSnapshotStore)
+    with LocalSnapshotStore(tmp_path / "snaps") as store, _client(tmp_path, "a", store=store) as a:
         src, s1 = await _source(a, {"f": b"base"})
         f1 = await a.fork(s1)
         assert f1["generation"] == 1 and f1["snapshot_digest"] != s1["snapshot_digest"]

@@ -59,17 +59,21 @@ def fork_snapshot(store: SnapshotStore, source: str, target: str, *, generation:
     if not store.enabled:
         raise SnapshotError("the store keeps no snapshots: there is nothing to fork", sandbox_path=None,
                             context={"snapshot": source})
-    return _copy(store, source, target, generation, digest, limits or SnapshotLimits()), False
+    return _copy(store, store, source, target, generation, digest, limits or SnapshotLimits()), False
 
 
-def _copy(store: SnapshotStore, source: str, target: str, generation: int | None, digest: str | None,
-          limits: SnapshotLimits) -> SnapshotInfo:
-    """Copy the current snapshot ``source`` to new name ``target`` through the store's methods (see :func:`fork_snapshot`)."""
+def _copy(src: SnapshotStore, store: SnapshotStore, source: str, target: str, generation: int | None,
+          digest: str | None, limits: SnapshotLimits) -> SnapshotInfo:
+    """Copy the current snapshot ``source`` of ``src`` to new name ``target`` of ``store``, through their methods.
+
+    See :func:`fork_snapshot`; ``src`` and ``store`` are one store, or a
+    store and the version-1 store its directory still holds ``source`` in.
+    """
     ctx = {"snapshot": source, "target": target}
     if target == source or store.info(target) is not None:
         raise SnapshotConflictError("the fork's snapshot name is in use; nothing was made", sandbox_path=None,
                                     context=ctx)
-    reader, info = store.open_archive(source, limits)  # verified by the store
+    reader, info = src.open_archive(source, limits)  # verified by the store
     with reader:
         if (generation is not None and info.generation != generation) or (digest is not None and info.digest != digest):
             raise SnapshotConflictError("the source snapshot changed since its state was taken; nothing was made",
