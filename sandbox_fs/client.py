@@ -45,7 +45,8 @@ from .errors import SandboxError
 from .paths import Grant
 from .root import Root, open_root
 from .session import Session, SessionConfig, SessionError, SnapshotDigestMismatchError, SnapshotGenerationError
-from .snapshot import LocalSnapshotStore, NoSnapshot, SnapshotLimits, SnapshotStore, validate_name
+from .snapshot import DirectorySnapshotStore, LocalSnapshotStore, NoSnapshot, SnapshotLimits, SnapshotStore
+from .snapshot import validate_name
 from .snapshot import SnapshotInfo, SnapshotNotFoundError, fork_snapshot
 
 if TYPE_CHECKING:  # the overlay is optional: sandbox_fs.fuse is imported only by a session that uses it
@@ -181,7 +182,9 @@ class ClientOptions:
             created 0700 when missing.
         snapshot_store: a :class:`~sandbox_fs.snapshot.SnapshotStore`; None
             with ``snapshot_dir`` None means :class:`NoSnapshot`.
-        snapshot_dir: trusted host directory for a :class:`LocalSnapshotStore`.
+        snapshot_dir: trusted host directory for a
+            :class:`~sandbox_fs.snapshot.DirectorySnapshotStore` (generations and
+            layers; version-1 snapshots in it still restore).
         extra_path_grants: extra path grants given to every session.
         base_dir: the trusted base directory for manifest host sources.
         workspace_path: absolute sandbox location of the workspace.
@@ -302,7 +305,7 @@ class LocalSandboxClient:
             if options.snapshot_store is not None:
                 self.store: SnapshotStore = options.snapshot_store
             elif options.snapshot_dir is not None:
-                self.store = LocalSnapshotStore(options.snapshot_dir)
+                self.store = DirectorySnapshotStore(options.snapshot_dir)  # layers; version-1 snapshots still restore
                 self._own_store = True
             else:
                 self.store = NoSnapshot()
@@ -325,7 +328,8 @@ class LocalSandboxClient:
         (Its name holds a dot, so no session id can ever name it.)
         """
         name = ".state-key"
-        home: Root = self.store.root if isinstance(self.store, LocalSnapshotStore) else self._parent
+        home: Root = self.store.root if isinstance(self.store, (LocalSnapshotStore, DirectorySnapshotStore)) \
+            else self._parent
         for _ in range(3):
             try:
                 key = home.read_bytes(name, max_bytes=4096).strip()

@@ -56,7 +56,7 @@ PUBLIC = {
         "SnapshotDigestMismatchError", "SnapshotGenerationError", "WORKSPACE_ID_NAME", "WorkspaceMismatchError",
     ],
     "sandbox_fs.snapshot": [
-        "GcReport", "GenerationStore", "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot",
+        "DirectorySnapshotStore", "GcReport", "GenerationStore", "HydrateReport", "LocalObjects", "LocalSnapshotStore", "NoSnapshot",
         "ObjectInfo", "ObjectStore", "ObjectWriter",
         "PersistReport", "S3Objects", "S3Options", "S3SnapshotStore", "SnapshotConflictError", "SnapshotCorruptError", "SnapshotError", "SnapshotInfo",
         "SnapshotLimitError", "SnapshotLimits", "SnapshotNotFoundError", "SnapshotPolicy",

@@ -389,6 +389,7 @@ def test_cli_generations_ls_restore_and_gc(tmp_path, capsys):
     (ws / "d" / "f").write_text("one")
     (ws / "big").write_bytes(os.urandom(100_000))
     dst.mkdir()
+    _tick()  # the files are strictly older than the first save's walk: none is racy at the second
 
     def run(*argv):
         rc = main([str(a) for a in argv])

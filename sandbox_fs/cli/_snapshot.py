@@ -10,18 +10,17 @@ a terminal; ``--json`` prints a JSON report on stdout.
 ``--store`` is a directory or ``s3://BUCKET[/PREFIX]`` (an
 :class:`~sandbox_fs.snapshot.S3SnapshotStore`: credentials and endpoint from
 the standard AWS configuration chain, or ``--store-endpoint``).  A directory
-is a :class:`~sandbox_fs.snapshot.LocalSnapshotStore`, unless it holds an
-object store (:class:`~sandbox_fs.snapshot.LocalObjects`, recognized by its
-``.partial`` directory) or ``save --generations`` makes one: it is then a
-:class:`~sandbox_fs.snapshot.GenerationStore` over it (generations and
-incremental layers).
+is a :class:`~sandbox_fs.snapshot.DirectorySnapshotStore` (generations and
+incremental layers; version-1 snapshots a
+:class:`~sandbox_fs.snapshot.LocalSnapshotStore` wrote there still restore,
+and their next save continues their generations).  ``save --generations`` is
+accepted and changes nothing (it was needed before directories had layers).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import stat
 import sys
 import time
 from typing import Callable
@@ -33,9 +32,8 @@ from . import _hostpath
 from ._hostpath import host_path
 from ..root import open_root
 from ..snapshot import (
+    DirectorySnapshotStore,
     GenerationStore,
-    LocalObjects,
-    LocalSnapshotStore,
     SnapshotLimits,
     SnapshotStore,
     hydrate,
@@ -54,17 +52,7 @@ def _open_store(args: argparse.Namespace, *, create: bool) -> SnapshotStore:
     keep = getattr(args, "keep", 2)
     if is_s3(spec) or args.store_endpoint is not None:  # checked with one request; see _store
         return open_store(args, spec, keep=keep)  # type: ignore[no-any-return]
-    directory = host_path(args, args.store)
-    objects = getattr(args, "generations", False)
-    if not objects:
-        try:  # opened by the host-path rule, as the stores open it; the marker is looked up beneath it
-            with open_root(directory, label="snapshot-store") as top:
-                objects = top.exists(".partial") and stat.S_ISDIR(top.lstat(".partial").st_mode)
-        except FileNotFoundError:
-            objects = False
-    if objects:
-        return GenerationStore(LocalObjects(directory, create=create), keep=keep)
-    return LocalSnapshotStore(directory, create=create)
+    return DirectorySnapshotStore(host_path(args, args.store), create=create, keep=keep)
 
 
 def _save(args: argparse.Namespace) -> int:
@@ -128,7 +116,7 @@ def _gc(args: argparse.Namespace) -> int:
         if isinstance(store, GenerationStore):
             rep = store.gc(older_than=args.older_than)
             row = {"action": "gc", "objects": len(rep.objects), "bytes": rep.bytes, "uploads": rep.uploads}
-        else:  # a LocalSnapshotStore removes older archives at each commit: nothing is orphaned
+        else:  # not reached for a directory or s3:// (both are generation stores)
             row = {"action": "gc", "objects": 0, "bytes": 0, "uploads": 0}
     print_report(args, row)
     return 0
@@ -149,7 +137,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--workspace", required=True, help="workspace directory (read only, through a Root)")
     _store_flags(s, "snapshot store (a directory is created 0700)")
     s.add_argument("--generations", action="store_true",
-                   help="keep generations and incremental layers as objects in a store directory")
+                   help="accepted for compatibility: a store directory always keeps generations and layers")
     s.add_argument("--keep", type=int_option(1, 1000), default=2, help="restore points kept per name (generations; default 2)")
     s.add_argument("--name", required=True, help="snapshot name (letters, digits, '_' or '-')")
     s.add_argument("--exclude", action="append", default=[], help="workspace-relative path to leave out (repeatable)")

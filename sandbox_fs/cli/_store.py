@@ -1,7 +1,8 @@
 """``--store DIR|s3://BUCKET/PREFIX`` and ``--store-endpoint URL``: the snapshot store of run, session and snapshot.
 
-A plain path is a local store directory (:class:`LocalSnapshotStore`, made
-0700 when missing), taken by the host-path rule like every host path.
+A plain path is a local store directory (:class:`DirectorySnapshotStore`:
+generations and layers, version-1 snapshots in it still restore; made 0700
+when missing), taken by the host-path rule like every host path.
 ``s3://BUCKET[/PREFIX]`` is an :class:`S3SnapshotStore`: its endpoint is
 ``--store-endpoint`` or else the standard AWS chain (``AWS_ENDPOINT_URL_S3``
 / ``AWS_ENDPOINT_URL``, profiles), as are the region and the credentials
@@ -47,7 +48,7 @@ def open_store(args: argparse.Namespace, value: str | None, *, create: bool = Tr
         args: the parsed options (``store_endpoint``, ``follow_host_symlinks``).
         value: the ``--store`` value.
         create: make a missing local directory (0700).
-        keep: restore points an S3 store keeps per name.
+        keep: restore points the store keeps per name.
 
     Raises:
         CliInputError: ``--store-endpoint`` without an ``s3://`` store, or a
@@ -62,9 +63,9 @@ def open_store(args: argparse.Namespace, value: str | None, *, create: bool = Tr
             raise CliInputError("--store-endpoint needs an s3://BUCKET/PREFIX store", sandbox_path=None)
         if value is None:
             return None
-        from ..snapshot import LocalSnapshotStore  # noqa: PLC0415
+        from ..snapshot import DirectorySnapshotStore  # noqa: PLC0415
 
-        return LocalSnapshotStore(host_path(args, value), create=create)
+        return DirectorySnapshotStore(host_path(args, value), create=create, keep=keep)
     from ..snapshot import S3SnapshotStore  # noqa: PLC0415
 
     bucket, prefix = _parse_s3(value)

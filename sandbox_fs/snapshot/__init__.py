@@ -12,7 +12,8 @@ Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
 reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_objects_local`` (it over a local directory), ``_s3`` (it over an S3 bucket, and S3SnapshotStore), ``_walk`` (the fd walk), ``_entries`` (what
 the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
 ``_generations`` (generations over an object store: pointer, retention, gc, fork), ``_holds`` (what a fork
-shares, kept from deletion), ``_fork`` (fork on any store), ``_persist``, ``_hydrate``.
+shares, kept from deletion), ``_fork`` (fork on any store), ``_local`` (the default
+directory store: generations over LocalObjects, reading version-1 snapshots too), ``_persist``, ``_hydrate``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ._errors import (
 )
 from ._fork import fork_snapshot
 from ._generations import GcReport, GenerationStore
+from ._local import DirectorySnapshotStore
 from ._hydrate import hydrate
 from ._hydrate import is_mount_point_of as is_mount_point_of
 from ._models import (
@@ -77,6 +79,7 @@ __all__ = [
     "HydrateReport",
     "SnapshotStore",
     "LocalSnapshotStore",
+    "DirectorySnapshotStore",
     "GenerationStore",
     "GcReport",
     "NoSnapshot",

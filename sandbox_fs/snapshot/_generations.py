@@ -79,7 +79,7 @@ from ._holds import HeldBy, delete_quietly, held_dirs, hold_key, list_holds, wri
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
-from ._store import PendingArchive, _HashingSink, _info_from_json, _info_to_json
+from ._store import PendingArchive, SnapshotStore, _HashingSink, _info_from_json, _info_to_json
 
 __all__ = ["GenerationStore", "GcReport", "MAX_CHAIN", "MAX_DELTA_RATIO"]
 
@@ -520,7 +520,8 @@ class GenerationStore:
         """
         validate_name(name)
         ptr, etag = self._pointer(name)
-        current = ptr.generations[0].generation if ptr is not None else 0
+        legacy = self._legacy_info(name) if ptr is None else None  # a version-1 snapshot the first one follows
+        current = ptr.generations[0].generation if ptr is not None else legacy.generation if legacy else 0
         if expect_generation is not None and current != expect_generation:
             raise SnapshotConflictError("another writer committed this snapshot since this session last saw it "
                                         "(two sessions from one state?); nothing was written", sandbox_path=None,
@@ -528,7 +529,8 @@ class GenerationStore:
                                                  "current_generation": current})
         parent = ptr.generations[0] if ptr is not None else None
         parent_info = self._meta(name, parent) if parent is not None else None
-        if expect_digest is not None and parent_info is not None and parent_info.digest != expect_digest:
+        known = parent_info if parent_info is not None else legacy
+        if expect_digest is not None and known is not None and known.digest != expect_digest:
             raise SnapshotConflictError("the store's current generation is not the one this session knows "
                                         "(replaced by another writer); nothing was written", sandbox_path=None,
                                         context={"snapshot": name, "current_generation": current})
@@ -543,6 +545,23 @@ class GenerationStore:
         return _PendingGeneration(name=name, fd=-1, sink=sink, stream=io.BufferedWriter(sink), partial=None,
                                   generation=generation, gen_dir=gen_dir, pointer=ptr, pointer_etag=etag,
                                   writer=writer, parent=parent, parent_info=parent_info, layered=layered)
+
+    def _legacy_info(self, name: str) -> SnapshotInfo | None:
+        """The version-1 snapshot ``name`` has while it has no pointer (None: none; see DirectorySnapshotStore)."""
+        return None
+
+    def legacy_store(self, name: str) -> SnapshotStore | None:
+        """The store that holds ``name`` when it is a version-1 snapshot with no generations yet (None: none here).
+
+        :func:`hydrate` restores such a name from it.  Only a store over a
+        directory that held version-1 snapshots has one
+        (:class:`~sandbox_fs.snapshot.DirectorySnapshotStore`).
+
+        Raises:
+            SnapshotCorruptError: the pointer is not valid.
+            SnapshotStoreError: the store failed.
+        """
+        return None
 
     def parent_index(self, pending: _PendingGeneration, policy: SnapshotPolicy) -> Index | None:
         """The index a layer is computed against: the parent's, or the baseline hydrate left for it.

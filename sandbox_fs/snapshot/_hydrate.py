@@ -134,6 +134,8 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     """
     limits = limits or SnapshotLimits()
     keep = frozenset(keep_identities)
+    if isinstance(store, GenerationStore) and (legacy := store.legacy_store(name)) is not None:
+        store = legacy  # a version-1 snapshot in a directory store, from before its first generation
     if isinstance(store, GenerationStore):
         return _hydrate_generations(ws, store, name, limits, mount_points, keep,
                                     _Wanted(generation, digest, fallback))
