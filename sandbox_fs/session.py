@@ -32,7 +32,11 @@ its state recorded (:class:`SnapshotGenerationError`, unless
 ``allow_rollback``), or the same generation with other stored metadata than
 the digest its state recorded (:class:`SnapshotDigestMismatchError`: metadata
 and data replaced together in the store); a restore then reads exactly the
-generation whose metadata has that digest.  A workspace holding no id is bound to nothing: it is
+generation whose metadata has that digest.  A state that recorded no digest
+(written before states carried one, or by a store that records none) is bound
+the same way to the generation it recorded and to the metadata digest the
+check read: its restore is of that generation, never of whatever another
+writer made current since.  A workspace holding no id is bound to nothing: it is
 reattached or rebuilt, then given the session's id.  A confined command can
 remove or rewrite its own workspace's id, which only makes that workspace be
 refused or rebuilt; it cannot claim another session's random id.
@@ -682,10 +686,14 @@ class Session:
                 self.generation = info.generation
                 self.snapshot_digest = info.digest or None
                 return "reattached"
-        expected = self._expected_digest()
+        # A bound resume restores exactly the metadata _check_generation accepted: the state's
+        # digest, or (a state that recorded none) the digest that check read, at its generation;
+        # never whatever another writer made current between the check and the restore.
+        bound = self._resumed and self._bound and not self._allow_rollback
         rep = _snap.hydrate(ws, cfg.store, info.name, limits=cfg.limits, mount_points=self._mounts,
-                            keep_identities=self._grant_ids(), digest=expected,
-                            generation=info.generation if expected else None)
+                            keep_identities=self._grant_ids(),
+                            digest=(self._expected_digest() or info.digest or None) if bound else None,
+                            generation=info.generation if bound else None)
         self.fingerprint = rep.info.fingerprint
         self.generation = rep.info.generation  # the generation actually restored
         self.snapshot_digest = rep.info.digest or None
