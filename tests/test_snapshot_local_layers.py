@@ -8,9 +8,10 @@ generation numbers.
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import shutil
+import tarfile
 import time
 
 import pytest
@@ -25,6 +26,7 @@ from sandbox_fs.snapshot import (
     hydrate,
     persist,
 )
+from sandbox_fs.snapshot import _hydrate
 
 
 def _tick() -> None:
@@ -132,3 +134,179 @@ async def test_a_digest_less_state_restores_the_generation_it_recorded_not_what_
         finally:
             with pytest.raises(SnapshotConflictError):  # and its persist cannot go over generation 2
                 await r.aclose()
+
+
+# ------------------------------------------------------------- the baseline outlives the process
+
+
+def _file_members(store, info) -> set[str]:
+    with store.objects.open_range(info.archive) as f, tarfile.open(fileobj=io.BytesIO(f.read())) as tf:
+        return {m.name for m in tf.getmembers() if m.isfile()}
+
+
+def _seed_tree(ws) -> None:
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "a.txt").write_text("a\n")
+    (ws / "big").write_bytes(os.urandom(200_000))
+    (ws / "keep").write_text("unchanged\n")
+
+
+def _baseline_clock_ahead(monkeypatch) -> None:
+    """The baseline's clock one tick on: the restored files are strictly older than it (as they are whenever
+    the restore did not end in the tick the baseline is taken; the racy rule re-reads them otherwise)."""
+    real_now = _hydrate.coarse_now_ns
+    monkeypatch.setattr(_hydrate, "coarse_now_ns", lambda: real_now() + 12_000_000)
+
+
+async def test_a_resume_in_a_fresh_client_then_one_change_persists_a_one_file_layer(tmp_path, monkeypatch):
+    sdir = tmp_path / "store"
+    with _client(tmp_path, "a", snapshot_dir=str(sdir)) as a:
+        async with a.create(session_id="s") as s:
+            await s.write("big", os.urandom(200_000))
+            await s.write("keep", b"unchanged\n")
+            await s.write("d/a.txt", b"a\n", parents=True)
+        state = a.serialize_state(s)
+        await a.delete(s)  # the next resume restores
+    with _client(tmp_path, "b", snapshot_dir=str(sdir)) as b:  # restores, then its process ends without a persist
+        r = b.resume(state)
+        _baseline_clock_ahead(monkeypatch)
+        await r.start()
+        monkeypatch.undo()
+        assert r.start_mode == "restored"
+        restored = b.serialize_state(r)
+
+        async def gone(_s):
+            raise RuntimeError("the host process ends here")
+        r.register_pre_stop_hook(gone)
+        with pytest.raises(RuntimeError):
+            await r.aclose()
+    time.sleep(0.024)
+    # a fresh client object (a new process): the same workspaces directory, its own store object
+    with _client(tmp_path, "b", snapshot_dir=str(sdir)) as c:
+        async with c.resume(restored) as again:
+            assert again.start_mode == "reattached"
+            await again.write("d/a.txt", b"changed\n")
+        info = c.store.info("s")
+        assert info.generation == 2 and info.chain_length == 2
+        assert _file_members(c.store, info) == {"d/a.txt"}
+
+
+def test_cli_restore_then_save_in_new_processes_writes_a_layer(tmp_path, capsys, monkeypatch):
+    from sandbox_fs.cli import main
+
+    ws, dst, sdir = tmp_path / "ws", tmp_path / "dst", tmp_path / "store"
+    _seed_tree(ws)
+    dst.mkdir()
+    _tick()
+    assert main(["snapshot", "save", "--workspace", str(ws), "--name", "n", "--store", str(sdir)]) == 0
+    _baseline_clock_ahead(monkeypatch)
+    assert main(["snapshot", "restore", "--workspace", str(dst), "--name", "n", "--store", str(sdir)]) == 0
+    monkeypatch.undo()
+    time.sleep(0.024)
+    (dst / "keep").write_text("changed!!\n")
+    assert main(["snapshot", "save", "--workspace", str(dst), "--store", str(sdir), "--name", "n"]) == 0
+    capsys.readouterr()
+    with DirectorySnapshotStore(sdir) as st:
+        info = st.info("n")
+        assert info.chain_length == 2 and _file_members(st, info) == {"keep"}
+
+
+# ------------------------------------------------------------- a forged baseline never skips a changed file
+
+
+def _restore_then_change(tmp_path, monkeypatch, sdir):
+    ws, dst = tmp_path / "ws", tmp_path / "dst"
+    _seed_tree(ws)
+    dst.mkdir()
+    _tick()
+    with DirectorySnapshotStore(sdir) as st, open_root(ws) as w, open_root(dst) as d:
+        persist(w, st, "n")
+        _baseline_clock_ahead(monkeypatch)
+        hydrate(d, st, "n")
+        monkeypatch.undo()
+    time.sleep(0.024)
+    (dst / "keep").write_text("CHANGED!!\n")  # same size: only the stat tells
+    return dst
+
+
+@pytest.mark.parametrize("key", ["the store's own", "another", "none"])
+def test_a_forged_baseline_never_makes_persist_skip_a_changed_file(tmp_path, monkeypatch, key):
+    """The store's operator rewrites NAME/baseline to claim the changed file's new inode and times."""
+    from sandbox_fs.snapshot._baseline import read_baseline, write_baseline
+
+    sdir = tmp_path / "store"
+    dst = _restore_then_change(tmp_path, monkeypatch, sdir)
+    live = os.lstat(dst / "keep")
+    with DirectorySnapshotStore(sdir) as st:
+        base = read_baseline(st.objects, "n", st.baseline_key)
+        from sandbox_fs.snapshot import SnapshotLimits, SnapshotPolicy
+        from sandbox_fs.snapshot._baseline import baseline_index
+        idx = baseline_index(st.objects, "n", base, SnapshotPolicy(SnapshotLimits()), frozenset([1]))
+        idx.entries = [e._replace(ino=live.st_ino, mtime_ns=live.st_mtime_ns, ctime_ns=live.st_ctime_ns)
+                       if e.path == "keep" else e for e in idx.entries]
+        idx.time_ns = live.st_ctime_ns + 1
+        base.index = idx
+        forged_key = {"the store's own": st.baseline_key, "another": b"x" * 32, "none": None}[key]
+        write_baseline(st.objects, "n", base, forged_key)
+    with DirectorySnapshotStore(sdir) as st, open_root(dst) as d:  # a new process's persist
+        info = persist(d, st, "n").info
+        out = tmp_path / "out"
+        out.mkdir()
+        with open_root(out) as o:
+            hydrate(o, st, "n")
+    if key == "the store's own":  # control: a baseline under the key is trusted, so the MAC is what guards
+        assert (out / "keep").read_text() == "unchanged\n" and info.chain_length == 2
+    else:
+        assert (out / "keep").read_text() == "CHANGED!!\n"
+
+
+# ------------------------------------------------------------- never chain onto a generation a restore passed over
+
+
+def _three_generations(tmp_path, store_of):
+    ws = tmp_path / "ws"
+    _seed_tree(ws)
+    _tick()
+    with store_of() as st, open_root(ws) as w:
+        for text in ("one", "two", "three"):
+            (ws / "d" / "a.txt").write_text(text)
+            _tick()
+            persist(w, st, "n")
+        assert st.info("n").chain_length == 3
+        return [st.objects.head(i.archive) and i.archive for i in st.generations("n")]
+
+
+def _corrupt(sdir, key: str) -> None:
+    p = sdir / key
+    data = bytearray(p.read_bytes())
+    data[600] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+@pytest.mark.parametrize("what", ["archive.tar", "meta.json"])
+def test_after_a_fallback_restore_save_never_chains_onto_the_corrupt_generation(tmp_path, keyed, what):
+    from sandbox_fs.snapshot import LocalObjects
+
+    sdir = tmp_path / "store"
+
+    def store_of():  # keyed: the directory default; unkeyed: as an S3 store without baseline_key
+        return DirectorySnapshotStore(sdir) if keyed else GenerationStore(LocalObjects(sdir))
+
+    archives = _three_generations(tmp_path, store_of)
+    _corrupt(sdir, archives[0].replace("archive.tar", what))  # the current generation, 3
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with store_of() as st, open_root(dst) as d:  # `snapshot restore` (falls back to 2)
+        rep = hydrate(d, st, "n", fallback=True)
+        assert rep.generation == 2 and rep.skipped_generations == [3]
+    (dst / "new").write_text("after the restore")
+    with store_of() as st, open_root(dst) as d:  # `snapshot save`, a new process
+        info = persist(d, st, "n").info
+        assert info.generation == 4 and info.parent_generation in (0, 2)
+        assert info.chain_length == (3 if keyed else 1)  # a layer over 2 (trusted baseline), else a full one
+        out = tmp_path / "out"
+        out.mkdir()
+        with open_root(out) as o:
+            assert hydrate(o, st, "n").generation == 4  # restorable: no corrupt archive in its chain
+        assert (out / "new").read_text() == "after the restore" and (out / "d" / "a.txt").read_text() == "two"

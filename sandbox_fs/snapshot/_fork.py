@@ -55,7 +55,10 @@ def fork_snapshot(store: SnapshotStore, source: str, target: str, *, generation:
     validate_name(source)
     validate_name(target)
     if isinstance(store, GenerationStore):
-        return store.fork(source, target, generation=generation, digest=digest), True
+        legacy = store.legacy_store(source)  # a version-1 snapshot a directory store still holds: copied
+        if legacy is None:
+            return store.fork(source, target, generation=generation, digest=digest), True
+        return _copy(legacy, store, source, target, generation, digest, limits or SnapshotLimits()), False
     if not store.enabled:
         raise SnapshotError("the store keeps no snapshots: there is nothing to fork", sandbox_path=None,
                             context={"snapshot": source})

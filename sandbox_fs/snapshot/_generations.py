@@ -76,6 +76,7 @@ from ._errors import (
     SnapshotVerifyError,
 )
 from ._holds import HeldBy, delete_quietly, held_dirs, hold_key, list_holds, write_hold
+from ._baseline import Baseline, baseline_index, read_baseline, write_baseline
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
@@ -242,6 +243,7 @@ class _Chain:
     infos: list[SnapshotInfo]
     readers: list["_VerifyingReader"]
     index: Index | None  # the final index (None: a generation recorded without one)
+    current_digest: str = ""  # the metadata digest of the generation current when it was opened
 
     def close(self) -> None:
         for r in self.readers:
@@ -344,20 +346,28 @@ class GenerationStore:
         objects: where the objects live.  :meth:`close` closes it.
         keep: restore points kept per name (>= 1; default 2: the current one
             and the previous good one, which hydrate falls back to).
+        baseline_key: HMAC key (bytes, >= 16) the baselines a restore leaves
+            in the store (``NAME/baseline``) are authenticated with, so a new
+            process's first persist after a restore is a layer too; a key the
+            object store does not hold.  None: a baseline's index is kept in
+            memory only (see ``_baseline`` for what it is trusted for).
 
     Raises:
-        ValueError: ``keep`` is not within 1 to 1000.
+        ValueError: ``keep`` is not within 1 to 1000, or ``baseline_key`` is shorter than 16 bytes.
     """
 
     enabled = True
 
-    def __init__(self, objects: ObjectStore, *, keep: int = 2) -> None:
+    def __init__(self, objects: ObjectStore, *, keep: int = 2, baseline_key: bytes | None = None) -> None:
         if not 1 <= keep <= _MAX_KEEP:
             raise ValueError(f"keep must be within 1 and {_MAX_KEEP}")
+        if baseline_key is not None and (not isinstance(baseline_key, bytes) or len(baseline_key) < 16):
+            raise ValueError("baseline_key must be at least 16 bytes")
         self.objects = objects
         self.keep = keep
+        self.baseline_key = baseline_key
         self._lock = threading.Lock()
-        self._baselines: collections.OrderedDict[str, tuple[str, Index]] = collections.OrderedDict()
+        self._baselines: collections.OrderedDict[str, Baseline] = collections.OrderedDict()
 
     # -- the pointer and the metadata
 
@@ -527,13 +537,12 @@ class GenerationStore:
                                         "(two sessions from one state?); nothing was written", sandbox_path=None,
                                         context={"snapshot": name, "expected_generation": expect_generation,
                                                  "current_generation": current})
-        parent = ptr.generations[0] if ptr is not None else None
-        parent_info = self._meta(name, parent) if parent is not None else None
-        known = parent_info if parent_info is not None else legacy
-        if expect_digest is not None and known is not None and known.digest != expect_digest:
+        known = ptr.generations[0].meta_sha256 if ptr is not None else legacy.digest if legacy else None
+        if expect_digest is not None and known is not None and known != expect_digest:
             raise SnapshotConflictError("the store's current generation is not the one this session knows "
                                         "(replaced by another writer); nothing was written", sandbox_path=None,
                                         context={"snapshot": name, "current_generation": current})
+        parent, parent_info = self._parent_of(name, ptr)
         layered = parent_info is not None and parent_info.index_sha256 != "" \
             and parent_info.chain_length < MAX_CHAIN \
             and parent_info.chain_bytes <= MAX_DELTA_RATIO * max(parent_info.base_bytes, 1)
@@ -563,6 +572,52 @@ class GenerationStore:
         """
         return None
 
+    def _parent_of(self, name: str, ptr: _Pointer | None) -> tuple[_PointerEntry | None, SnapshotInfo | None]:
+        """The generation a new one may be a layer over, and its metadata (``(None, None)``: write a full one).
+
+        Normally the current generation.  When the last restore of ``name``
+        (this process's, or the baseline in the store) passed over the
+        current generation for an older one (a fallback past one that failed
+        verification, or a chosen generation), never the current one: the
+        generation restored when its baseline index is trusted (still kept,
+        and verified by that restore), else none.  A parent whose metadata
+        does not verify is never chained onto either.
+
+        Raises:
+            SnapshotStoreError: the store failed.
+        """
+        if ptr is None:
+            return None, None
+        parent: _PointerEntry | None = ptr.generations[0]
+        base = self._baseline(name)
+        if base is not None and base.instead_of and base.instead_of == ptr.generations[0].meta_sha256:
+            trusted = base.index is not None or base.body is not None
+            parent = next((e for e in ptr.generations[:ptr.restore_points] if e.meta_sha256 == base.digest
+                           and e.generation == base.generation), None) if trusted else None
+        if parent is None:
+            return None, None
+        try:
+            return parent, self._meta(name, parent)
+        except SnapshotCorruptError:
+            return None, None
+
+    def _baseline(self, name: str) -> Baseline | None:
+        """The baseline of ``name``: this store object's, else the one stored (kept in memory once read)."""
+        with self._lock:
+            base = self._baselines.get(name)
+        if base is None:
+            base = read_baseline(self.objects, name, self.baseline_key)
+            if base is not None:
+                self._keep_baseline(name, base)
+        return base
+
+    def _keep_baseline(self, name: str, base: Baseline) -> None:
+        with self._lock:
+            self._baselines[name] = base
+            self._baselines.move_to_end(name)
+            while len(self._baselines) > _MAX_BASELINES:
+                self._baselines.popitem(last=False)
+
     def parent_index(self, pending: _PendingGeneration, policy: SnapshotPolicy) -> Index | None:
         """The index a layer is computed against: the parent's, or the baseline hydrate left for it.
 
@@ -579,27 +634,40 @@ class GenerationStore:
                 or pending.parent is None:
             return None
         info = pending.parent_info
+        chain = frozenset(e.generation for e in pending.pointer.chain(pending.parent))
         with self._lock:
-            cached = self._baselines.get(pending.name)
-        if cached is not None and cached[0] == info.digest:
-            return cached[1]
-        chain = {e.generation for e in pending.pointer.chain(pending.parent)}
-        return self._index(pending.name, pending.parent, info, policy, frozenset(chain))
+            base = self._baselines.get(pending.name)
+        if base is not None and base.digest == info.digest:
+            index = baseline_index(self.objects, pending.name, base, policy, chain)
+            if index is not None:
+                return index
+        return self._index(pending.name, pending.parent, info, policy, chain)
 
-    def remember_baseline(self, name: str, info: SnapshotInfo, index: Index) -> None:
-        """Keep ``index`` (the restored tree's entries with their new inodes and times) for the next layer.
+    def remember_baseline(self, name: str, info: SnapshotInfo, index: Index | None, *, instead_of: str = "",
+                          store: bool = False) -> None:
+        """Keep ``index`` (the tree of generation ``info`` with this workspace's inodes) for the next layer.
 
         Hydrate calls this after a restore, so the first persist after a
         resume compares against the inodes it made, not those of the machine
         that persisted; a commit calls it with the index it wrote (no re-read
-        and re-check of it next time).  Kept in memory for this store object,
-        for the :data:`_MAX_BASELINES` names used last.
+        and re-check of it next time).  Kept in memory for this store object
+        (the :data:`_MAX_BASELINES` names used last) and, with ``store``, in
+        the store as ``NAME/baseline`` (its index authenticated with
+        :attr:`baseline_key`, or left out without one; best effort).
+
+        Args:
+            name: the snapshot name.
+            info: the generation's metadata (``generation``, ``digest``).
+            index: its tree with this workspace's inodes and times, or None.
+            instead_of: the metadata digest of the generation that was current
+                when ``info``'s was restored, if another one ("" otherwise):
+                the next persist never chains onto it.
+            store: also write it to the store (hydrate does; a commit does not).
         """
-        with self._lock:
-            self._baselines[name] = (info.digest, index)
-            self._baselines.move_to_end(name)
-            while len(self._baselines) > _MAX_BASELINES:
-                self._baselines.popitem(last=False)
+        base = Baseline(info.generation, info.digest, instead_of, index)
+        self._keep_baseline(name, base)
+        if store:
+            write_baseline(self.objects, name, base, self.baseline_key)
 
     def _index(self, name: str, entry: _PointerEntry, info: SnapshotInfo, policy: SnapshotPolicy,
                layers: frozenset[int]) -> Index:
@@ -954,7 +1022,7 @@ class GenerationStore:
             SnapshotStoreError: the store failed.
         """
         validate_name(name)
-        _ptr, members, infos = self._verified_chain(name, generation, digest)
+        ptr, members, infos = self._verified_chain(name, generation, digest)
         info = infos[-1]
         ctx = {"snapshot": name, "generation": info.generation}
         total = sum(i.archive_bytes for i in infos)
@@ -976,7 +1044,7 @@ class GenerationStore:
             for r in readers:
                 r.close()
             raise
-        return _Chain(infos, readers, index)
+        return _Chain(infos, readers, index, ptr.generations[0].meta_sha256)
 
     def _open_reader(self, info: SnapshotInfo) -> "_VerifyingReader":
         """A verifying reader of one generation's archive.

@@ -281,8 +281,11 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
                     _restore(ws, layers, info, limits, mount_points, layers, keep)
             finally:
                 chain.close()
-            if chain.index is not None:
-                store.remember_baseline(name, info, _baseline(ws, chain.index))
+            # for the next persist of this name, in this process or a new one (see _baseline): the
+            # restored tree's new inodes, and whether the current generation was passed over
+            store.remember_baseline(name, info, _baseline(ws, chain.index) if chain.index is not None else None,
+                                    instead_of="" if chain.current_digest == info.digest else chain.current_digest,
+                                    store=True)
             return HydrateReport(info, "archive", info.generation, skipped)
         except SnapshotCorruptError as exc:
             if not wanted.fallback:

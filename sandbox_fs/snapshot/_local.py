@@ -19,15 +19,54 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from typing import IO
 
-from ._errors import SnapshotError
+from ..errors import SandboxError
+from ..root import Root
+from ._baseline import baseline_key_of
+from ._errors import SnapshotConflictError, SnapshotError
+from ._fork import _copy
 from ._generations import GenerationStore, _PendingGeneration
 from ._models import SnapshotInfo, SnapshotLimits, validate_name
 from ._objects_local import LocalObjects
 from ._store import LocalSnapshotStore, PendingArchive
 
 __all__ = ["DirectorySnapshotStore"]
+
+
+_KEY_FILE = ".state-key"  # the installation key LocalSandboxClient keeps in its store directory
+
+
+def _installation_baseline_key(root: Root) -> bytes | None:
+    """The baseline MAC key of a store directory, derived from its installation key (made 0600 when missing).
+
+    The installation key is the file :class:`~sandbox_fs.client.LocalSandboxClient`
+    authenticates session states with when given no ``state_key``: whoever
+    can write this directory can already forge those states.  None (baselines
+    in memory only) when the key file is damaged or cannot be made.
+    """
+    for _ in range(3):
+        try:
+            key = root.read_bytes(_KEY_FILE, max_bytes=4096).strip()
+            return baseline_key_of(key) if len(key) >= 32 else None
+        except FileNotFoundError:
+            pass
+        except (OSError, SandboxError):
+            return None
+        try:
+            fd = root.open_fd(_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue  # another process made it meanwhile: read it
+        except (OSError, SandboxError):
+            return None
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, secrets.token_hex(32).encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return None
 
 
 class DirectorySnapshotStore(GenerationStore):
@@ -45,6 +84,11 @@ class DirectorySnapshotStore(GenerationStore):
             component).
         create: create it (mode 0700, parents too) when missing.
         keep: restore points kept per name (see :class:`GenerationStore`).
+
+    Baselines (what a restore leaves so that the next persist, also in a new
+    process, is a layer) are stored authenticated with a key derived from the
+    directory's installation key ``.state-key`` (the one the client keeps
+    there; made 0600 when missing): see ``_baseline``.
 
     Attributes:
         root: the :class:`~sandbox_fs.root.Root` of the directory (the client
@@ -70,7 +114,7 @@ class DirectorySnapshotStore(GenerationStore):
             if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
                 raise SnapshotError("the snapshot store directory was replaced while it was opened",
                                     sandbox_path=None)
-            super().__init__(objects, keep=keep)
+            super().__init__(objects, keep=keep, baseline_key=_installation_baseline_key(self.legacy.root))
         except BaseException:
             objects.close()
             self.legacy.close()
@@ -148,6 +192,22 @@ class DirectorySnapshotStore(GenerationStore):
         """
         legacy = self.legacy_store(name)
         return legacy.open_archive(name, limits) if legacy is not None else super().open_archive(name, limits)
+
+    def fork(self, source: str, target: str, *, generation: int | None = None,
+             digest: str | None = None) -> SnapshotInfo:
+        """Fork as :meth:`GenerationStore.fork`; a version-1 ``source`` is copied into ``target``'s first generation.
+
+        Raises:
+            The errors of :meth:`GenerationStore.fork`; SnapshotConflictError
+            also when ``target`` is a version-1 snapshot.
+        """
+        if self.legacy_store(target) is not None:
+            raise SnapshotConflictError("the fork's snapshot name is in use; nothing was made", sandbox_path=None,
+                                        context={"snapshot": source, "target": target})
+        legacy = self.legacy_store(source)
+        if legacy is None:
+            return super().fork(source, target, generation=generation, digest=digest)
+        return _copy(legacy, self, source, target, generation, digest, SnapshotLimits())
 
     # -- writing and removal
 

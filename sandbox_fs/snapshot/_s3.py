@@ -789,9 +789,12 @@ class S3SnapshotStore(GenerationStore):
         client: an already-made boto3 S3 client (see :class:`S3Objects`).
         check: make one request now (``HeadBucket``), so a bad endpoint,
             credential or bucket fails here rather than at the first stop.
+        baseline_key: see :class:`GenerationStore` (None: the baselines a
+            restore leaves are used by this store object only).
 
     Raises:
-        ValueError: ``bucket``, ``prefix`` or ``keep`` is not valid, or both ``options`` and its fields are given.
+        ValueError: ``bucket``, ``prefix``, ``keep`` or ``baseline_key`` is not valid, or both ``options`` and
+            its fields are given.
         SnapshotStoreError: boto3 is missing, or (with ``check``) the bucket
             cannot be reached (retryable), is missing or refuses the
             credentials (not retryable).
@@ -801,7 +804,7 @@ class S3SnapshotStore(GenerationStore):
                  region_name: str | None = None, profile_name: str | None = None,
                  aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
                  aws_session_token: str | None = None, options: S3Options | None = None, client: Any = None,
-                 check: bool = False) -> None:
+                 check: bool = False, baseline_key: bytes | None = None) -> None:
         fields = (endpoint_url, region_name, profile_name, aws_access_key_id, aws_secret_access_key,
                   aws_session_token)
         if options is not None and any(v is not None for v in fields):
@@ -812,7 +815,7 @@ class S3SnapshotStore(GenerationStore):
                                 aws_session_token=aws_session_token)
         objects = S3Objects(bucket, prefix, options=options, client=client)
         try:
-            super().__init__(objects, keep=keep)
+            super().__init__(objects, keep=keep, baseline_key=baseline_key)
             if check:
                 objects.check()
         except BaseException:
