@@ -310,3 +310,30 @@ def test_after_a_fallback_restore_save_never_chains_onto_the_corrupt_generation(
         with open_root(out) as o:
             assert hydrate(o, st, "n").generation == 4  # restorable: no corrupt archive in its chain
         assert (out / "new").read_text() == "after the restore" and (out / "d" / "a.txt").read_text() == "two"
+
+
+# ------------------------------------------------------------- the hydrate fuzz target reaches layers
+
+
+def test_fuzz_hydrate_chains_pass_the_store_checks_and_reach_the_layer_rules():
+    """The forged store's digests match (the real chain restores); each mutation dies on a layer or index rule."""
+    from sandbox_fs.testing.fuzz import _hydrate as target
+    from sandbox_fs.testing.fuzz._layers import decode_chain, forged_store
+
+    env = target._get_env()
+    outcomes = []
+    for data in env.chains:
+        env.scene.reset()
+        tars, index_json = decode_chain(data)
+        try:
+            with open_root(env.scene.ws) as ws:
+                outcomes.append(hydrate(ws, forged_store(target.NAME, tars, index_json, env.layer_info),
+                                        target.NAME, limits=env.limits).generation)
+        except Exception as exc:  # noqa: BLE001
+            outcomes.append(getattr(exc, "reason", str(exc)))
+        target.one_input(data)  # and the target's invariant holds
+    assert outcomes[0] == 4  # the real chain: a base and three layers
+    refused = [o for o in outcomes if isinstance(o, str)]
+    assert len(refused) >= 10 and not [r for r in refused if "match" in r or "chain" in r], refused
+    assert any("extractor refuses" in r for r in refused) and any("not normalized" in r for r in refused)
+    assert any("below a non-directory" in r for r in refused) and any("zip slip" in r for r in refused)

@@ -10,6 +10,12 @@ input passes the store's verification and meets hydrate's own rules: the
 threat of a store an attacker writes to.  The workspace starts with
 content of its own.  Checked, besides the common invariant: a hydrate that
 fails leaves that content exactly as it was (bytes and metadata).
+
+An input starting with ``SFS-LAYERS`` is a chain of layer tars and its final
+index (deletion list included), served by a forged
+:class:`~sandbox_fs.snapshot.GenerationStore` whose digests all match it
+(see ``_layers``): the same invariant holds for layers, deletion lists and
+the index.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import zlib
 from typing import IO, Any
 
 from .._sentinel import OutsideSentinel
+from ._layers import TOKENS as LAYER_TOKENS
+from ._layers import decode_chain, forged_store, layered_seeds
 from ._target import Finding, Scene, Target
 
 __all__ = ["HYDRATE", "ForgedStore"]
@@ -97,6 +105,7 @@ class _Env:
                 self.real.append(f.read())
             self.info = info
         store.close()
+        self.chains, self.layer_info = layered_seeds(self.scene.reset, self.scene.ws, self.limits, NAME)
 
 
 _env: _Env | None = None
@@ -121,7 +130,8 @@ def one_input(data: bytes) -> None:
         fh.write(b"the workspace's own file\n")
     os.mkdir(os.path.join(scene.ws, "mydir"))
     before = OutsideSentinel(scene.ws)
-    store = ForgedStore(data, env.info)
+    chain = decode_chain(data)
+    store = ForgedStore(data, env.info) if chain is None else forged_store(NAME, *chain, env.layer_info)
     failed = []
 
     def step() -> None:
@@ -140,12 +150,13 @@ def one_input(data: bytes) -> None:
 
 
 def seeds() -> list[bytes]:
-    """The real snapshots (persisted workspaces), and one truncated."""
-    real = list(_get_env().real)
-    return real + [real[0][: len(real[0]) // 2]]
+    """The real snapshots (persisted workspaces), one truncated, and the layered chains (see ``_layers``)."""
+    env = _get_env()
+    real = list(env.real)
+    return real + [real[0][: len(real[0]) // 2]] + env.chains
 
 
-TOKENS = (b"ustar\x00", b"00", b"path=", b"linkpath=", b"size=", b"mode=", b"../", b"/", b".sfs-hydrate-",
+TOKENS = LAYER_TOKENS + (b"ustar\x00", b"00", b"path=", b"linkpath=", b"size=", b"mode=", b"../", b"/", b".sfs-hydrate-",
           b"0000755\x00", b"0004755\x00", b"0000644\x00", b"outside/secret.txt", b"mine", b"mydir")
 
 HYDRATE = Target("hydrate", one_input, seeds, TOKENS)
