@@ -71,6 +71,25 @@ async def test_a_version_1_directory_still_restores_and_continues_as_generations
         assert new.store.info("s1").chain_length == 2  # and now layers
 
 
+async def test_a_fork_of_a_version_1_snapshot_in_a_directory_store_is_a_copy(tmp_path):
+    sdir = tmp_path / "store"
+    old_store = LocalSnapshotStore(sdir)
+    with _client(tmp_path, "old", snapshot_store=old_store) as old:
+        async with old.create(session_id="src") as s:
+            await s.write("f", b"version 1")
+        state = old.serialize_state(s)
+    old_store.close()
+    with _client(tmp_path, "new", snapshot_dir=str(sdir)) as new:
+        forked = await new.fork(state)
+        info = new.store.info(forked["session_id"])
+        assert info.version == 2 and forked["generation"] == info.generation == 1
+        assert new.store.legacy_store("src") is not None  # the source is untouched
+        async with new.resume(forked) as r:
+            assert await r.read("f") == b"version 1"
+        with pytest.raises(SnapshotConflictError):  # a version-1 name is in use
+            new.store.fork(forked["session_id"], "src")
+
+
 def test_cli_restores_a_version_1_snapshot(tmp_path, capsys):
     from sandbox_fs.cli import main
 
