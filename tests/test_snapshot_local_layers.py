@@ -90,6 +90,34 @@ async def test_a_fork_of_a_version_1_snapshot_in_a_directory_store_is_a_copy(tmp
             new.store.fork(forked["session_id"], "src")
 
 
+def test_a_read_only_version_1_directory_still_restores(tmp_path, monkeypatch):
+    import errno
+
+    from sandbox_fs.root import Root
+    from sandbox_fs.snapshot import SnapshotStoreError
+
+    ws, dst, sdir = tmp_path / "ws", tmp_path / "dst", tmp_path / "store"
+    ws.mkdir()
+    dst.mkdir()
+    (ws / "a").write_text("read only")
+    with LocalSnapshotStore(sdir) as v1, open_root(ws) as w:
+        persist(w, v1, "snap")
+
+    real_mkdir = Root.mkdir
+
+    def read_only(self, path, *a, **k):
+        if path == ".partial":
+            raise OSError(errno.EROFS, "read-only file system")
+        return real_mkdir(self, path, *a, **k)
+    monkeypatch.setattr(Root, "mkdir", read_only)  # as on a read-only mount: .partial cannot be made
+    with DirectorySnapshotStore(sdir, create=False) as st, open_root(dst) as d:
+        assert hydrate(d, st, "snap").generation == 1 and (dst / "a").read_text() == "read only"
+        assert [i.name for i in st.list()] == ["snap"]
+        with pytest.raises(SnapshotStoreError):
+            persist(d, st, "snap")
+    assert not (sdir / ".partial").exists()
+
+
 def test_cli_restores_a_version_1_snapshot(tmp_path, capsys):
     from sandbox_fs.cli import main
 

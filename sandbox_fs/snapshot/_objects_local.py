@@ -260,6 +260,11 @@ class LocalObjects:
         self._root = open_root(os.fspath(directory), label="object-store", create=create, no_symlinks=True)
         try:
             self._root.mkdir(_PARTIAL, 0o700, exist_ok=True)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                self._root.close()
+                raise
+            # a store directory this process may only read: reads work, an upload fails (SnapshotStoreError)
         except BaseException:
             self._root.close()
             raise
