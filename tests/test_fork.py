@@ -337,6 +337,9 @@ def test_cli_session_fork_and_one_line_refusals(tmp_path: Path, capsys: Any) -> 
     rc, out, err = _cli(capsys, "session", "resume", *common, "--state", str(forked), "--json")
     assert rc == 0 and json.loads(out)["start_mode"] == "restored", err
     assert (tmp_path / "wsd" / rep["session_id"] / "hello.txt").read_text() == "hi"
+    rc, out, err = _cli(capsys, "snapshot", "gc", "--store", str(tmp_path / "store"), "--older-than", "0", "--json")
+    assert rc == 0 and json.loads(out)["holds"] == 0, err  # the directory store shares: the fork holds the source
+    assert len(list((tmp_path / "store" / json.loads(state.read_text())["session_id"] / "holds").iterdir())) == 1
 
     tampered = tmp_path / "t.json"
     tampered.write_text(json.dumps({**json.loads(state.read_text()), "session_id": "evil"}))

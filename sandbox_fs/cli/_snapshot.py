@@ -115,9 +115,10 @@ def _gc(args: argparse.Namespace) -> int:
     with contextlib.closing(_open_store(args, create=False)) as store:
         if isinstance(store, GenerationStore):
             rep = store.gc(older_than=args.older_than)
-            row = {"action": "gc", "objects": len(rep.objects), "bytes": rep.bytes, "uploads": rep.uploads}
+            row = {"action": "gc", "objects": len(rep.objects), "bytes": rep.bytes, "uploads": rep.uploads,
+                   "holds": rep.holds}
         else:  # not reached for a directory or s3:// (both are generation stores)
-            row = {"action": "gc", "objects": 0, "bytes": 0, "uploads": 0}
+            row = {"action": "gc", "objects": 0, "bytes": 0, "uploads": 0, "holds": 0}
     print_report(args, row)
     return 0
 
