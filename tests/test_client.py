@@ -526,3 +526,47 @@ async def test_a_fallback_generation_is_what_the_state_records(client, monkeypat
     await client.delete(r)
     async with client.resume(after) as again:  # not a rollback: the state says what the store holds
         assert await again.read("f") == b"good"
+
+
+# ------------------------------------------------- the MAC's wire format and the binding rules
+
+
+def _keyed_client(tmp_path):
+    return LocalSandboxClient(ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "s"),
+                                            state_key=b"k" * 32))
+
+
+def test_state_mac_is_over_canonical_json(tmp_path):
+    """A known answer: states written by earlier releases, or reordered by a JSON store, still verify."""
+    payload = {"version": 2, "workspace_id": "0" * 32, "session_id": "s1", "generation": 3,
+               "manifest": {"entries": {"\u00e9.txt": {"type": "file", "content": "\u00fc"}}}}
+    with _keyed_client(tmp_path) as c:
+        signed = c.sign_state(payload)
+        assert signed["mac"] == "6ba75310da39284e742df1a0c27c97ff10f16fa196f7b4190b81a8333bb11a4a"
+        reordered = json.loads(json.dumps(dict(reversed(list(signed.items())))))
+        assert c.deserialize_state(reordered).generation == 3
+
+
+def test_signed_state_breaking_the_binding_rules_is_refused(tmp_path):
+    """A validly signed state is still validated: no v2 state without its workspace_id, no bad ids."""
+    with _keyed_client(tmp_path) as c:
+        with pytest.raises(SessionStateError) as ei:
+            c.deserialize_state(c.sign_state({"version": 2, "session_id": "s1"}))
+        assert ei.value.code == "session_state_invalid"
+        with pytest.raises(SessionStateError) as ei:  # the session id is still a plain token
+            c.deserialize_state(c.sign_state({"version": 2, "session_id": "../s1", "workspace_id": "0" * 32}))
+        assert ei.value.code == "session_state_invalid"
+        extra = {f"x{i:02}": 1 for i in range(12)}
+        with pytest.raises(SessionStateError) as ei:  # the fields named in the error are bounded
+            c.deserialize_state(c.sign_state({"version": 2, "session_id": "s1", "workspace_id": "0" * 32, **extra}))
+        assert ei.value.context["fields"] == sorted(extra)[:10]
+
+
+def test_deep_state_is_refused_before_the_mac(tmp_path):
+    deep: dict = {}
+    for _ in range(65):
+        deep = {"a": deep}
+    with _keyed_client(tmp_path) as c:
+        with pytest.raises(SessionStateError, match="nests too deeply") as ei:
+            c.deserialize_state({"version": 2, "session_id": "s1", "manifest": deep, "mac": "0" * 64})
+        assert ei.value.code == "session_state_invalid"

@@ -26,6 +26,29 @@ def test_normalize_refuses(raw):
         normalize(raw)
 
 
+def test_normalize_limits_are_exact():
+    """NAME_MAX (255) and PATH_MAX - 1 (4095) bytes are accepted; one byte more is refused."""
+    assert normalize("x" * 255) == "x" * 255
+    assert normalize("a/" * 2047 + "a") == "a/" * 2047 + "a"  # 4095 bytes
+    with pytest.raises(InvalidPathError):
+        normalize("a/" * 2048)  # 4096 bytes, the trailing slash counts
+
+
+def test_normalize_bytes_and_backslash_names():
+    assert normalize(b"d/\xff") == "d/\udcff"  # bytes decode with surrogateescape
+    assert normalize("a\\b/c\\") == "a\\b/c\\"  # a backslash alone is a legal name character
+
+
+def test_normalize_error_paths_are_bounded():
+    """A hostile path is cut in the error: 200 characters, or 64 and "..." when over PATH_MAX."""
+    with pytest.raises(InvalidPathError) as ei:
+        normalize("a" * 300 + "\0")
+    assert ei.value.sandbox_path == "a" * 200
+    with pytest.raises(InvalidPathError) as ei:
+        normalize("a/" * 2100)
+    assert ei.value.sandbox_path == "a/" * 32 + "..."
+
+
 def test_normalize_absolute():
     assert normalize("/w/./x/../y/", allow_absolute=True) == "/w/y"
     assert normalize("//w", allow_absolute=True) == "/w"
