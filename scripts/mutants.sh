@@ -29,7 +29,7 @@ snapshot|tests/test_source_races.py tests/test_snapshot_policy.py tests/test_sna
 exec|tests/test_confinement_layers.py tests/test_exec_env.py tests/test_degraded.py|sandbox_fs/exec/_landlock.py::fs_mask sandbox_fs/exec/_landlock.py::fs_read_write sandbox_fs/exec/_ruleset.py::build_ruleset sandbox_fs/exec/_env.py::build_env sandbox_fs/exec/_coverage.py::missing_protections
 paths|tests/test_paths.py tests/test_grants.py tests/test_mount_entries.py::test_a_valid_grant_name_is_kept tests/test_mount_entries.py::test_an_invalid_grant_name_is_refused -k "not test_policy_never_resolves_outside_workspace_or_grants"|sandbox_fs/paths.py::normalize sandbox_fs/paths.py::check_grant_name sandbox_fs/paths.py::PathPolicy.resolve
 client|tests/test_client.py|sandbox_fs/client.py::_canonical sandbox_fs/client.py::_mac sandbox_fs/client.py::SessionState._binding sandbox_fs/client.py::LocalSandboxClient.deserialize_state
-root|tests/test_resolve_flags.py tests/test_root_attacks.py tests/test_root_hardening.py tests/test_host_paths.py|sandbox_fs/root.py::Root._rel sandbox_fs/root.py::Root._open_parent sandbox_fs/root.py::Root._check_write_target sandbox_fs/root.py::Root._checked sandbox_fs/root.py::Root.symlink sandbox_fs/root.py::_open_host_step sandbox_fs/root.py::open_host_dir_fd sandbox_fs/root.py::open_host_file_fd
+root|tests/test_root_checks.py tests/test_resolve_flags.py tests/test_root_attacks.py tests/test_root_hardening.py tests/test_host_paths.py|sandbox_fs/root.py::Root._rel sandbox_fs/root.py::Root._open_parent sandbox_fs/root.py::Root._check_write_target sandbox_fs/root.py::Root._checked sandbox_fs/root.py::Root.symlink sandbox_fs/root.py::_open_host_step sandbox_fs/root.py::open_host_dir_fd sandbox_fs/root.py::open_host_file_fd
 EOF
 )
 
