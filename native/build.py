@@ -1,7 +1,7 @@
 """cffi build script (API mode, out-of-line) for sandbox_fs._sfs_native.
 
 The module is split by topic, one C file and one header each (resolve, copy,
-extract, landlock, mount; sfs.h holds the ABI version and includes them).  The cdef
+extract, scan, landlock, mount; sfs.h holds the ABI version and includes them).  The cdef
 is those same headers, read as they are, so each prototype and constant is
 written once; their ``#pragma once`` and ``#include`` lines are for the C
 compiler and are left out.  The system constants Python reads come through
@@ -21,6 +21,7 @@ TOPICS = (
                  "RESOLVE_IN_ROOT", "RENAME_NOREPLACE", "RENAME_EXCHANGE", "O_PATH", "O_TMPFILE")),
     ("copy", ()),
     ("extract", ()),
+    ("scan", ()),
     ("landlock", ()),
     ("mount", ("FSOPEN_CLOEXEC", "FSMOUNT_CLOEXEC", "MOUNT_ATTR_NOSUID", "MOUNT_ATTR_NODEV",
                "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_MKNOD")),

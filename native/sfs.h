@@ -12,10 +12,11 @@
 #pragma once
 
 /* Bumped whenever a signature changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 7
+#define SFS_ABI_VERSION 8
 
 #include "resolve.h"
 #include "copy.h"
 #include "extract.h"
+#include "scan.h"
 #include "landlock.h"
 #include "mount.h"

@@ -23,7 +23,7 @@ from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 7
+EXPECTED_ABI = 8
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -300,6 +300,44 @@ def copy_fd(in_fd: int, out_fd: int, max_bytes: int, op: str, sandbox_path: str 
         OSError: any other read/write failure.
     """
     return check(lib.sfs_copy(in_fd, out_fd, max_bytes), op, sandbox_path)
+
+
+#: bytes of one record header of :func:`scan_dir` (native/scan.h), before the name
+SCAN_HEADER_BYTES = lib.SFS_SCAN_HEADER_BYTES
+_SCAN_FIRST_BYTES = 64 << 10  # a directory of several hundred names fits; a larger one is listed again
+_scan_alloc = ffi.new_allocator(should_clear_after_alloc=False)  # sfs_scan_dir writes every byte it returns
+
+
+def scan_dir(dfd: int) -> bytes:
+    """Every entry of the directory open on ``dfd`` with its ``lstat``, in one native call.
+
+    The directory is listed from its start (``getdents64`` on ``dfd``, whose
+    file position is put back to the start afterwards) and each name ``fstatat``-ed relative to ``dfd`` with
+    ``AT_SYMLINK_NOFOLLOW``; a name removed between the two is left out.  A
+    directory too large for the buffer is listed again with a larger one.
+
+    Args:
+        dfd: an ``O_RDONLY | O_DIRECTORY`` fd.
+
+    Returns:
+        The records (native/scan.h): per entry a :data:`SCAN_HEADER_BYTES`
+        header (ino, dev, size, mtime_ns, ctime_ns, nlink, mode, name length;
+        native byte order) and the name's bytes, zero-padded to 8 bytes; in
+        the order the filesystem lists them.
+
+    Raises:
+        OSError: ``lseek``, ``getdents64`` or an ``fstatat`` failed (without a
+            path: the caller names the directory).
+    """
+    size = _SCAN_FIRST_BYTES
+    while True:
+        buf = _scan_alloc("char[]", size)
+        n = lib.sfs_scan_dir(dfd, buf, size)
+        if n >= 0:
+            return ffi.buffer(buf, n)[:]
+        if n != -errno.EOVERFLOW:
+            raise OSError(-n, os.strerror(-n))
+        size *= 4
 
 
 def new_xfer() -> object:

@@ -27,8 +27,10 @@ import contextlib
 import errno
 import os
 import stat as _stat
+import struct
 from dataclasses import dataclass
-from typing import Callable, Generator, Iterable, Iterator, NamedTuple
+from operator import itemgetter
+from typing import Callable, Generator, Iterable, Iterator, NamedTuple, Sequence, Union, overload
 
 from .. import _hooks, _native
 from ..archive import ArchiveLimitError, UnsafeArchiveMemberError
@@ -46,12 +48,34 @@ _IN_FLIGHT_PREFIXES = (".sfs-tmp-", ".sfs-extract-", ".sfs-hydrate-", ".sfs-rm-"
 WORKSPACE_ID_NAME = ".sfs-workspace-id"
 
 
+class _Stat(NamedTuple):
+    """An entry's ``lstat`` as a directory scan returns it (the fields of ``os.stat_result`` the walk reads)."""
+
+    st_mode: int
+    st_ino: int
+    st_dev: int
+    st_nlink: int
+    st_size: int
+    st_mtime_ns: int
+    st_ctime_ns: int
+
+    @property
+    def st_mtime(self) -> float:
+        """The mtime in seconds, as ``os.stat_result.st_mtime`` computes it (seconds + nanoseconds * 1e-9)."""
+        sec, nsec = divmod(self.st_mtime_ns, 1_000_000_000)
+        return float(sec) + nsec * 1e-9
+
+
+#: an ``lstat``: of a scan (:class:`_Stat`) or of ``os.stat``/``os.fstat``
+StatLike = Union[os.stat_result, _Stat]
+
+
 class _ListedEntry(NamedTuple):
     """An entry as its directory's listing saw it (nothing read through it is trusted until checked)."""
 
     path: str  # workspace-relative sandbox path
     kind: str  # file | dir | symlink | fifo | socket | char | block | unknown
-    st: os.stat_result  # its lstat, taken relative to the listed directory's fd
+    st: StatLike  # its lstat, taken relative to the listed directory's fd
     name: str = ""  # its name in its parent directory (fd-relative calls)
 
 
@@ -84,10 +108,66 @@ _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 _MEMBER_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 
 
-def _list_dir(dfd: int) -> list[tuple[str, os.stat_result]]:
+_SCAN_HEADER = struct.Struct("=QQqqqQII")  # native/scan.h: ino dev size mtime_ns ctime_ns nlink mode namelen
+assert _SCAN_HEADER.size == _native.SCAN_HEADER_BYTES
+
+
+def _parse_scan(raw: bytes) -> list[tuple[str, _Stat]]:
+    """``(name, lstat)`` of every record of a directory scan (:func:`sandbox_fs._native.scan_dir`), sorted by name."""
+    out = []
+    unpack = _SCAN_HEADER.unpack_from
+    head = _SCAN_HEADER.size
+    off, end = 0, len(raw)
+    while off < end:
+        ino, dev, size, mtime_ns, ctime_ns, nlink, mode, nlen = unpack(raw, off)
+        start = off + head
+        out.append((os.fsdecode(raw[start:start + nlen]), _Stat(mode, ino, dev, nlink, size, mtime_ns, ctime_ns)))
+        off = start + ((nlen + 7) & ~7)
+    out.sort(key=itemgetter(0))
+    return out
+
+
+class _Listing(Sequence[tuple[str, _Stat]]):
+    """One directory's listing: the scan's raw records, and its ``(name, lstat)`` pairs sorted by name.
+
+    The pairs are decoded from ``raw`` on first use, so a walk that can take
+    a whole directory over from a previous one (a layered persist, see
+    :mod:`._layers`) compares ``raw`` and never decodes an entry.
+    """
+
+    __slots__ = ("raw", "_items")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self._items: list[tuple[str, _Stat]] | None = None
+
+    def items(self) -> list[tuple[str, _Stat]]:
+        if self._items is None:
+            self._items = _parse_scan(self.raw)
+        return self._items
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, _Stat]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[tuple[str, _Stat]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[str, _Stat] | Sequence[tuple[str, _Stat]]:
+        return self.items()[i]
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+    def __iter__(self) -> Iterator[tuple[str, _Stat]]:
+        return iter(self.items())
+
+
+def _list_dir(dfd: int) -> Sequence[tuple[str, StatLike]]:
     """``(name, lstat)`` of every entry of the open directory ``dfd``, sorted by name.
 
-    Each ``lstat`` is taken relative to ``dfd`` (never follows a symlink);
+    One native call (:func:`sandbox_fs._native.scan_dir`: ``getdents64`` on
+    ``dfd`` and an ``fstatat(dfd, name, AT_SYMLINK_NOFOLLOW)`` per name), so
+    every ``lstat`` is taken relative to ``dfd`` and never follows a symlink;
     an entry removed between the listing and its ``lstat`` is left out.
     (Tests replace this function to change the tree between a listing and
     the opens that follow it.)
@@ -95,15 +175,8 @@ def _list_dir(dfd: int) -> list[tuple[str, os.stat_result]]:
     Raises:
         OSError: the directory cannot be read.
     """
-    out = []
-    stat = os.stat
     # host-access: none; lists a directory fd opened beneath the workspace Root (no path is walked)
-    for name in sorted(os.listdir(dfd)):
-        try:
-            out.append((name, stat(name, dir_fd=dfd, follow_symlinks=False)))
-        except FileNotFoundError:
-            continue
-    return out
+    return _Listing(_native.scan_dir(dfd))
 
 
 def _source_view(ws: Root) -> Root:
@@ -267,8 +340,15 @@ class _DirFrame:
     next: int = 0  # index in ``subdirs`` of the next one to enter
 
 
+#: a layered walk's hook, called with each directory's sandbox path and listing before it is split:
+#: the admitted subdirectories when it took the whole directory over from the parent generation (its
+#: entries recorded, nothing else to do for it), None to walk it entry by entry
+BeginDir = Callable[[str, Sequence[tuple[str, StatLike]]], "list[_ListedEntry] | None"]
+
+
 def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
-          admit_dir: Callable[[_ListedEntry, int], bool]) -> Generator[tuple[int, list[_ListedEntry]], None, None]:
+          admit_dir: Callable[[_ListedEntry, int], bool],
+          begin_dir: BeginDir | None = None) -> Generator[tuple[int, list[_ListedEntry]], None, None]:
     """Deterministic top-down walk over directory fds, pruning excluded paths, mount points and grant roots.
 
     Yields ``(dfd, nondirs)`` once per directory: its open fd (valid until
@@ -279,7 +359,10 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
     offered to ``admit_dir(entry, dfd)`` (the persist policy, which records
     them) in name order while their parent is listed, and the admitted ones
     are entered after the parent's non-directories, depth first: the order
-    of :meth:`Root.walk`.
+    of :meth:`Root.walk`.  With ``begin_dir``, each listing is first offered
+    to it (a layered persist taking an unchanged directory over whole: see
+    :data:`BeginDir`); a directory it takes yields no non-directories and
+    enters the subdirectories it returns.
 
     A listing comes from a held directory fd, and a held fd can be moved
     out of the workspace at any time (with anything written into it
@@ -313,8 +396,17 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
             frame = _DirFrame(dfd, [])
             frames.append(frame)
             cur = None
-            frame.subdirs, nondirs = _split_listing(dfd, dpath, root_dev, prune, skipped, admit_dir)
-            yield dfd, nondirs
+            try:
+                listing = _list_dir(dfd)
+            except OSError as exc:
+                _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
+            taken = begin_dir(dpath, listing) if begin_dir is not None else None
+            if taken is not None:
+                frame.subdirs = taken
+                yield dfd, []
+            else:
+                frame.subdirs, nondirs = _split_listing(listing, dfd, dpath, root_dev, prune, skipped, admit_dir)
+                yield dfd, nondirs
             cur = _enter_next(src, frames)
     finally:
         if cur is not None:
@@ -323,9 +415,10 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
             os.close(frame.dfd)
 
 
-def _split_listing(dfd: int, dpath: str, root_dev: int, prune: _Prune, skipped: list[tuple[str, str]],
+def _split_listing(listing: Iterable[tuple[str, StatLike]], dfd: int, dpath: str, root_dev: int, prune: _Prune,
+                   skipped: list[tuple[str, str]],
                    admit_dir: Callable[[_ListedEntry, int], bool]) -> tuple[list[_ListedEntry], list[_ListedEntry]]:
-    """``(admitted subdirectories, other entries)`` of the directory open on ``dfd`` (sandbox path ``dpath``).
+    """``(admitted subdirectories, other entries)`` of ``listing``, of the directory open on ``dfd`` (``dpath``).
 
     Leaves out, recording why in ``skipped``: excluded paths, in-flight
     names, mount points (another device than ``root_dev``, or listed) and
@@ -333,14 +426,9 @@ def _split_listing(dfd: int, dpath: str, root_dev: int, prune: _Prune, skipped: 
     Every other subdirectory is offered to ``admit_dir``, in name order.
 
     Raises:
-        OSError: the directory cannot be read (with its sandbox path).
         What ``admit_dir`` raises.
     """
     prefix = dpath + "/" if dpath else ""
-    try:
-        listing = _list_dir(dfd)
-    except OSError as exc:
-        _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
     excluded = prune.excluded
     dirs = []
     nondirs = []
