@@ -44,6 +44,8 @@ from ._models import SnapshotLimits, SnapshotPolicy
 from ._header import MemberHeader, encode_header, ustar_fits
 from ._tar import _TarStream
 from ._walk import (
+    BeginDir,
+    StatLike,
     _ListedEntry,
     _Prune,
     _lstat_listed,
@@ -58,14 +60,26 @@ __all__ = ["tree_digest", "fingerprint"]
 
 
 class _Digest:
-    """The tree digest: SHA-256 over one record per kept entry, in walk order."""
+    """The tree digest: SHA-256 over one record per kept entry, in walk order.
+
+    Attributes:
+        parts: when a list, every record added is also appended to it (a layered
+            walk keeps each directory's records, see :mod:`._layers`).
+    """
 
     def __init__(self) -> None:
         self.sha = hashlib.sha256()
+        self.parts: list[bytes] | None = None
 
     def add(self, path: str, kind: str, size: int, mode: int, content: str) -> None:
-        rec = f"{path}\0{kind}\0{size}\0{mode:o}\0{content}\n"
-        self.sha.update(rec.encode("utf-8", "surrogateescape"))
+        rec = f"{path}\0{kind}\0{size}\0{mode:o}\0{content}\n".encode("utf-8", "surrogateescape")
+        self.sha.update(rec)
+        if self.parts is not None:
+            self.parts.append(rec)
+
+    def add_records(self, recs: bytes) -> None:
+        """Add records :meth:`add` made before, as they are (a directory taken over whole)."""
+        self.sha.update(recs)
 
     def hexdigest(self) -> str:
         return self.sha.hexdigest()
@@ -160,11 +174,11 @@ def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable:
         OSError: a directory or file cannot be read, or the sink cannot be written.
     """
     with _source_view(ws) as src:
-        state = _WalkState(ws, src, policy, tar, on_unrestorable)
+        state = _WalkState(ws, src, policy, tar, on_unrestorable, prune)
         if setup is not None:
             setup(state)
         last_report = time.monotonic()
-        with contextlib.closing(_walk(ws, src, prune, state.skipped, state.admit_dir)) as walk:
+        with contextlib.closing(_walk(ws, src, prune, state.skipped, state.admit_dir, state.begin_dir)) as walk:
             for dfd, nondirs in walk:
                 for entry in nondirs:
                     if state.add_nondir(entry, dfd) and progress is not None:
@@ -172,6 +186,8 @@ def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable:
                         if now - last_report >= 0.2:
                             last_report = now
                             progress(state.entries, state.content)
+        if state.end_dirs is not None:
+            state.end_dirs()
         for linked in state.multi_linked.values():
             state.add_linked(linked)
         if progress is not None:
@@ -197,10 +213,13 @@ class _WalkState:
         policy: the restore rules and limits both persist and hydrate apply.
         tar: where members go; one without a sink only hashes (``writes`` False).
         on_unrestorable: ``"refuse"`` raises on an entry hydrate would refuse; ``"skip"`` records it.
+        prune: what the walk leaves out.
     """
 
-    def __init__(self, ws: Root, src: Root, policy: SnapshotPolicy, tar: _TarStream, on_unrestorable: str) -> None:
+    def __init__(self, ws: Root, src: Root, policy: SnapshotPolicy, tar: _TarStream, on_unrestorable: str,
+                 prune: _Prune | None = None) -> None:
         self.ws = ws
+        self.prune = prune
         self.src = src
         self.policy = policy
         self.limits = policy.limits
@@ -216,39 +235,74 @@ class _WalkState:
         self.multi_linked: dict[tuple[int, int], _Linked] = {}
         self.entries = 0
         self.content = 0
-        #: layered persist: the parent-index entry of an unchanged regular file (None: read it), see _index
-        self.reuse: Callable[[_ListedEntry], IndexEntry | None] | None = None
+        #: layered persist: the parent-index entry of an unchanged regular file or directory, given its
+        #: lstat (None: read or write it again), see _index
+        self.reuse: Callable[[_ListedEntry, StatLike | None], IndexEntry | None] | None = None
+        #: layered persist: the parent's entry of an unchanged entry of a directory its walk recorded
+        #: with the same options (no name rule to apply again), see _layers
+        self.taken_over: Callable[[_ListedEntry], IndexEntry | None] | None = None
         #: layered persist: the new generation's index entries, in walk order (None: not recorded)
         self.records: list[IndexEntry] | None = None
+        #: layered persist: offered each directory's listing first (see _walk.BeginDir), and called after the walk
+        self.begin_dir: BeginDir | None = None
+        self.end_dirs: Callable[[], None] | None = None
+        #: when a list, every subdirectory admit_dir admits is appended to it
+        self.admitted: list[_ListedEntry] | None = None
 
-    def _record(self, path: str, kind: str, st: os.stat_result, mode: int, content: str, layer: int = 0) -> None:
+    def take_chunk(self, entries: list[IndexEntry], digest: bytes, fixups: list[tuple[str, int]],
+                   content: int) -> None:
+        """Record a directory's entries as a previous walk recorded them (see :mod:`._layers`).
+
+        The caller checked that they fit ``max_entries`` and ``max_total_bytes``.
+        """
+        self.entries += len(entries)
+        self.content += content
+        self.digest.add_records(digest)
+        if self.records is not None:
+            self.records.extend(entries)
+        if self.fixups is not None:
+            self.fixups.extend(fixups)
+
+    def take_over(self, item: _ListedEntry, old: IndexEntry) -> None:
+        """Record an unchanged file or directory as its parent-index entry: not read, not written.
+
+        Raises:
+            SnapshotLimitError: a limit is exceeded.
+        """
+        self.count(item)
+        if old.kind == "file":
+            self._add_content(item.path, old.size)
+            fix = old.mode != extracted_file_mode(mode=old.mode)
+        else:
+            fix = old.mode != extracted_dir_mode(mode=old.mode)
+        if self.fixups is not None and fix:
+            self.fixups.append((item.path, old.mode))
+        self.digest.add(item.path, old.kind, old.size if old.kind == "file" else 0, old.mode, old.content)
+        if self.records is not None:
+            self.records.append(old)
+
+    def _add_content(self, path: str, size: int) -> None:
+        """Count ``size`` bytes of file content.
+
+        Raises:
+            SnapshotLimitError: the file exceeds ``max_file_bytes``, or the total ``max_total_bytes``.
+        """
+        if size > self.limits.max_file_bytes:
+            raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=path,
+                                     context={"max_file_bytes": self.limits.max_file_bytes})
+        self.content += size
+        if self.content > self.limits.max_total_bytes:
+            raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=path,
+                                     context={"max_total_bytes": self.limits.max_total_bytes})
+
+    def _record(self, path: str, kind: str, st: StatLike, mode: int, content: str, layer: int = 0) -> None:
         """Add an index entry (layer 0: this generation's archive holds the member)."""
         if self.records is not None:
             self.records.append(IndexEntry(path, kind, st.st_ino, st.st_size if kind == "file" else 0,
                                            st.st_mtime_ns, st.st_ctime_ns, mode, content, st.st_nlink, layer))
 
-    def add_unchanged(self, item: _ListedEntry, old: IndexEntry) -> None:
-        """Record a regular file the parent index proves unchanged: not read, not written; its SHA-256 taken over.
-
-        Raises:
-            SnapshotLimitError: a size limit is exceeded.
-        """
-        st = item.st
-        mode = SnapshotPolicy.mode(st.st_mode)
-        if st.st_size > self.limits.max_file_bytes:
-            raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
-                                     context={"max_file_bytes": self.limits.max_file_bytes})
-        self.content += st.st_size
-        if self.content > self.limits.max_total_bytes:
-            raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
-                                     context={"max_total_bytes": self.limits.max_total_bytes})
-        if self.fixups is not None and mode != extracted_file_mode(mode=mode):
-            self.fixups.append((item.path, mode))
-        self.digest.add(item.path, "file", st.st_size, mode, old.content)
-        self._record(item.path, "file", st, mode, old.content, old.layer)
-
     def restorable(self, item: _ListedEntry,
-                   dfd: int | None = None) -> tuple[bool, str | None, os.stat_result | None]:
+                   dfd: int | None = None) -> tuple[bool, str | None, StatLike | None]:
         """``(True, symlink target or None, lstat)`` when the item may be persisted; refuses or records it otherwise.
 
         The rules are the archive extractor's own (:func:`~sandbox_fs.archive.normalize_member_name`
@@ -276,7 +330,7 @@ class _WalkState:
         """
         reason = None
         target = None
-        st: os.stat_result | None = item.st
+        st: StatLike | None = item.st
         raw = item.path.encode("utf-8", "surrogateescape")
         alimits = self.policy.archive
         try:
@@ -314,10 +368,20 @@ class _WalkState:
             UnrestorableEntryError, SnapshotSourceChangedError: see :meth:`restorable`.
             SnapshotLimitError: more than ``max_entries``.
         """
+        if self.taken_over is not None:
+            old = self.taken_over(item)
+            if old is not None:
+                self.take_over(item, old)
+                return self._admitted(item)
         ok, _target, st = self.restorable(item, dfd)
         if not ok:
             return False
         assert st is not None  # checked by its path beneath the Root: mode and mtime are the workspace's
+        if self.reuse is not None:
+            old = self.reuse(item, st)
+            if old is not None:  # unchanged since the parent: its member stays in the layer that has it
+                self.take_over(item, old)
+                return self._admitted(item)
         mode = SnapshotPolicy.mode(st.st_mode)
         admitted, hdr = self.header(item.path, tarfile.DIRTYPE, mode, st.st_mtime)
         if not admitted:
@@ -329,6 +393,11 @@ class _WalkState:
             self.fixups.append((item.path, mode))
         if hdr is not None:
             self.tar.add(hdr)
+        return self._admitted(item)
+
+    def _admitted(self, item: _ListedEntry) -> bool:
+        if self.admitted is not None:
+            self.admitted.append(item)
         return True
 
     def add_nondir(self, item: _ListedEntry, dfd: int) -> bool:
@@ -339,21 +408,26 @@ class _WalkState:
             SnapshotLimitError: a limit is exceeded.
             OSError: reading the file or writing the sink failed.
         """
+        if self.taken_over is not None and item.kind == "file":
+            old = self.taken_over(item)
+            if old is not None:
+                self.take_over(item, old)
+                return True
         ok, target, checked = self.restorable(item, dfd)
         if not ok:
             return False
         if item.kind == "symlink":
             assert target is not None and checked is not None
             return self._add_symlink(item, target, checked)
+        if self.reuse is not None and item.st.st_nlink == 1:
+            old = self.reuse(item, None)
+            if old is not None:
+                self.take_over(item, old)
+                return True
         self.count(item)
         if item.st.st_nlink > 1:
             self._defer_linked(item)
             return True
-        if self.reuse is not None:
-            old = self.reuse(item)
-            if old is not None:
-                self.add_unchanged(item, old)
-                return True
         fd = _open_member(self.src, item, dfd)
         if fd is None:
             self.entries -= 1
@@ -365,7 +439,7 @@ class _WalkState:
             os.close(fd)
         return True
 
-    def _add_symlink(self, item: _ListedEntry, target: str, st: os.stat_result) -> bool:
+    def _add_symlink(self, item: _ListedEntry, target: str, st: StatLike) -> bool:
         """Record a symlink (``st``: its ``lstat`` opened by its path and identity-checked); False if skipped."""
         admitted, hdr = self.header(item.path, tarfile.SYMTYPE, 0o777, st.st_mtime, link=target)
         if not admitted:
@@ -457,7 +531,6 @@ class _WalkState:
             SnapshotLimitError: a size limit is exceeded.
             OSError: reading the file or writing the sink failed.
         """
-        limits = self.limits
         st = _member_stat(fd, item)
         for other in links:
             if _lstat_listed(self.src, other) is None:
@@ -468,13 +541,7 @@ class _WalkState:
         if not admitted:
             self.skipped.extend((other.path, "a hard link of a skipped file") for other in links)
             return None
-        if st.st_size > limits.max_file_bytes:
-            raise SnapshotLimitError("file is larger than max_file_bytes", sandbox_path=item.path,
-                                     context={"max_file_bytes": limits.max_file_bytes})
-        self.content += st.st_size
-        if self.content > limits.max_total_bytes:
-            raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=item.path,
-                                     context={"max_total_bytes": limits.max_total_bytes})
+        self._add_content(item.path, st.st_size)
         if self.fixups is not None and mode != extracted_file_mode(mode=mode):
             self.fixups.append((item.path, mode))
         sha_hex = self.tar.add_file(st.st_size, fd, item.path, hdr)

@@ -14,12 +14,14 @@ not).
 Change detection: a regular file with one link whose inode, size, mtime and
 ctime match its parent-index entry, and whose mtime and ctime are both
 strictly older than the parent index's ``time_ns``, is not read again (its
-SHA-256 and layer are taken over).  Anything changed at or after the moment
-the parent walk began carries a timestamp at or after ``time_ns`` and is
-read again (the racy-git rule: a write in the same clock tick as the walk
-is never missed).  Directories, symlinks and multi-linked files are always
-written to the layer (they are cheap, and so a hard-link group is always
-whole in one layer).  What this trusts: ``ctime`` cannot be set by an
+SHA-256 and layer are taken over); so is a directory whose inode, link
+count, mode, mtime and ctime match (its member stays in the layer that has
+it).  Anything changed at or after the moment the parent walk began carries
+a timestamp at or after ``time_ns`` and is read again (the racy-git rule: a
+write in the same clock tick as the walk is never missed).  Symlinks and
+multi-linked files are always written to the layer (whether a symlink
+restores depends on other entries; a hard-link group is always whole in one
+layer).  What this trusts: ``ctime`` cannot be set by an
 unprivileged process (see SECURITY.md).
 
 Hydrate trusts no index it did not verify: it is read only through the
@@ -82,12 +84,18 @@ class Index:
         dev: ``st_dev`` of the workspace it was taken in (inode numbers are per device).
         entries: every kept entry, in walk order.
         deleted: paths the parent generation had and this one does not.
+        encoded: its object's bytes, when the walk that made it encoded it already (see
+            :mod:`._layers`; :func:`encode_index` returns them).  Never read from a store.
+        walk_cache: what the walk that made it keeps for the next layered walk over it (in
+            memory only, see :mod:`._layers`); None for an index read from a store or a baseline.
     """
 
     time_ns: int
     dev: int
     entries: list[IndexEntry] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    encoded: bytes | None = field(default=None, repr=False, compare=False)
+    walk_cache: object | None = field(default=None, repr=False, compare=False)
 
     def by_path(self) -> dict[str, IndexEntry]:
         return {e.path: e for e in self.entries}
@@ -116,7 +124,12 @@ def index_digest(entries: list[IndexEntry]) -> str:
 
 
 def encode_index(index: Index) -> bytes:
-    """The index object's bytes (zlib-compressed ASCII JSON; non-UTF-8 names keep their ``\\udcXX`` escapes)."""
+    """The index object's bytes (zlib-compressed ASCII JSON; non-UTF-8 names keep their ``\\udcXX`` escapes).
+
+    ``index.encoded`` when set (the walk's own encoding of the same document, see :mod:`._layers`).
+    """
+    if index.encoded is not None:
+        return index.encoded
     doc = {"format": _FORMAT, "version": 1, "time_ns": index.time_ns, "dev": index.dev,
            "entries": [list(e) for e in index.entries], "deleted": index.deleted}
     return zlib.compress(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode(), 1)

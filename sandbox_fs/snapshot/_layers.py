@@ -1,22 +1,153 @@
 """Layered persist: the index a persist records, and change detection against its parent's index.
 
-See :mod:`._index` for the index and the rule that decides that a file is
+See :mod:`._index` for the index and the rule that decides that an entry is
 unchanged (inode, size, mtime, ctime and mode equal; mtime and ctime strictly
 older than the parent index's walk).  A persist into a
 :class:`~sandbox_fs.snapshot.GenerationStore` records an index for every
 generation; over a parent index taken on the same device it writes a layer
 (only what changed, and the deletion list), else a full generation.
+
+*Whole directories.*  The walk that makes an index also keeps, in memory
+with it (``Index.walk_cache``), one :class:`_Chunk` per directory: what that
+directory's listing added to the walk (its index entries, tree-digest
+records, mode fix-ups, content bytes, the subdirectories it admitted, and
+its index entries already encoded).  The next layered persist over that
+index (the same store object: see ``GenerationStore.remember_baseline``),
+with the same options, takes a directory over whole when its listing is
+byte for byte the one recorded (names and each entry's inode, device, size,
+mtime, ctime, link count and mode: the SHA-256 of the native scan's
+records, see :func:`sandbox_fs._native.scan_dir`), every entry of it was
+admitted plainly (a regular file with one link or a directory; no symlink,
+nothing skipped, excluded or deferred) and strictly older than the walk that
+recorded it (the racy rule).  Nothing of such a directory is decoded, opened
+or read: its records are appended as they are.  Its subdirectories are still
+entered one by one, each opened by its path beneath the workspace Root and
+identity-checked (:func:`._walk._walk`).  A directory that differs is walked
+entry by entry, and each entry the parent's chunk proves unchanged is taken
+over without the name rule (the same options ran it on the same path).
+
+*The index object* of such a walk is encoded per directory: each chunk's
+entries as JSON text, deflated on their own and flushed to a byte boundary
+(``Z_SYNC_FLUSH``); a taken-over directory's piece is reused.  The pieces,
+between a zlib header and the final block with the Adler-32 of the whole
+text, make one ordinary zlib stream of the document :func:`._index.encode_index`
+writes (:func:`_pack`).
 """
 
 from __future__ import annotations
 
-from ..root import Root
+import hashlib
+import json
+import stat as _stat
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..archive import extracted_dir_mode, extracted_file_mode
+from ..root import Root, kind_of
 from ._entries import _WalkState
-from ._index import Index, IndexEntry, coarse_now_ns
+from ._index import _FORMAT, Index, IndexEntry, coarse_now_ns
 from ._models import SnapshotPolicy
-from ._walk import _ListedEntry
+from ._walk import WORKSPACE_ID_NAME, StatLike, _classify, _ListedEntry, _Listing, _Prune, _scan_entry, _Stat
 
 __all__ = ["Layering"]
+
+#: most entries an index keeps its walk cache for (about 400 bytes an entry besides the index itself)
+_CACHE_MAX_ENTRIES = 250_000
+
+
+@dataclass
+class _Chunk:
+    """What one directory's listing added to a walk (see the module docstring).
+
+    The per-entry lists (in walk order, beside ``entries``) are kept for a
+    ``plain`` chunk, else they are empty.
+
+    Attributes:
+        key: SHA-256 of the directory's scan records (None: not from a scan).
+        entries: its index entries, in walk order, with their final layers.
+        dparts: its tree-digest records, one per entry.
+        fixups: its ``(path, mode)`` mode fix-ups.
+        content: bytes of regular-file content it holds.
+        subdirs: the subdirectories it admitted, as listed (entered after it; first in ``entries``).
+        plain: every listed entry was admitted plainly, one index entry each (a regular file with one
+            link or a directory; no symlink, nothing skipped, excluded or deferred): the next walk
+            may take it over whole, or all but the entries that changed.
+        racy: positions of entries changed in or after the tick this walk began (the next walk
+            walks them again, see the racy rule).
+        names: each entry's name in the directory (bytes).
+        recs: each entry's scan record.
+        sizes: each entry's content bytes (0 but for a file).
+        fix: each entry's mode fix-up, or None.
+        segs: its entries as JSON text in segments of :data:`_SEG` entries, each
+            ``(raw-deflated and sync-flushed text, its length, its Adler-32)`` (None: not encoded yet).
+    """
+
+    key: bytes | None
+    entries: list[IndexEntry]
+    dparts: list[bytes]
+    fixups: list[tuple[str, int]]
+    content: int
+    subdirs: list[_ListedEntry]
+    plain: bool
+    racy: list[int] = field(default_factory=list)
+    names: list[bytes] = field(default_factory=list)
+    recs: list[bytes] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    fix: list[tuple[str, int] | None] = field(default_factory=list)
+    segs: list[tuple[bytes, int, int]] | None = None
+
+
+@dataclass
+class _WalkCache:
+    """The chunks of one walk by directory path, and the options they hold for."""
+
+    config: tuple[object, ...]
+    chunks: dict[str, _Chunk]
+    complete: bool  # every entry of the index is in a chunk (none deferred to the end)
+
+
+@dataclass
+class _Open:
+    """The directory a walk is recording: where its records start, what it admitted, what it changed.
+
+    ``old`` and ``changed``: the parent's chunk and the positions of the
+    entries that differ from it, when the directory is recorded by taking
+    the others over (:meth:`Layering._take_aligned`).
+    """
+
+    path: str
+    key: bytes | None
+    listing: Sequence[tuple[str, StatLike]]
+    records: int
+    fixups: int
+    content: int
+    entries: int
+    skipped: int
+    subdirs: list[_ListedEntry] = field(default_factory=list)
+    old: _Chunk | None = None
+    changed: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Built:
+    """A directory walked entry by entry: its records are ``records[start:end]`` of this walk."""
+
+    start: int
+    end: int
+    chunk: _Chunk
+    old: _Chunk | None = None  # the parent's chunk it took all but ``changed`` over from
+    changed: list[int] = field(default_factory=list)
+
+
+def _fixup(e: IndexEntry) -> tuple[str, int] | None:
+    """The mode fix-up the walk records for an entry (see ``_WalkState``), or None."""
+    if e.kind == "file":
+        return (e.path, e.mode) if e.mode != extracted_file_mode(mode=e.mode) else None
+    if e.kind == "dir":
+        return (e.path, e.mode) if e.mode != extracted_dir_mode(mode=e.mode) else None
+    return None
 
 
 class Layering:
@@ -36,34 +167,354 @@ class Layering:
         self.dev = ws.stat(".").st_dev
         self.parent = parent if parent is not None and parent.dev == self.dev else None
         self.layered = self.parent is not None
-        self._old = self.parent.by_path() if self.parent is not None else {}
+        self._old_by_path: dict[str, IndexEntry] | None = None
         self.records: list[IndexEntry] = []
+        self._state: _WalkState | None = None
+        self._cache: _WalkCache | None = None
+        self._config: tuple[object, ...] = ()
+        self._chunks: list[_Chunk | _Built] = []
+        self._paths: list[str] = []  # the directory of each of _chunks
+        self._open: _Open | None = None
+        self._fast: dict[str, IndexEntry] | None = None
 
     def setup(self, state: _WalkState) -> None:
-        """Make the walk record index entries, and (for a layer) skip unchanged files."""
+        """Make the walk record index entries, and (for a layer) skip unchanged entries."""
+        self._state = state
         state.records = self.records
+        state.begin_dir = self.begin_dir
+        state.end_dirs = self._close
+        self._config = (state.prune, state.limits, state.on_unrestorable, self.dev)
         if self.parent is not None:
             state.reuse = self.reuse
+            state.taken_over = self.taken_over
+            cache = self.parent.walk_cache
+            if isinstance(cache, _WalkCache) and cache.config == self._config:
+                self._cache = cache
 
-    def reuse(self, item: _ListedEntry) -> IndexEntry | None:
-        """The parent entry of a regular file with one link that is provably unchanged, else None."""
-        old = self._old.get(item.path)
-        if old is None or old.kind != "file" or old.nlink != 1:
+    def _old(self) -> dict[str, IndexEntry]:
+        if self._old_by_path is None:
+            self._old_by_path = self.parent.by_path() if self.parent is not None else {}
+        return self._old_by_path
+
+    def reuse(self, item: _ListedEntry, st: StatLike | None = None) -> IndexEntry | None:
+        """The parent entry of a regular file with one link, or a directory, that is provably unchanged, else None.
+
+        ``st``: the entry's ``lstat`` (default: the listing's).
+        """
+        fast = self._fast
+        old = fast.get(item.path) if fast is not None and item.path in fast else self._old().get(item.path)
+        return self._unchanged(old, st if st is not None else item.st)
+
+    def _unchanged(self, old: IndexEntry | None, st: StatLike) -> IndexEntry | None:
+        if old is None:
             return None
-        st = item.st
-        if st.st_nlink != 1 or st.st_ino != old.ino or st.st_size != old.size or st.st_mtime_ns != old.mtime_ns \
-                or st.st_ctime_ns != old.ctime_ns or SnapshotPolicy.mode(st.st_mode) != old.mode:
+        if old.kind == "file":
+            if old.nlink != 1 or st.st_nlink != 1 or not _stat.S_ISREG(st.st_mode) or st.st_size != old.size:
+                return None
+        elif old.kind != "dir" or not _stat.S_ISDIR(st.st_mode) or st.st_nlink != old.nlink:
+            return None
+        if st.st_ino != old.ino or st.st_mtime_ns != old.mtime_ns or st.st_ctime_ns != old.ctime_ns \
+                or SnapshotPolicy.mode(st.st_mode) != old.mode:
             return None
         assert self.parent is not None
         if st.st_mtime_ns >= self.parent.time_ns or st.st_ctime_ns >= self.parent.time_ns:
             return None  # racy: written in or after the tick the parent's walk began; read it again
         return old
 
+    def taken_over(self, item: _ListedEntry) -> IndexEntry | None:
+        """The parent entry of ``item`` from its directory's chunk when unchanged (no name rule needed), else None."""
+        if self._fast is None:
+            return None
+        return self._unchanged(self._fast.get(item.path), item.st)
+
+    # -- whole directories
+
+    def begin_dir(self, dpath: str, listing: Sequence[tuple[str, StatLike]], dfd: int) -> list[_ListedEntry] | None:
+        """Record directory ``dpath`` from the parent's walk if it can (its subdirectories to enter), else None.
+
+        Called by the walk for each directory before it is split (see
+        :func:`._walk._walk`): closes the previous directory's chunk and opens
+        this one's.  A directory whose listing is the one recorded is taken
+        over whole; one whose names are the recorded ones, some with other
+        records, has the others taken over and those walked (in walk order)
+        here; any other is left to the walk (None).
+
+        Raises:
+            What the walk of a changed entry raises (see ``_WalkState``).
+        """
+        self._close()
+        state = self._state
+        assert state is not None
+        key = hashlib.sha256(listing.raw).digest() if isinstance(listing, _Listing) else None
+        old = self._cache.chunks.get(dpath) if self._cache is not None else None
+        if old is not None and key is not None and old.plain:
+            if old.key == key and not old.racy and self._fits(old, 0, len(old.entries)):
+                state.take_chunk(old.entries, b"".join(old.dparts), old.fixups, old.content)
+                self._chunks.append(old)
+                self._paths.append(dpath)
+                return old.subdirs
+            assert isinstance(listing, _Listing)
+            plan = self._align(old, listing, dpath)
+            if plan is not None:
+                self._start(dpath, key, listing, old, [k for k, _e in plan])
+                self._fast = {old.entries[k].path: old.entries[k] for k, _e in plan}
+                self._take_aligned(old, plan, dfd)
+                return list(state.admitted or ())
+        self._fast = {e.path: e for e in old.entries} if old is not None else None
+        self._start(dpath, key, listing, None, [])
+        return None
+
+    def _start(self, dpath: str, key: bytes | None, listing: Sequence[tuple[str, StatLike]], old: _Chunk | None,
+               changed: list[int]) -> None:
+        state = self._state
+        assert state is not None
+        self._open = _Open(dpath, key, listing, len(self.records), len(state.fixups or ()), state.content,
+                           state.entries, len(state.skipped), old=old, changed=changed)
+        state.admitted = self._open.subdirs
+        state.digest.parts = []
+
+    def _fits(self, old: _Chunk, i: int, j: int) -> bool:
+        state = self._state
+        assert state is not None
+        return state.entries + (j - i) <= state.limits.max_entries and \
+            state.content + sum(old.sizes[i:j]) <= state.limits.max_total_bytes
+
+    def _align(self, old: _Chunk, listing: _Listing, dpath: str) -> list[tuple[int, _ListedEntry]] | None:
+        """The entries of ``listing`` that differ from ``old``'s, by position, when its names are the same; else None.
+
+        Each changed entry must keep its place in walk order (a directory
+        stays a directory, anything else stays not one).
+        """
+        recs = listing.records()
+        count = len(recs) - (1 if not dpath and WORKSPACE_ID_NAME.encode() in recs else 0)
+        if count != len(old.names):
+            return None
+        get = recs.get
+        changed = [k for k, (name, rec) in enumerate(zip(old.names, old.recs)) if get(name) != rec]
+        if old.racy:  # changed in the tick the parent's walk began: walked again though listed the same
+            changed = sorted(set(changed).union(old.racy))
+        if len(changed) * 2 > len(old.names):
+            return None  # mostly changed: walked entry by entry
+        plan = []
+        prefix = dpath + "/" if dpath else ""
+        for k in changed:
+            rec = get(old.names[k])
+            if rec is None:
+                return None  # another name
+            name, st = _scan_entry(rec)
+            if _stat.S_ISDIR(st.st_mode) != (old.entries[k].kind == "dir"):
+                return None
+            plan.append((k, _ListedEntry(prefix + name, "dir" if _stat.S_ISDIR(st.st_mode) else kind_of(st.st_mode),
+                                         st, name)))
+        return plan
+
+    def _take_aligned(self, old: _Chunk, plan: list[tuple[int, _ListedEntry]], dfd: int) -> None:
+        """Take ``old``'s entries over but those in ``plan``, which are walked in their place."""
+        state = self._state
+        assert state is not None
+        prefix_len = len(plan[0][1].path) - len(plan[0][1].name) if plan else 0
+        prefix = plan[0][1].path[:prefix_len] if plan else ""
+        i = 0
+        for k, item in plan + [(len(old.entries), None)]:
+            self._take_run(old, i, k)
+            i = k + 1
+            if item is None:
+                break
+            entry = _classify(prefix, item.name, item.st, self.dev, state.prune or _Prune(), state.skipped)
+            if entry is None:
+                continue
+            if entry.kind == "dir":
+                state.admit_dir(entry, dfd)
+            else:
+                state.add_nondir(entry, dfd)
+
+    def _take_run(self, old: _Chunk, i: int, j: int) -> None:
+        """Take ``old``'s entries ``i`` to ``j`` (excluded) over as they are."""
+        if i >= j:
+            return
+        state = self._state
+        assert state is not None
+        if not self._fits(old, i, j):  # one by one: the limit error names the entry past it
+            for k in range(i, j):
+                e = old.entries[k]
+                state.take_over(_ListedEntry(e.path, e.kind, _Stat(0, 0, 0, 0, 0, 0, 0)), e)
+            return
+        fixups = [f for f in old.fix[i:j] if f is not None]
+        state.take_chunk(old.entries[i:j], b"".join(old.dparts[i:j]), fixups, sum(old.sizes[i:j]))
+        if state.digest.parts is not None:
+            state.digest.parts.extend(old.dparts[i:j])
+        if state.admitted is not None and i < len(old.subdirs):
+            state.admitted.extend(old.subdirs[i:min(j, len(old.subdirs))])
+
+    def _close(self) -> None:
+        """End the chunk of the directory walked entry by entry, if one is open."""
+        opened, state = self._open, self._state
+        if opened is None or state is None:
+            return
+        self._open = None
+        self._fast = None
+        state.admitted = None
+        parts, state.digest.parts = state.digest.parts or [], None
+        end = len(self.records)
+        fixups = state.fixups[opened.fixups:] if state.fixups is not None else []
+        chunk = _Chunk(opened.key, [], parts, fixups, state.content - opened.content, opened.subdirs,
+                       len(parts) == end - opened.records and self._plain(opened, end))
+        if chunk.plain:
+            self._per_entry(chunk, opened, end)
+        self._chunks.append(_Built(opened.records, end, chunk, opened.old if chunk.plain else None, opened.changed))
+        self._paths.append(opened.path)
+
+    def _plain(self, opened: _Open, end: int) -> bool:
+        """True when every entry listed in ``opened`` was admitted plainly, one index entry each."""
+        state = self._state
+        assert state is not None
+        if opened.key is None or len(state.skipped) != opened.skipped or \
+                state.entries - opened.entries != end - opened.records:
+            return False  # something skipped or excluded, or a multi-linked file deferred
+        if opened.old is not None:  # taken over but the changed ones: those decide
+            if end - opened.records != len(opened.old.entries):
+                return False
+            return all(self.records[opened.records + k].kind != "symlink" for k in opened.changed)
+        listed = len(opened.listing)
+        if not opened.path and any(name == WORKSPACE_ID_NAME for name, _st in opened.listing):
+            listed -= 1
+        return listed == end - opened.records and all(e.kind != "symlink" for e in self.records[opened.records:end])
+
+    def _per_entry(self, chunk: _Chunk, opened: _Open, end: int) -> None:
+        """Fill a plain chunk's per-entry lists and racy positions (from the parent's chunk and the changed
+        entries, when aligned)."""
+        entries = self.records[opened.records:end]
+        now = self.time_ns
+        racy = [k for k in (opened.changed if opened.old is not None else range(len(entries)))
+                if entries[k].mtime_ns >= now or entries[k].ctime_ns >= now]
+        chunk.racy = racy
+        listing = opened.listing
+        assert isinstance(listing, _Listing)
+        recs = listing.records()
+        old = opened.old
+        if old is not None:
+            chunk.names = old.names
+            chunk.recs, chunk.sizes, chunk.fix = list(old.recs), list(old.sizes), list(old.fix)
+            for k in opened.changed:
+                e = entries[k]
+                chunk.recs[k] = recs[old.names[k]]
+                chunk.sizes[k] = e.size if e.kind == "file" else 0
+                chunk.fix[k] = _fixup(e)
+            return
+        plen = len(opened.path) + 1 if opened.path else 0
+        chunk.names = [e.path[plen:].encode("utf-8", "surrogateescape") for e in entries]
+        chunk.recs = [recs[n] for n in chunk.names]
+        chunk.sizes = [e.size if e.kind == "file" else 0 for e in entries]
+        chunk.fix = [_fixup(e) for e in entries]
+
+    # -- the new index
+
     def index(self, generation: int) -> Index:
         """The new generation's index: entries written now get ``generation`` as their layer."""
         entries = [e if e.layer else e._replace(layer=generation) for e in self.records]
-        deleted: list[str] = []
-        if self.parent is not None:
+        chunks: list[_Chunk] = []
+        covered = 0
+        for c in self._chunks:
+            if isinstance(c, _Built):
+                c.chunk.entries = entries[c.start:c.end]
+                if c.old is not None and c.old.segs is not None:  # re-encode only the segments that changed
+                    c.chunk.segs = _segments(c.chunk.entries, c.old.segs, {k // _SEG for k in c.changed})
+                c = c.chunk
+            covered += len(c.entries)
+            chunks.append(c)
+        tail = entries[covered:]  # multi-linked files, recorded after the walk
+        deleted = self._deleted(entries, chunks, tail)
+        encoded = _pack(self.time_ns, self.dev, chunks, tail, deleted)
+        cache = None
+        if len(entries) <= _CACHE_MAX_ENTRIES and self._chunks:
+            cache = _WalkCache(self._config, dict(zip(self._paths, chunks)), not tail)
+        return Index(self.time_ns, self.dev, entries, deleted, encoded=encoded, walk_cache=cache)
+
+    def _deleted(self, entries: list[IndexEntry], chunks: list[_Chunk], tail: list[IndexEntry]) -> list[str]:
+        """Paths of the parent index this one no longer has, in the parent's order."""
+        if self.parent is None:
+            return []
+        cache = self._cache
+        if cache is None or not cache.complete or tail:
             now = {e.path for e in entries}
-            deleted = [p for p in self._old if p not in now]
-        return Index(self.time_ns, self.dev, entries, deleted)
+            return [e.path for e in self.parent.entries if e.path not in now]
+        # Per directory: one taken over (whole, or all but changed entries of the same names, each
+        # recorded again) deletes nothing; one walked entry by entry, what it no longer has; one not
+        # walked, everything it had.
+        same = {p for p, c, b in zip(self._paths, chunks, self._chunks)
+                if c is cache.chunks.get(p) or (isinstance(b, _Built) and b.old is not None)}
+        walked = dict(zip(self._paths, chunks))
+        out: list[str] = []
+        for path, old in cache.chunks.items():
+            if path in same:
+                continue
+            new = walked.get(path)
+            if new is None:
+                out.extend(e.path for e in old.entries)
+            else:
+                now = {e.path for e in new.entries}
+                out.extend(e.path for e in old.entries if e.path not in now)
+        return out
+
+
+_ZLIB_HEADER = b"\x78\x01"  # deflate, 32 KiB window, fastest level (what zlib.compress(data, 1) writes)
+_FINAL_BLOCK = zlib.compressobj(1, zlib.DEFLATED, -15).flush(zlib.Z_FINISH)  # an empty final block
+_ADLER_MOD = 65521
+
+
+def _deflate_piece(text: bytes) -> bytes:
+    """``text`` raw-deflated on its own and sync-flushed: a byte-aligned piece of any deflate stream."""
+    c = zlib.compressobj(1, zlib.DEFLATED, -15)
+    return c.compress(text) + c.flush(zlib.Z_SYNC_FLUSH)
+
+
+def _adler_combine(a1: int, a2: int, len2: int) -> int:
+    """Adler-32 of ``x + y`` from Adler-32 ``a1`` of ``x``, ``a2`` of ``y`` and ``len(y)`` (zlib's adler32_combine)."""
+    rem = len2 % _ADLER_MOD
+    s1 = ((a1 & 0xFFFF) + (a2 & 0xFFFF) + _ADLER_MOD - 1) % _ADLER_MOD
+    s2 = (rem * (a1 & 0xFFFF) + (a1 >> 16) + (a2 >> 16) + _ADLER_MOD - rem) % _ADLER_MOD
+    return s1 | (s2 << 16)
+
+
+#: entries per separately deflated piece of an index (a changed entry re-encodes only its own)
+_SEG = 16
+
+
+def _segments(entries: list[IndexEntry], old: list[tuple[bytes, int, int]] | None = None,
+              changed: set[int] | frozenset[int] = frozenset()) -> list[tuple[bytes, int, int]]:
+    """``entries`` as JSON array items in pieces of :data:`_SEG` (``old``'s piece where none ``changed``)."""
+    out = []
+    for s, i in enumerate(range(0, len(entries), _SEG)):
+        if old is not None and s not in changed and s < len(old):
+            out.append(old[s])
+            continue
+        text = json.dumps([list(e) for e in entries[i:i + _SEG]], ensure_ascii=True,
+                          separators=(",", ":"))[1:-1].encode()
+        out.append((_deflate_piece(text), len(text), zlib.adler32(text)))
+    return out
+
+
+_COMMA = b","
+_COMMA_PIECE = _deflate_piece(_COMMA)
+_COMMA_ADLER = zlib.adler32(_COMMA)
+
+
+def _pack(time_ns: int, dev: int, chunks: list[_Chunk], tail: list[IndexEntry], deleted: list[str]) -> bytes:
+    """The index object (the document :func:`._index.encode_index` writes), from per-directory pieces."""
+    head = json.dumps({"format": _FORMAT, "version": 1, "time_ns": time_ns, "dev": dev},
+                      ensure_ascii=True, separators=(",", ":"))[:-1].encode() + b',"entries":['
+    out = [_ZLIB_HEADER, _deflate_piece(head)]
+    adler, first = zlib.adler32(head), True
+    for c in chunks + ([_Chunk(None, tail, [], [], 0, [], False)] if tail else []):
+        if c.segs is None:
+            c.segs = _segments(c.entries)
+        for packed, text_len, text_adler in c.segs:
+            if not first:
+                out.append(_COMMA_PIECE)
+                adler = _adler_combine(adler, _COMMA_ADLER, 1)
+            first = False
+            out.append(packed)
+            adler = _adler_combine(adler, text_adler, text_len)
+    end = b'],"deleted":' + json.dumps(deleted, ensure_ascii=True, separators=(",", ":")).encode() + b"}"
+    out += [_deflate_piece(end), _FINAL_BLOCK, struct.pack(">I", _adler_combine(adler, zlib.adler32(end), len(end)))]
+    return b"".join(out)

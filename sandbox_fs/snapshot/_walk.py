@@ -127,6 +127,27 @@ def _parse_scan(raw: bytes) -> list[tuple[str, _Stat]]:
     return out
 
 
+def _scan_records(raw: bytes) -> dict[bytes, bytes]:
+    """name -> its whole record (header, name, padding), of every record of a directory scan."""
+    out = {}
+    head = _SCAN_HEADER.size
+    name_len = struct.Struct("=I").unpack_from
+    off, end = 0, len(raw)
+    while off < end:
+        (nlen,) = name_len(raw, off + head - 4)
+        nxt = off + head + ((nlen + 7) & ~7)
+        out[raw[off + head:off + head + nlen]] = raw[off:nxt]
+        off = nxt
+    return out
+
+
+def _scan_entry(rec: bytes) -> tuple[str, _Stat]:
+    """``(name, lstat)`` of one scan record (see :func:`_scan_records`)."""
+    ino, dev, size, mtime_ns, ctime_ns, nlink, mode, nlen = _SCAN_HEADER.unpack_from(rec, 0)
+    head = _SCAN_HEADER.size
+    return os.fsdecode(rec[head:head + nlen]), _Stat(mode, ino, dev, nlink, size, mtime_ns, ctime_ns)
+
+
 class _Listing(Sequence[tuple[str, _Stat]]):
     """One directory's listing: the scan's raw records, and its ``(name, lstat)`` pairs sorted by name.
 
@@ -135,11 +156,18 @@ class _Listing(Sequence[tuple[str, _Stat]]):
     :mod:`._layers`) compares ``raw`` and never decodes an entry.
     """
 
-    __slots__ = ("raw", "_items")
+    __slots__ = ("raw", "_items", "_records")
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
         self._items: list[tuple[str, _Stat]] | None = None
+        self._records: dict[bytes, bytes] | None = None
+
+    def records(self) -> dict[bytes, bytes]:
+        """name -> its scan record (see :func:`_scan_records`)."""
+        if self._records is None:
+            self._records = _scan_records(self.raw)
+        return self._records
 
     def items(self) -> list[tuple[str, _Stat]]:
         if self._items is None:
@@ -340,10 +368,10 @@ class _DirFrame:
     next: int = 0  # index in ``subdirs`` of the next one to enter
 
 
-#: a layered walk's hook, called with each directory's sandbox path and listing before it is split:
-#: the admitted subdirectories when it took the whole directory over from the parent generation (its
-#: entries recorded, nothing else to do for it), None to walk it entry by entry
-BeginDir = Callable[[str, Sequence[tuple[str, StatLike]]], "list[_ListedEntry] | None"]
+#: a layered walk's hook, called with each directory's sandbox path, listing and fd before it is split:
+#: the admitted subdirectories when it recorded the directory's entries itself (taken over from the
+#: parent generation, whole or all but the changed ones), None to walk it entry by entry
+BeginDir = Callable[[str, Sequence[tuple[str, StatLike]], int], "list[_ListedEntry] | None"]
 
 
 def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
@@ -400,7 +428,7 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
                 listing = _list_dir(dfd)
             except OSError as exc:
                 _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
-            taken = begin_dir(dpath, listing) if begin_dir is not None else None
+            taken = begin_dir(dpath, listing, dfd) if begin_dir is not None else None
             if taken is not None:
                 frame.subdirs = taken
                 yield dfd, []
@@ -420,42 +448,54 @@ def _split_listing(listing: Iterable[tuple[str, StatLike]], dfd: int, dpath: str
                    admit_dir: Callable[[_ListedEntry, int], bool]) -> tuple[list[_ListedEntry], list[_ListedEntry]]:
     """``(admitted subdirectories, other entries)`` of ``listing``, of the directory open on ``dfd`` (``dpath``).
 
-    Leaves out, recording why in ``skipped``: excluded paths, in-flight
-    names, mount points (another device than ``root_dev``, or listed) and
-    grant directories; and, at the top, the session's workspace id file.
-    Every other subdirectory is offered to ``admit_dir``, in name order.
+    Leaves out what :func:`_classify` leaves out.  Every other subdirectory
+    is offered to ``admit_dir``, in name order.
 
     Raises:
         What ``admit_dir`` raises.
     """
     prefix = dpath + "/" if dpath else ""
-    excluded = prune.excluded
     dirs = []
     nondirs = []
     for name, st in listing:
-        p = prefix + name
-        if excluded and _excluded(p, excluded):
-            skipped.append((p, "excluded"))
+        entry = _classify(prefix, name, st, root_dev, prune, skipped)
+        if entry is None:
             continue
-        isdir = _stat.S_ISDIR(st.st_mode)
-        if name.startswith(_IN_FLIGHT_PREFIXES):
-            skipped.append((p, "in-flight staging" if isdir else "in-flight atomic write"))
-            continue
-        if not dpath and name == WORKSPACE_ID_NAME:
-            continue  # the session's binding to this workspace, not workspace content
-        if not isdir:
-            nondirs.append(_ListedEntry(p, kind_of(st.st_mode), st, name))
-            continue
-        if st.st_dev != root_dev or p in prune.mount_points:
-            skipped.append((p, "mount point"))
-            continue
-        if (st.st_dev, st.st_ino) in prune.skip_ids:
-            skipped.append((p, "extra path grant"))
-            continue
-        entry = _ListedEntry(p, "dir", st, name)
-        if admit_dir(entry, dfd):
+        if entry.kind != "dir":
+            nondirs.append(entry)
+        elif admit_dir(entry, dfd):
             dirs.append(entry)
     return dirs, nondirs
+
+
+def _classify(prefix: str, name: str, st: StatLike, root_dev: int, prune: _Prune,
+              skipped: list[tuple[str, str]]) -> _ListedEntry | None:
+    """The listed entry ``name`` of the directory ``prefix`` (its sandbox path and "/", or "" at the top).
+
+    None for what the walk leaves out, recording why in ``skipped``:
+    excluded paths, in-flight names, mount points (another device than
+    ``root_dev``, or listed) and grant directories; and, at the top, the
+    session's workspace id file (not recorded).
+    """
+    p = prefix + name
+    if prune.excluded and _excluded(p, prune.excluded):
+        skipped.append((p, "excluded"))
+        return None
+    isdir = _stat.S_ISDIR(st.st_mode)
+    if name.startswith(_IN_FLIGHT_PREFIXES):
+        skipped.append((p, "in-flight staging" if isdir else "in-flight atomic write"))
+        return None
+    if not prefix and name == WORKSPACE_ID_NAME:
+        return None  # the session's binding to this workspace, not workspace content
+    if not isdir:
+        return _ListedEntry(p, kind_of(st.st_mode), st, name)
+    if st.st_dev != root_dev or p in prune.mount_points:
+        skipped.append((p, "mount point"))
+        return None
+    if (st.st_dev, st.st_ino) in prune.skip_ids:
+        skipped.append((p, "extra path grant"))
+        return None
+    return _ListedEntry(p, "dir", st, name)
 
 
 def _enter_next(src: Root, frames: list[_DirFrame]) -> tuple[int, str] | None:

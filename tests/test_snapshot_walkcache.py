@@ -1,0 +1,260 @@
+"""Layered persist over a parent this store object walked: directories taken over whole or all but what changed.
+
+The walk keeps, per directory, what its listing added (``Index.walk_cache``,
+see :mod:`sandbox_fs.snapshot._layers`); the next layered persist takes an
+unchanged directory over without decoding, opening or reading any entry of
+it, and a directory whose names are the same takes over all but the
+changed entries.  What it commits must be what a full walk sees (the tree
+digest), what hydrate restores (the host view), and an index object that
+is the very document ``encode_index`` writes.  A directory moved out of the
+workspace while held still leaks nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import tarfile
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandbox_fs import open_root
+from sandbox_fs.snapshot import (
+    GenerationStore,
+    SnapshotLimitError,
+    SnapshotLimits,
+    SnapshotSourceChangedError,
+    hydrate,
+    persist,
+    tree_digest,
+)
+from sandbox_fs.snapshot import _walk
+from sandbox_fs.snapshot._index import encode_index
+from tests.test_snapshot import _host_view, _move_out_and_plant
+from tests.test_snapshot_generations import DictObjects
+
+
+def _tick() -> None:
+    time.sleep(0.012)  # past the coarse clock's tick: what was written before is not racy
+
+
+def _index_docs(objects: DictObjects) -> list[dict]:
+    """The documents of every index object in the store, oldest generation first."""
+    keys = sorted(k for k in objects.objs if k.endswith("/index"))
+    return [json.loads(zlib.decompress(objects.objs[k][0])) for k in keys]
+
+
+def _check_index(store: GenerationStore, objects: DictObjects, name: str = "s") -> None:
+    """The newest index object is the document encode_index writes for the same index."""
+    index = store._baselines[name][1]
+    assert index.encoded is not None  # made by the walk, piece by piece
+    plain = encode_index(dataclasses.replace(index, encoded=None, walk_cache=None))
+    assert _index_docs(objects)[-1] == json.loads(zlib.decompress(plain))
+
+
+@pytest.fixture
+def tree(tmp_path):
+    ws = tmp_path / "ws"
+    for d in ("a/b", "c", "big"):
+        (ws / d).mkdir(parents=True)
+    for i in range(40):
+        (ws / "big" / f"f{i:02d}").write_text(f"file {i}\n")
+    (ws / "a" / "x.txt").write_text("x\n")
+    (ws / "a" / "b" / "y.txt").write_text("y\n")
+    os.chmod(ws / "a" / "b" / "y.txt", 0o444)  # restored as 0o644 but for its mode fix-up
+    (ws / "c" / os.fsdecode(b"odd\xff\n\"name\\")).write_text("odd\n")
+    (ws / "c" / "link").symlink_to("../a/x.txt")
+    _tick()
+    objects = DictObjects()
+    store = GenerationStore(objects, keep=2)
+    with open_root(ws) as w:
+        yield ws, w, objects, store
+
+
+def _members(objects: DictObjects, info) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(objects.objs[info.archive][0])) as tf:
+        return [m.name for m in tf.getmembers()]
+
+
+def _opened(monkeypatch) -> list[str]:
+    """Record every entry the walk opens by its path."""
+    seen: list[str] = []
+    real = _walk._open_listed
+
+    def recording(src, item, flags, dfd=None):
+        seen.append(item.path)
+        return real(src, item, flags, dfd)
+
+    monkeypatch.setattr(_walk, "_open_listed", recording)
+    return seen
+
+
+def test_an_unchanged_tree_is_taken_over_directory_by_directory(tree, monkeypatch):
+    ws, w, objects, store = tree
+    persist(w, store, "s")
+    _tick()
+    opened = _opened(monkeypatch)
+    decoded = []
+    real_parse = _walk._parse_scan
+    monkeypatch.setattr(_walk, "_parse_scan", lambda raw: decoded.append(1) or real_parse(raw))
+    info = persist(w, store, "s").info
+    monkeypatch.undo()
+    # only directories are opened (to be entered, by path, identity-checked), and the symlink: a symlink
+    # is always written again (whether it restores depends on other entries), so "c" is walked entry by
+    # entry; no other listing is decoded
+    assert sorted(opened) == ["a", "a/b", "big", "c", "c/link"] and len(decoded) == 1
+    assert info.chain_length == 2 and info.deleted == 0
+    assert _members(objects, info) == ["c/link"]
+    assert info.tree_digest == tree_digest(w)
+    _check_index(store, objects)
+
+
+def test_a_changed_file_is_the_only_entry_walked_in_its_directory(tree, monkeypatch):
+    ws, w, objects, store = tree
+    persist(w, store, "s")
+    _tick()
+    persist(w, store, "s")
+    _tick()
+    (ws / "big" / "f17").write_text("file 17, changed\n")
+    os.chmod(ws / "big" / "f03", 0o700)
+    opened = _opened(monkeypatch)
+    info = persist(w, store, "s").info
+    monkeypatch.undo()
+    assert sorted(opened) == ["a", "a/b", "big", "big/f03", "big/f17", "c", "c/link"]
+    assert info.tree_digest == tree_digest(w)
+    assert info.mode_fixups == [("a/b/y.txt", 0o444)]  # taken over with the rest; f03's 0o700 needs none
+    _check_index(store, objects)
+    _tick()
+    (ws / "big" / "f17").unlink()  # another name set: the directory is walked entry by entry
+    (ws / "big" / "new").write_text("new\n")
+    info = persist(w, store, "s").info
+    assert info.deleted == 1 and info.tree_digest == tree_digest(w)
+    _check_index(store, objects)
+    out = ws.parent / "out"
+    out.mkdir()
+    with open_root(out) as o:
+        hydrate(o, store, "s")
+    assert _host_view(out) == _host_view(ws)
+
+
+def test_limits_hold_for_directories_taken_over(tree):
+    ws, w, _objects, store = tree
+    n = persist(w, store, "s").info.entries
+    _tick()
+    (ws / "0-new").write_text("walked before every directory below the top\n")
+    (ws / "1-new").write_text("and this one\n")
+    with pytest.raises(SnapshotLimitError):
+        persist(w, store, "s", limits=SnapshotLimits(max_entries=n + 1))
+
+
+@pytest.mark.parametrize("change", [False, True])
+def test_a_directory_moved_out_after_its_listing_leaks_nothing(tree, tmp_path, monkeypatch, change):
+    """``a`` is taken over (whole, or all but a changed file), then moved out and filled: nothing of it is read."""
+    ws, w, objects, store = tree
+    persist(w, store, "s")
+    _tick()
+    if change:
+        (ws / "a" / "x.txt").write_text("changed\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = "OUTSIDE-" + os.urandom(8).hex()
+    a_ino = os.stat(ws / "a").st_ino
+    real = _walk._list_dir
+    moved = []
+
+    def racing(dfd):
+        out = real(dfd)
+        if os.fstat(dfd).st_ino == a_ino and not moved:
+            _move_out_and_plant(ws / "a", outside / "a", secret)
+            (outside / "a" / "b" / "y.txt").write_text(secret)
+            moved.append(1)
+        return out
+
+    monkeypatch.setattr(_walk, "_list_dir", racing)
+    before = store.info("s")
+    with pytest.raises(SnapshotSourceChangedError) as ei:
+        persist(w, store, "s")
+    assert moved and ei.value.retryable and store.info("s") == before
+    assert secret.encode() not in b"".join(v[0] for v in objects.objs.values())
+
+
+# ------------------------------------------------------------------ property
+
+_DIRS = ["", "d", "d/e", "f"]
+_NAMES = ["n0", "n1", os.fsdecode(b"n\xff"), "n 3"]
+_OP = st.tuples(st.sampled_from(["write", "append", "unlink", "chmod", "mkdir", "rmtree", "symlink", "link",
+                                 "rename", "utime", "tick"]),
+                st.sampled_from(_DIRS), st.sampled_from(_NAMES), st.integers(0, 7))
+
+
+def _apply(ws: Path, op: str, d: str, name: str, n: int) -> None:
+    here = ws / d if d else ws
+    p = here / name
+    try:
+        if op == "tick":
+            _tick()
+        elif op == "write":
+            p.write_bytes(b"v" * n)
+        elif op == "append":
+            with open(p, "ab") as f:
+                f.write(b"+")
+        elif op == "unlink":
+            p.unlink()
+        elif op == "chmod":
+            os.chmod(p, 0o600 | (n << 6) & 0o700, follow_symlinks=False)
+        elif op == "mkdir":
+            here.mkdir(parents=True, exist_ok=True)
+        elif op == "rmtree":
+            import shutil
+            shutil.rmtree(here) if d else None
+        elif op == "symlink":
+            p.symlink_to(_NAMES[n % len(_NAMES)])
+        elif op == "link":
+            os.link(ws / "root-file", p)
+        elif op == "rename":
+            os.rename(p, here / _NAMES[n % len(_NAMES)])
+        elif op == "utime":
+            st_ = os.stat(p, follow_symlinks=False)
+            os.utime(p, ns=(st_.st_atime_ns, st_.st_mtime_ns - 10**9 * n), follow_symlinks=False)
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, OSError):
+        pass
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.lists(_OP, max_size=5), min_size=1, max_size=5))
+def test_property_what_a_layered_persist_commits_is_the_tree(tmp_path_factory, steps):
+    """Whatever changes between persists (contents, modes, names, links, times put back): each layer's tree
+    digest is a full walk's, its index object is encode_index's document, and hydrate restores the tree."""
+    base = tmp_path_factory.mktemp("walkcache")
+    ws = base / "ws"
+    for d in _DIRS[1:]:
+        (ws / d).mkdir(parents=True, exist_ok=True)
+    for d in _DIRS:
+        for name in _NAMES[:2]:
+            ((ws / d) if d else ws).joinpath(name).write_text(f"{d}/{name}\n")
+    (ws / "root-file").write_text("linked\n")
+    objects = DictObjects()
+    store = GenerationStore(objects, keep=2)
+    with open_root(ws) as w:
+        persist(w, store, "s", on_unrestorable="skip")
+        skipped: list[tuple[str, str]] = []
+        for batch in steps:
+            for op in batch:
+                _apply(ws, *op)
+            rep = persist(w, store, "s", on_unrestorable="skip")
+            assert rep.info.tree_digest == tree_digest(w)
+            _check_index(store, objects)
+            skipped = rep.skipped
+        out = base / "out"
+        out.mkdir()
+        with open_root(out) as o:
+            hydrate(o, store, "s")
+    left_out = {p for p, _why in skipped}  # a symlink naming itself, or one escaping: never persisted
+    assert _host_view(out) == {k: v for k, v in _host_view(ws).items() if k not in left_out}
