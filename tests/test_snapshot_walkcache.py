@@ -53,7 +53,8 @@ def _index_docs(objects: DictObjects) -> list[dict]:
 
 def _check_index(store: GenerationStore, objects: DictObjects, name: str = "s") -> None:
     """The newest index object is the document encode_index writes for the same index."""
-    index = store._baselines[name][1]
+    index = store._baselines[name].index  # the commit's own index, kept in memory for the next layer
+    assert index is not None
     assert index.encoded is not None  # made by the walk, piece by piece
     plain = encode_index(dataclasses.replace(index, encoded=None, walk_cache=None))
     assert _index_docs(objects)[-1] == json.loads(zlib.decompress(plain))
