@@ -88,6 +88,8 @@ async def test_a_fork_of_a_version_1_snapshot_in_a_directory_store_is_a_copy(tmp
             assert await r.read("f") == b"version 1"
         with pytest.raises(SnapshotConflictError):  # a version-1 name is in use
             new.store.fork(forked["session_id"], "src")
+        new.store.remove("src")
+        assert new.store.info("src") is None and not [f for f in os.listdir(sdir) if f.startswith("src.")]
 
 
 def test_a_read_only_version_1_directory_still_restores(tmp_path, monkeypatch):
