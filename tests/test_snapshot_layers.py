@@ -418,6 +418,6 @@ def test_cli_generations_ls_restore_and_gc(tmp_path, capsys):
     (orphan / "archive.tar").write_bytes(b"left by a crash")
     os.utime(orphan / "archive.tar", (1, 1))
     assert run("snapshot", "gc", "--store", store, "--json") == {"action": "gc", "objects": 1, "bytes": 15,
-                                                                 "uploads": 0}
+                                                                 "uploads": 0, "holds": 0}
     assert not (orphan / "archive.tar").exists()
     assert run("snapshot", "gc", "--store", store, "--json")["objects"] == 0
