@@ -160,6 +160,28 @@ async def test_fault_rule_fires_only_where_it_says_and_the_mount_survives(overla
     assert overlay.alive
 
 
+async def test_fault_rules_fire_by_path_while_the_audit_buffer_is_full(ws_dir):
+    """The daemon skips deriving a request's path only when no rule and no audit room needs it."""
+    ws = open_root(ws_dir)
+    try:
+        async with await Overlay.start(ws, policy=OverlayPolicy(audit_capacity=0)) as ov:
+            assert ov.root.read_bytes("sub/inner") == b"x" * 100  # sub and inner known, nothing audited
+            await ov.set_faults([FaultRule(ops=frozenset({"open", "lookup"}), path="sub", errno=errno.EIO)])
+            with pytest.raises(OSError) as info:
+                ov.root.read_bytes("sub/inner")
+            assert info.value.errno == errno.EIO
+            with pytest.raises(OSError) as info:
+                ov.root.stat("sub/new")
+            assert info.value.errno == errno.EIO
+            assert ov.root.read_bytes("hello.txt") == b"hello\n"
+            await ov.set_faults([])
+            assert ov.root.read_bytes("sub/inner") == b"x" * 100
+            events, dropped = await ov.audit_events()
+            assert events == [] and dropped > 0
+    finally:
+        ws.close()
+
+
 async def test_a_bad_request_gets_an_errno_and_the_mount_survives(overlay):
     # RENAME_WHITEOUT (4) is not supported by the overlay: EINVAL from the daemon, not a dead mount
     ret = await in_thread(_native.renameat2_raw, overlay.mount_fd, b"hello.txt", overlay.mount_fd, b"w", 4)
@@ -223,6 +245,29 @@ async def test_quota_refuses_a_write_past_the_limit(overlay):
     assert info.value.errno == errno.EDQUOT
     await overlay.set_quota(None, None)
     overlay.root.mkdir("one-too-many")
+
+
+async def test_a_large_write_is_split_into_1_mib_requests_and_returns_short_at_the_quota(overlay):
+    """SECURITY.md's quota text: write requests are at most max_write = 1 MiB, each checked whole."""
+    mib = 1 << 20
+    mfd = overlay.mount_fd
+    fd = await in_thread(lambda: os.open("big", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=mfd))
+    try:
+        await overlay.audit_events()
+        # room for the name and 1.5 MiB: of one 3 MiB write(2), the first 1 MiB request fits, the next does not
+        await overlay.set_quota((await overlay.usage())["bytes"] + mib + mib // 2, None)
+        assert await in_thread(os.write, fd, b"q" * (3 * mib)) == mib
+        with pytest.raises(OSError) as info:
+            await in_thread(os.write, fd, b"q" * mib)
+        assert info.value.errno == errno.EDQUOT
+        await overlay.set_quota(None, None)
+        assert await in_thread(os.write, fd, b"r" * (4 * mib)) == 4 * mib
+    finally:
+        await in_thread(os.close, fd)
+    events, _ = await overlay.audit_events()
+    writes = [e.errno for e in events if e.op == "write"]
+    assert writes == [0, errno.EDQUOT, errno.EDQUOT, 0, 0, 0, 0]
+    assert os.stat("big", dir_fd=mfd).st_size == 5 * mib
 
 
 async def test_sigkill_of_the_daemon_leaves_nothing_and_a_new_overlay_starts(ws_dir):

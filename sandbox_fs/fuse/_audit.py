@@ -74,6 +74,9 @@ class AuditEvent(NamedTuple):
         return _event(item)
 
 
+_now = time.time
+
+
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
@@ -168,6 +171,11 @@ class AuditLog:
         """Events dropped since the last :meth:`drain` that returned them."""
         return self._dropped
 
+    @property
+    def full(self) -> bool:
+        """True when the next :meth:`record` would only count a drop (the daemon then skips deriving its path)."""
+        return len(self._events) >= self.capacity
+
     def record(self, op: str, path: str, err: int = 0) -> None:
         """Record one event at the current time; never blocks, never raises for a full buffer.
 
@@ -179,9 +187,14 @@ class AuditLog:
         if len(self._events) >= self.capacity:
             self._dropped += 1
             return
-        # abs: a -errno from a C wrapper is still that errno (a negative one would fail from_wire)
-        event = AuditEvent(time.time(), _cut(op, MAX_OP_CHARS), _cut(path, MAX_PATH_CHARS), abs(int(err)))
-        self._events.append(event)
+        if len(op) > MAX_OP_CHARS:
+            op = _cut(op, MAX_OP_CHARS)
+        if len(path) > MAX_PATH_CHARS:
+            path = _cut(path, MAX_PATH_CHARS)
+        if type(err) is not int or err < 0:
+            # abs: a -errno from a C wrapper is still that errno (a negative one would fail from_wire)
+            err = abs(int(err))
+        self._events.append(AuditEvent(_now(), op, path, err))
 
     def drain(self, max_events: int = 2000, *,
               max_wire_bytes: int = MAX_MESSAGE_BYTES - _ENVELOPE_BYTES) -> tuple[list[AuditEvent], int]:

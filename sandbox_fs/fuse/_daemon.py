@@ -18,8 +18,9 @@ then one per mount).  The daemon then:
    CAP_SYS_ADMIN and the rest go, from every set, bounding included);
 5. sends ``ready`` with the mount fd and the measured usage, then the
    config reply;
-6. serves ``pyfuse3.main()`` and the control channel side by side, raises
-   the mount's read-ahead, and closes its own copy of the mount fd.
+6. serves ``pyfuse3.main()`` (one worker task, see ``_loop``) and the
+   control channel side by side, raises the mount's read-ahead, and closes
+   its own copy of the mount fd.
 
 It exits when the control socket reaches EOF (the host closed it or died),
 on ``shutdown``, or when the mount is gone (every fd on it closed).  A
@@ -47,7 +48,7 @@ import trio
 
 from .. import _native
 from ..root import Root
-from . import _protocol
+from . import _loop, _protocol
 from ._audit import ENVELOPE_BYTES as AUDIT_ENVELOPE_BYTES
 from ._audit import AuditLog
 from ._audit import to_wire as audit_to_wire
@@ -499,7 +500,7 @@ class Daemon:
 
     async def _main_then_cancel(self, scope: trio.CancelScope) -> None:
         try:
-            await pyfuse3.main()
+            await _loop.serve()
         finally:
             scope.cancel()  # the mount is gone: stop serving the channel too
 

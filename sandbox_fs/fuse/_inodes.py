@@ -100,7 +100,7 @@ class Tree:
     mount_path: str = ""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Inode:
     """One inode the kernel knows.
 

@@ -3,7 +3,9 @@
 Every handler:
 
 * computes the request's *sandbox path* from the dentry table
-  (:meth:`~sandbox_fs.fuse._inodes.InodeTable.path_of`);
+  (:meth:`~sandbox_fs.fuse._inodes.InodeTable.path_of`), unless nothing
+  would read it: no fault rule is set and the audit buffer is full (the
+  event is only counted as dropped), see :meth:`OverlayOps._req_path`;
 * checks the fault rules first (an injected errno fires before any work);
 * performs the operation on handles: a held directory handle plus one name,
   or a held ``O_PATH`` handle; an inode is opened for I/O through one of its
@@ -226,22 +228,39 @@ class OverlayOps(pyfuse3.Operations):
     def _charged(self, node: Inode) -> bool:
         return node.tree.index == 0
 
-    def _mount_root(self, parent: int, name: bytes, tree: Tree) -> Inode:
-        node, _ = self.table.learn(parent, name, tree.root.handle("."), tree)
-        return node
+    def _req_path(self, ino: int, name: bytes | None = None) -> str:
+        """The sandbox path of a request on ``ino`` (``name`` in it) for its fault rules and audit event.
 
-    def _child(self, pnode: Inode, name: bytes, path: str) -> tuple[Inode, os.stat_result]:
-        """The inode ``name`` in ``pnode`` refers to (the mount's root at a mount path), learned, with its stat."""
-        tree = self.mounts.get(path) if self.mounts else None
+        ``""`` when no fault rule is set and the audit buffer is full: the
+        event would only be counted as dropped, and no rule matches.  (No
+        await separates this from the event's recording, so the buffer
+        cannot drain in between.)  Handlers that decide something by path
+        (mount points) compute it themselves.
+        """
+        if self.faults or not self.audit.full:
+            return self.table.path_of(ino, name)
+        return ""
+
+    def _child(self, pnode: Inode, name: bytes) -> tuple[Inode, os.stat_result]:
+        """The inode ``name`` in ``pnode`` refers to (the mount's root at a mount path), learned, with its stat.
+
+        One ``fstat``, of the new handle, before the table learns it: it
+        gives the key the table files it under and the attributes replied
+        (for an inode already known the new handle is on the same inode).
+        """
+        tree = self.mounts.get(self.table.path_of(pnode.ino, name)) if self.mounts else None
         if tree is not None:
-            node = self._mount_root(pnode.ino, name, tree)
+            handle = tree.root.handle(".")
         else:
-            node, _ = self.table.learn(pnode.ino, name, pnode.handle.lookup(name), pnode.tree)
+            tree = pnode.tree
+            handle = pnode.handle.lookup(name)
         try:
-            return node, node.handle.stat()
+            st = handle.stat()
         except BaseException:
-            self.table.drop_if_unused(node)
+            handle.close()
             raise
+        node, _ = self.table.learn(pnode.ino, name, handle, tree)
+        return node, st
 
     def _reopen(self, node: Inode, flags: int) -> int:
         """A real fd on ``node`` through one of its dentries, verified to be ``node``'s inode."""
@@ -373,13 +392,12 @@ class OverlayOps(pyfuse3.Operations):
     # -------------------------------------------------------------- lookup
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> EntryAttributes:
-        path = self.table.path_of(parent_inode, name)
-        return self._guard("lookup", path, self._lookup, parent_inode, name, path)
+        return self._guard("lookup", self._req_path(parent_inode, name), self._lookup, parent_inode, name)
 
-    def _lookup(self, parent: int, name: bytes, path: str) -> EntryAttributes:
+    def _lookup(self, parent: int, name: bytes) -> EntryAttributes:
         pnode = self.table.get(parent)
         try:
-            node, st = self._child(pnode, name, path)
+            node, st = self._child(pnode, name)
         except FileNotFoundError:
             # no negative caching: ENOENT as an error is not cached by the kernel
             self.table.remove_dentry(parent, name)
@@ -395,7 +413,7 @@ class OverlayOps(pyfuse3.Operations):
             log.exception("overlay: forget failed")
 
     async def getattr(self, inode: int, ctx: Any) -> EntryAttributes:
-        path = self.table.path_of(inode)
+        path = self._req_path(inode)
         return self._guard("getattr", path, self._getattr, inode)
 
     def _getattr(self, ino: int) -> EntryAttributes:
@@ -403,7 +421,7 @@ class OverlayOps(pyfuse3.Operations):
         return self._attr(node, node.handle.stat())
 
     async def readlink(self, inode: int, ctx: Any) -> bytes:
-        path = self.table.path_of(inode)
+        path = self._req_path(inode)
         return self._guard("readlink", path, lambda: self.table.get(inode).handle.readlink())
 
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
@@ -433,7 +451,7 @@ class OverlayOps(pyfuse3.Operations):
     # --------------------------------------------------------- directories
 
     async def opendir(self, inode: int, ctx: Any) -> int:
-        path = self.table.path_of(inode)
+        path = self._req_path(inode)
         return self._guard("opendir", path, self._opendir, inode)
 
     def _opendir(self, ino: int) -> int:
@@ -448,7 +466,7 @@ class OverlayOps(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         od = self.dirs.get(fh)
-        path = self.table.path_of(od.node.ino) if od is not None else "?"
+        path = self._req_path(od.node.ino) if od is not None else "?"
         self._guard("readdir", path, self._readdir, od, start_id, token)
 
     def _readdir(self, od: OpenDir | None, start_id: int, token: Any) -> None:
@@ -463,7 +481,7 @@ class OverlayOps(pyfuse3.Operations):
                 if child is not None and child.key[2] == d_ino and child.tree is dnode.tree:
                     st = child.handle.stat()
                 else:
-                    child, st = self._child(dnode, name, self.table.path_of(dnode.ino, name))
+                    child, st = self._child(dnode, name)
             except FileNotFoundError:
                 stream.take()  # removed since it was read: not reported, its offset used up
                 od.pos += 1
@@ -499,7 +517,7 @@ class OverlayOps(pyfuse3.Operations):
 
     async def releasedir(self, fh: int) -> None:
         od = self.dirs.get(fh)
-        path = self.table.path_of(od.node.ino) if od is not None else "?"
+        path = self._req_path(od.node.ino) if od is not None else "?"
         self._guard("releasedir", path, self._releasedir, fh)
 
     def _releasedir(self, fh: int) -> None:
@@ -509,7 +527,7 @@ class OverlayOps(pyfuse3.Operations):
             self._closed(od.node)
 
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> EntryAttributes:
-        path = self.table.path_of(parent_inode, name)
+        path = self._req_path(parent_inode, name)
         return self._guard("mkdir", path, self._mkdir, parent_inode, name, mode, ctx)
 
     def _mkdir(self, parent: int, name: bytes, mode: int, ctx: Any) -> EntryAttributes:
@@ -614,7 +632,7 @@ class OverlayOps(pyfuse3.Operations):
     # ---------------------------------------------------------- new names
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> EntryAttributes:
-        path = self.table.path_of(parent_inode, name)
+        path = self._req_path(parent_inode, name)
         return self._guard("mknod", path, self._mknod, parent_inode, name, mode, rdev, ctx)
 
     def _mknod(self, parent: int, name: bytes, mode: int, rdev: int, ctx: Any) -> EntryAttributes:
@@ -627,7 +645,7 @@ class OverlayOps(pyfuse3.Operations):
         return self._created(pnode, name, handle)
 
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
-        path = self.table.path_of(parent_inode, name)
+        path = self._req_path(parent_inode, name)
         return self._guard("symlink", path, self._symlink, parent_inode, name, target, ctx)
 
     def _symlink(self, parent: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
@@ -639,7 +657,7 @@ class OverlayOps(pyfuse3.Operations):
         return self._created(pnode, name, handle, len(target))
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> EntryAttributes:
-        path = self.table.path_of(new_parent_inode, new_name)
+        path = self._req_path(new_parent_inode, new_name)
         return self._guard("link", path, self._link, inode, new_parent_inode, new_name)
 
     def _link(self, ino: int, parent: int, name: bytes) -> EntryAttributes:
@@ -663,7 +681,7 @@ class OverlayOps(pyfuse3.Operations):
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[FileInfo, EntryAttributes]:
-        path = self.table.path_of(parent_inode, name)
+        path = self._req_path(parent_inode, name)
         return self._guard("create", path, self._create, parent_inode, name, mode, flags, ctx)
 
     def _create(self, parent: int, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[FileInfo, EntryAttributes]:
@@ -692,7 +710,7 @@ class OverlayOps(pyfuse3.Operations):
         return FileInfo(fh=fd, keep_cache=True), attr
 
     async def open(self, inode: int, flags: int, ctx: Any) -> FileInfo:
-        path = self.table.path_of(inode)
+        path = self._req_path(inode)
         return self._guard("open", path, self._open, inode, flags)
 
     def _open(self, ino: int, flags: int) -> FileInfo:
@@ -734,7 +752,7 @@ class OverlayOps(pyfuse3.Operations):
 
     def _fh_path(self, fh: int) -> str:
         of = self.files.get(fh)
-        return self.table.path_of(of.node.ino) if of is not None else "?"
+        return self._req_path(of.node.ino) if of is not None else "?"
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return self._guard("read", self._fh_path(fh), self._read, fh, off, size)
@@ -791,7 +809,7 @@ class OverlayOps(pyfuse3.Operations):
 
     async def setattr(self, inode: int, attr: EntryAttributes, fields: Any, fh: int | None,
                       ctx: Any) -> EntryAttributes:
-        path = self.table.path_of(inode)
+        path = self._req_path(inode)
         return self._guard("setattr", path, self._setattr, inode, attr, fields, fh)
 
     def _setattr(self, ino: int, attr: EntryAttributes, fields: Any, fh: int | None) -> EntryAttributes:

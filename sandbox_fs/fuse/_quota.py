@@ -7,8 +7,9 @@ grows the workspace is checked *before* it acts (:meth:`Quota.check_grow`,
 (:meth:`Quota.add_bytes`, :meth:`Quota.add_inodes`; negative deltas give
 space back).  A request that would take usage past a limit fails whole
 with ``EDQUOT``: nothing of it is written.  (The kernel splits a large
-``write(2)`` into ``max_write``-sized requests, so such a call may return
-short at the limit, having written the requests before the one refused.)
+``write(2)`` into ``max_write``-sized requests, 1 MiB with libfuse 3.14, so
+such a call may return short at the limit, having written the requests
+before the one refused.)
 
 What counts:
 
