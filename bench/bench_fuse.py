@@ -10,7 +10,10 @@ arm on an :class:`~sandbox_fs.fuse.Overlay` serving it (default
 issue 13 ("Goals") and whether the overlay met it.
 
 "Cold" passes start after ``sync; echo 3 > /proc/sys/vm/drop_caches`` (root
-only; without root they are marked "not cold").  Dropping caches also makes
+only; without root they are marked "not cold"), made twice around a wait
+for the FUSE daemons to close the fds of the inodes the kernel forgot (see
+:func:`drop_caches`: with one drop, the inodes the overlay held stayed warm
+for the arm after it).  Dropping caches also makes
 the kernel forget the FUSE inodes, so the daemon's handles go too.
 
 Measures: cold ``find | xargs stat``; cold lstat of every path by name;
@@ -23,6 +26,16 @@ path (and of everything); and the main job (scripts/main.sh's first
 ``sandbox-fs run``, with and without ``--overlay``; skipped with a note
 where the CLI has no ``--overlay``).
 
+``--floor`` adds two more arms to the rows a plain passthrough can serve
+(every row but invalidation and the main job), mounted at temporary
+directories over the same tree: a minimal pyfuse3 passthrough
+(``bench/_floor_ptfs.py``: no policy, no audit, no ``Root``, the daemon's
+pyfuse3 tuning) and libfuse's own ``passthrough_ll`` example in C (built
+from ``/usr/share/doc/libfuse3-dev/examples`` with ``gcc``; ``-s``, one
+thread like the daemon; ``cache=always``, ``timeout=3600``).  They show the
+floor of the stack: what any pyfuse3 daemon, and what the kernel's round
+trip itself, cost on this machine in the same run.
+
 External tools reach the mount through ``sh -c 'cd /proc/self/fd/N && ...'``
 with the fd passed by ``pass_fds``.  That is a benchmark-only convenience
 (the mount is attached nowhere, and product code never walks a magic
@@ -31,7 +44,7 @@ link); the direct arm is reached the same way, so both pay the same.
 Usage (as root, on an otherwise idle machine)::
 
     .venv/bin/python bench/bench_fuse.py [--repeat 5] [--files 10000] [--big-mib 256] [--dir /tmp]
-                                        [--skip-main] [--only NAME[,NAME...]] [--quick]
+                                        [--skip-main] [--only NAME[,NAME...]] [--quick] [--floor]
 """
 
 from __future__ import annotations
@@ -97,20 +110,53 @@ class Row:
     nbytes: int = 0          # bytes moved per pass (throughput rows)
     npaths: int = 0          # paths per pass (invalidation rows)
     note: str = ""
+    floors: dict[str, list[float]] = field(default_factory=dict)   # --floor arms: name -> seconds
 
 
 # ---------------------------------------------------------------- helpers
 
 
-def drop_caches() -> bool:
-    """sync + drop the page, dentry and inode caches; False when not permitted (not root)."""
+def drop_caches(daemons: list[int] | tuple[int, ...] = ()) -> bool:
+    """sync + drop the page, dentry and inode caches; False when not permitted (not root).
+
+    With FUSE ``daemons`` (pids) that hold an fd per inode the kernel knows
+    (the overlay, libfuse's passthrough_ll), one drop is not enough: the
+    drop makes the kernel forget the FUSE inodes, but the daemon closes its
+    fds only afterwards, so the backing inodes it held survive that drop,
+    warm for whichever arm runs next.  So: drop, wait until each daemon's
+    fd count has settled (:func:`settle`), drop again.
+    """
     os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
+        if daemons:
+            for pid in daemons:
+                settle(pid)
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
     except OSError:
         return False
     return True
+
+
+def fd_count(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def settle(pid: int, timeout_s: float = 5.0) -> None:
+    """Wait until ``pid``'s open fd count is the same over 50 ms (it processed the kernel's forgets)."""
+    deadline = time.monotonic() + timeout_s
+    last = fd_count(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = fd_count(pid)
+        if now == last:
+            return
+        last = now
 
 
 def sh(dir_fd: int, subdir: str, script: str) -> float:
@@ -200,10 +246,12 @@ def gibps(nbytes: int, s: float) -> str:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, ws_dir: str, direct_fd: int, overlay: Overlay) -> None:
+    def __init__(self, args: argparse.Namespace, ws_dir: str, direct_fd: int, overlay: Overlay,
+                 floor_fds: dict[str, int] | None = None, floor_pids: list[int] | None = None) -> None:
         self.args = args
         self.ws_dir = ws_dir
-        self.fds = {"direct": direct_fd, "overlay": overlay.mount_fd}
+        self.fds = {"direct": direct_fd, "overlay": overlay.mount_fd, **(floor_fds or {})}
+        self.daemons: list[int] = [overlay.pid, *(floor_pids or [])]
         self.overlay = overlay
         self.paths = file_paths(args.files)
         self.big_bytes = args.big_mib * MIB
@@ -219,17 +267,23 @@ class Bench:
                    before: Callable[[int, str], object] | None = None) -> None:
         """``--repeat`` rounds of (direct, overlay): optional untimed ``before``, optional cache drop, ``measure``."""
         for _ in range(self.args.repeat):
-            for arm in ("direct", "overlay"):
-                fd = self.fds[arm]
+            for arm, fd in self.fds.items():
                 if before is not None:
                     await trio.to_thread.run_sync(before, fd, arm)
-                if cold and not drop_caches():
+                if cold and not drop_caches(self.daemons):
                     self.cold_ok = False
                 s = await trio.to_thread.run_sync(measure, fd, arm)
-                (row.direct if arm == "direct" else row.overlay).append(s)
+                if arm == "direct":
+                    row.direct.append(s)
+                elif arm == "overlay":
+                    row.overlay.append(s)
+                else:
+                    row.floors.setdefault(arm, []).append(s)
         self.rows.append(row)
         print(f"  {row.name}: direct {statistics.median(row.direct):.4f} s, "
-              f"overlay {statistics.median(row.overlay):.4f} s", file=sys.stderr, flush=True)
+              f"overlay {statistics.median(row.overlay):.4f} s"
+              + "".join(f", {k} {statistics.median(v):.4f} s" for k, v in row.floors.items()),
+              file=sys.stderr, flush=True)
 
     def nextname(self, prefix: str, arm: str) -> str:
         self.seq += 1
@@ -275,7 +329,7 @@ class Bench:
                             before=lambda fd, arm: read_file(fd, "data/big"))
             daemon = Row(f"read {mib} MiB, through the daemon", Goal(">= 1 GiB/s", min_gibps=1.0), nbytes=nb,
                          note="overlay: the mount's page cache dropped (fadvise), backing warm; direct: warm")
-            await self.pair(daemon, lambda fd, arm: read_file(fd, "data/big", fadvise_drop=arm == "overlay"),
+            await self.pair(daemon, lambda fd, arm: read_file(fd, "data/big", fadvise_drop=arm != "direct"),
                             before=lambda fd, arm: read_file(fd, "data/big"))
             await self.pair(Row(f"read {mib} MiB, cold", Goal("<= 1.6x", max_ratio=1.6), nbytes=nb),
                             lambda fd, arm: read_file(fd, "data/big"), cold=True)
@@ -285,7 +339,8 @@ class Bench:
             def write(fd: int, arm: str) -> float:
                 names[arm] = self.nextname("big", arm)
                 s = write_file(fd, names[arm], nb)
-                os.unlink(names[arm], dir_fd=fd)      # untimed clean-up
+                # untimed clean-up (libfuse's passthrough_ll cannot unlink: the floors' files go behind them)
+                os.unlink(names[arm], dir_fd=fd if arm in ("direct", "overlay") else self.fds["direct"])
                 return s
 
             await self.pair(Row(f"write {mib} MiB", Goal(">= 0.35 GiB/s and <= 2.5x", max_ratio=2.5,
@@ -306,6 +361,7 @@ class Bench:
                             create, before=lambda fd, arm: os.sync())
 
     async def run_invalidation(self) -> None:
+        # overlay only: the floors have nothing to invalidate
         ov = self.overlay
         fd = self.fds["overlay"]
         calls = -(-len(self.paths) // INVALIDATE_BATCH)
@@ -465,6 +521,10 @@ def report(rows: list[Row], cold_ok: bool, args: argparse.Namespace) -> int:
         rat = f"{ratio:.2f}x" if ratio is not None else "-"
         print(f"{r.name:<44} {cell(di):>21} {cell(ov):>21} {rat:>7}  {r.goal.text:<34} {verdict}"
               + (f"  ({r.note})" if r.note else ""))
+        for arm, times in r.floors.items():
+            fl = statistics.median(times)
+            print(f"  {'floor: ' + FLOOR_TEXT.get(arm, arm):<42} {'':>21} {cell(fl):>21} "
+                  f"{(f'{fl / di:.2f}x' if di else '-'):>7}  overlay / this floor: {ov / fl:.2f}")
         if ratio is not None:
             emit_row("fuse", r.name, "overlay", "direct access", ratio, ours=ov, anchor_value=di,
                      goal=r.goal.max_ratio, goal_text=r.goal.text, met=ok if has_bound else None)
@@ -472,6 +532,88 @@ def report(rows: list[Row], cold_ok: bool, args: argparse.Namespace) -> int:
     print(f"medians of {args.repeat}; {args.files} x 1 KiB files + {args.big_mib} MiB under {args.dir}; "
           f"cold = after drop_caches" + ("" if cold_ok else " (NOT cold: drop_caches refused, not root)"))
     return failed
+
+
+# ---------------------------------------------------------------- floors (--floor)
+
+
+FLOOR_TEXT = {"floor-py": "minimal pyfuse3 passthrough", "floor-c": "libfuse passthrough_ll (C)"}
+LIBFUSE_EXAMPLES = "/usr/share/doc/libfuse3-dev/examples"
+
+
+def build_passthrough_ll(workdir: str) -> str | None:
+    """libfuse's passthrough_ll example compiled into ``workdir``; None (with a note on stderr) when it cannot be."""
+    src = os.path.join(LIBFUSE_EXAMPLES, "passthrough_ll.c")
+    if not (os.path.exists(src) and shutil.which("gcc") and shutil.which("pkg-config")):
+        print("--floor: no libfuse passthrough_ll source or no gcc/pkg-config: C floor skipped", file=sys.stderr)
+        return None
+    for name in ("passthrough_ll.c", "passthrough_helpers.h"):
+        shutil.copy(os.path.join(LIBFUSE_EXAMPLES, name), workdir)
+    flags = subprocess.run(["pkg-config", "fuse3", "--cflags", "--libs"], capture_output=True, text=True)
+    out = os.path.join(workdir, "passthrough_ll")
+    done = subprocess.run(["gcc", "-O2", os.path.join(workdir, "passthrough_ll.c"), *flags.stdout.split(),
+                           "-o", out], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"--floor: passthrough_ll did not build: {done.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    return out
+
+
+def wait_mounted(path: str, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.ismount(path):
+            return True
+        time.sleep(0.05)
+    return os.path.ismount(path)
+
+
+class Floors:
+    """The ``--floor`` passthroughs of ``ws_dir``, mounted under ``base``; :attr:`fds` holds an O_PATH fd per arm."""
+
+    def __init__(self, ws_dir: str, base: str) -> None:
+        self.ws_dir, self.base = ws_dir, base
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.fds: dict[str, int] = {}
+        self.pids: list[int] = []
+        """Daemons that hold an fd per known inode (the C floor), for :func:`drop_caches`."""
+
+    def start(self) -> None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        mnt = os.path.join(self.base, "floor-py")
+        os.mkdir(mnt)
+        self._start("floor-py", mnt, [sys.executable, os.path.join(here, "_floor_ptfs.py"), self.ws_dir, mnt])
+        exe = build_passthrough_ll(self.base)
+        if exe is not None:
+            mnt = os.path.join(self.base, "floor-c")
+            os.mkdir(mnt)
+            self._start("floor-c", mnt, [exe, "-f", "-s", "-o", f"source={self.ws_dir},cache=always,"
+                                         "timeout=3600,default_permissions,allow_other", mnt])
+            if "floor-c" in self.fds:
+                self.pids.append(self.procs[-1][1].pid)
+
+    def _start(self, arm: str, mnt: str, cmd: list[str]) -> None:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        self.procs.append((mnt, proc))
+        if not wait_mounted(mnt, proc):
+            print(f"--floor: {arm} did not mount: skipped", file=sys.stderr)
+            return
+        self.fds[arm] = os.open(mnt, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def stop(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        for mnt, proc in self.procs:
+            if os.path.ismount(mnt):
+                if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
+                    subprocess.run(["umount", "-l", mnt], capture_output=True)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
 
 
 def daemon_nofile(pid: int) -> str:
@@ -494,13 +636,17 @@ async def amain(args: argparse.Namespace) -> int:
         print(f"tree made in {time.perf_counter() - t0:.1f} s", flush=True)
         ws = open_root(ws_dir)
         direct_fd = os.open(ws_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        floors = Floors(ws_dir, base)
         try:
+            if args.floor:
+                floors.start()
             async with await Overlay.start(ws, policy=OverlayPolicy()) as ov:
                 nofile = daemon_nofile(ov.pid)
-                bench = Bench(args, ws_dir, direct_fd, ov)
+                bench = Bench(args, ws_dir, direct_fd, ov, floors.fds, floors.pids)
                 await bench.run()
                 alive = ov.alive
         finally:
+            floors.stop()
             os.close(direct_fd)
             ws.close()
         failed = report(bench.rows, bench.cold_ok, args) + bench.failures
@@ -524,6 +670,8 @@ def main() -> int:
     p.add_argument("--only", type=lambda s: [w for w in s.split(",") if w], default=[],
                    help="comma-separated substrings of measure names (find, lstat, ls, read, write, "
                         "create, tar, invalid, main)")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure a minimal pyfuse3 passthrough and libfuse's passthrough_ll (C) side by side")
     p.add_argument("--quick", action="store_true",
                    help="a short run: 3 rounds, 2,000 files, a 64 MiB big file, no main-job row")
     args = p.parse_args()
