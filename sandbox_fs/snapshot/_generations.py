@@ -1179,8 +1179,8 @@ class GenerationStore:
         except SnapshotCorruptError:
             return hold.dirs  # kept as it is
         refs = {e.dir for e in ptr.generations if e.origin == owner} if ptr is not None else set()
-        if hold.dirs <= refs:
-            return hold.dirs
+        if hold.dirs and hold.dirs <= refs:
+            return hold.dirs  # still needed as it is (an empty one is a tombstone left behind: removed)
         try:
             write_hold(self.objects, owner, hold.holder, hold.dirs & refs, if_match=hold.etag)
         except SnapshotConflictError:

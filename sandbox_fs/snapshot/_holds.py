@@ -7,7 +7,7 @@ owns them.  So that the owner's pruning, :meth:`remove` and :meth:`gc` never
 delete an object another name still needs, every name that references
 another's generations keeps one *hold* object in the owner's namespace::
 
-    OWNER/holds/HOLDER      {"format": "sandbox-fs-hold", "owner": ..., "holder": ..., "dirs": [...]}
+    OWNER/holds/HOLDER      {"format": "sandbox-fs-hold", "owner": ..., "holder": ..., "nonce": ..., "dirs": [...]}
 
 The protocol (see ``_generations`` for where each step runs) rests only on
 the object store being linearizable, as the pointer's compare-and-swap does:
@@ -29,6 +29,15 @@ objects alive (cleared by ``gc`` when its holder does not reference them),
 never make a restore read other data (each restore is checked against the
 metadata digest in the MAC-protected session state).  A hold that cannot
 be read keeps every directory of its owner (nothing is deleted on a guess).
+
+Only the holder writes its hold unconditionally; anyone else (``gc``
+shrinking a stale hold) changes it by compare-and-swap on the etag it read.
+Two writes of a hold never give it the same bytes (a random ``nonce``), so
+an etag read before a hold was removed and written anew by a new fork of
+that holder name never matches the new one; and a hold shrunk to nothing is
+first replaced, conditionally, by a *tombstone* (``dirs`` empty: holds
+nothing) and only then deleted, since a delete cannot be conditional and a
+fork's create-only write fails while the tombstone is there.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,7 +75,10 @@ class Hold(BaseModel):
     version: Literal[1] = 1
     owner: str = Field(pattern=_TOKEN_FIELD)
     holder: str = Field(pattern=_TOKEN_FIELD)
-    dirs: list[str] = Field(min_length=1, max_length=_MAX_HOLD_DIRS)
+    #: random per write: no two writes of a hold have the same bytes, so none has an earlier one's etag
+    nonce: str = Field(default_factory=lambda: secrets.token_hex(8), pattern=r"^[0-9a-f]{16}$")
+    #: empty: a tombstone (a hold being removed by compare-and-swap), which holds nothing
+    dirs: list[str] = Field(max_length=_MAX_HOLD_DIRS)
 
 
 @dataclass(frozen=True)
@@ -86,18 +99,28 @@ def hold_key(owner: str, holder: str) -> str:
 
 def write_hold(objects: ObjectStore, owner: str, holder: str, dirs: "set[str] | frozenset[str]", *,
                if_match: str | None = None, if_none_match: bool = False) -> None:
-    """Replace ``holder``'s hold on ``owner`` with ``dirs`` (empty: delete it, unconditionally).
+    """Replace ``holder``'s hold on ``owner`` with ``dirs``; empty ``dirs`` deletes it.
+
+    The new hold's bytes never equal an earlier write's (a fresh nonce).
+    With ``if_match``, an empty ``dirs`` deletes the hold only if it is
+    still the one of that etag: it is first replaced by a tombstone under
+    that condition, then deleted (see the module docstring).  Without
+    conditions, an empty ``dirs`` deletes it whatever it holds (the holder
+    releasing its own hold).
 
     Raises:
-        SnapshotConflictError: ``if_match`` or ``if_none_match`` was given and did not hold.
+        SnapshotConflictError: ``if_match`` or ``if_none_match`` was given and did not hold
+            (nothing was changed).
         SnapshotStoreError: the store failed.
     """
     key = hold_key(owner, holder)
-    if not dirs:
+    if not dirs and if_match is None and not if_none_match:
         objects.delete(key)
         return
     body = Hold(owner=owner, holder=holder, dirs=sorted(dirs)).model_dump(mode="json")
     objects.put_bytes(key, json.dumps(body, indent=1).encode(), if_match=if_match, if_none_match=if_none_match)
+    if not dirs:  # the tombstone is in place: no fork can create a hold here until it is gone
+        objects.delete(key)
 
 
 def list_holds(objects: ObjectStore, owner: str) -> list[HeldBy] | None:
