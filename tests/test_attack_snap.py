@@ -8,6 +8,8 @@ outside the store changed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -101,3 +103,78 @@ def test_property_a_hold_changes_only_under_the_etag_it_had(tmp_path: Path, dirs
         write_hold(objects, "src", "f", set(shrunk), if_match=second.etag)
         assert held_dirs(objects, "src") == frozenset(shrunk)
         assert (objects.head("src/holds/f") is None) == (not shrunk)  # shrunk to nothing: gone, no tombstone left
+
+
+# ------------------------------------------------------------- a store at the largest generation number
+_MAX_GEN = 1 << 62  # the largest generation a pointer entry holds
+
+
+def _forge_generation(store_dir: Path, name: str, generation: int) -> None:
+    """Rewrite ``name``'s only generation as ``generation`` (directory, metadata, pointer), every digest recomputed."""
+    ptr = json.loads((store_dir / name / "current").read_bytes())
+    (entry,) = ptr["generations"]
+    new_dir = f"{generation:012d}-{entry['dir'].split('-')[1]}"
+    os.rename(store_dir / name / "gen" / entry["dir"], store_dir / name / "gen" / new_dir)
+    meta_path = store_dir / name / "gen" / new_dir / "meta.json"
+    meta = json.loads(meta_path.read_bytes())
+    meta.update(generation=generation, archive=f"{name}/gen/{new_dir}/archive.tar", index_sha256="", index_bytes=0)
+    raw = json.dumps(meta).encode()
+    meta_path.write_bytes(raw)
+    entry.update(generation=generation, dir=new_dir, meta_sha256=hashlib.sha256(raw).hexdigest())
+    (store_dir / name / "current").write_text(json.dumps(ptr))
+
+
+def _objects_below(store_dir: Path) -> set[str]:
+    return {str(p.relative_to(store_dir)) for p in store_dir.rglob("*") if p.is_file() and p.name not in (".lock", ".state-key")}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(below=st.sampled_from([0, 1, 2]), v1=st.booleans())
+def test_property_a_forged_generation_at_the_limit_is_refused_before_any_upload(tmp_path: Path, below: int,
+                                                                                  v1: bool) -> None:
+    """A pointer (or a version-1 snapshot) at or near the largest generation: the next persist commits, or is
+    refused as corrupt before anything is uploaded; never an error outside SnapshotError (an internal error at the CLI)."""
+    from sandbox_fs.snapshot import DirectorySnapshotStore, LocalSnapshotStore, SnapshotCorruptError
+
+    base = tmp_path / os.urandom(8).hex()
+    ws_dir, store_dir = base / "ws", base / "store"
+    ws_dir.mkdir(parents=True)
+    (ws_dir / "f").write_bytes(b"x")
+    generation = _MAX_GEN - below
+    with open_root(ws_dir) as ws:
+        if v1:
+            with LocalSnapshotStore(store_dir) as legacy:
+                persist(ws, legacy, "n")
+            meta = json.loads((store_dir / "n.json").read_bytes())
+            meta["generation"] = generation + 1  # a version-1 snapshot may record any number
+            (store_dir / "n.json").write_text(json.dumps(meta))
+            generation += 1
+        else:
+            with DirectorySnapshotStore(store_dir) as store:
+                persist(ws, store, "n")
+            _forge_generation(store_dir, "n", generation)
+        before = _objects_below(store_dir)
+        with DirectorySnapshotStore(store_dir) as store:
+            if generation + 1 <= _MAX_GEN:
+                assert persist(ws, store, "n").info.generation == generation + 1
+                return
+            with pytest.raises(SnapshotCorruptError, match="largest"):
+                persist(ws, store, "n")
+    assert _objects_below(store_dir) == before  # the sentinel: nothing uploaded, nothing left behind
+
+
+def test_cli_save_onto_a_forged_generation_at_the_limit_is_one_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from sandbox_fs.cli import main
+
+    ws_dir, store_dir = tmp_path / "ws", tmp_path / "store"
+    ws_dir.mkdir()
+    (ws_dir / "f").write_bytes(b"x")
+    save = ["snapshot", "save", "--store", str(store_dir), "--workspace", str(ws_dir), "--name", "n"]
+    assert main(save) == 0
+    _forge_generation(store_dir, "n", _MAX_GEN)
+    capsys.readouterr()
+    rc = main(save)
+    err = capsys.readouterr().err
+    assert rc not in (0, 70) and len(err.strip().splitlines()) == 1 and "snapshot_corrupt" in err, err
+    assert str(tmp_path) not in err and "Traceback" not in err

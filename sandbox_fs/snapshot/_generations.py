@@ -548,12 +548,29 @@ class GenerationStore:
             and parent_info.chain_bytes <= MAX_DELTA_RATIO * max(parent_info.base_bytes, 1)
         generation = current + 1
         gen_dir = _gen_dir(generation)
+        self._next_pointer(name, ptr, self._stand_in(generation, gen_dir, parent if layered else None))
         archive_key, _meta = _keys(name, gen_dir)
         writer = self.objects.put_stream(archive_key)
         sink = _ObjectSink(writer)
         return _PendingGeneration(name=name, fd=-1, sink=sink, stream=io.BufferedWriter(sink), partial=None,
                                   generation=generation, gen_dir=gen_dir, pointer=ptr, pointer_etag=etag,
                                   writer=writer, parent=parent, parent_info=parent_info, layered=layered)
+
+    @staticmethod
+    def _stand_in(generation: int, gen_dir: str, parent: _PointerEntry | None) -> _PointerEntry:
+        """The pointer entry a commit of ``generation`` will add, with a stand-in metadata digest.
+
+        Raises:
+            SnapshotCorruptError: ``generation`` is larger than a pointer holds
+                (the store's current one, or a version-1 snapshot's, is at the limit).
+        """
+        try:
+            return _PointerEntry(generation=generation, dir=gen_dir, meta_sha256="0" * 64,
+                                 parent=parent.dir if parent is not None else "")
+        except ValidationError:
+            raise SnapshotCorruptError("the store's current generation number is at the largest a pointer "
+                                       "holds; nothing was written", sandbox_path=None,
+                                       context={"generation": generation - 1}) from None
 
     def _legacy_info(self, name: str) -> SnapshotInfo | None:
         """The version-1 snapshot ``name`` has while it has no pointer (None: none; see DirectorySnapshotStore)."""
@@ -760,15 +777,18 @@ class GenerationStore:
             self.remember_baseline(name, committed, pending.index)
         return committed
 
-    def _swap_pointer(self, pending: _PendingGeneration, entry: _PointerEntry) -> None:
-        """Replace the pointer by compare-and-swap, then delete the generations it no longer keeps.
+    def _next_pointer(self, name: str, old: _Pointer | None, entry: _PointerEntry) -> _Pointer:
+        """The pointer that lists ``entry`` as the current generation after ``old``, pruned to ``keep``.
+
+        Retention counts restore points; every chain a kept restore point
+        needs stays.  :meth:`begin` builds it once with a stand-in entry, so a
+        pointer that cannot be continued is refused before anything is uploaded.
 
         Raises:
-            SnapshotConflictError: the pointer changed since :meth:`begin`.
-            SnapshotStoreError: the store failed.
+            SnapshotCorruptError: the result is not a valid pointer (``old``,
+                as the store gave it, is at the largest generation number or
+                has chains longer than a pointer may list).
         """
-        name = pending.name
-        old = pending.pointer
         older = list(old.generations[:old.restore_points]) if old is not None else []
         points = [entry] + older[:self.keep - 1]
         by_dir = {e.dir: e for e in (old.generations if old is not None else [])}
@@ -781,8 +801,28 @@ class GenerationStore:
                 cur = by_dir.get(cur.parent) if cur.parent else None
         kept = sorted(needed.values(), key=lambda e: -e.generation)
         rest = [e for e in kept if e not in points]
-        ptr = _Pointer(name=name, generations=points + rest, restore_points=len(points),
-                       version=2 if any(e.origin for e in kept) else 1)
+        try:
+            return _Pointer(name=name, generations=points + rest, restore_points=len(points),
+                            version=2 if any(e.origin for e in kept) else 1)
+        except ValidationError as exc:
+            raise SnapshotCorruptError("the store's generation pointer cannot be continued (at the largest "
+                                       "generation number, or chains longer than a pointer lists); nothing was "
+                                       "written", sandbox_path=None, context={"snapshot": name},
+                                       diagnostic=str(exc)) from None
+
+    def _swap_pointer(self, pending: _PendingGeneration, entry: _PointerEntry) -> None:
+        """Replace the pointer by compare-and-swap, then delete the generations it no longer keeps.
+
+        Raises:
+            SnapshotConflictError: the pointer changed since :meth:`begin`.
+            SnapshotCorruptError: see :meth:`_next_pointer` (not after :meth:`begin` accepted the pointer).
+            SnapshotStoreError: the store failed.
+        """
+        name = pending.name
+        old = pending.pointer
+        ptr = self._next_pointer(name, old, entry)
+        needed = {e.dir for e in ptr.generations}
+        kept = list(ptr.generations)
         data = _dump_pointer(ptr)
         try:
             if pending.pointer_etag is None:
