@@ -53,8 +53,9 @@ from ._walk import WORKSPACE_ID_NAME, StatLike, _classify, _ListedEntry, _Listin
 
 __all__ = ["Layering"]
 
-#: most entries an index keeps its walk cache for (about 400 bytes an entry besides the index itself)
-_CACHE_MAX_ENTRIES = 250_000
+#: most entries an index keeps its walk cache for: the cache costs about 500 bytes an entry in memory,
+#: as much again as the index itself (measured on the stdlib tree); a larger tree is walked entry by entry
+_CACHE_MAX_ENTRIES = 100_000
 
 
 @dataclass
