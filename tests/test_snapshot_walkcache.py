@@ -35,7 +35,7 @@ from sandbox_fs.snapshot import (
     persist,
     tree_digest,
 )
-from sandbox_fs.snapshot import _walk
+from sandbox_fs.snapshot import _layers, _walk
 from sandbox_fs.snapshot._index import encode_index
 from tests.test_snapshot import _host_view, _move_out_and_plant
 from tests.test_snapshot_generations import DictObjects
@@ -143,6 +143,20 @@ def test_a_changed_file_is_the_only_entry_walked_in_its_directory(tree, monkeypa
     with open_root(out) as o:
         hydrate(o, store, "s")
     assert _host_view(out) == _host_view(ws)
+
+
+def test_a_tree_past_the_cache_bound_is_compared_entry_by_entry(tree, monkeypatch):
+    ws, w, objects, store = tree
+    monkeypatch.setattr(_layers, "_CACHE_MAX_ENTRIES", 3)
+    persist(w, store, "s")
+    assert store._baselines["s"].index.walk_cache is None
+    _tick()
+    (ws / "big" / "f05").write_text("changed\n")
+    opened = _opened(monkeypatch)
+    info = persist(w, store, "s").info
+    # unchanged files still not read (a directory is opened twice: checked when listed, then entered)
+    assert sorted(set(opened)) == ["a", "a/b", "big", "big/f05", "c", "c/link"]
+    assert info.tree_digest == tree_digest(w)
 
 
 def test_limits_hold_for_directories_taken_over(tree):
