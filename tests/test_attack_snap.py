@@ -178,3 +178,71 @@ def test_cli_save_onto_a_forged_generation_at_the_limit_is_one_line(tmp_path: Pa
     err = capsys.readouterr().err
     assert rc not in (0, 70) and len(err.strip().splitlines()) == 1 and "snapshot_corrupt" in err, err
     assert str(tmp_path) not in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------- the command line: an empty host path
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    from sandbox_fs.cli import main
+
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # usage errors
+        rc = exc.code if isinstance(exc.code, int) else 2
+    return rc, capsys.readouterr().err
+
+
+def _listing(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else b"") for p in sorted(d.rglob("*"))}
+
+
+def test_cli_restore_with_an_empty_workspace_never_replaces_the_current_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--workspace ""`` (an unset variable) was made the current directory by ``abspath`` and restored over."""
+    ws, cwd = tmp_path / "ws", tmp_path / "cwd"
+    ws.mkdir()
+    cwd.mkdir()
+    (ws / "a").write_text("snap")
+    (cwd / "precious.txt").write_text("outside")
+    store = str(tmp_path / "store")
+    assert _cli(capsys, "snapshot", "save", "--store", store, "--workspace", str(ws), "--name", "n")[0] == 0
+    monkeypatch.chdir(cwd)
+    rc, err = _cli(capsys, "snapshot", "restore", "--store", store, "--name", "n", "--workspace", "")
+    assert rc not in (0, 70) and len(err.strip().splitlines()) == 1 and "empty" in err, err
+    assert _listing(cwd) == {"precious.txt": b"outside"}  # the sentinel
+
+
+_EMPTY_PATH_CASES = [
+    ["snapshot", "ls", "--store", ""],
+    ["snapshot", "gc", "--store", ""],
+    ["snapshot", "save", "--store", "", "--workspace", "{ws}", "--name", "n"],
+    ["snapshot", "save", "--store", "{store}", "--workspace", "", "--name", "n"],
+    ["snapshot", "restore", "--store", "", "--name", "n", "--workspace", "{ws}"],
+    ["session", "create", "--workspaces-dir", "", "--store", "{store}", "--state", "{tmp}/s.json"],
+    ["session", "create", "--workspaces-dir", "{tmp}/wsd", "--store", "", "--state", "{tmp}/s.json"],
+    ["session", "create", "--workspaces-dir", "{tmp}/wsd", "--store", "{store}", "--root", "",
+     "--state", "{tmp}/s.json"],
+    ["session", "fork", "--workspaces-dir", "{tmp}/wsd", "--store", "{store}", "--state", "",
+     "--state-out", "{tmp}/f.json"],
+    ["session", "fork", "--workspaces-dir", "{tmp}/wsd", "--store", "{store}", "--state", "{tmp}/s.json",
+     "--state-out", ""],
+    ["extract", "{tmp}/a.tar", "--into", ""],
+]
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_property_no_host_path_option_takes_the_empty_string_as_the_current_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, follow: bool) -> None:
+    """Every host-path option of the snapshot, session and extract commands, given "": one line, the cwd untouched."""
+    ws, cwd = tmp_path / "ws", tmp_path / "cwd"
+    ws.mkdir()
+    cwd.mkdir()
+    (ws / "a").write_text("snap")
+    (cwd / "precious.txt").write_text("outside")
+    fill = {"ws": str(ws), "store": str(tmp_path / "store"), "tmp": str(tmp_path)}
+    monkeypatch.chdir(cwd)
+    for case in _EMPTY_PATH_CASES:
+        argv = [a.format(**fill) for a in case] + (["--follow-host-symlinks"] if follow else [])
+        rc, err = _cli(capsys, *argv)
+        assert rc not in (0, 70) and len(err.strip().splitlines()) == 1 and str(tmp_path) not in err, (argv, err)
+        assert "Traceback" not in err
+        assert _listing(cwd) == {"precious.txt": b"outside"}, argv  # the sentinel

@@ -53,9 +53,17 @@ def host_path(args: argparse.Namespace, path: str | None) -> str | None:
 
     Without the opt-in: ``os.path.abspath`` (lexical only; the library
     refuses a symlink on it).  With ``--follow-host-symlinks``: ``realpath``.
+
+    Raises:
+        CliInputError: ``path`` is empty (both would make it the current
+            directory, which the library's own rule refuses: ``--workspace ""``
+            from an unset variable would restore a snapshot over it).
     """
     if path is None:
         return None
+    if path == "":
+        raise CliInputError("a host path given is empty (an unset variable?); give the directory or file",
+                            sandbox_path=None)
     if getattr(args, "follow_host_symlinks", False):
         return os.path.realpath(path)
     return os.path.abspath(path)
