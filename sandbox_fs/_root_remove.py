@@ -6,6 +6,16 @@ directory is removed only after it has been moved into a private directory
 and checked there (:func:`rmdir_checked`), so a grant swapped in at its
 name is never removed.
 
+Each private directory (``.sfs-rm-<random>``) is held with an exclusive
+``flock`` from the moment it is made until it is removed again; the kernel
+drops the lock when that fd closes or the process dies.  An I/O error at
+the wrong step, or a kill, can leave one behind (empty, or holding the
+directory being removed); nothing else can tell such a leftover from a
+removal in flight, but the lock can: :func:`sweep` (``Root.sweep_removals``,
+run by the next extraction into that directory) takes it, moves what is
+inside back to its name (undoing the interrupted removal, never removing
+it) and removes the then empty directory, checked by identity.
+
 Internal to the root modules: it uses ``Root`` internals (``_rel``,
 ``_use``, ``_open_parent``, ``_oserror``, ``_check_writable``, ``_show``,
 ``_deny``), which no other module calls.
@@ -15,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets as _secrets
 import stat as _stat
@@ -27,7 +38,7 @@ from .errors import DirectoryReplacedError, ReadOnlyError, SandboxError
 if TYPE_CHECKING:
     from .root import Root
 
-__all__ = ["rmdir", "rmdir_checked", "rmtree", "clear"]
+__all__ = ["rmdir", "rmdir_checked", "rmtree", "clear", "sweep", "TRASH_PREFIX"]
 
 Skip = Callable[[os.stat_result], bool]
 
@@ -35,6 +46,10 @@ _ENTER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: openat2 resolve flags of one step of a removal: never a symlink, never across a mount.
 _CLEAR_RESOLVE = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_XDEV | _native.RESOLVE_NO_SYMLINKS |
                   _native.RESOLVE_NO_MAGICLINKS)
+#: the reserved name prefix of :func:`rmdir_checked`'s private directories
+TRASH_PREFIX = b".sfs-rm-"
+#: attempts at a private directory that no concurrent sweep took first
+_TRASH_ATTEMPTS = 3
 
 
 class _MountPoint(Exception):
@@ -73,35 +88,27 @@ def rmdir_checked(root: Root, pfd: int, name: bytes, expect: tuple[int, int] | N
     ``clear(make_writable=True)`` gives a non-root owner's read-only
     directories first.
 
+    The private directory is held with an exclusive ``flock`` from its
+    ``mkdir`` until it is removed (see :func:`_make_trash`); one that an
+    error or a kill leaves behind is unlocked, and :func:`sweep` undoes it.
+
     Returns:
         True when removed; False when the directory found was not ours (moved
-        back to its name, or, if that name was taken meanwhile, left in the
-        private ``.sfs-rm-*`` directory, which is then kept).
+        back to its name, or, if that name was taken meanwhile or the move
+        back failed, left in the private ``.sfs-rm-*`` directory, which is
+        then kept until a sweep can move it back).
 
     Raises:
         DirectoryReplacedError: the private directory was replaced by another process.
-        OSError: the ``rmdir`` failed (ENOTEMPTY ...), after moving it back.
+        OSError: the ``rmdir`` failed (ENOTEMPTY ...), after moving it back; or
+            removing the then empty private directory failed (the directory is
+            removed, the private one is left for a sweep).
     """
     if not root._deny and expect is None:
         os.rmdir(name, dir_fd=pfd)
         return True
-    trash = b".sfs-rm-" + _secrets.token_hex(8).encode()
-    os.mkdir(trash, 0o700, dir_fd=pfd)
-    # Every later step goes through this fd, never the path ".sfs-rm-*/name": the private
-    # directory sits in a directory others may write, and its name could be exchanged
-    # with a symlink or another directory meanwhile.  Checked to be the empty directory
-    # just made, owned by us and closed to others.
+    trash, tfd, tst = _make_trash(pfd)
     try:
-        tfd = os.open(trash, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.rmdir(trash, dir_fd=pfd)  # (an empty directory, or whatever took the name: then kept)
-        raise
-    try:
-        tst = os.fstat(tfd)
-        if tst.st_uid != os.geteuid() or _stat.S_IMODE(tst.st_mode) & 0o077 or tst.st_nlink != 2:
-            raise DirectoryReplacedError("rmdir: its private directory was replaced by another process",
-                                         sandbox_path=None)
         try:
             _native.renameat2(pfd, name, tfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
         except OSError:
@@ -109,20 +116,24 @@ def rmdir_checked(root: Root, pfd: int, name: bytes, expect: tuple[int, int] | N
             # the empty one made above), so a failed rmdir leaves no ``.sfs-rm-*`` behind.
             _remove_own_empty(pfd, trash, tst)
             raise
-        st = os.stat(name, dir_fd=tfd, follow_symlinks=False)
-        ident = (st.st_dev, st.st_ino)
-        ours = ident not in root._deny and (expect is None or ident == expect)
+        ours = removed = False
         err: OSError | None = None
-        if ours:
-            try:
+        try:
+            st = os.stat(name, dir_fd=tfd, follow_symlinks=False)
+            ident = (st.st_dev, st.st_ino)
+            ours = ident not in root._deny and (expect is None or ident == expect)
+            if ours:
                 os.rmdir(name, dir_fd=tfd)
-            except OSError as exc:
-                err = exc
-        if not ours or err is not None:
+                removed = True
+        except OSError as exc:
+            err = exc
+        if not removed:
             try:
                 _native.renameat2(tfd, name, pfd, name, _native.RENAME_NOREPLACE, "rmdir", None)
             except OSError:
-                return False  # the name was taken meanwhile: it stays in the private directory, kept
+                # the name was taken meanwhile (or the move failed): it stays in the private
+                # directory, kept; a later sweep moves it back once its name is free
+                return False
         left = os.stat(trash, dir_fd=pfd, follow_symlinks=False)
         if (left.st_dev, left.st_ino) == (tst.st_dev, tst.st_ino):
             os.rmdir(trash, dir_fd=pfd)  # (only ever an empty directory, in a directory we write)
@@ -130,7 +141,66 @@ def rmdir_checked(root: Root, pfd: int, name: bytes, expect: tuple[int, int] | N
             raise err
         return ours
     finally:
-        os.close(tfd)
+        os.close(tfd)  # releases the lock: a private directory still there is a sweepable leftover
+
+
+def _make_trash(pfd: int) -> tuple[bytes, int, os.stat_result]:
+    """Make, open and lock a fresh private directory in ``pfd`` for :func:`rmdir_checked`.
+
+    Every later step goes through the returned fd, never the path
+    ``.sfs-rm-*/name``: the private directory sits in a directory others may
+    write, and its name could be exchanged with a symlink or another
+    directory meanwhile.  It is checked to be the empty directory just made,
+    owned by us and closed to others, and, once locked, to still be at its
+    name: a concurrent :func:`sweep` that locked (and removed) it first
+    makes this try again with a new name.
+
+    Returns:
+        ``(name, fd holding the lock, its fstat)``; the caller closes the fd.
+
+    Raises:
+        DirectoryReplacedError: the private directory was replaced by another
+            process (or swept away on every attempt).
+        OSError: ``mkdir`` or the open failed (EROFS, ENOSPC, EMFILE ...).
+    """
+    for _ in range(_TRASH_ATTEMPTS):
+        trash = TRASH_PREFIX + _secrets.token_hex(8).encode()
+        os.mkdir(trash, 0o700, dir_fd=pfd)
+        try:
+            tfd = os.open(trash, _ENTER_FLAGS, dir_fd=pfd)
+        except FileNotFoundError:
+            continue  # a sweep removed it before the open
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(trash, dir_fd=pfd)  # (an empty directory, or whatever took the name: then kept)
+            raise
+        try:
+            tst = os.fstat(tfd)
+            if tst.st_uid != os.geteuid() or _stat.S_IMODE(tst.st_mode) & 0o077:
+                raise DirectoryReplacedError("rmdir: its private directory was replaced by another process",
+                                             sandbox_path=None)
+            try:
+                fcntl.flock(tfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(tfd)  # a sweep holds it (and removes the empty directory): another name
+                continue
+            try:
+                at_name = os.stat(trash, dir_fd=pfd, follow_symlinks=False)
+            except FileNotFoundError:
+                at_name = None
+            if at_name is None or (at_name.st_dev, at_name.st_ino) != (tst.st_dev, tst.st_ino):
+                os.close(tfd)  # a sweep locked and removed it before our lock: another name
+                continue
+            if os.fstat(tfd).st_nlink != 2:  # something was made in it
+                raise DirectoryReplacedError("rmdir: its private directory was changed by another process",
+                                             sandbox_path=None)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(tfd)
+            raise
+        return trash, tfd, tst
+    raise DirectoryReplacedError("rmdir: its private directory was removed by another process on every attempt",
+                                 sandbox_path=None)
 
 
 def _remove_own_empty(pfd: int, name: bytes, made: os.stat_result) -> None:
@@ -139,6 +209,78 @@ def _remove_own_empty(pfd: int, name: bytes, made: os.stat_result) -> None:
         left = os.stat(name, dir_fd=pfd, follow_symlinks=False)
         if (left.st_dev, left.st_ino) == (made.st_dev, made.st_ino):
             os.rmdir(name, dir_fd=pfd)
+
+
+def sweep(root: Root, path: str | bytes) -> int:
+    """``Root.sweep_removals``: undo and remove the stale private directories in directory ``path``.
+
+    Each ``.sfs-rm-*`` entry is opened as one component beneath the
+    directory's fd (``O_NOFOLLOW``, never across a mount point: a symlink,
+    a file or a mount at such a name is left), locked without waiting (one
+    held by a removal in flight is left), and checked to be what
+    :func:`rmdir_checked` makes (a directory owned by this process's
+    effective uid, closed to group and others, not a read-only grant).
+    What it holds is then moved back to its own name in the directory
+    (``RENAME_NOREPLACE``, through the locked fd: a name taken meanwhile
+    keeps the entry where it is), and the private directory is removed if
+    it is then empty and still the one locked.  Nothing in it is ever
+    removed.  Best effort: a step that fails leaves that entry.
+
+    Returns:
+        How many private directories were removed.
+
+    Raises:
+        Nothing for a leftover; those of :meth:`Root.open_dir_fd` when
+        ``path`` itself cannot be opened; ReadOnlyError when ``path`` is a
+        read-only Root or grant.
+    """
+    rel = root._rel(path)
+    root._check_writable(rel, "sweep")
+    with root._use() as rootfd:
+        dfd = root._open_fd(rootfd, rel, _ENTER_FLAGS & ~os.O_NOFOLLOW, 0, "sweep")
+        try:
+            if root._deny:
+                root._check_write_target(dfd, None, rel, False)  # never in or beneath a read-only grant
+            try:
+                # host-access: none; lists the directory fd just opened beneath the Root (no path is walked)
+                names = [os.fsencode(n) for n in os.listdir(dfd) if n.startswith(".sfs-rm-")]
+            except OSError:
+                return 0
+            return sum(_sweep_one(root, dfd, name) for name in names)
+        finally:
+            os.close(dfd)
+
+
+def _sweep_one(root: Root, dfd: int, name: bytes) -> bool:
+    """:func:`sweep` of the entry ``name`` of ``dfd``: True when it was a stale private directory, now removed."""
+    try:
+        tfd = _open_dir_here(root, dfd, name, _ENTER_FLAGS)
+    except (OSError, _MountPoint):
+        return False  # gone, not a directory, a symlink, a mount point, or not ours to open
+    try:
+        tst = os.fstat(tfd)
+        if tst.st_uid != os.geteuid() or _stat.S_IMODE(tst.st_mode) & 0o077 or \
+                (tst.st_dev, tst.st_ino) in root._deny:
+            return False  # not one rmdir_checked made
+        try:
+            fcntl.flock(tfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a removal in flight holds it
+        # host-access: none; lists the directory fd just entered and locked (no path is walked)
+        for entry in os.listdir(tfd):
+            ename = os.fsencode(entry)
+            with contextlib.suppress(OSError):
+                _native.renameat2(tfd, ename, dfd, ename, _native.RENAME_NOREPLACE, "sweep", None)
+        try:
+            left = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if (left.st_dev, left.st_ino) != (tst.st_dev, tst.st_ino):
+                return False
+            os.rmdir(name, dir_fd=dfd)  # only ever an empty directory (a name taken meanwhile kept its entry)
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(tfd)
 
 
 def rmtree(root: Root, path: str | bytes, missing_ok: bool, skip: Skip | None) -> None:

@@ -1359,6 +1359,39 @@ class Root:
 
         _root_remove.rmtree(self, path, missing_ok, skip)
 
+    def sweep_removals(self, path: str | bytes = ".") -> int:
+        """Undo the removals interrupted in directory ``path``: their stale ``.sfs-rm-*`` directories.
+
+        :meth:`rmdir` (with ``expect`` or read-only grants, and so
+        :meth:`rmtree`, :meth:`clear` and :meth:`Subtree.remove_tree`) moves a
+        directory into a private ``.sfs-rm-<random>`` beside it before removing
+        it there, and holds a ``flock`` on that private directory meanwhile.
+        An I/O error at the wrong step, or a killed process, can leave one
+        behind.  This takes each one that no removal in flight holds, checks
+        it is one this process's uid made (a directory, owned by the
+        effective uid, mode without group or other bits; never a symlink,
+        never a mount point, never a read-only grant), moves what it holds
+        back to its own name (``RENAME_NOREPLACE``: never over an entry, and
+        nothing in it is removed) and removes it once empty.  Best effort per
+        entry.  The name prefix is reserved.  Archive extraction runs it on
+        the directory it stages in.
+
+        Args:
+            path: sandbox path of the directory to sweep (``"."``: the root).
+
+        Returns:
+            How many stale private directories were removed.
+
+        Raises:
+            ReadOnlyError: a read-only Root, or ``path`` is (or is beneath) a read-only grant.
+            NotADirectoryError, FileNotFoundError, PermissionError,
+                OSError(EMFILE): ``path`` cannot be opened as a directory.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
+        """
+        from . import _root_remove  # noqa: PLC0415  (it imports this module)
+
+        return _root_remove.sweep(self, path)
+
     def clear(self, *, skip: Callable[[os.stat_result], bool] | None = None, make_writable: bool = False,
               keep_denied: bool = False) -> None:
         """Remove everything *inside* the root, never the root directory itself.

@@ -11,7 +11,10 @@ process dies.  Before staging, an extraction sweeps the directory it stages
 in: every ``.sfs-extract-*`` directory whose lock it can take belongs to no
 live extraction and is removed (through the Root, checked by identity, never
 following a symlink).  The prefix is reserved: a user's directory of that
-name in a destination is treated as a leftover.
+name in a destination is treated as a leftover.  The sweep first undoes the
+checked removals interrupted in that directory (``Root.sweep_removals``:
+stale ``.sfs-rm-*`` directories, locked the same way while in use), which a
+failed removal of a staging directory leaves beside it.
 
 The new directory is locked right after ``mkdir``; a sweep that takes its
 lock first wins, and the extraction then fails with ``conflict`` (it never
@@ -22,6 +25,7 @@ checked to still hold the directory made once the lock is taken).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
@@ -34,6 +38,8 @@ from ._meta import identity
 __all__ = ["STAGING_PREFIX", "make_staging", "sweep_stale"]
 
 STAGING_PREFIX = ".sfs-extract-"
+#: the private directories of ``Root``'s checked removal (see ``Root.sweep_removals``)
+REMOVAL_PREFIX = ".sfs-rm-"
 
 
 def make_staging(owner: Root) -> tuple[str, tuple[int, int], int]:
@@ -83,15 +89,24 @@ def make_staging(owner: Root) -> tuple[str, tuple[int, int], int]:
 def sweep_stale(owner: Root) -> int:
     """Remove every ``.sfs-extract-*`` directory in ``owner``'s directory that no live extraction holds.
 
+    First the removals interrupted there are undone (``Root.sweep_removals``:
+    a stale ``.sfs-rm-*`` directory, which a failed removal of a staging
+    directory leaves beside it, gives back what it holds and goes), so a
+    staging directory that was half-way through its removal is swept here too.
     Best effort: an entry that cannot be opened, locked or removed is left.
 
     Returns:
         How many were removed.
     """
     try:
-        names = [n for n in owner.listdir(".") if n.startswith(STAGING_PREFIX)]
+        names = owner.listdir(".")
+        if any(n.startswith(REMOVAL_PREFIX) for n in names):
+            with contextlib.suppress(OSError, SandboxError):
+                owner.sweep_removals(".")
+            names = owner.listdir(".")  # what the undone removals gave back included
     except (OSError, SandboxError):
         return 0
+    names = [n for n in names if n.startswith(STAGING_PREFIX)]
     removed = 0
     for name in names:
         try:
