@@ -207,3 +207,174 @@ def test_a_sweep_at_any_step_of_making_a_staging_directory_leaves_it_held_or_ref
             os.close(fd)
         outcomes[point] = "held"
     assert outcomes == {"lstat#1": "conflict", "open_dir_fd#1": "conflict", "flock": "conflict", "lstat#2": "held"}
+
+
+# ---------------------------------------------------------------- merging into an existing destination
+
+_MERGE_ARCHIVE = {"a.txt": b"new a\n", "b.txt": b"new b\n", "d/old.txt": b"new old\n", "d/new.txt": b"new\n",
+                  "e/x.txt": b"x\n", "l": b"a file over a symlink\n", "z.txt": b"z\n"}
+
+
+def _merge_dest(ws, pre=("a.txt", "d/old.txt", "l")):
+    """``ws/dest`` with a kept file and the archive names in ``pre`` already there (old content)."""
+    dest = ws / "dest"
+    dest.mkdir(parents=True)
+    (dest / "kept.txt").write_bytes(b"kept\n")
+    for name in pre:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        if name == "l":
+            os.symlink("kept.txt", dest / "l")
+        else:
+            (dest / name).write_bytes(b"old " + name.encode() + b"\n")
+    return dest
+
+
+def _view(top):
+    """The tree under ``top``, minus the library's leftovers directly in it (``.sfs-*``, swept by the next run)."""
+    return [e for e in _snapshot(top) if not e[0].split("/")[0].startswith(".sfs-")]
+
+
+class _RenameFaults:
+    """EIO at the nth rename the library makes (``Root.rename``'s and the checked removal's renameat2)."""
+
+    def __init__(self, monkeypatch, nth: int) -> None:
+        import errno
+
+        from sandbox_fs import _native
+
+        self.calls, real_raw, real = 0, _native.renameat2_raw, _native.renameat2
+
+        def raw(*a):
+            self.calls += 1
+            return -errno.EIO if self.calls == nth else real_raw(*a)
+
+        def checked(*a):
+            self.calls += 1
+            if self.calls == nth:
+                raise OSError(errno.EIO, "injected")
+            return real(*a)
+
+        monkeypatch.setattr(_native, "renameat2_raw", raw)
+        monkeypatch.setattr(_native, "renameat2", checked)
+
+
+def _reset(ws, pre=("a.txt", "d/old.txt", "l")):
+    import shutil
+
+    shutil.rmtree(ws / "dest")
+    return _merge_dest(ws, pre)
+
+
+def test_an_error_mid_merge_moves_back_what_was_moved(tmp_path, monkeypatch):
+    """Regression (found by the fault suite): an EIO on the third move into an existing destination left the
+    first two in place, one of them over a pre-existing file whose old content was then lost."""
+    import errno
+
+    import pytest
+
+    ws = tmp_path / "ws"
+    dest = _merge_dest(ws)
+    before = _snapshot(dest)
+    data = _tar(_MERGE_ARCHIVE)
+    with open_root(ws) as root:
+        faults = _RenameFaults(monkeypatch, 0)
+        extract(root, "dest", io.BytesIO(data))
+        assert faults.calls >= 6  # the merge's moves (a.txt, b.txt, d/new.txt ...), then the staging's removal
+        _reset(ws)
+        _RenameFaults(monkeypatch, 3)
+        with pytest.raises(OSError) as ei:
+            extract(root, "dest", io.BytesIO(data))
+        assert ei.value.errno == errno.EIO
+        assert _view(dest) == before  # the old a.txt, no b.txt, the symlink l
+        assert (dest / "a.txt").read_bytes() == b"old a.txt\n"
+        monkeypatch.undo()
+        extract(root, "dest", io.BytesIO(data))  # the repair
+    assert not [n for n in os.listdir(dest) if n.startswith(".sfs-")]
+    assert (dest / "a.txt").read_bytes() == b"new a\n" and (dest / "kept.txt").read_bytes() == b"kept\n"
+
+
+def test_a_directory_swapped_in_over_a_file_being_replaced_is_a_conflict_and_kept(tmp_path, monkeypatch):
+    """The replacing move exchanges names: a directory put where a file was planned comes back out, never into
+    the staging tree that is removed (and the merge so far is undone)."""
+    import pytest
+
+    from sandbox_fs import Root
+    from sandbox_fs.archive import UnsafeArchiveMemberError
+
+    ws = tmp_path / "ws"
+    dest = _merge_dest(ws)
+    real = Root.rename
+    swapped: list[bool] = []
+
+    def rename(self, src, dst, **kw):
+        if kw.get("exchange") and dst == "d/old.txt" and not swapped:
+            swapped.append(True)  # another process, between the plan and the move
+            os.unlink(dest / "d" / "old.txt")
+            (dest / "d" / "old.txt").mkdir()
+            (dest / "d" / "old.txt" / "theirs").write_bytes(b"theirs\n")
+        return real(self, src, dst, **kw)
+
+    monkeypatch.setattr(Root, "rename", rename)
+    with open_root(ws) as root:
+        with pytest.raises(UnsafeArchiveMemberError) as ei:
+            extract(root, "dest", io.BytesIO(_tar(_MERGE_ARCHIVE)))
+    assert swapped and ei.value.rule == "conflict"
+    assert (dest / "d" / "old.txt" / "theirs").read_bytes() == b"theirs\n"
+    assert (dest / "a.txt").read_bytes() == b"old a.txt\n" and not (dest / "b.txt").exists()
+    assert not [n for n in os.listdir(dest) if n.startswith(".sfs-")]
+
+
+def _extract_with_eio(root, data, monkeypatch, kind: str, nth: int) -> tuple[bool, int]:
+    """Extract ``data`` into ``dest`` with an EIO at the nth ``kind`` call (0: none); (succeeded, calls made)."""
+    import errno
+    import types
+
+    from sandbox_fs import _root_remove
+
+    with monkeypatch.context() as m:
+        if kind == "rename":
+            faults = _RenameFaults(m, nth)
+        else:
+            faults = types.SimpleNamespace(calls=0)
+
+            def failing(name, *a, _fn=getattr(os, kind), **kw):
+                faults.calls += 1
+                if faults.calls == nth:
+                    raise OSError(errno.EIO, "injected")
+                return _fn(name, *a, **kw)
+
+            m.setattr(_root_remove, "os", types.SimpleNamespace(**{**vars(os), kind: failing}))
+        try:
+            extract(root, "dest", io.BytesIO(data))
+        except OSError:
+            return False, faults.calls
+        return True, faults.calls
+
+
+def test_an_eio_at_any_rename_or_removal_step_of_an_extraction_leaves_the_old_tree_or_the_new_one(tmp_path,
+                                                                                                  monkeypatch):
+    """Property over the fault point: an EIO at each rename, then at each mkdir / rmdir of the checked removal,
+    in turn, over several destination layouts.  A failure leaves the destination as it was, a success the
+    archive's tree, apart from unlocked ``.sfs-*`` leftovers directly in it; extracting again gives exactly the
+    archive's tree with no ``.sfs-*`` left."""
+    data = _tar(_MERGE_ARCHIVE)
+    points = 0
+    for i, pre in enumerate([("a.txt", "d/old.txt", "l"), (), ("a.txt", "b.txt", "z.txt"), ("d/new.txt", "l")]):
+        ws = tmp_path / f"ws{i}"
+        dest = _merge_dest(ws, pre)
+        before = _snapshot(dest)
+        with open_root(ws) as root:
+            for kind in ("rename", "mkdir", "rmdir"):
+                _reset(ws, pre)
+                ok, calls = _extract_with_eio(root, data, monkeypatch, kind, 0)
+                assert ok and calls >= 1
+                after = _snapshot(dest)
+                for nth in range(1, calls + 1):
+                    _reset(ws, pre)
+                    ok, _ = _extract_with_eio(root, data, monkeypatch, kind, nth)
+                    assert _view(dest) == ([e for e in after if not e[0].startswith(".sfs-")] if ok else before), \
+                        (pre, kind, nth, ok)
+                    extract(root, "dest", io.BytesIO(data))  # the repair
+                    assert _snapshot(dest) == after, (pre, kind, nth)
+                    points += 1
+    assert points >= 40

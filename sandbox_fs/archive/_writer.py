@@ -17,11 +17,14 @@ Layout (atomic mode, the default):
   stage in ``<dest>/.sfs-extract-<random>``; once complete, every staged
   top-level entry is moved in.  Pre-existing files of the destination are
   kept unless the archive has a member with the same name: a new file (or
-  symlink) then *replaces* a pre-existing file or symlink (one rename each,
-  atomic per name); a new directory is merged into a pre-existing directory
-  (whose own mode and mtime are kept).  A new directory over a pre-existing
-  non-directory, or a new non-directory over a pre-existing directory, is a
-  ``conflict`` found before anything is moved: nothing new remains.
+  symlink) then *replaces* a pre-existing file or symlink (one
+  ``RENAME_EXCHANGE`` each, atomic per name: the old entry goes into the
+  staging tree, which is removed at the end); a new directory is merged into
+  a pre-existing directory (whose own mode and mtime are kept).  A new
+  directory over a pre-existing non-directory, or a new non-directory over a
+  pre-existing directory, is a ``conflict`` found before anything is moved:
+  nothing new remains.  A move that fails undoes the earlier ones (see
+  :meth:`Extractor._merge`), so a failed merge leaves the destination as it was.
 
 The staging directory (and a new in-place destination) is reached by its
 *name* only, never through an fd kept across members: it is a
@@ -64,7 +67,7 @@ import contextlib
 import errno
 import os
 import stat as _stat
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Iterator, NamedTuple
 
 from .. import _native
 from ..errors import PathEscapeError, SandboxError, SymlinkRefusedError
@@ -92,6 +95,17 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _STAGE_FLAGS = _CREATE_FLAGS | os.O_CLOEXEC
 _PDIR_FLAGS = _native.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NO_SYMLINKS = _native.RESOLVE_NO_SYMLINKS
+
+
+class _Move(NamedTuple):
+    """One move of :meth:`Extractor._merge`: staged ``src`` to ``dst`` (paths beneath the destination)."""
+
+    src: str
+    dst: str
+    ident: tuple[int, int]
+    """``(st_dev, st_ino)`` of the staged entry."""
+    replace: bool
+    """True: exchanged with a pre-existing file or symlink at ``dst``; False: a new name."""
 
 
 def _eof(_n: int) -> bytes:
@@ -745,12 +759,11 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
             self.made_identity = self.work.identity
             return
         assert self._dest_root is not None
-        moves: list[tuple[str, str, bool]] = []
+        moves: list[_Move] = []
         self._plan(self._staging, "", moves)
-        for src, dst, replace in moves:
-            self._dest_root.rename(src, dst, no_replace=not replace)
+        self._merge(moves)
 
-    def _plan(self, srel: str, drel: str, moves: list[tuple[str, str, bool]]) -> None:
+    def _plan(self, srel: str, drel: str, moves: list[_Move]) -> None:
         dest = self._dest_root
         assert dest is not None
         for entry in dest.scandir(srel):
@@ -759,7 +772,7 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
             try:
                 st = dest.lstat(d)
             except FileNotFoundError:
-                moves.append((s, d, False))
+                moves.append(_Move(s, d, identity(entry.stat), False))
                 continue
             except (SymlinkRefusedError, PathEscapeError):
                 raise UnsafeArchiveMemberError("through_symlink", d,
@@ -771,7 +784,75 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
             else:
                 if _stat.S_ISDIR(st.st_mode):
                     raise UnsafeArchiveMemberError("conflict", d, "a file never replaces a pre-existing directory")
-                moves.append((s, d, True))
+                moves.append(_Move(s, d, identity(entry.stat), True))
+
+    def _merge(self, moves: list[_Move]) -> None:
+        """Move the staged entries into the existing destination: all of them, or (on an error) none.
+
+        A new name is a ``rename(RENAME_NOREPLACE)``; a replaced file or
+        symlink is a ``renameat2(RENAME_EXCHANGE)``, so the pre-existing entry
+        is not unlinked but moved to the staged entry's place in the staging
+        tree (it goes with that tree once all moves are done).  Should a move
+        fail (an I/O error, a name that appeared, a directory swapped in where
+        a file was planned), the moves made so far are undone in reverse
+        order (:meth:`_undo`) before the error propagates, so the destination
+        holds what it held before.
+
+        Raises:
+            UnsafeArchiveMemberError: ``conflict``: a name planned as new was
+                taken, or a directory was put where a file was to be replaced.
+            OSError, SandboxError: a move failed (EIO ...); what was moved is
+                moved back first (best effort: an undo that fails too leaves
+                a partial merge, which extracting again repairs).
+        """
+        dest = self._dest_root
+        assert dest is not None
+        done: list[_Move] = []
+        try:
+            for m in moves:
+                if m.replace:
+                    try:
+                        dest.rename(m.src, m.dst, exchange=True)
+                    except FileNotFoundError:  # the pre-existing entry went meanwhile: a new name
+                        m = m._replace(replace=False)
+                if not m.replace:
+                    try:
+                        dest.rename(m.src, m.dst, no_replace=True)
+                    except FileExistsError:
+                        raise UnsafeArchiveMemberError("conflict", m.dst,
+                                                       "the name appeared in the destination during extraction") from None
+                done.append(m)
+                if m.replace and _stat.S_ISDIR(dest.lstat(m.src).st_mode):
+                    # a directory was swapped in at the name since the plan: never moved out of
+                    # the destination (its tree would go with the staging tree)
+                    raise UnsafeArchiveMemberError("conflict", m.dst, "a file never replaces a pre-existing directory")
+        except BaseException:
+            self._undo(done)
+            raise
+
+    def _undo(self, done: list[_Move]) -> None:
+        """Move back, newest first, the entries :meth:`_merge` moved: best effort, each checked by identity.
+
+        An entry is moved back only while the name in the destination still
+        holds the one moved there (``(st_dev, st_ino)``); a process that put
+        something else there meanwhile keeps it.  Should the check and the
+        move be split by such a swap, the move is reversed again.
+        """
+        dest = self._dest_root
+        assert dest is not None
+        for m in reversed(done):
+            with contextlib.suppress(OSError, SandboxError):
+                if identity(dest.lstat(m.dst)) != m.ident:
+                    continue
+                if m.replace:
+                    dest.rename(m.src, m.dst, exchange=True)
+                else:
+                    dest.rename(m.dst, m.src, no_replace=True)
+                if identity(dest.lstat(m.src)) != m.ident:  # swapped between the check and the move
+                    if m.replace:
+                        dest.rename(m.src, m.dst, exchange=True)
+                    else:
+                        dest.rename(m.src, m.dst, no_replace=True)
 
     def abort(self) -> None:
         """Remove the staging tree (atomic mode).  In-place mode leaves what was extracted."""
