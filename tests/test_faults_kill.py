@@ -99,16 +99,12 @@ def test_sigkill_at_seeded_points_leaves_the_snapshot_restorable_and_the_workspa
 
 
 EIO_CLASSES = ["read", "write", "fsync", "rename", "open", "names"]
-_STAGING_LEAK = ("known finding (notes of issue 15): an EIO while Root's checked removal empties its private "
-                 "'.sfs-rm-*' directory leaves it beside the removed tree (nothing sweeps those yet), and an EIO on a "
-                 "rename while merging into an existing destination leaves a partial merge (re-extracting repairs "
-                 "both); a staging directory left behind is swept by the next extraction (archive/_staging.py)")
-# materialize copies with several threads, so which call is the Nth varies between runs: its
-# cases may miss the removal (not strict); extract's calls are in one order (strict)
-EIO_CASES = [pytest.param(kind, cls, marks=pytest.mark.xfail(strict=kind == "extract", reason=_STAGING_LEAK))
-             if (kind, cls) in {("extract", "rename"), ("extract", "names"), ("materialize", "rename"),
-                                ("materialize", "names"), ("materialize", "open")} else (kind, cls)
-             for kind in ("persist", "hydrate", "extract", "materialize") for cls in EIO_CLASSES]
+# (an EIO inside Root's checked removal left its '.sfs-rm-*', and one mid-merge into an existing
+# destination a partial merge: both cases were xfails until the removal's private directories were
+# locked and swept, and the merge undone on an error; see test_archive_staging.py)
+EIO_CASES = [(kind, cls) for kind in ("persist", "hydrate", "extract", "materialize") for cls in EIO_CLASSES]
+#: materialize's classes whose failing calls are few among calls it redoes (see below)
+_REDONE = {("materialize", "rename"), ("materialize", "open"), ("materialize", "names")}
 
 
 @pytest.mark.parametrize(("kind", "cls"), EIO_CASES)
@@ -128,6 +124,13 @@ def test_eio_at_chosen_syscalls_is_an_error_with_nothing_lost_or_leaked(worker, 
     assert set(res["tally"]) <= {"ok", "error"}, res["tally"]
     # An injected error surfaces as an error, except where the library retries or the call is
     # best effort (the removal of a temporary after success): at least one of the points fails.
+    # Not for materialize's renames, opens and namespace changes: its copier threads order the
+    # calls differently between runs, and its per-file path redoes what a batched copy could not,
+    # so every point drawn may land on such a call (the few that fail it, such as two atomic
+    # writes and the archive's moves, fall anywhere among the copies' calls); what each point
+    # left is checked above all the same.
+    if (kind, cls) in _REDONE:
+        return
     assert res["tally"].get("error", 0) >= 1, res["tally"]
 
 

@@ -86,15 +86,17 @@ def _diff(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> list[str]:
 
 def without_stale_staging(top: Path, view: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """``view`` without what lies in a stale staging directory (``.sfs-extract-*`` that no live
-    extraction holds locked): the removal that failed with the fault is best effort, and the next
-    extraction into that directory sweeps it (``sandbox_fs.archive._staging``).  A held one stays in."""
+    extraction holds locked) or a stale private directory of Root's checked removal (``.sfs-rm-*``
+    that no removal holds locked): the removal that failed with the fault is best effort, and the
+    next extraction into that directory sweeps both (``sandbox_fs.archive._staging``,
+    ``Root.sweep_removals``).  A held one stays in."""
     import fcntl
 
     stale: set[str] = set()
     for rel in view:
         parts = rel.split("/")
         for i, part in enumerate(parts):
-            if part.startswith(".sfs-extract-"):
+            if part.startswith((".sfs-extract-", ".sfs-rm-")):
                 stage = "/".join(parts[:i + 1])
                 if stage not in stale:
                     fd = os.open(top / stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
