@@ -378,3 +378,28 @@ def test_an_eio_at_any_rename_or_removal_step_of_an_extraction_leaves_the_old_tr
                     assert _snapshot(dest) == after, (pre, kind, nth)
                     points += 1
     assert points >= 40
+
+
+def test_a_filesystem_without_rename_exchange_still_replaces_files(tmp_path, monkeypatch):
+    """EINVAL from RENAME_EXCHANGE (NFS): the replacing move falls back to a plain rename."""
+    import errno
+
+    from sandbox_fs import _native
+
+    real = _native.renameat2_raw
+    exchanges: list[int] = []
+
+    def raw(a, b, c, d, flags):
+        if flags & _native.RENAME_EXCHANGE:
+            exchanges.append(flags)
+            return -errno.EINVAL
+        return real(a, b, c, d, flags)
+
+    monkeypatch.setattr(_native, "renameat2_raw", raw)
+    ws = tmp_path / "ws"
+    dest = _merge_dest(ws)
+    with open_root(ws) as root:
+        extract(root, "dest", io.BytesIO(_tar(_MERGE_ARCHIVE)))
+    assert len(exchanges) == 3  # a.txt, d/old.txt, l
+    assert (dest / "a.txt").read_bytes() == b"new a\n" and not (dest / "l").is_symlink()
+    assert not [n for n in os.listdir(dest) if n.startswith(".sfs-")]

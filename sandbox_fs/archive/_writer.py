@@ -792,7 +792,9 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
         A new name is a ``rename(RENAME_NOREPLACE)``; a replaced file or
         symlink is a ``renameat2(RENAME_EXCHANGE)``, so the pre-existing entry
         is not unlinked but moved to the staged entry's place in the staging
-        tree (it goes with that tree once all moves are done).  Should a move
+        tree (it goes with that tree once all moves are done; on a filesystem
+        without ``RENAME_EXCHANGE``, a plain replacing rename, which cannot be
+        undone).  Should a move
         fail (an I/O error, a name that appeared, a directory swapped in where
         a file was planned), the moves made so far are undone in reverse
         order (:meth:`_undo`) before the error propagates, so the destination
@@ -815,6 +817,13 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
                         dest.rename(m.src, m.dst, exchange=True)
                     except FileNotFoundError:  # the pre-existing entry went meanwhile: a new name
                         m = m._replace(replace=False)
+                    except OSError as exc:
+                        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                            raise
+                        # a filesystem without RENAME_EXCHANGE (NFS ...): replaced as before,
+                        # a move that cannot be undone
+                        dest.rename(m.src, m.dst)
+                        continue
                 if not m.replace:
                     try:
                         dest.rename(m.src, m.dst, no_replace=True)
