@@ -231,6 +231,63 @@ async def test_connect_bytes_sent_with_the_head_are_forwarded_and_counted() -> N
     assert only(log)[5:] == (len(b"early-bytes"), 4)
 
 
+async def _bulk_then_ping(stream: trio.SocketStream, bulk: int, *, first: bool) -> None:
+    """In turn, each side sends ``bulk`` bytes, waits for the other's "ok", then sends "ping" alone."""
+    async def read(n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = await stream.receive_some(n - len(data))
+            assert chunk, bytes(data[-20:])
+            data += chunk
+        return bytes(data)
+
+    for turn in range(2):
+        if (turn == 0) == first:
+            await stream.send_all(b"b" * bulk)
+            assert await read(2) == b"ok"
+            await stream.send_all(b"ping")  # the relay drained the bulk: these 4 bytes come alone
+        else:
+            assert await read(bulk) == b"b" * bulk
+            await stream.send_all(b"ok")
+            assert await read(4) == b"ping"
+
+
+@pytest.mark.parametrize("slots", [1, 0])
+async def test_relay_after_a_bulk_burst_still_passes_a_small_message_on(copy_path: str, slots: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream that sent in bulk (the source's low-water mark raised) and then pauses must not hold its tail.
+
+    Each side in turn sends 2 MiB, and after the other's "ok" 4 bytes alone:
+    those (below the mark), and the "ok" going back, must still be passed on.
+    With one bulk slot both directions use it in turn (a burst's end gives it
+    back); with none, no mark is ever set.
+    """
+    marks: list[tuple[int, int]] = []  # (source fd, mark)
+    real = _proxy._set_lowat
+
+    def spy(sock: trio.socket.SocketType, lowat: int) -> bool:
+        marks.append((sock.fileno(), lowat))
+        return real(sock, lowat)
+
+    monkeypatch.setattr(_proxy, "_set_lowat", spy)
+    bulk = 2 << 20
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, partial(_bulk_then_ping, bulk=bulk, first=False),
+                                                0, host="127.0.0.1"))
+        sport = listeners[0].socket.getsockname()[1]
+        async with proxy([HostRule("allowed.test")], limits=ProxyLimits(max_bulk_streams=slots)) as (port, log):
+            client, head = await http_connect(port, f"allowed.test:{sport}")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            with trio.fail_after(20):  # a guard against a held tail, not a timing assertion
+                await _bulk_then_ping(client.stream, bulk, first=True)
+        nursery.cancel_scope.cancel()
+    if slots:  # bulk mode was entered, and left, by each direction
+        assert len({fd for fd, mark in marks if mark == _proxy._BULK_LOWAT}) == 2, marks
+        assert len({fd for fd, mark in marks if mark == 1}) == 2, marks
+    else:
+        assert marks == []
+
+
 @pytest.mark.parametrize("authority, reason", [
     ("other.test:{port}", "host not allowed"),
     ("allowed.test:{port1}", "port not allowed"),
@@ -648,6 +705,8 @@ def test_limits_validate() -> None:
         ProxyLimits(max_connections=0)
     with pytest.raises(ValueError):
         ProxyLimits(idle_timeout_s=0)
+    with pytest.raises(ValueError):
+        ProxyLimits(max_bulk_streams=-1)
     with pytest.raises(ValueError):
         EgressLog(-1)
 

@@ -77,6 +77,17 @@ _HOP_BY_HOP = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-author
                b"proxy-authenticate", b"te", b"trailer", b"upgrade", b"host"}
 _SPLICE_CHUNK = 256 * 1024  # per splice and the pipe's size: at most 2 such pipes per connection
 _RECV_CHUNK = 64 * 1024  # the recv/send fallback's buffer, per direction
+# Bulk mode: once one read moves a full loopback segment, the source wakes the relay only when
+# _BULK_LOWAT is queued (SO_RCVLOWAT) and the relay moves up to _BULK_BUFFER per recv/send (one
+# sendmsg, where a splice from a pipe sends 16 pages per call): fewer wake-ups of the relay and of
+# the reader behind it.  A wait that sees less than the mark for _BULK_WAIT_S takes what is there
+# and wakes on every byte again (an interactive exchange, or a stream's last bytes before a
+# pause, is held that long at most, once); the buffer is dropped with bulk mode.  At most
+# ProxyLimits.max_bulk_streams directions are in bulk mode at once; the others keep splicing.
+_BULK_AFTER = 64 * 1024
+_BULK_LOWAT = 512 * 1024
+_BULK_BUFFER = 1024 * 1024
+_BULK_WAIT_S = 0.001
 # accept(2): a connection's own pending network error (skip it), or a shortage that passes (wait)
 _ACCEPT_TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN, errno.ENETDOWN, errno.ENOPROTOOPT,
                      errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETUNREACH,
@@ -362,6 +373,8 @@ class ProxyLimits:
             SOCKS ``0x06``).
         idle_timeout_s: a relay with no byte either way for this long is
             closed.
+        max_bulk_streams: relay directions in bulk mode at once (each holds
+            a 1 MiB buffer while a stream is fast; 0: never).
     """
 
     max_connections: int = 64
@@ -369,10 +382,11 @@ class ProxyLimits:
     handshake_timeout_s: float = 10.0
     connect_timeout_s: float = 15.0
     idle_timeout_s: float = 300.0
+    max_bulk_streams: int = 8
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.max_header_bytes < 64:
-            raise ValueError("max_connections must be >= 1 and max_header_bytes >= 64")
+        if self.max_connections < 1 or self.max_header_bytes < 64 or self.max_bulk_streams < 0:
+            raise ValueError("max_connections must be >= 1, max_header_bytes >= 64 and max_bulk_streams >= 0")
         if min(self.handshake_timeout_s, self.connect_timeout_s, self.idle_timeout_s) <= 0:
             raise ValueError("timeouts must be positive")
 
@@ -447,6 +461,7 @@ class EgressProxy:
         self.events = events
         self.limits = limits
         self._resolve: Resolver = resolve or _default_resolve
+        self._bulk_free = [limits.max_bulk_streams]  # bulk slots not taken (shared by every _Lane)
 
     def check(self, host: str, port: int) -> str | None:
         """Why the policy refuses ``host:port`` before resolution, or ``None`` (``host`` normalised)."""
@@ -766,7 +781,7 @@ class EgressProxy:
             async def pump(src: trio.socket.SocketType, dst: trio.socket.SocketType,
                            moved: Callable[[int], None], last: bool) -> None:
                 try:
-                    await _copy(src, dst, moved)
+                    await _copy(src, dst, moved, _Lane(self._bulk_free))
                     dst.shutdown(socket.SHUT_WR)
                     if last:
                         scope.cancel()
@@ -778,33 +793,89 @@ class EgressProxy:
                 nursery.start_soon(pump, upstream, conn.sock, moved_down, until_server_eof)
 
 
-async def _copy(src: trio.socket.SocketType, dst: trio.socket.SocketType, moved: Callable[[int], None]) -> None:
+class _Lane:
+    """One relay direction's claim on the proxy's bulk slots (``free``: a one-item list, the count left)."""
+
+    def __init__(self, free: list[int]) -> None:
+        self._free, self.held = free, False
+
+    def enter(self) -> bool:
+        """Take a slot unless held already; whether one is held now."""
+        if not self.held and self._free[0] > 0:
+            self._free[0] -= 1
+            self.held = True
+        return self.held
+
+    def leave(self) -> None:
+        """Give the slot back (idempotent)."""
+        if self.held:
+            self._free[0] += 1
+            self.held = False
+
+
+async def _copy(src: trio.socket.SocketType, dst: trio.socket.SocketType, moved: Callable[[int], None],
+                lane: _Lane) -> None:
     """Copy ``src`` to ``dst`` until EOF, calling ``moved(n)`` for bytes written to ``dst``.
 
     Linux: ``splice`` through a pipe (the payload never enters this
-    process); elsewhere, or if the kernel refuses it, ``recv``/``send``.
+    process) until the stream turns bulk, then :func:`_recv_copy` in bulk
+    mode; elsewhere, or if the kernel refuses splice, :func:`_recv_copy`.
 
     Raises:
         OSError: either socket failed (reset, ...).
     """
-    if _HAVE_SPLICE:
-        try:
-            if await _splice_copy(src, dst, moved):
-                return
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-    while data := await src.recv(_RECV_CHUNK):
-        view = memoryview(data)
-        while view:
-            sent = await dst.send(view)
-            view = view[sent:]
-            moved(sent)
+    try:
+        if _HAVE_SPLICE:
+            try:
+                if await _splice_copy(src, dst, moved, lane):
+                    return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+        await _recv_copy(src, dst, moved, lane)
+    finally:
+        lane.leave()
+
+
+async def _recv_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType, moved: Callable[[int], None],
+                     lane: _Lane) -> None:
+    """:func:`_copy` by ``recv_into``/``send``: a 64 KiB buffer, or in bulk mode (``lane`` held) the mark and a ``_BULK_BUFFER``."""
+    bulk = lane.held and _set_lowat(src, _BULK_LOWAT)
+    if not bulk:
+        lane.leave()
+    buf, full = bytearray(_BULK_BUFFER if bulk else _RECV_CHUNK), False
+    while True:
+        if bulk and not full and not await _wait_bulk(src):  # full: more is queued, read it now
+            if not _set_lowat(src, 1):  # never wait untimed on a mark that stays: end the connection
+                raise OSError(errno.EIO, "SO_RCVLOWAT could not be lowered")
+            bulk, buf = False, bytearray(_RECV_CHUNK)
+            lane.leave()
+        n = await src.recv_into(buf)
+        if n == 0:
+            return
+        full = n == len(buf)
+        await _send_all_counted(dst, memoryview(buf)[:n], moved)
+        if not bulk and n >= _BULK_AFTER and lane.enter():
+            if _set_lowat(src, _BULK_LOWAT):
+                bulk, full, buf = True, False, bytearray(_BULK_BUFFER)
+            else:
+                lane.leave()
+
+
+async def _send_all_counted(dst: trio.socket.SocketType, view: memoryview, moved: Callable[[int], None]) -> None:
+    while view:
+        sent = await dst.send(view)
+        view = view[sent:]
+        moved(sent)
 
 
 async def _splice_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType,
-                       moved: Callable[[int], None]) -> bool:
-    """:func:`_copy` by ``splice``; False (nothing moved) when the first splice says EINVAL."""
+                       moved: Callable[[int], None], lane: _Lane) -> bool:
+    """:func:`_copy` by ``splice``; False when the first splice says EINVAL (nothing moved) or the stream
+    turns bulk (``lane`` took a slot).
+
+    It returns with the pipe empty: everything read was written.
+    """
     r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         try:
@@ -829,6 +900,7 @@ async def _splice_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType,
             first = False
             if n == 0:
                 return True
+            bulk = n >= _BULK_AFTER
             while n:
                 try:
                     sent = os.splice(r, dst_fd, n, flags=_SPLICE_FLAGS)
@@ -838,6 +910,25 @@ async def _splice_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType,
                     continue
                 n -= sent
                 moved(sent)
+            if bulk and lane.enter():
+                return False
     finally:
         os.close(r)
         os.close(w)
+
+
+async def _wait_bulk(src: trio.socket.SocketType) -> bool:
+    """Wait until ``src`` has the mark queued (or EOF, or an error); False after ``_BULK_WAIT_S`` without."""
+    with trio.move_on_after(_BULK_WAIT_S):
+        await trio.lowlevel.wait_readable(src)
+        return True
+    return False
+
+
+def _set_lowat(sock: trio.socket.SocketType, lowat: int) -> bool:
+    """Set ``SO_RCVLOWAT``; whether it took."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+    except OSError:
+        return False
+    return True
