@@ -281,9 +281,9 @@ async def test_relay_after_a_bulk_burst_still_passes_a_small_message_on(copy_pat
             with trio.fail_after(20):  # a guard against a held tail, not a timing assertion
                 await _bulk_then_ping(client.stream, bulk, first=True)
         nursery.cancel_scope.cancel()
-    if slots:  # bulk mode was entered, and left, by each direction
+    if slots:  # bulk mode was entered by each direction: the first gave the slot back
+        # (the kernel may also wake a reader below its mark, so a lull is not always seen: no assert on 1)
         assert len({fd for fd, mark in marks if mark == _proxy._BULK_LOWAT}) == 2, marks
-        assert len({fd for fd, mark in marks if mark == 1}) == 2, marks
     else:
         assert marks == []
 

@@ -80,13 +80,14 @@ _RECV_CHUNK = 64 * 1024  # the recv/send fallback's buffer, per direction
 # Bulk mode: once one read moves a full loopback segment, the source wakes the relay only when
 # _BULK_LOWAT is queued (SO_RCVLOWAT) and the relay moves up to _BULK_BUFFER per recv/send (one
 # sendmsg, where a splice from a pipe sends 16 pages per call): fewer wake-ups of the relay and of
-# the reader behind it.  A wait that sees less than the mark for _BULK_WAIT_S takes what is there
-# and wakes on every byte again (an interactive exchange, or a stream's last bytes before a
-# pause, is held that long at most, once); the buffer is dropped with bulk mode.  At most
+# the reader behind it.  A wait that sees less than the mark for _BULK_WAIT_S takes what is there;
+# if that is less than _BULK_AFTER (a lull) the source wakes on every byte again, so an
+# interactive exchange, or a stream's last bytes before a pause, is held that long at most, once;
+# the buffer is dropped with bulk mode.  At most
 # ProxyLimits.max_bulk_streams directions are in bulk mode at once; the others keep splicing.
 _BULK_AFTER = 64 * 1024
-_BULK_LOWAT = 512 * 1024
-_BULK_BUFFER = 1024 * 1024
+_BULK_LOWAT = 1024 * 1024
+_BULK_BUFFER = 2 * 1024 * 1024
 _BULK_WAIT_S = 0.001
 # accept(2): a connection's own pending network error (skip it), or a shortage that passes (wait)
 _ACCEPT_TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN, errno.ENETDOWN, errno.ENOPROTOOPT,
@@ -374,7 +375,7 @@ class ProxyLimits:
         idle_timeout_s: a relay with no byte either way for this long is
             closed.
         max_bulk_streams: relay directions in bulk mode at once (each holds
-            a 1 MiB buffer while a stream is fast; 0: never).
+            a 2 MiB buffer while a stream is fast; 0: never).
     """
 
     max_connections: int = 64
@@ -845,21 +846,45 @@ async def _recv_copy(src: trio.socket.SocketType, dst: trio.socket.SocketType, m
         lane.leave()
     buf, full = bytearray(_BULK_BUFFER if bulk else _RECV_CHUNK), False
     while True:
-        if bulk and not full and not await _wait_bulk(src):  # full: more is queued, read it now
-            if not _set_lowat(src, 1):  # never wait untimed on a mark that stays: end the connection
-                raise OSError(errno.EIO, "SO_RCVLOWAT could not be lowered")
-            bulk, buf = False, bytearray(_RECV_CHUNK)
-            lane.leave()
-        n = await src.recv_into(buf)
+        n: int | None = None
+        if bulk:  # never an untimed wait while the mark is up
+            if full:  # more is likely queued: read it now
+                n = _read_now(src, buf)
+            if n is None:
+                ready = await _wait_bulk(src)
+                n = _read_now(src, buf)  # the mark filled, or did not in time: take what is there
+                if not ready and (n is None or n < _BULK_AFTER):  # a lull: wake on every byte again
+                    if not _set_lowat(src, 1):  # a mark that stays would stall: end the connection
+                        raise OSError(errno.EIO, "SO_RCVLOWAT could not be lowered")
+                    bulk = False
+                    lane.leave()
+                elif n is None:
+                    continue  # woken with nothing to read
+        if n is None:
+            n = await src.recv_into(buf)
         if n == 0:
             return
         full = n == len(buf)
         await _send_all_counted(dst, memoryview(buf)[:n], moved)
+        if not bulk and len(buf) > _RECV_CHUNK:
+            buf = bytearray(_RECV_CHUNK)  # bulk mode's buffer goes with it
         if not bulk and n >= _BULK_AFTER and lane.enter():
             if _set_lowat(src, _BULK_LOWAT):
                 bulk, full, buf = True, False, bytearray(_BULK_BUFFER)
             else:
                 lane.leave()
+
+
+def _read_now(sock: trio.socket.SocketType, buf: bytearray) -> int | None:
+    """One non-blocking read into ``buf`` (it ignores the mark): bytes read, or None when none are queued.
+
+    Raises:
+        OSError: the socket failed.
+    """
+    try:
+        return os.readv(sock.fileno(), [buf])
+    except BlockingIOError:
+        return None
 
 
 async def _send_all_counted(dst: trio.socket.SocketType, view: memoryview, moved: Callable[[int], None]) -> None:
