@@ -30,12 +30,15 @@ curl (its own ``time_total``, so process start is not counted) from a local
 HTTP server in another process (``socket.sendfile``), direct vs through an
 :class:`~sandbox_fs.exec.EgressProxy` in this process on a listening socket
 made here, as plain HTTP (``-x``), CONNECT (``-p -x``) and SOCKS5
-(``--socks5-hostname``); the name is resolved by a resolver hook to
+(``--socks5-hostname``), and CONNECT through one with ``max_bulk_streams=0``
+(``nobulk-connect``: splice only, the relay before bulk mode); the name is resolved by a resolver hook to
 127.0.0.1 (the test-only ``allow_private``).  ``floor-relay`` is the floor
-of any relay that holds a second TCP connection: blocking ``splice`` in
-threads in another process, no parsing, no checks.  Alternating, medians;
-"host cpu" is this process's CPU per download (the proxy, plus starting
-curl: see the direct row).
+of a naive relay that holds a second TCP connection: blocking ``splice`` in
+threads in another process, no parsing, no checks (the proxy's bulk mode
+can beat it: see SECURITY.md).  Alternating, medians; "host cpu" is this
+process's CPU per download (the proxy, plus starting curl: see the direct
+row), "curl cpu" the client's (the relay's write pattern changes it).  On 2
+shared cores the CPU columns move less with the load than the times.
 
 Usage: python bench/bench_exec.py [N] [--proxy-only] [--quick]   (default N = 200, 30 with --quick; the proxy
 row runs max(3, N // 10) rounds)
@@ -57,7 +60,8 @@ import trio
 from _rows import emit_row
 
 from sandbox_fs import open_root
-from sandbox_fs.exec import ConfinementPolicy, EgressLog, EgressProxy, HostRule, ProcessSupervisor, run_confined
+from sandbox_fs.exec import (ConfinementPolicy, EgressLog, EgressProxy, HostRule, ProcessSupervisor, ProxyLimits,
+                             run_confined)
 from sandbox_fs.exec import DEFAULT_PROTECTED
 
 DOWNLOAD_BYTES = 64 * 1024 * 1024
@@ -146,12 +150,18 @@ async def _proxy_rounds(rounds: int, port: int, floor_port: int) -> None:
     log = EgressLog(100_000)
     proxy = EgressProxy([HostRule("bench.test")], allow_private=True, events=log, resolve=resolve)
     proxies = f"http://127.0.0.1:{pport}"
+    # the same proxy without bulk mode (splice only, as before it): its CONNECT row shows what bulk mode buys
+    nsock = socket.create_server(("127.0.0.1", 0), backlog=64)
+    nport = nsock.getsockname()[1]
+    nobulk = EgressProxy([HostRule("bench.test")], allow_private=True, events=log, resolve=resolve,
+                         limits=ProxyLimits(max_bulk_streams=0))
     variants = {
         "direct": [f"http://127.0.0.1:{port}/blob"],
         "floor-relay": [f"http://127.0.0.1:{floor_port}/blob"],
         "proxy-http": ["-x", proxies, f"http://bench.test:{port}/blob"],
         "proxy-connect": ["-p", "-x", proxies, f"http://bench.test:{port}/blob"],
         "proxy-socks5": ["--socks5-hostname", f"127.0.0.1:{pport}", f"http://bench.test:{port}/blob"],
+        "nobulk-connect": ["-p", "-x", f"http://127.0.0.1:{nport}", f"http://bench.test:{port}/blob"],
     }
 
     async def fetch(args: list[str]) -> float:
@@ -164,28 +174,33 @@ async def _proxy_rounds(rounds: int, port: int, floor_port: int) -> None:
     times: dict[str, list[float]] = {k: [] for k in variants}
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.serve, lsock.detach())
+        await nursery.start(nobulk.serve, nsock.detach())
         for args in variants.values():  # warm-up
             await fetch(args)
-        cpu: dict[str, list[float]] = {k: [0.0, 0.0] for k in variants}  # this process: user, system
+        cpu: dict[str, list[float]] = {k: [0.0, 0.0, 0.0] for k in variants}  # this process: user, system; curl
         for _ in range(rounds):
             for name, args in variants.items():
                 r0 = resource.getrusage(resource.RUSAGE_SELF)
+                c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 times[name].append(await fetch(args))
                 r1 = resource.getrusage(resource.RUSAGE_SELF)
+                c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 cpu[name][0] += r1.ru_utime - r0.ru_utime
                 cpu[name][1] += r1.ru_stime - r0.ru_stime
+                cpu[name][2] += c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
         nursery.cancel_scope.cancel()
     events, dropped = log.drain()
     assert dropped == 0 and all(ev.allowed and ev.bytes_down >= DOWNLOAD_BYTES for ev in events), events[:3]
     base = statistics.median(times["direct"])
     print(f"proxy row: {DOWNLOAD_BYTES >> 20} MiB download (curl time_total), n={rounds} per variant, alternating; "
           f"load avg {os.getloadavg()[0]:.2f}")
-    print(f"  {'variant':16} {'median ms':>10} {'MiB/s':>8} {'ratio':>6} {'host cpu ms (user+sys)':>24}")
+    print(f"  {'variant':16} {'median ms':>10} {'MiB/s':>8} {'ratio':>6} {'host cpu ms (user+sys)':>24} "
+          f"{'curl cpu ms':>12}")
     for name, ts in times.items():
         med = statistics.median(ts)
-        user, system = (c / rounds * 1e3 for c in cpu[name])
+        user, system, client = (c / rounds * 1e3 for c in cpu[name])
         print(f"  {name:16} {med * 1e3:10.2f} {DOWNLOAD_BYTES / 2**20 / med:8.0f} {med / base:6.2f} "
-              f"{user:12.1f} + {system:6.1f}")
+              f"{user:12.1f} + {system:6.1f} {client:15.1f}")
     worst = max(statistics.median(ts) for name, ts in times.items() if name.startswith("proxy")) / base
     floor = statistics.median(times["floor-relay"]) / base
     for name, ts in times.items():
