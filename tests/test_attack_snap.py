@@ -246,3 +246,59 @@ def test_property_no_host_path_option_takes_the_empty_string_as_the_current_dire
         assert rc not in (0, 70) and len(err.strip().splitlines()) == 1 and str(tmp_path) not in err, (argv, err)
         assert "Traceback" not in err
         assert _listing(cwd) == {"precious.txt": b"outside"}, argv  # the sentinel
+
+
+# ------------------------------------------------------------- held: attacks that found the mechanism sound
+def test_a_forged_fork_pointer_and_hold_never_delete_or_expose_another_names_objects(tmp_path: Path) -> None:
+    """The store forges B's pointer to list victim V's generation (origin V) and a hold on V by a holder that
+    does not exist: B's persist, B's removal and gc only ever drop what V's pointer no longer keeps."""
+    store = GenerationStore(LocalObjects(tmp_path / "objects"), keep=1)
+    with store, open_root(tmp_path / "out", create=True) as out:
+        _persist(store, "V", tmp_path / "v", b"victim")
+        v_ptr = json.loads(store.objects.get_bytes("V/current", 1 << 20))
+        forged = dict(v_ptr, version=2, name="B",
+                      generations=[dict(e, origin="V") for e in v_ptr["generations"]])
+        store.objects.put_bytes("B/current", json.dumps(forged).encode())
+        from sandbox_fs.snapshot._holds import write_hold
+
+        write_hold(store.objects, "V", "evil", {e["dir"] for e in v_ptr["generations"]})
+        _persist(store, "B", tmp_path / "b", b"mine")  # a layer over the forged entry: B writes only under B
+        store.remove("B")
+        store.gc(older_than=0)
+        hydrate(out, store, "V", digest=store.info("V").digest)  # type: ignore[union-attr]
+        assert (tmp_path / "out" / "f").read_bytes() == b"victim"  # the sentinel
+        assert store.objects.head("V/holds/evil") is None  # the forged hold went with gc
+        assert all(not k.key.startswith("B/") for k in store.objects.list(""))
+
+
+def test_a_replayed_genuine_baseline_never_makes_persist_skip_a_changed_file(tmp_path: Path) -> None:
+    """Two genuine baselines (valid MAC, the current generation's digest): one from a restore over the workspace
+    itself, one from a restore into another directory; the store replays each after the workspace changed a
+    file keeping its size and mtime.  The next persist (a new process) still records the change."""
+    import shutil
+
+    from sandbox_fs.snapshot import DirectorySnapshotStore
+
+    sdir, w, other = tmp_path / "store", tmp_path / "w", tmp_path / "other"
+    w.mkdir()
+    other.mkdir()
+    (w / "f").write_text("one\n")
+    with DirectorySnapshotStore(sdir) as st, open_root(w) as r:
+        persist(r, st, "n")
+    copies = []
+    for target in (w, other):  # each restore leaves its own baseline in the store
+        time.sleep(0.025)
+        with DirectorySnapshotStore(sdir) as st, open_root(target) as r:
+            hydrate(r, st, "n")
+        copies.append(tmp_path / f"store-{len(copies)}")
+        shutil.copytree(sdir, copies[-1])
+    time.sleep(0.025)
+    before = os.lstat(w / "f")
+    (w / "f").write_text("TWO\n")
+    os.utime(w / "f", ns=(before.st_atime_ns, before.st_mtime_ns))
+    for i, copy in enumerate(copies):
+        out = tmp_path / f"out-{i}"
+        with DirectorySnapshotStore(copy) as st, open_root(w) as r, open_root(out, create=True) as o:
+            persist(r, st, "n")
+            hydrate(o, st, "n")
+        assert (out / "f").read_text() == "TWO\n"  # the sentinel
