@@ -222,8 +222,8 @@ def _apply(ws: Path, op: str, d: str, name: str, n: int) -> None:
                 f.write(b"+")
         elif op == "unlink":
             p.unlink()
-        elif op == "chmod":
-            os.chmod(p, 0o600 | (n << 6) & 0o700, follow_symlinks=False)
+        elif op == "chmod" and not p.is_symlink():
+            os.chmod(p, 0o600 | (n << 6) & 0o700)
         elif op == "mkdir":
             here.mkdir(parents=True, exist_ok=True)
         elif op == "rmtree":

@@ -311,10 +311,9 @@ class Layering:
 
     def _take_aligned(self, old: _Chunk, plan: list[tuple[int, _ListedEntry]], dfd: int) -> None:
         """Take ``old``'s entries over but those in ``plan``, which are walked in their place."""
-        state = self._state
-        assert state is not None
-        prefix_len = len(plan[0][1].path) - len(plan[0][1].name) if plan else 0
-        prefix = plan[0][1].path[:prefix_len] if plan else ""
+        state, opened = self._state, self._open
+        assert state is not None and opened is not None
+        prefix = opened.path + "/" if opened.path else ""
         i = 0
         for k, item in plan + [(len(old.entries), None)]:
             self._take_run(old, i, k)
