@@ -14,7 +14,10 @@ only; without root they are marked "not cold"), made twice around a wait
 for the FUSE daemons to close the fds of the inodes the kernel forgot (see
 :func:`drop_caches`: with one drop, the inodes the overlay held stayed warm
 for the arm after it).  Dropping caches also makes
-the kernel forget the FUSE inodes, so the daemon's handles go too.
+the kernel forget the FUSE inodes, so the daemon's handles go too.  Under
+each row the report also gives each daemon's CPU seconds per pass (user +
+system, from ``/proc/PID/stat``): on a loaded machine the wall times of a
+request-per-round-trip workload follow the scheduler more than the work.
 
 Measures: cold ``find | xargs stat``; cold lstat of every path by name;
 warm ``find | xargs stat``; repeated lstat by name; cold ``ls -lR``;
@@ -111,6 +114,7 @@ class Row:
     npaths: int = 0          # paths per pass (invalidation rows)
     note: str = ""
     floors: dict[str, list[float]] = field(default_factory=dict)   # --floor arms: name -> seconds
+    cpu: dict[str, list[float]] = field(default_factory=dict)      # daemon arms: name -> daemon CPU seconds per pass
 
 
 # ---------------------------------------------------------------- helpers
@@ -138,6 +142,16 @@ def drop_caches(daemons: list[int] | tuple[int, ...] = ()) -> bool:
     except OSError:
         return False
     return True
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used so far (0.0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fd_count(pid: int) -> int:
@@ -247,11 +261,13 @@ def gibps(nbytes: int, s: float) -> str:
 
 class Bench:
     def __init__(self, args: argparse.Namespace, ws_dir: str, direct_fd: int, overlay: Overlay,
-                 floor_fds: dict[str, int] | None = None, floor_pids: list[int] | None = None) -> None:
+                 floor_fds: dict[str, int] | None = None, floor_pids: dict[str, int] | None = None) -> None:
         self.args = args
         self.ws_dir = ws_dir
         self.fds = {"direct": direct_fd, "overlay": overlay.mount_fd, **(floor_fds or {})}
-        self.daemons: list[int] = [overlay.pid, *(floor_pids or [])]
+        self.daemons: list[int] = [overlay.pid, *(floor_pids or {}).values()]
+        self.pids: dict[str, int] = {"overlay": overlay.pid, **(floor_pids or {})}
+        """The daemon serving each FUSE arm, whose CPU time per pass is reported (robust where wall time is not)."""
         self.overlay = overlay
         self.paths = file_paths(args.files)
         self.big_bytes = args.big_mib * MIB
@@ -272,7 +288,11 @@ class Bench:
                     await trio.to_thread.run_sync(before, fd, arm)
                 if cold and not drop_caches(self.daemons):
                     self.cold_ok = False
+                pid = self.pids.get(arm)
+                c0 = cpu_s(pid) if pid else 0.0
                 s = await trio.to_thread.run_sync(measure, fd, arm)
+                if pid:
+                    row.cpu.setdefault(arm, []).append(cpu_s(pid) - c0)
                 if arm == "direct":
                     row.direct.append(s)
                 elif arm == "overlay":
@@ -525,6 +545,9 @@ def report(rows: list[Row], cold_ok: bool, args: argparse.Namespace) -> int:
             fl = statistics.median(times)
             print(f"  {'floor: ' + FLOOR_TEXT.get(arm, arm):<42} {'':>21} {cell(fl):>21} "
                   f"{(f'{fl / di:.2f}x' if di else '-'):>7}  overlay / this floor: {ov / fl:.2f}")
+        if r.cpu:
+            print(f"  {'daemon CPU per pass (medians)':<42} "
+                  + ", ".join(f"{arm} {statistics.median(v):.3f} s" for arm, v in r.cpu.items()))
         if ratio is not None:
             emit_row("fuse", r.name, "overlay", "direct access", ratio, ours=ov, anchor_value=di,
                      goal=r.goal.max_ratio, goal_text=r.goal.text, met=ok if has_bound else None)
@@ -575,8 +598,8 @@ class Floors:
         self.ws_dir, self.base = ws_dir, base
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.fds: dict[str, int] = {}
-        self.pids: list[int] = []
-        """Daemons that hold an fd per known inode (the C floor), for :func:`drop_caches`."""
+        self.pids: dict[str, int] = {}
+        """Each floor's daemon pid."""
 
     def start(self) -> None:
         here = os.path.dirname(os.path.abspath(__file__))
@@ -589,8 +612,6 @@ class Floors:
             os.mkdir(mnt)
             self._start("floor-c", mnt, [exe, "-f", "-s", "-o", f"source={self.ws_dir},cache=always,"
                                          "timeout=3600,default_permissions,allow_other", mnt])
-            if "floor-c" in self.fds:
-                self.pids.append(self.procs[-1][1].pid)
 
     def _start(self, arm: str, mnt: str, cmd: list[str]) -> None:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -599,6 +620,7 @@ class Floors:
             print(f"--floor: {arm} did not mount: skipped", file=sys.stderr)
             return
         self.fds[arm] = os.open(mnt, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.pids[arm] = proc.pid
 
     def stop(self) -> None:
         for fd in self.fds.values():
