@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import mmap
 import os
 import tarfile
 import time
@@ -22,7 +23,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sandbox_fs import open_root
@@ -273,3 +274,74 @@ def test_property_what_a_layered_persist_commits_is_the_tree(tmp_path_factory, s
             hydrate(o, store, "s")
     left_out = {p for p, _why in skipped}  # a symlink naming itself, or one escaping: never persisted
     assert _host_view(out) == {k: v for k, v in _host_view(ws).items() if k not in left_out}
+
+
+def _mapped(path: Path) -> tuple[int, mmap.mmap]:
+    fd = os.open(path, os.O_RDWR)
+    return fd, mmap.mmap(fd, os.fstat(fd).st_size)
+
+
+def test_a_file_written_through_a_shared_mapping_is_read_again(tree):
+    """A write through a mapping whose page is already dirty keeps mtime and ctime: never taken over stale."""
+    ws, w, objects, store = tree
+    f = ws / "big" / "f05"
+    fd, m = _mapped(f)
+    try:
+        m[0:1] = b"F"  # dirties the page (mtime and ctime set now)
+        _tick()
+        persist(w, store, "s")
+        _tick()
+        ctime = f.stat().st_ctime_ns
+        m[1:2] = b"I"  # the same dirty page: on ext4 and tmpfs no timestamp changes
+        assert f.read_bytes().startswith(b"FIle")
+        info = persist(w, store, "s").info
+        assert info.tree_digest == tree_digest(w), f"stale content committed (ctime kept: {f.stat().st_ctime_ns == ctime})"
+    finally:
+        m.close()
+        os.close(fd)
+    # once no one can write it, it is read once more and then taken over like any file
+    _tick()
+    assert "big/f05" in _members(objects, persist(w, store, "s").info)
+    _tick()
+    assert _members(objects, persist(w, store, "s").info) == ["c/link"]
+    out = ws.parent / "out"
+    out.mkdir()
+    with open_root(out) as o:
+        hydrate(o, store, "s")
+    assert (out / "big" / "f05").read_bytes() == f.read_bytes()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(["map", "write", "utime", "persist"]), st.integers(0, 3)),
+                    min_size=1, max_size=8))
+@example(ops=[("map", 0), ("persist", 0), ("map", 2), ("persist", 0)])  # f0 twice, through one mapping
+def test_property_persist_never_commits_stale_content(tmp_path_factory, ops):
+    """Writes through a long-lived shared mapping, same-size writes, mtimes set back: each persist commits the live tree."""
+    base = tmp_path_factory.mktemp("mm")
+    ws = base / "ws"
+    (ws / "d").mkdir(parents=True)
+    files = [ws / "d" / f"f{i}" for i in range(2)]
+    for f in files:
+        f.write_bytes(b"0" * 8)
+    maps = [_mapped(f) for f in files]
+    store = GenerationStore(DictObjects(), keep=2)
+    try:
+        with open_root(ws) as w:
+            for n, (op, i) in enumerate(ops + [("persist", 0)]):
+                f, (_fd, m) = files[i % 2], maps[i % 2]
+                if op == "map":
+                    m[i:i + 1] = b"%d" % (n % 10)
+                elif op == "write":
+                    old = f.stat()
+                    f.write_bytes(b"%d" % (n % 10) * 8)
+                    os.utime(f, ns=(old.st_atime_ns, old.st_mtime_ns))
+                elif op == "utime":
+                    os.utime(f, ns=(0, 0))
+                else:
+                    _tick()
+                    assert persist(w, store, "s").info.tree_digest == tree_digest(w)
+                    _tick()
+    finally:
+        for fd, m in maps:
+            m.close()
+            os.close(fd)

@@ -19,6 +19,7 @@ workspace provably matches the snapshot.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import stat as _stat
@@ -53,6 +54,7 @@ from ._walk import (
     _readlink_listed,
     _source_changed,
     _source_view,
+    _Stat,
     _walk,
 )
 
@@ -532,6 +534,9 @@ class _WalkState:
             OSError: reading the file or writing the sink failed.
         """
         st = _member_stat(fd, item)
+        rec: StatLike = st
+        if _open_for_writing(fd):  # its content can change without a ctime: the next persist reads it again
+            rec = _Stat(st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_size, st.st_mtime_ns, _REREAD_CTIME_NS)
         for other in links:
             if _lstat_listed(self.src, other) is None:
                 raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
@@ -546,14 +551,14 @@ class _WalkState:
             self.fixups.append((item.path, mode))
         sha_hex = self.tar.add_file(st.st_size, fd, item.path, hdr)
         self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
-        self._record(item.path, "file", st, mode, sha_hex)
+        self._record(item.path, "file", rec, mode, sha_hex)
         for other in links:
             admitted, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
             if not admitted:
                 self.entries -= 1
                 continue
             self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
-            self._record(other.path, "file", st, mode, sha_hex)
+            self._record(other.path, "file", rec, mode, sha_hex)
             if lhdr is not None:
                 self.tar.add(lhdr)
         return st
@@ -621,6 +626,36 @@ def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterabl
     walked = _walk_into(ws, _Prune.of(excluded, mount_points, skip_identities),
                         SnapshotPolicy(limits or SnapshotLimits()), on_unrestorable, _TarStream(None))
     return walked.digest.hexdigest()
+
+
+#: the ctime an index records for a file read while open for writing (see :func:`_open_for_writing`):
+#: later than any walk's time, so the entry is never unchanged and is racy to a whole-directory take-over
+_REREAD_CTIME_NS = (1 << 63) - 1
+
+
+def _open_for_writing(fd: int) -> bool:
+    """True unless the regular file open read-only on ``fd`` is provably open for writing nowhere.
+
+    A write through a shared writable ``mmap`` whose page is already dirty
+    changes the content without changing the file's mtime or ctime (the
+    kernel updates them only when a clean page is first written; on tmpfs a
+    page never becomes clean again).  Such a mapping keeps the file open for
+    writing, so a file read while no one has it open for writing changes its
+    ctime on every later change of content: only then may its index entry
+    make the next persist skip it.  Probed with a read lease
+    (``F_SETLEASE F_RDLCK``, released at once), which the kernel refuses
+    with EAGAIN while any open file description (a mapping's included) can
+    write the inode.  A lease that cannot be taken for another reason (not
+    the file's owner without CAP_LEASE, a filesystem without leases) is
+    taken as "open for writing": the file is read again next time.
+    """
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError:
+        return True
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return False
 
 
 def _member_stat(fd: int, item: _ListedEntry) -> os.stat_result:
