@@ -17,6 +17,8 @@ import io
 import json
 import mmap
 import os
+import subprocess
+import sys
 import tarfile
 import time
 import zlib
@@ -345,3 +347,29 @@ def test_property_persist_never_commits_stale_content(tmp_path_factory, ops):
         for fd, m in maps:
             m.close()
             os.close(fd)
+
+
+_BREAK_SCRIPT = """
+import fcntl, os, sys, threading, time
+from sandbox_fs.snapshot import _entries
+path = sys.argv[1]
+real = fcntl.fcntl
+def breaking(fd, cmd, arg=0):
+    out = real(fd, cmd, arg)
+    if cmd == fcntl.F_SETLEASE and arg == fcntl.F_RDLCK:  # a writer opens the file while the lease is held
+        threading.Thread(target=lambda: os.close(os.open(path, os.O_WRONLY)), daemon=True).start()
+        time.sleep(0.2)
+    return out
+fcntl.fcntl = breaking
+fd = os.open(path, os.O_RDONLY)
+_entries._open_for_writing(fd)
+print("alive")
+"""
+
+
+def test_a_writer_breaking_the_probe_lease_never_kills_the_persisting_process(tmp_path):
+    """The lease probe's break signal (SIGIO by default: terminate) is one whose default is to ignore it."""
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    out = subprocess.run([sys.executable, "-c", _BREAK_SCRIPT, str(f)], capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout.strip()) == (0, "alive"), out.stderr

@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import signal
 import stat as _stat
 import tarfile
 import time
@@ -648,8 +649,15 @@ def _open_for_writing(fd: int) -> bool:
     write the inode.  A lease that cannot be taken for another reason (not
     the file's owner without CAP_LEASE, a filesystem without leases) is
     taken as "open for writing": the file is read again next time.
+
+    Taking a lease makes this process the fd's owner, and a process that
+    opens the file for writing while the lease is held breaks it, which
+    signals the owner: SIGIO by default, whose default action terminates
+    the process.  So the fd's signal is first set to SIGURG (``F_SETSIG``),
+    whose default action is to ignore it.
     """
     try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)  # a lease break never kills this process
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
     except OSError:
         return True
