@@ -429,3 +429,17 @@ def test_pax_linkpath_override_is_what_is_checked(layout):
     _refused(layout, tar_bytes([ti("f", data=b"1"), ti("h", "hardlink", linkname="f",
                                                        pax={"linkpath": "../outside/secret.txt"})]),
              "hardlink_target")
+
+
+def test_member_name_fast_path_limits_are_exact():
+    """The clean-name fast path applies max_depth, max_path_bytes and the trailing '/' exactly as the full check."""
+    from sandbox_fs.archive import normalize_member_name as norm
+
+    lim = ArchiveLimits(max_depth=2, max_path_bytes=10)
+    assert norm(name=b"abc/", limits=lim) == b"abc"  # a directory member (zip writes the '/')
+    assert norm(name=b"a/b/", limits=lim) == b"a/b"  # two components and a trailing '/'
+    assert norm(name=b"x" * 10, limits=lim) == b"x" * 10
+    for name, limit in [(b"a/b/c", "max_depth"), (b"a/b/c/d", "max_depth"), (b"x" * 11, "max_path_bytes")]:
+        with pytest.raises(ArchiveLimitError) as ei:
+            norm(name=name, limits=lim)
+        assert ei.value.limit == limit, name
