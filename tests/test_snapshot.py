@@ -563,13 +563,18 @@ def test_persist_memory_does_not_buffer_workspace(layout, store):
     assert seen[-1] >= 6 << 20
 
 
-@pytest.mark.parametrize("case", ["through_symlink", "backslash_dotdot", "drive_letter", "cycle"])
+@pytest.mark.parametrize("case", ["through_symlink", "through_symlink_below_a_directory", "backslash_dotdot",
+                                  "drive_letter", "cycle"])
 def test_names_and_links_the_extractor_refuses_are_refused_at_persist(layout, store, case):
     """One policy: persist uses the extractor's own name/target rules (CVE-2021-37713, CVE-2025-4517)."""
     (layout.ws / "real").mkdir()
     if case == "through_symlink":
         (layout.ws / "l1").symlink_to("real")
         (layout.ws / "bad").symlink_to("l1/x")
+        bad = "bad"
+    elif case == "through_symlink_below_a_directory":  # the check goes on past a real directory
+        (layout.ws / "real" / "l1").symlink_to(".")
+        (layout.ws / "bad").symlink_to("real/l1/x")
         bad = "bad"
     elif case == "cycle":
         (layout.ws / "real" / "a").symlink_to("b")
@@ -592,6 +597,21 @@ def test_names_and_links_the_extractor_refuses_are_refused_at_persist(layout, st
     with open_root(dst) as d:
         hydrate(d, store, "s")  # what was saved restores
         assert tree_digest(d) == rep.info.tree_digest
+
+
+@pytest.mark.parametrize("links,refused", [(40, False), (41, True)])
+def test_a_link_chain_is_followed_up_to_40_links(layout, store, links, refused):
+    """The kernel's ELOOP bound, exactly: ``c0 -> c1 -> ... -> f`` with ``links`` links."""
+    (layout.ws / "f").write_text("x")
+    for i in range(links):
+        (layout.ws / f"c{i}").symlink_to(f"c{i + 1}" if i + 1 < links else "f")
+    with open_root(layout.ws) as ws:
+        if refused:
+            with pytest.raises(UnrestorableEntryError, match="longer than 40") as ei:
+                persist(ws, store, "s")
+            assert ei.value.sandbox_path == "c0"
+        else:
+            persist(ws, store, "s")
 
 
 def test_named_partial_fallback_commits_and_aborts_cleanly(layout, store, monkeypatch, tmp_path):

@@ -150,15 +150,21 @@ def test_local_dir_per_file_control(layout, resolver, base, mode, expect):
 
 
 @pytest.mark.parametrize("swap", ["parent_moved_away", "parent_is_symlink", "parent_is_relative_symlink",
-                                  "parent_is_inside_symlink", "entry_other_inode", "symlink_other_inode"])
+                                  "parent_is_inside_symlink", "entry_other_inode", "symlink_other_inode",
+                                  "dangling_link_parent_moved_away", "parent_is_a_file"])
 def test_persist_entry_parent_swapped_before_open(layout, resolver, tmp_path, swap):
     (layout.ws / "d").mkdir()
     (layout.ws / "d" / "f").write_text("inside\n")
     os.symlink("f", layout.ws / "d" / "l")
+    os.symlink("missing", layout.ws / "d" / "m")  # still listed in the moved directory, though dangling
     away = tmp_path / "away"
     away.mkdir()
 
     def move() -> None:
+        if swap == "parent_is_a_file":  # ENOTDIR on the path
+            os.rename(layout.ws / "d", away / "d")
+            (layout.ws / "d").write_text("a file now\n")
+            return
         if swap == "entry_other_inode":
             _other_inode(layout.ws / "d" / "f")()
             return
@@ -180,7 +186,7 @@ def test_persist_entry_parent_swapped_before_open(layout, resolver, tmp_path, sw
     (layout.outside / "f").write_text(layout.secret + "\n")
     before = layout.snapshot()
     with LocalSnapshotStore(tmp_path / "store") as store, open_root(layout.ws) as ws:
-        entry = "d/l" if swap == "symlink_other_inode" else "d/f"
+        entry = {"symlink_other_inode": "d/l", "dangling_link_parent_moved_away": "d/m"}.get(swap, "d/f")
         with _hooks.installed(_once("persist.open_entry", entry, move)), \
                 pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
@@ -188,6 +194,17 @@ def test_persist_entry_parent_swapped_before_open(layout, resolver, tmp_path, sw
         assert [i.name for i in store.list()] == [], "a snapshot was written"
     _no_secret_in(layout, tmp_path / "store")
     layout.assert_outside_unchanged(before)
+
+
+def test_persist_skips_an_entry_deleted_at_the_window(layout, resolver, tmp_path):
+    """Gone from its path and from the listed directory: vanished (skipped), not moved (refused)."""
+    (layout.ws / "d").mkdir()
+    (layout.ws / "d" / "f").write_text("inside\n")
+    (layout.ws / "d" / "g").write_text("kept\n")
+    with LocalSnapshotStore(tmp_path / "store") as store, open_root(layout.ws) as ws:
+        with _hooks.installed(_once("persist.open_entry", "d/f", lambda: os.unlink(layout.ws / "d" / "f"))):
+            persist(ws, store, "s")
+        assert [i.name for i in store.list()] == ["s"]
 
 
 def test_persist_control(layout, resolver, tmp_path):
