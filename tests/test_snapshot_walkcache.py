@@ -353,14 +353,14 @@ _BREAK_SCRIPT = """
 import fcntl, os, sys, threading, time
 from sandbox_fs.snapshot import _entries
 path = sys.argv[1]
-real = fcntl.fcntl
-def breaking(fd, cmd, arg=0):
+real = _entries._FCNTL
+def breaking(fd, cmd, arg):
     out = real(fd, cmd, arg)
     if cmd == fcntl.F_SETLEASE and arg == fcntl.F_RDLCK:  # a writer opens the file while the lease is held
         threading.Thread(target=lambda: os.close(os.open(path, os.O_WRONLY)), daemon=True).start()
         time.sleep(0.2)
     return out
-fcntl.fcntl = breaking
+_entries._FCNTL = breaking
 fd = os.open(path, os.O_RDONLY)
 _entries._open_for_writing(fd)
 print("alive")

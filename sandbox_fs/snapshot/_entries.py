@@ -19,6 +19,7 @@ workspace provably matches the snapshot.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import os
@@ -27,7 +28,7 @@ import stat as _stat
 import tarfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, cast
 
 from ..archive import (
     ArchiveLimitError,
@@ -655,15 +656,48 @@ def _open_for_writing(fd: int) -> bool:
     signals the owner: SIGIO by default, whose default action terminates
     the process.  So the fd's signal is first set to SIGURG (``F_SETSIG``),
     whose default action is to ignore it.
+
+    The three calls never block, and are made holding the GIL
+    (:data:`_FCNTL`): releasing it three times per file handed it to the
+    archive writer thread each time (a full persist of 3,000 files of 200
+    bytes took 1.35x as long as without the probe, against 1.15x now;
+    medians of 15, side by side, on a loaded machine).
+    """
+    if _FCNTL is None:  # pragma: no cover  (a libc without fcntl through ctypes)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError:
+            return True
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
+    if _FCNTL(fd, fcntl.F_SETSIG, signal.SIGURG) < 0:  # a lease break never kills this process
+        return True
+    if _FCNTL(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK) < 0:
+        return True
+    _FCNTL(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return False
+
+
+def _gil_fcntl() -> Callable[[int, int, int], int] | None:
+    """libc's ``fcntl(fd, cmd, int)`` called without releasing the GIL (``ctypes.PyDLL``), or None.
+
+    Only for commands that never block (:func:`_open_for_writing`'s).  The
+    int argument is passed in a register like a fixed one on the Linux ABIs.
     """
     try:
-        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)  # a lease break never kills this process
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError:
-        return True
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-    return False
+        # host-access: none; libc's fcntl on fds the walk opened beneath the workspace Root
+        f = ctypes.PyDLL(None, use_errno=True).fcntl
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    f.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    f.restype = ctypes.c_int
+    return cast(Callable[[int, int, int], int], f)
+
+
+#: libc's fcntl, called holding the GIL (see :func:`_gil_fcntl`)
+_FCNTL = _gil_fcntl()
 
 
 def _member_stat(fd: int, item: _ListedEntry) -> os.stat_result:
