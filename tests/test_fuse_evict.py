@@ -163,3 +163,27 @@ def test_property_every_use_gives_the_learned_inode_or_estale(tmp_path_factory, 
             st_now = os.fstat(h.fd)
             assert (tree.index, st_now.st_dev, st_now.st_ino) == node.key
     table.close()
+
+
+def test_an_inode_the_kernel_forgot_gets_its_number_back_on_the_next_lookup(tmp_path):
+    """Regression: the kernel forgets unused inodes whenever it drops its dentry cache (memory
+    pressure, ``drop_caches``); the next lookup gave the same backing inode a new number, so its
+    ``st_ino`` changed under persist's walk and hydrate's extraction ("replaced" errors through the
+    overlay on a loaded machine).  The number is reused for the same backing inode only."""
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f").write_text("f\n")
+    (ws / "g").write_text("g\n")
+    table, tree = _table(ws, max_held=100)
+    d = _learn(table, tree, ROOT_INODE, b"d")
+    f = _learn(table, tree, d.ino, b"f")
+    numbers = (d.ino, f.ino)
+    table.forget(f.ino, 1)
+    table.forget(d.ino, 1)
+    assert table.find(d.ino) is None and table.find(f.ino) is None
+    g = _learn(table, tree, ROOT_INODE, b"g")  # another inode never takes a forgotten number
+    assert g.ino not in numbers
+    d2 = _learn(table, tree, ROOT_INODE, b"d")
+    f2 = _learn(table, tree, d2.ino, b"f")
+    assert (d2.ino, f2.ino) == numbers
+    table.close()

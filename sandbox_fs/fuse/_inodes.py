@@ -75,6 +75,20 @@ as on the whole path.  Every inode memoizes its (kept) path; beneath a cut path 
 the same string, so a request costs O(1) once its ancestors are memoized, whatever the depth."""
 
 
+REMEMBERED_NUMBERS = 1 << 18
+"""Most FUSE inode numbers of forgotten inodes kept, by backing key, for reuse (least recently forgotten go first).
+
+The kernel forgets an unused inode whenever it drops its dentry cache (memory
+pressure, ``drop_caches``); the next lookup of the same backing inode must get
+the same number again, or its ``st_ino`` changes under a reader that keeps
+``(st_dev, st_ino)`` to check identity (persist's walk, hydrate's extraction,
+``Root``'s checked removal), which then sees a replaced entry that never was.
+A number is given back only to the key it was made for and only while no live
+inode holds it.  About 200 bytes each: 256 Ki of them bound the table to ~50 MiB
+however many inodes the daemon served; past that, the oldest forgotten ones get
+new numbers again."""
+
+
 @dataclass(eq=False)
 class Tree:
     """One backing tree served by the overlay: the workspace (index 0) or a host-directory mount.
@@ -105,7 +119,9 @@ class Inode:
     """One inode the kernel knows.
 
     Attributes:
-        ino: the FUSE inode number (never reused within one daemon).
+        ino: the FUSE inode number, also the ``st_ino`` the kernel shows; reused
+            only for the same backing key once the kernel forgot it (see
+            :data:`REMEMBERED_NUMBERS`), never for another key.
         held: the ``O_PATH`` handle on the backing inode, or None while it is
             evicted (closed by :meth:`InodeTable.forget` and by eviction);
             use :attr:`handle`, which reopens an evicted one.
@@ -184,6 +200,8 @@ class InodeTable:
         # inode already known gets another dentry (a rename, a removed name): paths beneath it change
         self._memo: dict[int, tuple[int, str]] = {ROOT_INODE: (0, "")}
         self._next_ino = ROOT_INODE + 1
+        # backing key -> the number its inode had when the kernel forgot it (see REMEMBERED_NUMBERS)
+        self._forgotten: OrderedDict[tuple[int, int, int], int] = OrderedDict()
         # inos whose (unpinned) handle is held, least recently used first
         self._held: OrderedDict[int, None] = OrderedDict()
         self.max_held: int | None = None
@@ -231,9 +249,8 @@ class InodeTable:
         new = node is None
         if node is None:
             pnode = self._by_ino.get(parent)
-            node = Inode(self._next_ino, handle, key, tree, table=self,
+            node = Inode(self._number_for(key), handle, key, tree, table=self,
                          pinned=pnode is None or pnode.tree is not tree)
-            self._next_ino += 1
             self._by_ino[node.ino] = node
             self._by_key[key] = node
             if not node.pinned:
@@ -249,6 +266,15 @@ class InodeTable:
             handle.close()
         self.add_dentry(parent, name, node)
         return node, new
+
+    def _number_for(self, key: tuple[int, int, int]) -> int:
+        """The FUSE inode number for a new inode of ``key``: the one it had before the kernel forgot it, else a fresh one."""
+        ino = self._forgotten.pop(key, None)
+        if ino is not None and ino not in self._by_ino:
+            return ino
+        ino = self._next_ino
+        self._next_ino += 1
+        return ino
 
     def handle_of(self, node: Inode) -> Handle:
         """``node``'s handle (see :attr:`Inode.handle`): marked most recently used, reopened when evicted."""
@@ -372,6 +398,10 @@ class InodeTable:
         del self._by_ino[node.ino]
         if self._by_key.get(node.key) is node:
             del self._by_key[node.key]
+            self._forgotten[node.key] = node.ino  # the key's next inode gets this number again
+            self._forgotten.move_to_end(node.key)
+            if len(self._forgotten) > REMEMBERED_NUMBERS:
+                self._forgotten.popitem(last=False)
         for dentry in node.links:
             if self._children.get(dentry) == node.ino:
                 del self._children[dentry]
@@ -502,4 +532,5 @@ class InodeTable:
         self._held.clear()
         self._by_ino.clear()
         self._by_key.clear()
+        self._forgotten.clear()
         self._children.clear()
