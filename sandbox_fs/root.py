@@ -278,6 +278,9 @@ class _FdUse:
 class Root:
     """A capability on a directory tree.  Create with :func:`open_root`.
 
+    A Root owns the directory fd it is made on, also when making it fails
+    (the fd is closed before the error propagates).
+
     Paths given to methods are relative POSIX paths (``str`` or ``bytes``);
     ``""`` and ``"."`` name the root itself.  Symlinks *inside* the tree are
     followed by reads when they stay beneath the root; writes never follow a
@@ -335,7 +338,15 @@ class Root:
         # write into (read-only grants nested in it), checked on the fds a
         # write actually uses.
         self._deny = frozenset(deny_write_ids)
-        st = os.fstat(_fd)
+        try:
+            st = os.fstat(_fd)
+        except BaseException:
+            # The Root owns ``_fd`` from the call on, also when it is never made (every caller hands
+            # over a fd it made for it: a dup, an open).  Closed now: left to __del__, an EIO here
+            # (fstat through the FUSE overlay) kept the fd open for as long as the traceback's frames
+            # lived, until a garbage collection (the overlay fault suite's "an fd was left open").
+            self._final_close()
+            raise
         self._root_id = (st.st_dev, st.st_ino)
         self._resolve = (_native.RESOLVE_BENEATH | _native.RESOLVE_NO_MAGICLINKS |
                          (_native.RESOLVE_NO_SYMLINKS if no_symlinks else 0))

@@ -50,8 +50,15 @@ READ_RULES = [({"open"}, "EIO", 1), ({"read"}, "EIO", 1), ({"readdir"}, "EIO", 1
 OUTCOMES: list[str] = []
 
 
-def _fds() -> set[int]:
-    return {int(n) for n in os.listdir("/proc/self/fd")}
+def _fds() -> dict[int, str]:
+    """This process's open fds and what each one refers to."""
+    out = {}
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            out[int(n)] = os.readlink(f"/proc/self/fd/{n}")
+        except OSError:  # the listing's own fd, closed by now
+            pass
+    return out
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,8 +100,10 @@ async def _case(ov, rules, op, check) -> list[str]:
     finally:
         await ov.set_faults([])
     problems += await check(outcome)
-    if _fds() != fds:
-        problems.append("an fd was left open")
+    now = _fds()
+    if now != fds:
+        problems.append(f"{rules}: an fd was left open: {sorted(set(now.items()) - set(fds.items()))}, "
+                        f"closed: {sorted(set(fds.items()) - set(now.items()))}")
     if not ov.alive:
         problems.append("the overlay daemon died")
     OUTCOMES.append(outcome)

@@ -432,3 +432,33 @@ def test_open_on_same_mount_never_crosses_a_mount_point(root, tmp_path):
         os.close(root.open_fd("mnt/f", os.O_PATH))  # a plain open goes through it
     finally:
         subprocess.run(["umount", "-l", host], check=False)
+
+
+@pytest.mark.parametrize("make", ["with_options", "open_root", "subroot"])
+def test_a_root_whose_construction_fails_closes_its_fd_at_once(tmp_path, monkeypatch, make):
+    """Regression (the overlay fault suite's flaky "an fd was left open"): an EIO from the
+    constructor's fstat (through the FUSE overlay) left the dup'd fd to ``Root.__del__``, and the
+    error's traceback kept the half-made Root alive until a garbage collection."""
+    import errno as _errno
+    import gc
+
+    (tmp_path / "d").mkdir()
+    with sandbox_fs.open_root(tmp_path) as base:
+        real = os.fstat
+
+        def failing(fd):
+            raise OSError(_errno.EIO, "injected")
+
+        before = sorted(os.listdir("/proc/self/fd"))
+        gc.disable()
+        try:
+            monkeypatch.setattr(os, "fstat", failing)
+            with pytest.raises(OSError) as got:
+                {"with_options": lambda: base.with_options(read_only=True),
+                 "open_root": lambda: sandbox_fs.open_root(tmp_path / "d"),
+                 "subroot": lambda: base.open_root("d")}[make]()
+            monkeypatch.setattr(os, "fstat", real)
+            assert got.value.errno == _errno.EIO
+            assert sorted(os.listdir("/proc/self/fd")) == before  # the traceback is alive: closed at once
+        finally:
+            gc.enable()

@@ -302,9 +302,10 @@ class Daemon:
             raise ValueError("config carries the wrong number of fds")
         resolver = _native.choose_resolver()
         ws_ro = bool(op.get("read_only", False)) or policy.read_only
-        for fd, ro in zip(fds, [ws_ro] + [bool(m["read_only"]) or policy.read_only for m in mounts_cfg]):
-            self.roots.append(Root(fd, read_only=ro, no_symlinks=False, resolver=resolver, label=""))
-        fds.clear()
+        for ro in [ws_ro] + [bool(m["read_only"]) or policy.read_only for m in mounts_cfg]:
+            # the Root owns the fd from the call on (closed by it on an error): out of ``fds``, which
+            # the caller closes on an error, first
+            self.roots.append(Root(fds.pop(0), read_only=ro, no_symlinks=False, resolver=resolver, label=""))
         workspace = Tree(0, self.roots[0], ws_ro, False, policy.entry_timeout_s, policy.attr_timeout_s)
         mounts: dict[str, Tree] = {}
         for i, m in enumerate(mounts_cfg, 1):
