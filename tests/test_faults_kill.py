@@ -131,7 +131,20 @@ def test_eio_at_chosen_syscalls_is_an_error_with_nothing_lost_or_leaked(worker, 
     # left is checked above all the same.
     if (kind, cls) in _REDONE:
         return
-    assert res["tally"].get("error", 0) >= 1, res["tally"]
+    # Which call a point's number lands on depends on thread order (materialize's copiers, the
+    # writer threads): under load every drawn point of materialize's writes sometimes hit a call its
+    # per-file path redoes (point 1 failed it in 7 of 25 runs, points 14 and 24 in none).  So more
+    # points are drawn, in a seeded order, until one fails, at most every call: a library that
+    # absorbs every injected error of the class still fails here.  Each extra point is checked as above.
+    if res["tally"].get("error", 0) == 0:
+        rest = [p for p in rng.sample(range(1, calls + 1), calls) if p not in points]
+        for p in rest:
+            more = run_points(worker, kind, top, "fail", mask, [p])
+            assert more["problems"] == [], more["problems"]
+            if more["tally"].get("error", 0):
+                break
+        else:
+            pytest.fail(f"no {cls} call of {kind} made it fail: {res['tally']} and {len(rest)} more points ok")
 
 
 def test_a_commit_killed_while_writing_the_metadata_leaves_nothing_the_next_commit_keeps(tmp_path):
