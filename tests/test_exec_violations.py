@@ -170,7 +170,9 @@ def test_concurrent_commands_see_only_their_own(layout, confined):
     trio.run(both)
     for name, own, other in (("a", a, b), ("b", b, a)):
         r = results[name]
-        assert len(_mine(r, str(own))) == 20, r.violations
+        # every denial is reported, or counted as lost: the audit backlog is the whole machine's, and
+        # other processes' records in it make it drop one now and then (the kernel's count is exact)
+        assert len(_mine(r, str(own))) + r.violations_dropped == 20, (r.violations_dropped, r.violations)
         assert _mine(r, str(other)) == [], f"{name} saw the other command's denials"
         pid = int(r.stdout.split()[0])
         assert {v.pid for v in _mine(r, str(own))} == {pid}
