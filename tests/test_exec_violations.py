@@ -14,6 +14,7 @@ before Landlock is asked; those refusals are not reported (documented).
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import subprocess
@@ -41,13 +42,29 @@ needs_audit = [
 
 @pytest.fixture(scope="module")
 def audit():
-    if not _violations.audit_enabled():
-        if not _violations.enable_audit(True):
-            pytest.skip("the kernel's audit subsystem cannot be enabled (no CONFIG_AUDIT, or AUDIT_SET refused)")
+    """Audit on while this module runs, and turned off again by the last test run that needs it.
+
+    ``audit_enabled`` is the whole machine's: other test runs here (other checkouts, CI) turn it on
+    and off too, and one that turned it off mid-way left another's runs with no denial at all.  Each
+    run holds a shared lock on a file in the temp directory while it needs audit; the file says
+    whether a test turned audit on, and only a run that takes the lock alone turns it off.
+    """
+    with open(os.path.join(tempfile.gettempdir(), "sfs-test-audit.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        if not _violations.audit_enabled():
+            if not _violations.enable_audit(True):
+                pytest.skip("the kernel's audit subsystem cannot be enabled (no CONFIG_AUDIT, or AUDIT_SET refused)")
+            lock.write("on\n")
+            lock.flush()
         yield
-        _violations.enable_audit(False)
-    else:
-        yield
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another run still needs it: the last one out turns it off
+        lock.seek(0)
+        if "on" in lock.read():
+            _violations.enable_audit(False)
+            lock.truncate(0)
 
 
 async def _run(layout, argv, policy=POLICY, **kw):
