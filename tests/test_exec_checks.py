@@ -1,0 +1,68 @@
+"""The exec package's rights and environment rules, each pinned on its own (mutants that survived, see mutants/survivors.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+import sandbox_fs
+from sandbox_fs import open_root
+from sandbox_fs.exec import ConfinementError, ConfinementPolicy, InvalidEnvError, _landlock
+from sandbox_fs.exec._env import build_env
+from sandbox_fs.exec._ruleset import build_ruleset
+
+L = _landlock
+needs_abi6 = pytest.mark.skipif(sandbox_fs.features()["landlock_abi"] < 6,
+                                reason="kernel Landlock ABI < 6 (features()['landlock_abi'])")
+
+
+def test_fs_mask_per_abi_is_exact():
+    """Every right arrives at its own ABI, not one earlier or later (a right the kernel does not know is EINVAL)."""
+    want = {0: 0, 1: L._FS_ABI1, 2: L._FS_ABI1 | L.FS_REFER, 3: L._FS_ABI1 | L.FS_REFER | L.FS_TRUNCATE}
+    want[4] = want[3]
+    want[5] = want[6] = want[7] = want[3] | L.FS_IOCTL_DEV
+    assert {abi: L.fs_mask(abi) for abi in range(8)} == want
+    assert L.fs_mask(-1) == 0
+
+
+def test_build_env_copies_only_the_allow_list_and_checks_types():
+    host = {"LANG": "C", "LC_ALL": "C", "SECRET_TOKEN": "s", "LD_PRELOAD": "/x.so"}
+    env = build_env(None, workspace_host_path="/w", host_env=host)
+    assert {k: env[k] for k in ("LANG", "LC_ALL")} == {"LANG": "C", "LC_ALL": "C"}
+    assert "SECRET_TOKEN" not in env and "LD_PRELOAD" not in env
+    with pytest.raises(InvalidEnvError):
+        build_env({"A": 5}, workspace_host_path="/w", host_env={})  # type: ignore[dict-item]
+    with pytest.raises(InvalidEnvError) as ei:
+        build_env({"x" * 100 + "=": "v"}, workspace_host_path="/w", host_env={})
+    assert ei.value.context["name"] == "x" * 64  # the name is shown bounded
+
+
+@needs_abi6
+@pytest.mark.parametrize("signals,unix", [(True, True), (True, False), (False, True), (False, False)])
+def test_build_ruleset_scopes_and_net_follow_the_policy(tmp_path, signals, unix):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "g").mkdir()
+    pol = ConfinementPolicy(scope_signals=signals, scope_abstract_unix=unix)
+    with open_root(tmp_path / "ws") as ws, open_root(tmp_path / "g") as g:
+        rs = build_ruleset(ws, [(g, True)], pol)  # a grant: its rule is added from its own fd
+        try:
+            assert rs.scoped == (L.SCOPE_SIGNAL if signals else 0) | (L.SCOPE_ABSTRACT_UNIX_SOCKET if unix else 0)
+            assert rs.net == L.net_mask(rs.abi) != 0  # TCP handled unless unrestricted_tcp
+        finally:
+            rs.close()
+
+
+@needs_abi6
+def test_build_ruleset_defaults_and_refusals(tmp_path):
+    with open_root(tmp_path) as ws:
+        rs = build_ruleset(ws)  # default policy, the kernel's ABI
+        try:
+            assert rs.abi == L.abi() and rs.scoped == L.SCOPE_SIGNAL | L.SCOPE_ABSTRACT_UNIX_SOCKET
+        finally:
+            rs.close()
+        rs = build_ruleset(ws, policy=ConfinementPolicy(unrestricted_tcp=True), abi=4)
+        try:
+            assert rs.abi == 4 and rs.net == 0
+        finally:
+            rs.close()
+        with pytest.raises(ConfinementError, match="not available"):
+            build_ruleset(ws, abi=0)
