@@ -66,3 +66,28 @@ def test_build_ruleset_defaults_and_refusals(tmp_path):
             rs.close()
         with pytest.raises(ConfinementError, match="not available"):
             build_ruleset(ws, abi=0)
+
+
+def _missing(policy, *, abi=7, process_bounds=False, pid_namespace=False):
+    from types import SimpleNamespace
+
+    from sandbox_fs.exec._coverage import missing_protections
+
+    prep = SimpleNamespace(abi=abi, level="landlock", ro_mounts=True, net_isolated=True, process_bounds=process_bounds)
+    return missing_protections(SimpleNamespace(confinement="required", policy=policy), prep,  # type: ignore[arg-type]
+                               pid_namespace=pid_namespace)
+
+
+@pytest.mark.parametrize("pids_max,processes,missing", [(None, None, False), (8, None, True), (None, 8, True),
+                                                        (8, 8, True)])
+def test_a_process_bound_asked_for_and_not_available_is_reported(pids_max, processes, missing):
+    pol = ConfinementPolicy(pids_max=pids_max, processes=processes)
+    assert ("process_bound" in _missing(pol)) is missing
+    assert "process_bound" not in _missing(pol, process_bounds=True)
+
+
+def test_signal_scoping_is_missing_below_abi_6_only():
+    pol = ConfinementPolicy(scope_signals=True)
+    assert "landlock.scope_signals" in _missing(pol, abi=5)
+    assert "landlock.scope_signals" not in _missing(pol, abi=6)
+    assert "landlock.scope_signals" not in _missing(pol, abi=5, pid_namespace=True)
