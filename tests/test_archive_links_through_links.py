@@ -16,7 +16,7 @@ import os
 import shutil
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_archive_builders import tar_bytes, ti
 
@@ -74,6 +74,35 @@ def test_on_disk_planted_link_in_existing_destination(layout, resolver, mode):
     assert not os.path.lexists(dest / "l2")
 
 
+@pytest.mark.parametrize("mode", ["staged", "in_place"])
+def test_link_to_a_planted_link_in_existing_destination(layout, resolver, mode):
+    """An existing destination holds ``ext -> <outside>``; member ``b -> ext`` (the planted link itself) is refused.
+
+    The target has no prefix to pass through: its last component is the planted
+    link, so ``b`` would resolve outside exactly as ``ext`` does (tarfile's data
+    filter refuses it by ``realpath``).  A link to a member of the same archive
+    that is a link stays allowed (each member link is checked on its own).
+    """
+    dest = layout.ws / "dest"
+    dest.mkdir()
+    os.symlink(str(layout.outside), dest / "ext")
+    os.mkdir(dest / "sub")
+    os.symlink("../ext", dest / "sub" / "up")
+    before = layout.snapshot()
+    policy = ExtractPolicy(in_place=(mode == "in_place"))
+    for name, target in [("b", "ext"), ("sub/c", "up"), ("d", "sub/up")]:
+        with pytest.raises(UnsafeArchiveMemberError) as ei:
+            _extract(layout, tar_bytes([ti(name, "symlink", linkname=target)]), policy=policy)
+        assert ei.value.rule == "symlink_target"
+        assert not os.path.lexists(dest / name), f"{name} -> {target} was created"
+    layout.assert_outside_unchanged(before)
+    # the control: links to links of the same archive, and to a planted regular file
+    (dest / "plain").write_bytes(b"p")
+    _extract(layout, tar_bytes([ti("m", "symlink", linkname="plain"), ti("n", "symlink", linkname="m")]),
+             policy=policy)
+    assert os.readlink(dest / "n") == "m" and (dest / "n").read_bytes() == b"p"
+
+
 # ----------------------------------------------------------------- property: the rule holds for any tree
 
 _NAMES = ["a", "b", "c", "d"]
@@ -98,6 +127,7 @@ def _passes_through_link(top: str, link: str) -> bool:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(members=_members, planted=st.booleans())
+@example(members=[("symlink", "b", "ext")], planted=True)
 def test_no_created_link_passes_through_a_link(layout, members, planted):
     dest = layout.ws / "dest"
     if dest.exists():

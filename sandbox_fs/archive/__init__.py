@@ -15,7 +15,10 @@ Rules (each refusal an :class:`UnsafeArchiveMemberError` with a stable ``rule``)
   written through a symlink, whatever an earlier member or another process
   did;
 * symlink members are created **last**, only with relative targets that stay
-  beneath the destination without passing through another symlink, with
+  beneath the destination without passing through another symlink, and
+  whose target, when it is not a member of the archive, is not a symlink
+  already in an existing destination (links between members are each
+  checked on their own; a planted one is not), with
   ``..`` only as leading components (the rule of ``Root.symlink``, shared with
   snapshot persist), and bounded by ``max_depth`` components and
   ``max_path_bytes``; a member under a pending symlink is refused

@@ -134,8 +134,8 @@ class PendingSymlinks:
         """
         base, names, final = target_parts(path, target, self.limits, member)
         finals[path_key(path)] = path_key(final)
-        if len(names) < 2:
-            return  # passes through nothing beyond the link's own ancestors
+        if not names:
+            return  # the link's own directory or one of its ancestors: passes through nothing
         h = hashlib.blake2b(base, digest_size=16)
         sep = bool(base)
         unknown = False
@@ -150,9 +150,21 @@ class PendingSymlinks:
                                                "symlink target passes through another symlink")
             if kind is None:
                 unknown = True
-        if unknown and check_roots:
-            tail = b"/".join(names[:-1])
-            deepest = base + b"/" + tail if base else tail
+        if not check_roots:
+            return
+        if sep:
+            h.update(b"/")
+        h.update(names[-1])
+        tail = b"/".join(names)
+        if self._kinds.get(h.digest()) is None:
+            # the target itself is not an archive member: it must not be a symlink already on disk
+            # (links between members are checked member by member; a planted one is not)
+            full = base + b"/" + tail if base else tail
+            if any(self._is_link_on_disk(r, full) for r in check_roots):
+                raise UnsafeArchiveMemberError("symlink_target", member,
+                                               "symlink target is a symlink that is not in the archive")
+        elif unknown and len(names) > 1:
+            deepest = base + b"/" + tail.rpartition(b"/")[0] if base else tail.rpartition(b"/")[0]
             if any(self._is_link_on_disk(r, deepest) for r in check_roots):
                 raise UnsafeArchiveMemberError("symlink_target", member,
                                                "symlink target passes through another symlink")
