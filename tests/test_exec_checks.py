@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 import sandbox_fs
@@ -13,6 +15,8 @@ from sandbox_fs.exec._ruleset import build_ruleset
 L = _landlock
 needs_abi6 = pytest.mark.skipif(sandbox_fs.features()["landlock_abi"] < 6,
                                 reason="kernel Landlock ABI < 6 (features()['landlock_abi'])")
+needs_landlock = pytest.mark.skipif(sandbox_fs.features()["landlock_abi"] < 1,
+                                    reason="no Landlock on this kernel (features()['landlock_abi'] < 1)")
 
 
 def test_fs_mask_per_abi_is_exact():
@@ -66,6 +70,56 @@ def test_build_ruleset_defaults_and_refusals(tmp_path):
             rs.close()
         with pytest.raises(ConfinementError, match="not available"):
             build_ruleset(ws, abi=0)
+
+
+def _rules_asked(monkeypatch, tmp_path, policy, *, tty):
+    """The ``/dev/tty`` and TCP rules build_ruleset asks the Ruleset for (the kernel cannot list a ruleset's rules)."""
+    asked: list[tuple] = []
+    add_host_path, allow_tcp = L.Ruleset.add_host_path, L.Ruleset.allow_tcp
+
+    def spy_path(self, host_path, access):
+        asked.append(("path", host_path, access))
+        return add_host_path(self, host_path, access)
+
+    def spy_tcp(self, ports, access):
+        ports = list(ports)
+        asked.append(("tcp", ports, access))
+        return allow_tcp(self, ports, access)
+
+    monkeypatch.setattr(L.Ruleset, "add_host_path", spy_path)
+    monkeypatch.setattr(L.Ruleset, "allow_tcp", spy_tcp)
+    with open_root(tmp_path) as ws:
+        build_ruleset(ws, policy=policy, tty=tty).close()
+    return asked
+
+
+@needs_landlock
+def test_build_ruleset_tty_and_tcp_rules_are_exact(monkeypatch, tmp_path):
+    """/dev/tty gets read, write and ioctl; the connect rule is the union of the policy's ports and the proxy's."""
+    from sandbox_fs.exec._egress import PROXY_PORT
+
+    tty = ("path", "/dev/tty", L.FS_READ_FILE | L.FS_WRITE_FILE | L.FS_IOCTL_DEV)
+    asked = _rules_asked(monkeypatch, tmp_path, ConfinementPolicy(allow_tcp_connect=frozenset({443, 80}),
+                                                                  allow_tcp_bind=frozenset({8080})), tty=True)
+    assert asked == [tty, ("tcp", [80, 443], L.NET_CONNECT_TCP), ("tcp", [8080], L.NET_BIND_TCP)]
+    asked = _rules_asked(monkeypatch, tmp_path, ConfinementPolicy(allow_hosts=("example.com",)), tty=False)
+    assert asked == [("tcp", [PROXY_PORT], L.NET_CONNECT_TCP), ("tcp", [], L.NET_BIND_TCP)]
+
+
+@needs_landlock
+def test_build_ruleset_refused_rule_names_its_errno(monkeypatch, tmp_path):
+    with open_root(tmp_path) as ws:
+        with pytest.raises(ConfinementError, match="refused") as ei:  # port 70000 is refused with EINVAL
+            build_ruleset(ws, policy=ConfinementPolicy(allow_tcp_connect=frozenset({70000})))
+        assert ei.value.context == {"errno": "EINVAL"}
+
+        def no_errno(self):
+            raise OSError("no errno")
+
+        monkeypatch.setattr(L.Ruleset, "add_system_set", no_errno)
+        with pytest.raises(ConfinementError, match="refused") as ei:
+            build_ruleset(ws)
+        assert ei.value.context["errno"] not in errno.errorcode.values()  # no errno is made up (EPERM)
 
 
 def _missing(policy, *, abi=7, process_bounds=False, pid_namespace=False):
