@@ -44,7 +44,8 @@ echo "== 1. materialize + compile confined + persist"
     --workspaces-dir "$DEMO/workspaces" --snapshot-dir "$DEMO/snapshots" --state "$DEMO/state.json" \
     --timeout 300 -- "$PYBIN" -m compileall -q .
 echo "   pyc files in the workspace: $(find "$DEMO/workspaces" -name '*.pyc' | wc -l)"
-echo "   snapshot archives in the store: $(cd "$DEMO/snapshots" && ls *.tar | tr '\n' ' ')"
+echo "   snapshot generations in the store:"
+"$SFS" snapshot ls --store "$DEMO/snapshots" | sed 's/^/     /'
 
 echo "== 2. delete the workspace, resume a new session from the snapshot"
 rm -rf "$DEMO/workspaces"
