@@ -250,6 +250,24 @@ def test_server_paused_mid_persist_leaves_previous_generation(tmp_path: Any, s3_
         s3_server.kill(signal.SIGCONT)
         hasty.close()
         store.close()
+        _fresh_server(s3_server, endpoint, prefix)
+
+
+def _fresh_server(s3_server: Any, endpoint: str, prefix: str) -> None:
+    """Leave the next tests a server that was not paused: restart it on its data, wait until it serves.
+
+    SeaweedFS stopped by SIGSTOP for seconds and continued stopped answering
+    (connections refused) some tests later in clean-clone runs, so the
+    paused test restarts it; the round trip waits for its volumes to rejoin.
+    """
+    if (s3_server.data_dir or s3_server.shared_data) is None or s3_server.ports is None:
+        return  # not ours to restart
+    s3_server.restart_killed()
+    probe = S3Objects(BUCKET, prefix, options=_options(endpoint, max_attempts=1, read_timeout=2, connect_timeout=1))
+    try:
+        _retry(lambda: (probe.put_bytes("health", b"ok"), probe.get_bytes("health", 16)))
+    finally:
+        probe.close()
 
 
 def _retry(fn: Any, timeout: float = 30.0) -> None:
