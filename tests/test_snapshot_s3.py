@@ -227,49 +227,6 @@ def _restores_generation_1(tmp_path: Any, store: Any, first: dict[str, bytes]) -
     assert sorted(os.listdir(out)) == sorted(first) and (out / "keep.txt").read_bytes() == first["keep.txt"]
 
 
-def test_server_paused_mid_persist_leaves_previous_generation(tmp_path: Any, s3_server: Any, endpoint: str,
-                                                              prefix: str) -> None:
-    if s3_server.pid is None:
-        pytest.skip("the S3 server's pid is unknown (SFS_S3_ENDPOINT given without SFS_S3_PID)")
-    store = _store(endpoint, prefix)
-    # only the persist that meets the paused server has short timeouts (one attempt of 1 s each)
-    hasty = S3Objects(BUCKET, prefix, options=_options(endpoint, max_attempts=1, read_timeout=1, connect_timeout=1))
-    paused = GenerationStore(_Tripwire(hasty, 2 * PART, lambda: s3_server.kill(signal.SIGSTOP)))
-    try:
-        src, first = _two_generations(tmp_path, store)
-        try:
-            with open_root(src) as ws, pytest.raises(SnapshotStoreError) as err:
-                persist(ws, paused, "sess")
-        finally:
-            s3_server.kill(signal.SIGCONT)
-        assert err.value.retryable
-        _restores_generation_1(tmp_path, store, first)
-        with open_root(src) as ws:
-            assert persist(ws, store, "sess").info.generation == 2  # and the store works again
-    finally:
-        s3_server.kill(signal.SIGCONT)
-        hasty.close()
-        store.close()
-        _fresh_server(s3_server, endpoint, prefix)
-
-
-def _fresh_server(s3_server: Any, endpoint: str, prefix: str) -> None:
-    """Leave the next tests a server that was not paused: restart it on its data, wait until it serves.
-
-    SeaweedFS stopped by SIGSTOP for seconds and continued stopped answering
-    (connections refused) some tests later in clean-clone runs, so the
-    paused test restarts it; the round trip waits for its volumes to rejoin.
-    """
-    if (s3_server.data_dir or s3_server.shared_data) is None or s3_server.ports is None:
-        return  # not ours to restart
-    s3_server.restart_killed()
-    probe = S3Objects(BUCKET, prefix, options=_options(endpoint, max_attempts=1, read_timeout=2, connect_timeout=1))
-    try:
-        _retry(lambda: (probe.put_bytes("health", b"ok"), probe.get_bytes("health", 16)))
-    finally:
-        probe.close()
-
-
 def _retry(fn: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -391,7 +348,7 @@ def test_cli_s3_refusals_are_one_line(tmp_path: Any, capsys: Any, endpoint: str,
 
 def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, s3_server: Any, endpoint: str,
                                                               prefix: str) -> None:
-    """SIGKILL mid-upload, then the server restarts on its data (last in this file: the others need not wait)."""
+    """SIGKILL mid-upload, then the server restarts on its data (last but one in this file: the others need not wait)."""
     server, data = s3_server, None
     if (s3_server.data_dir or s3_server.shared_data) is None or s3_server.ports is None or s3_server.pid is None:
         data = tempfile.mkdtemp(prefix="sfs-seaweed-kill-")  # a server of its own, to kill
@@ -424,3 +381,30 @@ def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, s3_
         store.close()
         if data is not None:
             server.stop()
+
+
+def test_server_paused_mid_persist_leaves_previous_generation(tmp_path: Any, s3_server: Any, endpoint: str,
+                                                              prefix: str) -> None:
+    """SIGSTOP mid-upload (last in this file: in clean-clone runs the continued server refused connections
+    some tests later, and no S3 test of this file comes after this one)."""
+    if s3_server.pid is None:
+        pytest.skip("the S3 server's pid is unknown (SFS_S3_ENDPOINT given without SFS_S3_PID)")
+    store = _store(endpoint, prefix)
+    # only the persist that meets the paused server has short timeouts (one attempt of 1 s each)
+    hasty = S3Objects(BUCKET, prefix, options=_options(endpoint, max_attempts=1, read_timeout=1, connect_timeout=1))
+    paused = GenerationStore(_Tripwire(hasty, 2 * PART, lambda: s3_server.kill(signal.SIGSTOP)))
+    try:
+        src, first = _two_generations(tmp_path, store)
+        try:
+            with open_root(src) as ws, pytest.raises(SnapshotStoreError) as err:
+                persist(ws, paused, "sess")
+        finally:
+            s3_server.kill(signal.SIGCONT)
+        assert err.value.retryable
+        _restores_generation_1(tmp_path, store, first)
+        with open_root(src) as ws:
+            assert persist(ws, store, "sess").info.generation == 2  # and the store works again
+    finally:
+        s3_server.kill(signal.SIGCONT)
+        hasty.close()
+        store.close()
