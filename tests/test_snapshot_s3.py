@@ -348,19 +348,9 @@ def test_cli_s3_refusals_are_one_line(tmp_path: Any, capsys: Any, endpoint: str,
 
 def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, s3_server: Any, endpoint: str,
                                                               prefix: str) -> None:
-    """SIGKILL mid-upload, then the server restarts on its data (last but one in this file: the others need not wait)."""
-    server, data = s3_server, None
-    if (s3_server.data_dir or s3_server.shared_data) is None or s3_server.ports is None or s3_server.pid is None:
-        data = tempfile.mkdtemp(prefix="sfs-seaweed-kill-")  # a server of its own, to kill
-        try:
-            server = _seaweed.start(data)
-        except RuntimeError as exc:
-            shutil.rmtree(data, ignore_errors=True)
-            pytest.skip(f"no S3 server could start: {exc}")
-        server.data_dir = data
-        endpoint = server.endpoint
-        with contextlib.suppress(Exception):
-            S3Objects(BUCKET, options=_options(endpoint))._client.create_bucket(Bucket=BUCKET)
+    """SIGKILL mid-upload, then the server restarts on its data (a server of its own: see :func:`_own_server`)."""
+    server, data = _own_server("kill")
+    endpoint = server.endpoint
     store = _store(endpoint, prefix, max_attempts=1, read_timeout=5, connect_timeout=2)
     try:
         killing = GenerationStore(_Tripwire(store.objects, 2 * PART, lambda: server.kill(signal.SIGKILL)))
@@ -379,16 +369,15 @@ def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, s3_
             assert persist(ws, store, "sess").info.generation == 2
     finally:
         store.close()
-        if data is not None:
-            server.stop()
+        server.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def test_server_paused_mid_persist_leaves_previous_generation(tmp_path: Any, s3_server: Any, endpoint: str,
                                                               prefix: str) -> None:
-    """SIGSTOP mid-upload (last in this file: in clean-clone runs the continued server refused connections
-    some tests later, and no S3 test of this file comes after this one)."""
-    if s3_server.pid is None:
-        pytest.skip("the S3 server's pid is unknown (SFS_S3_ENDPOINT given without SFS_S3_PID)")
+    """SIGSTOP mid-upload, then SIGCONT (a server of its own: see :func:`_own_server`)."""
+    s3_server, data = _own_server("pause")
+    endpoint = s3_server.endpoint
     store = _store(endpoint, prefix)
     # only the persist that meets the paused server has short timeouts (one attempt of 1 s each)
     hasty = S3Objects(BUCKET, prefix, options=_options(endpoint, max_attempts=1, read_timeout=1, connect_timeout=1))
@@ -408,3 +397,24 @@ def test_server_paused_mid_persist_leaves_previous_generation(tmp_path: Any, s3_
         s3_server.kill(signal.SIGCONT)
         hasty.close()
         store.close()
+        s3_server.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _own_server(what: str) -> tuple[Any, str]:
+    """A SeaweedFS of the test's own, to pause or kill: ``(server, data dir)``; skips where none starts.
+
+    The run's shared server, once SIGSTOPped and continued or SIGKILLed and
+    restarted, refused connections to later tests in clean-clone runs, so no
+    test disrupts it.
+    """
+    data = tempfile.mkdtemp(prefix=f"sfs-seaweed-{what}-")
+    try:
+        server = _seaweed.start(data)
+    except RuntimeError as exc:
+        shutil.rmtree(data, ignore_errors=True)
+        pytest.skip(f"no S3 server of the test's own could start: {exc}")
+    server.data_dir = data
+    with contextlib.suppress(Exception):
+        S3Objects(BUCKET, options=_options(server.endpoint))._client.create_bucket(Bucket=BUCKET)
+    return server, data
