@@ -110,12 +110,14 @@ def _start(spec: str, camp: Campaign, corpus: str, art: str, dict_path: str, job
             f"-max_total_time={max(1, int(camp.seconds))}", "-rss_limit_mb=2048", "-timeout=30",
             f"-artifact_prefix={art}/job{job}-", f"-dict={dict_path}", f"-seed={job + 1}",
             "-print_final_stats=0"]
+    # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return proc, log
 
 
 def _tail(path: str, lines: int = 200) -> str:
+    # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
     with open(path, "rb") as fh:
         return "\n".join(fh.read().decode("utf-8", "replace").splitlines()[-lines:])
 
@@ -130,6 +132,7 @@ def run_target(spec: str, camp: Campaign) -> Outcome:
     target = load_target(spec)
     out = Outcome(spec)
     t0 = time.monotonic()
+    # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
     os.makedirs(camp.artifacts, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"sfs-fuzz-{target.name}-") as scratch:
         corpus = camp.corpus or os.path.join(scratch, "corpus")
@@ -137,9 +140,11 @@ def run_target(spec: str, camp: Campaign) -> Outcome:
         dict_path = camp.dictionary
         if dict_path is None:
             dict_path = os.path.join(scratch, f"{target.name}.dict")
+            # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
             with open(dict_path, "w") as fh:
                 fh.write(render_dictionary(target.tokens))
         art = os.path.join(scratch, "artifacts")
+        # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
         os.mkdir(art)
         workers = [_start(spec, camp, corpus, art, dict_path, j) for j in range(camp.jobs)]
         failed = []
@@ -157,6 +162,7 @@ def run_target(spec: str, camp: Campaign) -> Outcome:
                 out.seconds = max(out.seconds, int(done[-1][1]))
             if rc != 0:
                 failed.append(text)
+        # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
         crashes = sorted(n for n in os.listdir(art) if not n.startswith("."))
         if failed or crashes:
             out.finding = _finding_line(failed[0] if failed else out.log)
@@ -167,9 +173,11 @@ def run_target(spec: str, camp: Campaign) -> Outcome:
 
 
 def _minimize(spec: str, camp: Campaign, crash: str, name: str) -> str:
+    # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
     with open(crash, "rb") as fh:
         digest = hashlib.sha1(fh.read()).hexdigest()[:12]
     raw = os.path.join(camp.artifacts, f"{name}-crash-{digest}")
+    # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
     shutil.copyfile(crash, raw)
     small = os.path.join(camp.artifacts, f"{name}-minimized-{digest}")
     code = ("import sys; from sandbox_fs.testing.fuzz._worker import main; sys.exit(main(sys.argv[1:]))")

@@ -71,16 +71,24 @@ class ForgedStore:
 
 
 def _fill(ws: str, variant: int) -> None:
+    # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     os.makedirs(os.path.join(ws, "d", "e"))
     for rel, data in (("a", b"alpha\n"), ("d/b", b"beta" * (1 + variant * 100)), ("d/e/c", b"")):
+        # host-access: the fuzz scene's own workspace, built by the harness before the input runs
         with open(os.path.join(ws, rel), "wb") as fh:
             fh.write(data)
+    # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     os.symlink("d/b", os.path.join(ws, "l"))
+    # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     os.symlink("../a", os.path.join(ws, "d", "up"))
+    # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     os.link(os.path.join(ws, "a"), os.path.join(ws, "h"))
+    # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     os.chmod(os.path.join(ws, "d", "b"), 0o600 if variant else 0o755)
     if variant == 2:
+        # host-access: the fuzz scene's own workspace, built by the harness before the input runs
         os.mkdir(os.path.join(ws, "empty"), 0o700)
+        # host-access: the fuzz scene's own workspace, built by the harness before the input runs
         os.chmod(os.path.join(ws, "d", "e"), 0o555)
 
 
@@ -126,8 +134,10 @@ def one_input(data: bytes) -> None:
     env = _get_env()
     scene = env.scene
     scene.reset()
+    # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     with open(os.path.join(scene.ws, "mine"), "wb") as fh:
         fh.write(b"the workspace's own file\n")
+    # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     os.mkdir(os.path.join(scene.ws, "mydir"))
     before = OutsideSentinel(scene.ws)
     chain = decode_chain(data)

@@ -29,12 +29,16 @@ __all__ = ["MANIFEST"]
 
 def _plant(scene: Scene) -> None:
     host = os.path.join(scene.base, "host")
+    # host-access: the fuzz scene's own host tree, built by the harness before the input runs
     os.makedirs(os.path.join(host, "src", "sub"))
+    # host-access: the fuzz scene's own host tree, built by the harness before the input runs
     os.makedirs(os.path.join(scene.base, "granted"))
     for rel, data in (("src/a.txt", b"a\n"), ("src/sub/b.txt", b"b\n"), ("plain", b"plain\n"),
                       ("setuid", b"#!/bin/sh\n")):
+        # host-access: the fuzz scene's own host tree, built by the harness before the input runs
         with open(os.path.join(host, rel), "wb") as fh:
             fh.write(data)
+    # host-access: the fuzz scene's own host tree, built by the harness before the input runs
     with open(os.path.join(scene.base, "granted", "g.txt"), "wb") as fh:
         fh.write(b"granted\n")
     os.chmod(os.path.join(host, "setuid"), 0o4755)
