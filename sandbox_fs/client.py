@@ -41,6 +41,7 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ._json import check_depth
+from ._keyfile import UnsafeKeyFileError, installation_key
 from .errors import SandboxError
 from .paths import Grant
 from .root import Root, open_root
@@ -60,6 +61,7 @@ __all__ = [
     "SessionStateError",
     "SessionStateVersionError",
     "SessionStateTamperedError",
+    "UnsafeKeyFileError",
     "open_session",
     "STATE_VERSION",
 ]
@@ -291,6 +293,13 @@ class LocalSandboxClient:
             directory on it, is a symlink (host paths are resolved without
             following symlinks: see :func:`sandbox_fs.root.open_host_dir_fd`;
             resolve a trusted symlinked path with ``os.path.realpath`` first).
+        UnsafeKeyFileError: without ``state_key``, the installation key file
+            ``.state-key`` (in the snapshot directory, else the workspaces
+            directory) is not a regular file of this user with one link and
+            mode 0600, or its directory is another user's or writable by group
+            or others: another user could have planted or read the key (pass
+            ``state_key`` for a shared directory).
+        SessionStateError: the installation key file is too short.
         OSError: a directory cannot be created or opened.
 
     Use as ``with LocalSandboxClient(opts) as client:`` or call :meth:`close`.
@@ -325,30 +334,20 @@ class LocalSandboxClient:
         workspace and a snapshot), so serialized state is always
         authenticated: with ``ClientOptions.state_key`` when given, else
         with this key, which never leaves the trusted workspaces directory.
-        (Its name holds a dot, so no session id can ever name it.)
+        (Its name holds a dot, so no session id can ever name it.)  It is
+        taken only when no other user could have written or read it
+        (:func:`sandbox_fs._keyfile.installation_key`).
+
+        Raises:
+            UnsafeKeyFileError: the key file or its directory breaks a rule.
+            SessionStateError: the key is shorter than 32 bytes.
         """
-        name = ".state-key"
         home: Root = self.store.root if isinstance(self.store, (LocalSnapshotStore, DirectorySnapshotStore)) \
             else self._parent
-        for _ in range(3):
-            try:
-                key = home.read_bytes(name, max_bytes=4096).strip()
-                if len(key) >= 32:
-                    return key
-                raise SessionStateError("the installation state key is damaged (too short)", sandbox_path=None)
-            except FileNotFoundError:
-                pass
-            try:
-                fd = home.open_fd(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                continue  # another process created it meanwhile: read it
-            try:
-                os.fchmod(fd, 0o600)
-                os.write(fd, secrets.token_hex(32).encode() + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        return home.read_bytes(name, max_bytes=4096).strip()
+        key = installation_key(home, ".state-key")
+        if key is None or len(key) < 32:
+            raise SessionStateError("the installation state key is damaged (too short)", sandbox_path=None)
+        return key
 
     def close(self) -> None:
         """Release the client's directory fds (sessions keep their own).  Idempotent.

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from typing import IO
 
+from .._keyfile import installation_key
 from ..errors import SandboxError
 from ..root import Root
 from ._baseline import baseline_key_of
@@ -42,31 +42,17 @@ def _installation_baseline_key(root: Root) -> bytes | None:
     """The baseline MAC key of a store directory, derived from its installation key (made 0600 when missing).
 
     The installation key is the file :class:`~sandbox_fs.client.LocalSandboxClient`
-    authenticates session states with when given no ``state_key``: whoever
-    can write this directory can already forge those states.  None (baselines
-    in memory only) when the key file is damaged or cannot be made.
+    authenticates session states with when given no ``state_key``.  None
+    (baselines in memory only) when the key file is damaged or cannot be
+    made, or when another user could have written or read it (see
+    :func:`sandbox_fs._keyfile.installation_key`: a key planted by whoever
+    can write a shared store directory would let them forge baselines).
     """
-    for _ in range(3):
-        try:
-            key = root.read_bytes(_KEY_FILE, max_bytes=4096).strip()
-            return baseline_key_of(key) if len(key) >= 32 else None
-        except FileNotFoundError:
-            pass
-        except (OSError, SandboxError):
-            return None
-        try:
-            fd = root.open_fd(_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue  # another process made it meanwhile: read it
-        except (OSError, SandboxError):
-            return None
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, secrets.token_hex(32).encode() + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return None
+    try:
+        key = installation_key(root, _KEY_FILE)
+    except (OSError, SandboxError):  # UnsafeKeyFileError: a key another user could know is no key
+        return None
+    return baseline_key_of(key) if key is not None and len(key) >= 32 else None
 
 
 class DirectorySnapshotStore(GenerationStore):
