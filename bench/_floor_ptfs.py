@@ -10,9 +10,12 @@ readdirplus, FLUSH answered with ENOSYS) and the same mount options
 (``default_permissions``).  Its times are the per-request floor of a Python
 daemon on this stack; the overlay's ratio to them is what our policy costs.
 
-It serves with the daemon's pyfuse3 tuning (one worker task, no scheduler
-pass for the uncontended read lock: ``sandbox_fs.fuse._loop``), or with
-pyfuse3's defaults given ``--pyfuse3-defaults``.
+It serves with the daemon's pyfuse3 tuning, imported from the product
+(:func:`sandbox_fs.fuse.serve_pyfuse3`: one worker task, no scheduler pass
+for the uncontended read lock), so the floor never drifts from what the
+daemon runs; or with pyfuse3's defaults given ``--pyfuse3-defaults``.
+Nothing else of ``sandbox_fs`` is used: the request handlers stay this
+file's own minimal ones.
 
 Usage: ``python bench/_floor_ptfs.py [--pyfuse3-defaults] SRC MNT`` (as
 root); prints ``ready`` once mounted and serves until ``umount MNT``.
@@ -23,12 +26,13 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import types
 from typing import Any
 
 import pyfuse3
 import trio
 from pyfuse3 import EntryAttributes, FileInfo, FUSEError
+
+from sandbox_fs.fuse import serve_pyfuse3
 
 TIMEOUT_S = 3600.0
 
@@ -140,32 +144,12 @@ class MinimalPassthrough(pyfuse3.Operations):
             raise FUSEError(e.errno or errno.EIO) from None
 
 
-class UncontendedLock:
-    """The overlay daemon's pyfuse3 tuning (``sandbox_fs.fuse._loop``), repeated here: no checkpoint when free."""
-
-    def __init__(self) -> None:
-        self._lock = trio.Lock()
-
-    async def __aenter__(self) -> None:
-        try:
-            self._lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self._lock.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
 async def serve(stock: bool) -> None:
     try:
         if stock:
             await pyfuse3.main()
         else:
-            # as the daemon serves: one worker task, the uncontended lock (a floor with the same tuning)
-            pyfuse3.trio = types.SimpleNamespace(  # type: ignore[attr-defined]
-                lowlevel=trio.lowlevel, open_nursery=trio.open_nursery,
-                ClosedResourceError=trio.ClosedResourceError, Lock=UncontendedLock)
-            await pyfuse3.main(min_tasks=1, max_tasks=1)
+            await serve_pyfuse3()  # as the daemon serves (a floor with the same tuning)
     finally:
         pyfuse3.close(unmount=False)
 
