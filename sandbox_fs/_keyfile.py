@@ -14,11 +14,19 @@ content).  So the key is used only when
 - its directory is owned by the effective uid or root and no one else may
   rename or remove entries in it (no group/other write bit, or the sticky bit).
 
-A missing key is created (0600, ``O_EXCL``) in such a directory.
+A missing key is created in such a directory, whole: 64 random hex digits
+are written, fsynced and made 0600 under a temporary name opened with
+``O_CREAT|O_EXCL``, then renamed onto the key's name with
+``RENAME_NOREPLACE`` (never replacing a key another process made first), so
+a reader sees no key or the whole one, never an empty or partial file, and
+of two processes making it at once both end with the one that won (on a
+file system without ``RENAME_NOREPLACE``, a hard link then the removal of
+the temporary name).  A read (``create=False``) writes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -96,7 +104,8 @@ def installation_key(root: Root, name: str = ".state-key", *, create: bool = Tru
     Args:
         root: the host directory's :class:`~sandbox_fs.root.Root`.
         name: the key file's name in it (``str``).
-        create: make a missing key (64 random hex digits, mode 0600).
+        create: make a missing key (64 random hex digits, mode 0600, moved
+            into place whole); False never writes (a read-only use).
 
     Returns:
         The key's bytes, stripped of surrounding whitespace (possibly short
@@ -109,21 +118,38 @@ def installation_key(root: Root, name: str = ".state-key", *, create: bool = Tru
             cannot be made (e.g. a read-only directory).
     """
     _check_dir(root)
-    for _ in range(3):
+    raw = _read(root, name)
+    if raw is None and create:
+        _create(root, name)
         raw = _read(root, name)
-        if raw is not None:
-            return raw.strip()
-        if not create:
-            return None
+    return raw.strip() if raw is not None else None
+
+
+def _create(root: Root, name: str) -> None:
+    """Make the key ``name`` whole under a temporary name, then move it into place unless one exists by then.
+
+    Raises:
+        OSError, SandboxError: the directory cannot be written (ReadOnlyError, EACCES, ENOSPC ...).
+    """
+    tmp = f"{name}.{secrets.token_hex(8)}.tmp"
+    fd = root.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
         try:
-            fd = root.open_fd(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue  # another process made it meanwhile: read it
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, secrets.token_hex(32).encode() + b"\n")
+            os.fchmod(fd, 0o600)  # whatever the umask
+            data = secrets.token_hex(32).encode() + b"\n"
+            done = 0
+            while done < len(data):
+                done += os.write(fd, data[done:])
             os.fsync(fd)
         finally:
             os.close(fd)
-    raw = _read(root, name)
-    return raw.strip() if raw is not None else None
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile: theirs is the key
+            try:
+                root.rename(tmp, name, no_replace=True)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                root.link(tmp, name)  # a file system without RENAME_NOREPLACE (NFS): linkat never replaces either
+    finally:
+        with contextlib.suppress(OSError, SandboxError):
+            root.remove(tmp)  # left only when the rename did not happen

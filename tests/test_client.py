@@ -570,3 +570,67 @@ def test_deep_state_is_refused_before_the_mac(tmp_path):
         with pytest.raises(SessionStateError, match="nests too deeply") as ei:
             c.deserialize_state({"version": 2, "session_id": "s1", "manifest": deep, "mac": "0" * 64})
         assert ei.value.code == "session_state_invalid"
+
+
+# ------------------------------------------------------------- the installation key (one helper, client and store)
+
+
+@pytest.mark.parametrize("damage", ["short", "long", "symlink", "fifo", "dir"])
+def test_a_damaged_or_planted_installation_key_is_refused_never_followed_or_replaced(tmp_path, damage):
+    from sandbox_fs.client import UnsafeKeyFileError
+
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    sentinel = tmp_path / "outside-key"
+    sentinel.write_text("s" * 64 + "\n")  # a valid-looking key outside the store: a symlink must not lend it
+    key = store / ".state-key"
+    if damage == "short":
+        key.write_text("x" * 31 + "\n")
+        key.chmod(0o600)
+    elif damage == "long":
+        key.write_bytes(b"k" * 5000)
+        key.chmod(0o600)
+    elif damage == "symlink":
+        key.symlink_to(sentinel)
+    elif damage == "fifo":
+        os.mkfifo(key, 0o600)
+    else:
+        key.mkdir(mode=0o700)
+    before = os.lstat(key)
+    with pytest.raises((SessionStateError, UnsafeKeyFileError)) as ei:
+        LocalSandboxClient(ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(store)))
+    assert isinstance(ei.value, SessionStateError) is (damage == "short")
+    assert str(tmp_path) not in str(ei.value)
+    after = os.lstat(key)
+    assert (after.st_ino, after.st_mode, after.st_mtime_ns) == (before.st_ino, before.st_mode, before.st_mtime_ns)
+    assert sentinel.read_text() == "s" * 64 + "\n"
+    assert sorted(os.listdir(store)) == [".state-key"]  # no temporary left behind
+
+
+def test_the_client_and_the_store_share_one_installation_key_made_once_and_whole(tmp_path):
+    """Made by whichever comes first, 0600, moved into place whole: racing makers and readers see one key."""
+    import threading
+
+    from sandbox_fs._keyfile import installation_key
+    from sandbox_fs.root import open_root
+    from sandbox_fs.snapshot import DirectorySnapshotStore
+    from sandbox_fs.snapshot._baseline import baseline_key_of
+
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    got: list[bytes | None] = []
+    with open_root(str(store)) as r:
+        threads = [threading.Thread(target=lambda: got.append(installation_key(r, create=True))) for _ in range(8)]
+        threads += [threading.Thread(target=lambda: got.append(installation_key(r, create=False) or b"-" * 64))
+                    for _ in range(4)]  # a reader sees no key (None) or the whole one, never a short one
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    made = [k for k in got if k != b"-" * 64]
+    assert len(got) == 12 and len(set(made)) == 1 and len(made[0] or b"") == 64
+    assert (os.stat(store / ".state-key").st_mode & 0o777) == 0o600 and sorted(os.listdir(store)) == [".state-key"]
+    with LocalSandboxClient(ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(store))) as c:
+        assert c._state_key == made[0]
+    with DirectorySnapshotStore(store) as st:
+        assert st.baseline_key == baseline_key_of(made[0] or b"")

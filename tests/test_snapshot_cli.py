@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from sandbox_fs.cli import main
 
@@ -49,3 +50,47 @@ def test_refusals_are_one_line_without_traceback_or_host_path(tmp_path, layout):
         assert len(lines) == 1 and lines[0].startswith("sandbox-fs: error:"), p.stderr
         assert "Traceback" not in p.stderr and str(layout.base) not in p.stderr
     assert os.path.islink(layout.ws / "abs")  # nothing was changed
+
+
+def _listing(top):
+    """Every entry beneath ``top`` (and ``top`` itself): path, mode, size, mtime, content of files."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in ["."] if dirpath == str(top) else []:
+            st = os.lstat(dirpath)
+            out[name] = (st.st_mode, st.st_mtime_ns)
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            data = Path(p).read_bytes() if os.path.isfile(p) and not os.path.islink(p) else None
+            out[os.path.relpath(p, top)] = (st.st_mode, st.st_size, st.st_mtime_ns, data)
+    return out
+
+
+def test_ls_leaves_the_store_byte_for_byte_unchanged(tmp_path, capsys):
+    """A read makes nothing: no .state-key, no .partial/, no .lock (an empty store, then one with a snapshot)."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "f").write_text("content")
+    store.mkdir()
+    before = _listing(store)
+    rc, out, err = _run(capsys, "snapshot", "ls", "--store", str(store), "--json")
+    assert rc == 0 and json.loads(out) == [], err
+    assert _listing(store) == before == {".": before["."]}
+    rc, _out, err = _run(capsys, "snapshot", "save", "--workspace", str(ws), "--store", str(store), "--name", "s")
+    assert rc == 0, err
+    before = _listing(store)
+    rc, out, err = _run(capsys, "snapshot", "ls", "--store", str(store), "--json")
+    assert rc == 0 and [r["name"] for r in json.loads(out)] == ["s"], err
+    assert _listing(store) == before and ".state-key" not in before
+
+
+def test_read_actions_on_a_missing_store_are_one_error_line_and_make_nothing(tmp_path, capsys):
+    ws, store = tmp_path / "ws", tmp_path / "no" / "store"
+    ws.mkdir()
+    for argv in (["ls"], ["restore", "--workspace", str(ws), "--name", "s"], ["gc"]):
+        rc, out, err = _run(capsys, "snapshot", *argv, "--store", str(store))
+        assert rc == 1 and out == "", err
+        assert err.startswith("sandbox-fs: error: snapshot_store_unavailable: the snapshot store directory does not "
+                              "exist") and err.count("\n") == 1 and str(tmp_path) not in err, err
+        assert not (tmp_path / "no").exists()

@@ -27,12 +27,11 @@ from typing import Callable
 
 from ._args import MAX_SECONDS, float_option, int_option
 from ._output import print_report, progress_printer
-from ._store import is_s3, open_store
+from ._store import open_store
 from . import _hostpath
 from ._hostpath import host_path
 from ..root import open_root
 from ..snapshot import (
-    DirectorySnapshotStore,
     GenerationStore,
     SnapshotLimits,
     SnapshotStore,
@@ -42,17 +41,13 @@ from ..snapshot import (
 
 
 def _open_store(args: argparse.Namespace, *, create: bool) -> SnapshotStore:
-    """The store ``--store`` names (see the module docstring).
+    """The store ``--store`` names (see the module docstring and :func:`._store.open_store`).
 
     Raises:
-        ValueError: an ``s3://`` store without a bucket.
-        OSError: the directory cannot be opened (or made, with ``create``).
+        as :func:`._store.open_store` (``create`` False: a missing directory
+        is a ``SnapshotStoreError``, and none is made).
     """
-    spec = str(args.store)
-    keep = getattr(args, "keep", 2)
-    if is_s3(spec) or args.store_endpoint is not None:  # checked with one request; see _store
-        return open_store(args, spec, keep=keep)  # type: ignore[no-any-return]
-    return DirectorySnapshotStore(host_path(args, args.store), create=create, keep=keep)
+    return open_store(args, str(args.store), create=create, keep=getattr(args, "keep", 2))  # type: ignore[no-any-return]
 
 
 def _save(args: argparse.Namespace) -> int:

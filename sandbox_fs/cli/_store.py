@@ -44,6 +44,10 @@ def _parse_s3(value: str) -> tuple[str, str]:
 def open_store(args: argparse.Namespace, value: str | None, *, create: bool = True, keep: int = 2) -> Any:
     """The store ``value`` names, opened, or None when ``value`` is None.
 
+    Opening a local store writes nothing in it (see
+    :class:`~sandbox_fs.snapshot.DirectorySnapshotStore`); with ``create``
+    False a missing directory is not made either.
+
     Args:
         args: the parsed options (``store_endpoint``, ``follow_host_symlinks``).
         value: the ``--store`` value.
@@ -54,8 +58,9 @@ def open_store(args: argparse.Namespace, value: str | None, *, create: bool = Tr
         CliInputError: ``--store-endpoint`` without an ``s3://`` store, or a
             bucket or prefix that is not valid.
         SnapshotStoreError: the S3 store cannot be reached (retryable), or
-            its bucket is missing or the credentials are refused.
-        FileNotFoundError: a local store is missing and ``create`` is False.
+            its bucket is missing or the credentials are refused; or a local
+            store directory is missing and ``create`` is False (not retryable).
+        SymlinkRefusedError, OSError: a local directory cannot be opened (or made).
     """
     endpoint = getattr(args, "store_endpoint", None)
     if value is None or not is_s3(value):
@@ -63,9 +68,15 @@ def open_store(args: argparse.Namespace, value: str | None, *, create: bool = Tr
             raise CliInputError("--store-endpoint needs an s3://BUCKET/PREFIX store", sandbox_path=None)
         if value is None:
             return None
-        from ..snapshot import DirectorySnapshotStore  # noqa: PLC0415
+        from ..snapshot import DirectorySnapshotStore, SnapshotStoreError  # noqa: PLC0415
 
-        return DirectorySnapshotStore(host_path(args, value), create=create, keep=keep)
+        try:
+            return DirectorySnapshotStore(host_path(args, value), create=create, keep=keep)
+        except FileNotFoundError:
+            if create:
+                raise
+            raise SnapshotStoreError("the snapshot store directory does not exist (it is made only by a save)",
+                                     sandbox_path=None, retryable=False) from None
     from ..snapshot import S3SnapshotStore  # noqa: PLC0415
 
     bucket, prefix = _parse_s3(value)

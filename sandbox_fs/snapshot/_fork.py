@@ -9,7 +9,7 @@ from ._generations import GenerationStore
 from ._models import SnapshotInfo, SnapshotLimits, validate_name
 from ._store import SnapshotStore
 
-__all__ = ["fork_snapshot"]
+__all__ = ["fork_snapshot", "copy_snapshot"]
 
 _CHUNK = 1 << 20
 
@@ -58,19 +58,44 @@ def fork_snapshot(store: SnapshotStore, source: str, target: str, *, generation:
         legacy = store.legacy_store(source)  # a version-1 snapshot a directory store still holds: copied
         if legacy is None:
             return store.fork(source, target, generation=generation, digest=digest), True
-        return _copy(legacy, store, source, target, generation, digest, limits or SnapshotLimits()), False
+        return copy_snapshot(legacy, store, source, target, generation, digest, limits or SnapshotLimits()), False
     if not store.enabled:
         raise SnapshotError("the store keeps no snapshots: there is nothing to fork", sandbox_path=None,
                             context={"snapshot": source})
-    return _copy(store, store, source, target, generation, digest, limits or SnapshotLimits()), False
+    return copy_snapshot(store, store, source, target, generation, digest, limits or SnapshotLimits()), False
 
 
-def _copy(src: SnapshotStore, store: SnapshotStore, source: str, target: str, generation: int | None,
-          digest: str | None, limits: SnapshotLimits) -> SnapshotInfo:
+def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target: str, generation: int | None,
+                  digest: str | None, limits: SnapshotLimits) -> SnapshotInfo:
     """Copy the current snapshot ``source`` of ``src`` to new name ``target`` of ``store``, through their methods.
 
-    See :func:`fork_snapshot`; ``src`` and ``store`` are one store, or a
-    store and the version-1 store its directory still holds ``source`` in.
+    The copying half of :func:`fork_snapshot`, shared within the package
+    (:meth:`DirectorySnapshotStore.fork` copies a version-1 source with it):
+    the archive, verified by ``src.open_archive``, is streamed in 1 MiB
+    chunks into ``store.begin(target)`` and committed with the source's
+    metadata.  ``src`` and ``store`` are one store, or a store and the
+    version-1 store its directory still holds ``source`` in.  Names are
+    checked by the caller.
+
+    Args:
+        src: the store ``source`` is read from.
+        store: the store ``target`` is written to.
+        source: the snapshot to copy.
+        target: the new name (not ``source``, not in ``store``).
+        generation: the generation ``source`` must be at (None: not checked).
+        digest: the metadata SHA-256 ``source`` must have (None: not checked).
+        limits: ``max_archive_bytes`` bounds the archive.
+
+    Returns:
+        The committed metadata of ``target`` (as ``store`` read it back).
+
+    Raises:
+        SnapshotConflictError: ``target`` is ``source`` or exists, or
+            ``source`` is not at ``generation`` / ``digest``; nothing was made.
+        SnapshotNotFoundError: no snapshot ``source`` in ``src``.
+        SnapshotCorruptError: the source does not verify, or changed while it was copied.
+        SnapshotLimitError: the archive is larger than ``max_archive_bytes``.
+        SnapshotStoreError, OSError: a store failed; nothing was made.
     """
     ctx = {"snapshot": source, "target": target}
     if target == source or store.info(target) is not None:

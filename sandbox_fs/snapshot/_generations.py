@@ -365,9 +365,23 @@ class GenerationStore:
             raise ValueError("baseline_key must be at least 16 bytes")
         self.objects = objects
         self.keep = keep
-        self.baseline_key = baseline_key
+        self._baseline_key = baseline_key
         self._lock = threading.Lock()
         self._baselines: collections.OrderedDict[str, Baseline] = collections.OrderedDict()
+
+    @property
+    def baseline_key(self) -> bytes | None:
+        """The baseline MAC key as far as it exists now (:meth:`baseline_mac_key` without creating one)."""
+        return self.baseline_mac_key(create=False)
+
+    def baseline_mac_key(self, *, create: bool) -> bytes | None:
+        """The HMAC key of the baselines in the store: the ``baseline_key`` given, or None.
+
+        A subclass may keep its key in the store and make it on the first
+        write (``create=True``: a baseline is being written), never on a read
+        (:class:`~sandbox_fs.snapshot.DirectorySnapshotStore` does).  Never raises.
+        """
+        return self._baseline_key
 
     # -- the pointer and the metadata
 
@@ -623,7 +637,7 @@ class GenerationStore:
         with self._lock:
             base = self._baselines.get(name)
         if base is None:
-            base = read_baseline(self.objects, name, self.baseline_key)
+            base = read_baseline(self.objects, name, self.baseline_mac_key(create=False))
             if base is not None:
                 self._keep_baseline(name, base)
         return base
@@ -670,7 +684,7 @@ class GenerationStore:
         and re-check of it next time).  Kept in memory for this store object
         (the :data:`_MAX_BASELINES` names used last) and, with ``store``, in
         the store as ``NAME/baseline`` (its index authenticated with
-        :attr:`baseline_key`, or left out without one; best effort).
+        :meth:`baseline_mac_key`, or left out without one; best effort).
 
         Args:
             name: the snapshot name.
@@ -684,7 +698,7 @@ class GenerationStore:
         base = Baseline(info.generation, info.digest, instead_of, index)
         self._keep_baseline(name, base)
         if store:
-            write_baseline(self.objects, name, base, self.baseline_key)
+            write_baseline(self.objects, name, base, self.baseline_mac_key(create=True))
 
     def _index(self, name: str, entry: _PointerEntry, info: SnapshotInfo, policy: SnapshotPolicy,
                layers: frozenset[int]) -> Index:

@@ -19,40 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import IO
 
 from .._keyfile import installation_key
 from ..errors import SandboxError
-from ..root import Root
 from ._baseline import baseline_key_of
 from ._errors import SnapshotConflictError, SnapshotError
-from ._fork import _copy
+from ._fork import copy_snapshot
 from ._generations import GenerationStore, _PendingGeneration
 from ._models import SnapshotInfo, SnapshotLimits, validate_name
 from ._objects_local import LocalObjects
 from ._store import LocalSnapshotStore, PendingArchive
 
 __all__ = ["DirectorySnapshotStore"]
-
-
-_KEY_FILE = ".state-key"  # the installation key LocalSandboxClient keeps in its store directory
-
-
-def _installation_baseline_key(root: Root) -> bytes | None:
-    """The baseline MAC key of a store directory, derived from its installation key (made 0600 when missing).
-
-    The installation key is the file :class:`~sandbox_fs.client.LocalSandboxClient`
-    authenticates session states with when given no ``state_key``.  None
-    (baselines in memory only) when the key file is damaged or cannot be
-    made, or when another user could have written or read it (see
-    :func:`sandbox_fs._keyfile.installation_key`: a key planted by whoever
-    can write a shared store directory would let them forge baselines).
-    """
-    try:
-        key = installation_key(root, _KEY_FILE)
-    except (OSError, SandboxError):  # UnsafeKeyFileError: a key another user could know is no key
-        return None
-    return baseline_key_of(key) if key is not None and len(key) >= 32 else None
 
 
 class DirectorySnapshotStore(GenerationStore):
@@ -74,7 +54,10 @@ class DirectorySnapshotStore(GenerationStore):
     Baselines (what a restore leaves so that the next persist, also in a new
     process, is a layer) are stored authenticated with a key derived from the
     directory's installation key ``.state-key`` (the one the client keeps
-    there; made 0600 when missing): see ``_baseline``.
+    there): see ``_baseline`` and :mod:`sandbox_fs._keyfile`.  Opening the store and
+    reading it (``info``, ``list``, ``generations``, ``open_archive``) write
+    nothing: the key is made (0600) when the first baseline is written, and
+    the upload directory ``.partial/`` with the first upload.
 
     Attributes:
         root: the :class:`~sandbox_fs.root.Root` of the directory (the client
@@ -100,12 +83,36 @@ class DirectorySnapshotStore(GenerationStore):
             if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
                 raise SnapshotError("the snapshot store directory was replaced while it was opened",
                                     sandbox_path=None)
-            super().__init__(objects, keep=keep, baseline_key=_installation_baseline_key(self.legacy.root))
+            super().__init__(objects, keep=keep)
         except BaseException:
             objects.close()
             self.legacy.close()
             raise
         self.root = self.legacy.root
+        self._key_lock = threading.Lock()
+        self._mac_key: bytes | None = None
+
+    def baseline_mac_key(self, *, create: bool) -> bytes | None:
+        """The baseline MAC key, derived from the directory's installation key (made 0600 when ``create``).
+
+        The installation key is the file :class:`~sandbox_fs.client.LocalSandboxClient`
+        authenticates session states with when given no ``state_key``.  None
+        (baselines then keep their index in memory only) when there is no key
+        and ``create`` is False, when the key file is damaged or cannot be made
+        (a read-only directory), or when another user could have written or
+        read it (see :func:`sandbox_fs._keyfile.installation_key`: a key
+        planted by whoever can write a shared store directory would let them
+        forge baselines).  Never raises.
+        """
+        with self._key_lock:
+            if self._mac_key is None:
+                try:
+                    secret = installation_key(self.root, create=create)
+                except (OSError, SandboxError):  # UnsafeKeyFileError: a key another user could know is no key
+                    secret = None
+                if secret is not None and len(secret) >= 32:
+                    self._mac_key = baseline_key_of(secret)
+            return self._mac_key
 
     # -- the version-1 snapshots
 
@@ -193,7 +200,7 @@ class DirectorySnapshotStore(GenerationStore):
         legacy = self.legacy_store(source)
         if legacy is None:
             return super().fork(source, target, generation=generation, digest=digest)
-        return _copy(legacy, self, source, target, generation, digest, SnapshotLimits())
+        return copy_snapshot(legacy, self, source, target, generation, digest, SnapshotLimits())
 
     # -- writing and removal
 

@@ -183,7 +183,11 @@ class _LocalWriter:
         self._store = store
         self.key = key
         self.partial = f"{_PARTIAL}/{time.time_ns():x}.{secrets.token_hex(8)}"
-        self._fd = store._root.open_fd(self.partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            self._fd = store._root.open_fd(self.partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileNotFoundError:  # the store's first upload: .partial/ is made on the first write, not at open
+            store._root.mkdir(_PARTIAL, 0o700, exist_ok=True)
+            self._fd = store._root.open_fd(self.partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._done = False
 
     def fileno(self) -> int:
@@ -242,7 +246,8 @@ class LocalObjects:
 
     Implements :class:`~sandbox_fs.snapshot.ObjectStore`.  Safe to use from
     several threads and processes at once.  Files are created mode 0600,
-    directories 0700.
+    directories 0700.  Opening and reading write nothing in the directory
+    (``.partial/`` and ``.lock`` are made by the first upload and change).
 
     Args:
         directory: the trusted host directory (``str`` or path-like), from the
@@ -257,17 +262,9 @@ class LocalObjects:
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, create: bool = True) -> None:
+        # nothing is written here: ``.partial/`` is made by the first upload and ``.lock`` by the first change
+        # (a store directory this process may only read works for reads; an upload fails, SnapshotStoreError)
         self._root = open_root(os.fspath(directory), label="object-store", create=create, no_symlinks=True)
-        try:
-            self._root.mkdir(_PARTIAL, 0o700, exist_ok=True)
-        except OSError as exc:
-            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-                self._root.close()
-                raise
-            # a store directory this process may only read: reads work, an upload fails (SnapshotStoreError)
-        except BaseException:
-            self._root.close()
-            raise
 
     # -- writing
 
@@ -510,7 +507,11 @@ class LocalObjects:
         cutoff = time.time_ns() - int(older_than * 1e9)
         removed = 0
         try:
-            for name in self._root.listdir(_PARTIAL):
+            try:
+                names = self._root.listdir(_PARTIAL)
+            except FileNotFoundError:
+                return 0  # no upload was ever started here
+            for name in names:
                 m = _PARTIAL_NAME.fullmatch(name)
                 if m is None or int(m.group(1), 16) >= cutoff:
                     continue
