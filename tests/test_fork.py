@@ -141,13 +141,13 @@ async def test_source_retention_gc_and_removal_never_break_the_fork(tmp_path: Pa
         _churn(store, src.id, tmp_path / "src-ws", 3)
         assert store.kept(src.id) == [4, 3] and 1 not in [e.generation for e in store._pointer(src.id)[0].generations]
         assert forked_dir <= _gen_dirs(store, src.id)
-        rep = store.gc(older_than=0)
+        rep = store.gc(now=time.time() + 7200)
         assert rep.holds == 0 and not any(k.split("/")[2] in forked_dir for k in rep.objects)
         assert (await _read_all(b, f1, "f")) == {"f": b"base"}
         # the source is deleted (pointer and unheld objects), then gc again: the fork still restores
         await a.delete(src, snapshot=True)
         assert store.info(src.id) is None and _gen_dirs(store, src.id) == forked_dir
-        store.gc(older_than=0)
+        store.gc(now=time.time() + 7200)
         shutil.rmtree(tmp_path / "ws-b" / f1["session_id"])  # a rebuild from the store
         assert (await _read_all(b, f1, "f")) == {"f": b"base"}
         # the fork moves on past its retention too: the source's last objects and the hold go
@@ -172,7 +172,7 @@ def test_fork_of_a_fork_and_removals_in_any_order(tmp_path: Path) -> None:
         want = tree_digest(open_root(tmp_path / "f1-ws"))
         store.remove("f1")
         store.remove("src")
-        store.gc(older_than=0)
+        store.gc(now=time.time() + 7200)
         assert hydrate(out, store, "f2").generation == 3 and tree_digest(out) == want
         store.remove("f2")
         assert _keys(store, "") == []  # the last holder removed: every shared object went with it
@@ -194,7 +194,7 @@ def test_a_source_that_prunes_mid_fork_is_a_conflict_and_loses_nothing(tmp_path:
             store.fork("src", "f")
         assert store.objects.head("f/current") is None and _keys(store, "src/holds/") == []
         assert len(_gen_dirs(store, "src")) == 2  # 1 was held when the source pruned it (now an orphan), and 3
-        store.gc(older_than=0)
+        store.gc(now=time.time() + 7200)
         assert len(_gen_dirs(store, "src")) == 1
 
 
@@ -337,7 +337,10 @@ def test_cli_session_fork_and_one_line_refusals(tmp_path: Path, capsys: Any) -> 
     rc, out, err = _cli(capsys, "session", "resume", *common, "--state", str(forked), "--json")
     assert rc == 0 and json.loads(out)["start_mode"] == "restored", err
     assert (tmp_path / "wsd" / rep["session_id"] / "hello.txt").read_text() == "hi"
-    rc, out, err = _cli(capsys, "snapshot", "gc", "--store", str(tmp_path / "store"), "--older-than", "0", "--json")
+    for dirpath, _dirs, files in os.walk(tmp_path / "store"):  # two hours old: past any grace
+        for name in files:
+            os.utime(os.path.join(dirpath, name), (time.time() - 7200,) * 2)
+    rc, out, err = _cli(capsys, "snapshot", "gc", "--store", str(tmp_path / "store"), "--json")
     assert rc == 0 and json.loads(out)["holds"] == 0, err  # the directory store shares: the fork holds the source
     assert len(list((tmp_path / "store" / json.loads(state.read_text())["session_id"] / "holds").iterdir())) == 1
 
@@ -390,7 +393,7 @@ async def test_fork_on_s3_between_two_machines(tmp_path: Path, s3_server: Any) -
             await r.write("f", b"fork on b")
         f1 = b.serialize_state(r)
         _churn(a.store, src.id, tmp_path / "src-ws", 3)  # the source's retention drops the forked generation
-        a.store.gc(older_than=0)
+        a.store.gc(now=time.time() + 7200)
         await a.delete(src, snapshot=True)
         shutil.rmtree(tmp_path / "ws-b" / f1["session_id"])
         got = await _read_all(a, f1, "f", "big")  # machine a rebuilds the fork from the bucket
@@ -459,9 +462,9 @@ def test_property_every_restore_point_stays_readable_and_nothing_leaks(tmp_path_
         elif op == "remove":
             store.remove(name)
         else:
-            store.gc(older_than=0)
+            store.gc(now=time.time() + 7200)
         _restore_points_verify(store)
     for name in _NAMES:
         store.remove(name)
-    store.gc(older_than=0)
+    store.gc(now=time.time() + 7200)
     assert sorted(objects.objs) == []

@@ -31,6 +31,7 @@ from sandbox_fs.snapshot import (
     tree_digest,
 )
 from sandbox_fs.snapshot._objects import ObjectStore
+from sandbox_fs.snapshot import MIN_GC_AGE_S
 
 MiB = 1 << 20
 
@@ -381,8 +382,8 @@ def test_gc_removes_orphans_only_after_the_grace_period(env):
     persist(w, store, "s")
     objects._set("s/gen/000000000009-00000000000000aa/archive.tar", b"orphan")  # a crashed writer
     objects._set("gone/gen/000000000001-00000000000000bb/archive.tar", b"no pointer")
-    assert store.gc(older_than=60, now=objects.clock + 10).objects == []
-    rep = store.gc(older_than=60, now=objects.clock + 61)
+    assert store.gc(older_than=MIN_GC_AGE_S, now=objects.clock + MIN_GC_AGE_S - 1).objects == []
+    rep = store.gc(older_than=MIN_GC_AGE_S, now=objects.clock + MIN_GC_AGE_S)
     assert sorted(rep.objects) == ["gone/gen/000000000001-00000000000000bb/archive.tar",
                                    "s/gen/000000000009-00000000000000aa/archive.tar"]
     assert rep.bytes == len(b"orphan") + len(b"no pointer")

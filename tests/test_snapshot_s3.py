@@ -346,6 +346,31 @@ def test_cli_s3_refusals_are_one_line(tmp_path: Any, capsys: Any, endpoint: str,
         assert wrong not in err and wrong not in out
 
 
+def test_gc_and_upload_cleanup_measure_age_on_the_servers_clock(endpoint: str, prefix: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local clock two hours ahead of the server's: a persist's fresh object and its upload under way stay."""
+    store = _store(endpoint, prefix)
+    key = "s/gen/000000000009-00000000000000aa/archive.tar"
+    try:
+        store.objects.put_bytes(key.replace("archive.tar", "index"), b"a persist under way")
+        writer = store.objects.put_stream(key)
+        writer.write(b"x" * (PART + 1))  # a multipart upload: initiated, one part sent
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 7200)
+        try:
+            report = store.gc()  # the default grace, one hour
+        finally:
+            monkeypatch.setattr(time, "time", real)
+        assert report.objects == [] and report.uploads == 0
+        assert writer.commit().size == PART + 1  # the upload still completes (the sentinel)
+        assert store.objects.head(key.replace("archive.tar", "index")) is not None
+        assert [o.key for o in store.objects.list("") if o.key.startswith("sandbox-fs.")] == []  # no marker left
+        report = store.gc(now=time.time() + 7200)  # two hours on, by the store's clock: both are orphans
+        assert sorted(report.objects) == sorted([key, key.replace("archive.tar", "index")])
+    finally:
+        store.close()
+
+
 def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, s3_server: Any, endpoint: str,
                                                               prefix: str) -> None:
     """SIGKILL mid-upload, then the server restarts on its data (a server of its own: see :func:`_own_server`)."""
@@ -362,7 +387,8 @@ def test_server_killed_mid_persist_leaves_previous_generation(tmp_path: Any, s3_
         # its volumes rejoin a moment after the gateway answers: until then reads fail as retryable, and a
         # host retries them as this does
         _retry(lambda: _restores_generation_1(tmp_path, store, first))
-        store.gc(older_than=0)  # the dead persist's upload and objects go
+        store.gc(now=time.time() + 7200)  # the dead persist's objects go (the server's clock is this one)
+        store.objects.abort_stale_uploads(0)  # and its upload (gc's grace is measured on the server's clock)
         assert all(o.key.split("/")[2] in _kept_dirs(store) for o in store.objects.list("sess/gen/"))
         assert not store.objects._client.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads")
         with open_root(src) as ws:

@@ -32,6 +32,7 @@ from . import _hostpath
 from ._hostpath import host_path
 from ..root import open_root
 from ..snapshot import (
+    MIN_GC_AGE_S,
     GenerationStore,
     SnapshotLimits,
     SnapshotStore,
@@ -158,8 +159,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     gc = ss.add_parser("gc", help="remove orphaned objects and stale uploads from a store with generations")
     _store_flags(gc, "snapshot store")
-    gc.add_argument("--older-than", type=float_option(0.0, MAX_SECONDS, unit="s"), default=3600.0,
-                    help="grace period in seconds: younger orphans may be a persist in progress (default 3600)")
+    gc.add_argument("--older-than", type=float_option(MIN_GC_AGE_S, MAX_SECONDS, unit="s"), default=3600.0,
+                    help="grace period in seconds, on the store's clock: younger orphans may be a persist or "
+                         f"fork in progress (default 3600, at least {MIN_GC_AGE_S:.0f})")
     gc.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     _hostpath.add_flag(gc)
 

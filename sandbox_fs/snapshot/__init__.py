@@ -19,7 +19,7 @@ directory store: generations over LocalObjects, reading version-1 snapshots too)
 from __future__ import annotations
 
 # Names importable from here but outside ``__all__`` (the session and hosts use them), re-exported with ``as``:
-# SNAPSHOT_FORMAT, SNAPSHOT_VERSION, WORKSPACE_ID_NAME, PendingArchive, is_mount_point_of.
+# SNAPSHOT_FORMAT, SNAPSHOT_VERSION, WORKSPACE_ID_NAME, PendingArchive, is_mount_point_of, MIN_GC_AGE_S.
 from ._entries import fingerprint, tree_digest
 from ._errors import (
     SnapshotCorruptError,
@@ -34,6 +34,7 @@ from ._errors import (
 )
 from ._fork import fork_snapshot
 from ._generations import GcReport, GenerationStore
+from ._generations import MIN_GC_AGE_S as MIN_GC_AGE_S
 from ._local import DirectorySnapshotStore
 from ._hydrate import hydrate
 from ._hydrate import is_mount_point_of as is_mount_point_of

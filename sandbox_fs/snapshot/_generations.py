@@ -58,7 +58,6 @@ import json
 import re
 import secrets
 import threading
-import time
 import zlib
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
@@ -82,14 +81,19 @@ from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLim
 from ._objects import ObjectStore, ObjectWriter
 from ._store import PendingArchive, SnapshotStore, _HashingSink, _info_from_json, _info_to_json
 
-__all__ = ["GenerationStore", "GcReport", "MAX_CHAIN", "MAX_DELTA_RATIO"]
+__all__ = ["GenerationStore", "GcReport", "MAX_CHAIN", "MAX_DELTA_RATIO", "MIN_GC_AGE_S"]
 
 #: most generations in a chain (a full base and its layers); the next persist after it writes a full one
 MAX_CHAIN = 8
 #: layers after a base may hold at most this many times the base's archive bytes before a full one is written
 MAX_DELTA_RATIO = 0.5
 
+#: the shortest grace period :meth:`GenerationStore.gc` accepts, in seconds (see its docstring)
+MIN_GC_AGE_S = 900.0
+
 _POINTER_FORMAT = "sandbox-fs-generations"
+#: the marker gc writes to read the store's clock (a dot: never a snapshot name, so never one of its keys)
+_CLOCK_KEY = "sandbox-fs.gc-clock"
 _MAX_POINTER_BYTES = 1 << 20
 _MAX_META_BYTES = 256 << 20
 _MAX_KEEP = 1000
@@ -1173,21 +1177,47 @@ class GenerationStore:
 
         An object of a generation directory (``NAME/gen/<dir>/archive.tar``,
         ``meta.json`` or ``index``: no other key is ever deleted, so objects of
-        other tools sharing the bucket or directory stay) that the name's pointer does not
-        keep is deleted when it is older than ``older_than`` seconds (a
-        younger one may belong to a persist still under way); so are stale
-        unfinished uploads (:meth:`ObjectStore.abort_stale_uploads`).  Kept
-        generations are never touched.  A name whose pointer cannot be read
-        is left alone.
+        other tools sharing the bucket or directory stay) that the name's
+        pointer and holds do not keep is deleted when it is older than
+        ``older_than`` seconds; so are stale unfinished uploads
+        (:meth:`ObjectStore.abort_stale_uploads`), and holds are shrunk to
+        what their holder's pointer lists.  Kept generations are never
+        touched.  A name whose pointer or holds cannot be read is left alone.
+
+        Why an age, and why a floor: a persist in progress writes its
+        generation's objects before its pointer names them, and a fork in
+        progress writes its holds before its own pointer lists what they
+        hold.  Nothing else tells those apart from a crashed writer's
+        leftovers, so only their age protects them: deleting a persist's
+        objects before its pointer swap commits a generation that cannot be
+        read (and prunes the older ones), and deleting a fork's hold lets
+        the source's next pruning delete what the fork lists.  The steps in
+        between are a few requests, each bounded by the store client's
+        timeouts and retries (S3: 3 attempts of up to 65 s by default), so
+        ``older_than`` may not be below :data:`MIN_GC_AGE_S` (15 minutes; a
+        writer stalled for longer than the grace can still lose).  Ages are
+        measured on the store's clock, the one object mtimes come from
+        (S3: the server's ``LastModified``): unless ``now`` is given, gc
+        writes the marker ``sandbox-fs.gc-clock.<random>``, reads its mtime
+        as the current time and deletes it, so a local clock that is ahead
+        of the server's never makes a young object look old.
 
         Args:
-            older_than: grace period, in seconds.
-            now: the current time (seconds since the epoch; default ``time.time()``).
+            older_than: grace period, in seconds (>= :data:`MIN_GC_AGE_S`).
+            now: the store's current time, in seconds since the epoch
+                (default: read from the store as above).
+
+        Returns:
+            What was removed (:class:`GcReport`).
 
         Raises:
-            SnapshotStoreError: the store failed.
+            ValueError: ``older_than`` is below :data:`MIN_GC_AGE_S` (or not a number).
+            SnapshotStoreError: the store failed (the marker cannot be written: a read-only store).
         """
-        now = time.time() if now is None else now
+        if not older_than >= MIN_GC_AGE_S:
+            raise ValueError(f"older_than must be at least {MIN_GC_AGE_S:.0f} seconds (a persist or fork "
+                             "still under way has written objects its pointer does not name yet)")
+        now = self.store_time() if now is None else now
         report = GcReport()
         for name in self._names():
             try:
@@ -1208,6 +1238,27 @@ class GenerationStore:
                     report.bytes += obj.size
         report.uploads = self.objects.abort_stale_uploads(older_than)
         return report
+
+    def store_time(self) -> float:
+        """The store's current time, in seconds since the epoch, on the clock its object mtimes come from.
+
+        Writes the empty marker ``sandbox-fs.gc-clock.<random>`` (never a
+        snapshot's key: a snapshot name holds no dot), reads its mtime and
+        deletes it.
+
+        Raises:
+            SnapshotStoreError: the store failed, or the marker did not read back.
+        """
+        key = f"{_CLOCK_KEY}.{secrets.token_hex(8)}"
+        try:
+            self.objects.put_bytes(key, b"")
+            info = self.objects.head(key)
+        finally:
+            delete_quietly(self.objects, [key])
+        if info is None:
+            raise SnapshotStoreError("the store's clock marker did not read back", sandbox_path=None,
+                                     context={"key": key})
+        return info.mtime
 
     def _gc_holds(self, owner: str, now: float, older_than: float, report: GcReport) -> set[str] | None:
         """The directories of ``owner`` its holds keep, after shrinking stale holds; None: one cannot be read.

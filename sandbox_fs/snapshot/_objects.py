@@ -121,7 +121,11 @@ class ObjectStore(Protocol):
         ...
 
     def abort_stale_uploads(self, older_than: float) -> int:
-        """Abort unfinished uploads started more than ``older_than`` seconds ago; returns how many."""
+        """Abort unfinished uploads started more than ``older_than`` seconds ago; returns how many.
+
+        The age is measured on the clock the upload's start was stamped
+        with (S3: the server's), never a local clock against a server's.
+        """
         ...
 
     def close(self) -> None:

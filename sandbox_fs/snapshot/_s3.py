@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import email.utils
 import io
 import queue
 import re
@@ -223,6 +224,19 @@ def _mtime(value: Any) -> float:
     if isinstance(value, datetime.datetime):
         return value.timestamp()
     return time.time()
+
+
+def _server_time(response: Any) -> float:
+    """The server's time a response was sent, from its ``Date`` header; the local time without one.
+
+    ``Date`` has whole seconds: the end of its second is taken (at most 1 s
+    later than the server's clock, so an age of 0 covers every upload begun).
+    """
+    try:
+        date = response["ResponseMetadata"]["HTTPHeaders"]["date"]
+        return email.utils.parsedate_to_datetime(date).timestamp() + 1.0
+    except (KeyError, TypeError, ValueError, IndexError):
+        return time.time()
 
 
 class _S3Writer:
@@ -731,18 +745,23 @@ class S3Objects:
     def abort_stale_uploads(self, older_than: float) -> int:
         """Abort multipart uploads under the prefix initiated more than ``older_than`` seconds ago.
 
+        The age is measured on the server's clock: ``Initiated`` against the
+        ``Date`` of the listing's response (the local clock only when a
+        response has no ``Date``), so a local clock ahead of the server's
+        never aborts an upload still being written.
+
         Returns:
             How many were aborted.
 
         Raises:
             SnapshotStoreError: the store failed.
         """
-        cutoff = time.time() - older_than
         full = f"{self.prefix}/" if self.prefix else ""
         aborted = 0
         try:
             for page in self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
                                                                                       Prefix=full):
+                cutoff = _server_time(page) - older_than
                 for up in page.get("Uploads", []):
                     if _mtime(up.get("Initiated")) >= cutoff:
                         continue
