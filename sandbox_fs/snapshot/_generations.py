@@ -1194,8 +1194,13 @@ class GenerationStore:
         the source's next pruning delete what the fork lists.  The steps in
         between are a few requests, each bounded by the store client's
         timeouts and retries (S3: 3 attempts of up to 65 s by default), so
-        ``older_than`` may not be below :data:`MIN_GC_AGE_S` (15 minutes; a
-        writer stalled for longer than the grace can still lose).  Ages are
+        ``older_than`` may not be below :data:`MIN_GC_AGE_S` (15 minutes).
+        What the grace cannot cover: a writer stalled for longer than it; and
+        an archive uploaded for longer than it to a store that dates a
+        multipart object by its upload's start (AWS S3 does): it is that old
+        the moment it appears, and a persist still uploading past the grace
+        has its upload aborted (that persist fails; nothing committed is
+        lost).  Choose a grace longer than the longest persist.  Ages are
         measured on the store's clock, the one object mtimes come from
         (S3: the server's ``LastModified``): unless ``now`` is given, gc
         writes the marker ``sandbox-fs.gc-clock.<random>``, reads its mtime
