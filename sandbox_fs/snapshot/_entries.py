@@ -6,7 +6,15 @@ its names (only multi-linked inodes are remembered) and archived only when
 every one of its links is inside the walk (the first name as a file, the
 others as hard-link members).  A file also linked from outside the
 workspace (or from an excluded path) is never read: refused, or skipped
-and reported, so outside content cannot reach a snapshot.
+and reported, so outside content cannot reach a snapshot.  A count of
+names is only a count of links when no name was counted twice: a name
+moved from a directory already listed to one listed later is seen in both.
+So before such a file is read, every name counted is looked up again while
+the directories holding them are shown not to change (each one's ctime is
+strictly older than the check's start on the kernel's coarse clock, and the
+same after the last lookup: the racy-git rule of :mod:`._index`): all the
+names were there at one moment, so they are that many links.  A name gone
+or a directory changed is :class:`SnapshotSourceChangedError` (retryable).
 
 The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
 where the tree digest covers, in walk order, every kept entry's path, type,
@@ -42,7 +50,7 @@ from ..archive import (
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root
 from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
-from ._index import IndexEntry
+from ._index import IndexEntry, coarse_now_ns
 from ._models import SnapshotLimits, SnapshotPolicy
 from ._header import MemberHeader, encode_header, ustar_fits
 from ._tar import _TarStream
@@ -467,6 +475,53 @@ class _WalkState:
             if st.st_nlink != linked.nlink:
                 linked.changed = True
 
+    def _dir_stats(self, parents: list[str]) -> list[tuple[int, int, int]]:
+        """``(st_dev, st_ino, st_ctime_ns)`` of each directory, looked up beneath the workspace Root now.
+
+        Raises:
+            SnapshotSourceChangedError: one is gone or no longer a directory (retryable).
+        """
+        out = []
+        for parent in parents:
+            try:
+                st = self.src.lstat(parent)
+            except (OSError, SandboxError):
+                st = None
+            if st is None or not _stat.S_ISDIR(st.st_mode):
+                raise SnapshotSourceChangedError("a directory holding a hard-linked file changed while the "
+                                                 "workspace was persisted", sandbox_path=parent)
+            out.append((st.st_dev, st.st_ino, st.st_ctime_ns))
+        return out
+
+    def _check_names(self, linked: _Linked) -> None:
+        """Every name counted for ``linked`` is a link of it at one moment: no moved name was counted twice.
+
+        See the module docstring.  Waits for the next clock tick (a few ms)
+        while a directory changed in the current one, a bounded number of times.
+
+        Raises:
+            SnapshotSourceChangedError: a name is gone or is another inode, or
+                a directory holding one changed meanwhile (retryable).
+        """
+        parents = sorted({item.path.rpartition("/")[0] or "." for item in linked.items})
+        for _ in range(_LINK_CHECK_TRIES):
+            began = coarse_now_ns()
+            before = self._dir_stats(parents)
+            if any(ctime_ns >= began for _dev, _ino, ctime_ns in before):
+                time.sleep(_TICK_S)  # changed in this tick: a change later in it would keep the same ctime
+                continue
+            for item in linked.items:
+                if _lstat_listed(self.src, item) is None:
+                    raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
+                                                     "persisted", sandbox_path=item.path)
+            if self._dir_stats(parents) != before:
+                raise SnapshotSourceChangedError("a directory holding a hard-linked file changed while the "
+                                                 "workspace was persisted (its links cannot be counted)",
+                                                 sandbox_path=linked.items[0].path)
+            return
+        raise SnapshotSourceChangedError("a directory holding a hard-linked file kept changing while the "
+                                         "workspace was persisted", sandbox_path=linked.items[0].path)
+
     def header(self, path: str, kind: bytes, mode: int, mtime: float, size: int = 0,
                link: str = "") -> tuple[bool, bytes | None]:
         """``(admitted, header bytes)`` of one member (:func:`._header.encode_header`), checked by the policy.
@@ -584,21 +639,21 @@ class _WalkState:
                 self.entries -= len(items)
                 return
             raise UnrestorableEntryError(reason, sandbox_path=items[0].path, context={"kind": "file"})
-        for i, first in enumerate(items):
-            fd = _open_member(self.src, first)
-            if fd is None:
-                self.entries -= 1  # removed since the listing: its other names still hold the inode
-                continue
-            try:
-                st = os.fstat(fd)
-                if st.st_nlink != linked.nlink:
-                    raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
-                                                     "persisted", sandbox_path=first.path)
-                if self.add_file(first, fd, items[i + 1:]) is None:
-                    self.entries -= len(items) - i  # refused by the policy and skipped, with all its names
-            finally:
-                os.close(fd)
-            return
+        self._check_names(linked)  # the count above counted links, not a moved name twice
+        first = items[0]
+        fd = _open_member(self.src, first)
+        if fd is None:
+            raise SnapshotSourceChangedError("hard links of this file changed while the workspace was persisted",
+                                             sandbox_path=first.path)
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink != linked.nlink:
+                raise SnapshotSourceChangedError("hard links of this file changed while the workspace was "
+                                                 "persisted", sandbox_path=first.path)
+            if self.add_file(first, fd, items[1:]) is None:
+                self.entries -= len(items)  # refused by the policy and skipped, with all its names
+        finally:
+            os.close(fd)
 
 
 def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterable[str] = (),
@@ -633,6 +688,9 @@ def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterabl
 #: the ctime an index records for a file read while open for writing (see :func:`_open_for_writing`):
 #: later than any walk's time, so the entry is never unchanged and is racy to a whole-directory take-over
 _REREAD_CTIME_NS = (1 << 63) - 1
+#: how long to wait for the next tick of the coarse clock (1 ms at HZ=1000 to 10 ms at HZ=100), and how often
+_TICK_S = 0.004
+_LINK_CHECK_TRIES = 50
 
 
 def _open_for_writing(fd: int) -> bool:

@@ -1,0 +1,137 @@
+"""Hostile-review attacks on persist's hard-link count (the review of 2026-12-03).
+
+Persist never reads a file that has a link outside the workspace: it counts
+the names it lists of a multi-linked inode and refuses when they are fewer
+than ``st_nlink``.  Before the fix, a confined command could make the count
+whole by renaming its one name from a directory the walk had listed into
+one it had not: the walk saw the name twice, and the host file's content
+(one the command could not read) went into the snapshot.  The hook points
+of ``sandbox_fs._hooks`` play the command at the exact windows.  The
+sentinel is the host file's content: it must be in no stored object.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandbox_fs import _hooks, open_root
+from sandbox_fs.snapshot import (
+    DirectorySnapshotStore,
+    SnapshotSourceChangedError,
+    UnrestorableEntryError,
+    hydrate,
+    persist,
+)
+
+SECRET = b"HOST SECRET 8d1f0c\n"
+
+
+def _store_holds_secret(sdir: Path) -> bool:
+    return any(SECRET in p.read_bytes() for p in sdir.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _workspace(tmp: Path, dirs: list[str]) -> tuple[Path, Path]:
+    """A workspace with directories ``dirs`` and, in the first, ``f``: a hard link of a 0600 host file."""
+    w, outside = tmp / "w", tmp / "outside"
+    w.mkdir()
+    outside.mkdir()
+    for d in dirs:
+        (w / d).mkdir()
+    secret = outside / "secret"
+    secret.write_bytes(SECRET)
+    os.chmod(secret, 0o600)
+    os.link(secret, w / dirs[0] / "f")
+    return w, secret
+
+
+class _Mover:
+    """The confined command: moves its one name ``f`` between directories at the walk's windows.
+
+    ``into``: after the walk listed ``dirs[0]``, the name moves into this directory
+    just before the walk enters it (so the walk lists it twice).  ``chase``: then,
+    before every later lookup of a name ``D/f``, the name is moved to ``D`` first
+    (so every lookup by path finds it where it is looked for).
+    """
+
+    def __init__(self, w: Path, into: str, chase: bool) -> None:
+        self.w, self.into, self.chase = w, into, chase
+        self.opens: dict[str, int] = {}
+        self.moved = False
+
+    def where(self) -> Path | None:
+        found = [p for p in self.w.rglob("f")]
+        return found[0] if found else None
+
+    def __call__(self, point: str, ctx: dict) -> None:  # type: ignore[type-arg]
+        if point != "persist.open_entry":
+            return
+        path = ctx["path"]
+        self.opens[path] = self.opens.get(path, 0) + 1
+        if not self.moved and path == self.into and self.opens[path] == 2:  # entering it (the first is its lstat)
+            here = self.where()
+            assert here is not None
+            os.rename(here, self.w / self.into / "f")
+            self.moved = True
+        elif self.moved and self.chase and path.endswith("/f"):
+            here = self.where()
+            want = self.w / path
+            if here is not None and here != want:
+                os.rename(here, want)
+
+
+def test_a_name_moved_into_a_directory_not_listed_yet_is_never_counted_as_a_second_link(tmp_path: Path) -> None:
+    """The name stays where it moved: the walk counted two names for ``st_nlink`` 2, one of them stale."""
+    w, _secret = _workspace(tmp_path, ["a", "b"])
+    sdir = tmp_path / "store"
+    with DirectorySnapshotStore(sdir) as store, open_root(w) as r:
+        with pytest.raises(UnrestorableEntryError):
+            persist(r, store, "plain")  # without the move: refused, never read
+        mover = _Mover(w, "b", chase=False)
+        refused: BaseException | None = None
+        with _hooks.installed(mover):
+            try:
+                persist(r, store, "n")
+            except (SnapshotSourceChangedError, UnrestorableEntryError) as exc:
+                refused = exc
+        assert mover.moved
+    assert not _store_holds_secret(sdir)  # the sentinel
+    assert isinstance(refused, SnapshotSourceChangedError)  # retryable: the name moved under the walk
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ndirs=st.integers(2, 4), into=st.integers(1, 3), chase=st.booleans(),
+       mode=st.sampled_from(["refuse", "skip"]))
+def test_property_a_host_files_content_never_reaches_a_snapshot_through_a_moving_name(
+        tmp_path_factory: pytest.TempPathFactory, ndirs: int, into: int, chase: bool, mode: str) -> None:
+    """Every layout, target directory, and an attacker that also moves the name to each path as it is looked up
+    again: persist refuses (changed, or a link outside), or commits a snapshot without the host file's content."""
+    tmp = tmp_path_factory.mktemp("links")
+    dirs = [f"d{i}" for i in range(ndirs)]
+    w, _secret = _workspace(tmp, dirs)
+    sdir = tmp / "store"
+    mover = _Mover(w, dirs[min(into, ndirs - 1)], chase)
+    with DirectorySnapshotStore(sdir) as store, open_root(w) as r, _hooks.installed(mover):
+        try:
+            persist(r, store, "n", on_unrestorable=mode)  # type: ignore[arg-type]
+        except (SnapshotSourceChangedError, UnrestorableEntryError):
+            pass
+    assert not _store_holds_secret(sdir)  # the sentinel
+
+
+def test_hard_links_inside_the_workspace_made_just_before_persist_still_persist(tmp_path: Path) -> None:
+    """The check waits out the clock tick of a fresh change: links made right before persist are archived."""
+    w, sdir, out = tmp_path / "w", tmp_path / "store", tmp_path / "out"
+    (w / "a").mkdir(parents=True)
+    (w / "b").mkdir()
+    (w / "a" / "f").write_bytes(b"shared\n")
+    os.link(w / "a" / "f", w / "b" / "g")
+    with DirectorySnapshotStore(sdir) as store, open_root(w) as r, open_root(out, create=True) as o:
+        persist(r, store, "n")
+        hydrate(o, store, "n")
+    assert (out / "a" / "f").read_bytes() == (out / "b" / "g").read_bytes() == b"shared\n"
+    assert os.stat(out / "a" / "f").st_ino == os.stat(out / "b" / "g").st_ino
