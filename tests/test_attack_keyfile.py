@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sandbox_fs import open_root
@@ -137,6 +137,10 @@ def _plant(sdir: Path, kind: str, mode: int, dir_mode: int) -> None:
 @given(kind=st.sampled_from(["file", "hardlink", "symlink", "fifo"]),
        mode=st.integers(0o400, 0o777).map(lambda m: m | 0o600),
        dir_mode=st.sampled_from([0o700, 0o755, 0o770, 0o777, 0o1777, 0o1770, 0o707]))
+@example(kind="file", mode=0o600, dir_mode=0o700)  # the safe case: the key is used
+@example(kind="file", mode=0o600, dir_mode=0o1777)  # sticky: others cannot replace this user's key
+@example(kind="file", mode=0o644, dir_mode=0o700)  # readable by others
+@example(kind="file", mode=0o600, dir_mode=0o777)  # replaceable by others
 def test_property_a_key_another_user_could_write_or_read_is_never_used(tmp_path_factory: pytest.TempPathFactory,
                                                                        kind: str, mode: int, dir_mode: int) -> None:
     """Every key file/directory combination: the key is used iff it is a 0600 regular file with one link in a
@@ -144,7 +148,7 @@ def test_property_a_key_another_user_could_write_or_read_is_never_used(tmp_path_
     sdir = tmp_path_factory.mktemp("k") / "store"
     sdir.mkdir()
     _plant(sdir, kind, mode, dir_mode)
-    safe = kind == "file" and mode & 0o077 == 0 and (dir_mode & 0o022 == 0 or dir_mode & stat.S_ISVTX)
+    safe = kind == "file" and (mode & 0o077) == 0 and ((dir_mode & 0o022) == 0 or bool(dir_mode & stat.S_ISVTX))
     try:
         with DirectorySnapshotStore(sdir) as st:
             assert (st.baseline_key == baseline_key_of(EVIL)) is safe
