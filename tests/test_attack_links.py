@@ -135,3 +135,34 @@ def test_hard_links_inside_the_workspace_made_just_before_persist_still_persist(
         hydrate(o, store, "n")
     assert (out / "a" / "f").read_bytes() == (out / "b" / "g").read_bytes() == b"shared\n"
     assert os.stat(out / "a" / "f").st_ino == os.stat(out / "b" / "g").st_ino
+
+
+@pytest.mark.parametrize("chase", [False, True])
+def test_a_subtree_moved_between_listings_never_counts_its_file_twice(tmp_path: Path, chase: bool) -> None:
+    """The directory holding the name moves (the walk enters it twice, under two paths); with ``chase``
+    it is moved again before each later lookup so that every path looked up resolves."""
+    w, _secret = _workspace(tmp_path, ["a", "a/x", "b"])
+    os.rename(w / "a" / "f", w / "a" / "x" / "f")
+    sdir = tmp_path / "store"
+    opens: dict[str, int] = {}
+
+    def mover(point: str, ctx: dict) -> None:  # type: ignore[type-arg]
+        if point != "persist.open_entry":
+            return
+        path = ctx["path"]
+        opens[path] = opens.get(path, 0) + 1
+        if path == "b" and opens[path] == 2:  # entering b, after a/x was walked
+            os.rename(w / "a" / "x", w / "b" / "x")
+        elif chase and path.endswith("/x/f"):
+            want = w / path.rsplit("/", 2)[0] / "x"
+            here = next(p for p in (w / "a" / "x", w / "b" / "x") if p.exists())
+            if here != want:
+                os.rename(here, want)
+
+    with DirectorySnapshotStore(sdir) as store, open_root(w) as r, _hooks.installed(mover):
+        try:
+            persist(r, store, "n")
+        except (SnapshotSourceChangedError, UnrestorableEntryError):
+            pass
+    assert opens.get("b/x", 0) >= 1  # the walk did list the subtree a second time
+    assert not _store_holds_secret(sdir)  # the sentinel

@@ -12,8 +12,9 @@ moved from a directory already listed to one listed later is seen in both.
 So before such a file is read, every name counted is looked up again while
 the directories holding them are shown not to change (each one's ctime is
 strictly older than the check's start on the kernel's coarse clock, and the
-same after the last lookup: the racy-git rule of :mod:`._index`): all the
-names were there at one moment, so they are that many links.  A name gone
+same after the last lookup: the racy-git rule of :mod:`._index`; and no
+two of those paths the same directory, a subtree moved between listings):
+all the names were there at one moment, so they are that many links.  A name gone
 or a directory changed is :class:`SnapshotSourceChangedError` (retryable).
 
 The *fingerprint* is ``sha256("sfs-fp-v1" NUL manifest_digest NUL tree_digest)``
@@ -507,6 +508,9 @@ class _WalkState:
         for _ in range(_LINK_CHECK_TRIES):
             began = coarse_now_ns()
             before = self._dir_stats(parents)
+            if len({(dev, ino) for dev, ino, _c in before}) != len(before):  # one directory at two paths:
+                raise SnapshotSourceChangedError("a directory holding a hard-linked file was moved while the "
+                                                 "workspace was persisted", sandbox_path=linked.items[0].path)
             if any(ctime_ns >= began for _dev, _ino, ctime_ns in before):
                 time.sleep(_TICK_S)  # changed in this tick: a change later in it would keep the same ctime
                 continue
