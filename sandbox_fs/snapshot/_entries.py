@@ -27,6 +27,7 @@ workspace provably matches the snapshot.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import fcntl
@@ -54,7 +55,7 @@ from ._errors import SnapshotLimitError, SnapshotSourceChangedError, Unrestorabl
 from ._index import IndexEntry, coarse_now_ns
 from ._models import SnapshotLimits, SnapshotPolicy
 from ._header import MemberHeader, encode_header, ustar_fits
-from ._tar import _TarStream
+from ._tar import PendingSha, _TarStream
 from ._walk import (
     BeginDir,
     StatLike,
@@ -75,26 +76,71 @@ __all__ = ["tree_digest", "fingerprint"]
 class _Digest:
     """The tree digest: SHA-256 over one record per kept entry, in walk order.
 
+    A file's content SHA-256 may still be computed by the persist writer
+    thread (a :class:`~._tar.PendingSha`): its record, and every record
+    after it, wait in :attr:`_queue` (in walk order) until it is done, so the
+    digest covers the same bytes in the same order either way.  The queue
+    holds at most the files of the two write buffers in flight.
+
     Attributes:
         parts: when a list, every record added is also appended to it (a layered
-            walk keeps each directory's records, see :mod:`._layers`).
+            walk keeps each directory's records, see :mod:`._layers`; it never
+            adds a pending content).
     """
 
     def __init__(self) -> None:
         self.sha = hashlib.sha256()
         self.parts: list[bytes] | None = None
+        self._queue: collections.deque[bytes | tuple[bytes, PendingSha]] = collections.deque()
 
-    def add(self, path: str, kind: str, size: int, mode: int, content: str) -> None:
-        rec = f"{path}\0{kind}\0{size}\0{mode:o}\0{content}\n".encode("utf-8", "surrogateescape")
-        self.sha.update(rec)
-        if self.parts is not None:
-            self.parts.append(rec)
+    def add(self, path: str, kind: str, size: int, mode: int, content: str | PendingSha) -> None:
+        if type(content) is str:
+            rec = f"{path}\0{kind}\0{size}\0{mode:o}\0{content}\n".encode("utf-8", "surrogateescape")
+            if self.parts is not None:
+                self.parts.append(rec)
+            if not self._queue:
+                self.sha.update(rec)
+                return
+            self._queue.append(rec)
+        else:
+            assert self.parts is None, "a layered walk hashes its files itself"
+            self._queue.append((f"{path}\0{kind}\0{size}\0{mode:o}\0".encode("utf-8", "surrogateescape"),
+                                cast(PendingSha, content)))
+        self._settle(wait=False)
+
+    def _settle(self, wait: bool) -> None:
+        """Add the queued records whose contents are known, in order (``wait``: all of them).
+
+        Raises:
+            RuntimeError: with ``wait``, a content is still being hashed (a caller bug, see :meth:`hexdigest`).
+        """
+        queue, update = self._queue, self.sha.update
+        while queue:
+            head = queue[0]
+            if type(head) is bytes:
+                update(head)
+            else:
+                pre, pending = cast("tuple[bytes, PendingSha]", head)
+                if not wait and not pending.done():
+                    return
+                update(pre + pending.hexdigest().encode("ascii") + b"\n")
+            queue.popleft()
 
     def add_records(self, recs: bytes) -> None:
         """Add records :meth:`add` made before, as they are (a directory taken over whole)."""
-        self.sha.update(recs)
+        if self._queue:
+            self._queue.append(recs)
+            self._settle(wait=False)
+        else:
+            self.sha.update(recs)
 
     def hexdigest(self) -> str:
+        """The tree digest; only once every pending content is hashed (after the tar stream's ``close``).
+
+        Raises:
+            RuntimeError: a file's content is still being hashed.
+        """
+        self._settle(wait=True)
         return self.sha.hexdigest()
 
 
@@ -596,7 +642,8 @@ class _WalkState:
         """
         st = _member_stat(fd, item)
         rec: StatLike = st
-        if _open_for_writing(fd):  # its content can change without a ctime: the next persist reads it again
+        # Only an index entry can make a later persist skip the file (no index recorded: nothing to probe).
+        if self.records is not None and _open_for_writing(fd):  # content can change without a ctime: read again
             rec = _Stat(st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_size, st.st_mtime_ns, _REREAD_CTIME_NS)
         for other in links:
             if _lstat_listed(self.src, other) is None:
@@ -610,16 +657,20 @@ class _WalkState:
         self._add_content(item.path, st.st_size)
         if self.fixups is not None and mode != extracted_file_mode(mode=mode):
             self.fixups.append((item.path, mode))
-        sha_hex = self.tar.add_file(st.st_size, fd, item.path, hdr)
-        self.digest.add(item.path, "file", st.st_size, mode, sha_hex)
-        self._record(item.path, "file", rec, mode, sha_hex)
+        # Without an index to record, a large file's SHA-256 may be left to the writer thread (only the
+        # tree digest needs it, and that waits for it in walk order); an index entry needs it now.
+        content = self.tar.add_file(st.st_size, fd, item.path, hdr, defer=self.records is None)
+        self.digest.add(item.path, "file", st.st_size, mode, content)
+        if type(content) is str:
+            self._record(item.path, "file", rec, mode, content)
         for other in links:
             admitted, lhdr = self.header(other.path, tarfile.LNKTYPE, mode, st.st_mtime, link=item.path)
             if not admitted:
                 self.entries -= 1
                 continue
-            self.digest.add(other.path, "file", st.st_size, mode, sha_hex)
-            self._record(other.path, "file", rec, mode, sha_hex)
+            self.digest.add(other.path, "file", st.st_size, mode, content)
+            if type(content) is str:
+                self._record(other.path, "file", rec, mode, content)
             if lhdr is not None:
                 self.tar.add(lhdr)
         return st

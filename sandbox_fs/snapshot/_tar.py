@@ -4,7 +4,10 @@ Memory is O(1) in workspace size: one file is open at a time and data moves
 through two fixed 1 MiB buffers: each file is read into one (``readv``),
 SHA-256-hashed there for the fingerprint and, with its header,
 handed to one writer thread that writes (and CRC-32s) the other buffer
-meanwhile, so every byte is read once and the write uses the second core.  A
+meanwhile, so every byte is read once and the write uses the second core.
+A file of :data:`OFFLOAD_SHA_BYTES` or more may instead be hashed by the
+writer thread, in the buffer it was read into, before that buffer is
+written (:class:`PendingSha`): the caller walks on meanwhile.  A
 file that grows or shrinks while it is read no longer matches its header and
 is refused (:class:`SnapshotSourceChangedError`, retryable).  The writer
 thread is joined before persist returns or raises, and a write error (ENOSPC)
@@ -36,6 +39,42 @@ _ZEROS = bytes(_RECORD_BYTES)
 # the tar block, so headers and padding still pack.
 _WRITE_BUF_BYTES = (1 << 20) - _BLOCK_BYTES
 
+#: a file at least this large may be SHA-256-hashed by the writer thread (``add_file(defer=True)``).  Below
+#: it the hand-over costs more than the hash (a queue item and a GIL hand-off per file); from it on the
+#: hash (about 9 us at 16 KiB on this machine) overlaps the walk of the next files.
+OFFLOAD_SHA_BYTES = 16 << 10
+
+
+class PendingSha:
+    """The SHA-256 of a file being hashed by the writer thread: its hex digest once :meth:`done`.
+
+    The writer thread updates ``sha`` with the file's bytes, in the buffer
+    they were read into, before it writes that buffer; it counts every hash
+    job it has taken (:attr:`_WriterThread.hashed`), so the digest is final
+    once that count reaches ``seq`` (the count at the file's last job).
+    """
+
+    __slots__ = ("sha", "seq", "_writer")
+
+    def __init__(self, sha: "hashlib._Hash", seq: int, writer: "_WriterThread") -> None:
+        self.sha = sha
+        self.seq = seq
+        self._writer = writer
+
+    def done(self) -> bool:
+        """True once the writer thread has hashed every byte of the file."""
+        return self._writer.hashed >= self.seq
+
+    def hexdigest(self) -> str:
+        """The hex SHA-256 of the file's content.
+
+        Raises:
+            RuntimeError: not :meth:`done` yet (a caller bug: read it after the stream's ``close``).
+        """
+        if not self.done():
+            raise RuntimeError("a file's SHA-256 was read before the persist writer hashed it")
+        return self.sha.hexdigest()
+
 
 class _WriterThread:
     """The persist writer thread: writes filled buffers to the sink, in order.
@@ -49,6 +88,12 @@ class _WriterThread:
     memory stays two buffers however large the workspace.  The SHA-256 of
     file data stays in the caller's thread: per-file hash steps each need
     the GIL, so moving them here makes small files slower.
+
+    Besides buffers to write, the queue carries *hash jobs* (:meth:`hash`):
+    ``(sha, bytes of a buffer)``, applied in order; a hash job for bytes of a
+    buffer is always queued before that buffer's write, so the bytes are
+    hashed before the buffer can come back to the caller.  :attr:`hashed`
+    counts the hash jobs taken (see :class:`PendingSha`).
 
     The first error (ENOSPC ...) is kept and raised in the caller's thread
     by the next :meth:`swap` or :meth:`drain`; buffers after it are
@@ -64,6 +109,8 @@ class _WriterThread:
         self._free.put(spare)
         self._error: BaseException | None = None
         self._stopped = False
+        self.queued = 0  # hash jobs queued (caller's thread)
+        self.hashed = 0  # hash jobs taken (writer thread)
         self._thread = threading.Thread(target=self._run, name="sfs-persist-writer", daemon=True)
         self._thread.start()
 
@@ -74,6 +121,11 @@ class _WriterThread:
             if job is None:
                 return
             buf, n = job
+            if type(n) is not int:  # a hash job: (sha, bytes of a buffer queued after it)
+                if self._error is None:
+                    buf.update(n)
+                self.hashed += 1
+                continue
             try:
                 if self._error is None:
                     write(buf[:n])
@@ -98,6 +150,16 @@ class _WriterThread:
         other = self._free.get()
         self._raise()
         return other
+
+    def hash(self, sha: "hashlib._Hash", data: memoryview) -> int:
+        """Queue ``sha.update(data)`` for the writer thread; ``data`` lies in a buffer not yet queued for writing.
+
+        Returns:
+            The hash jobs queued so far, this one included (see :class:`PendingSha`).
+        """
+        self.queued += 1
+        self._filled.put((sha, data))
+        return self.queued
 
     def write_now(self, data: bytes) -> None:
         """Write ``data`` after everything queued, and wait for it (a very long header; never in practice).
@@ -201,7 +263,7 @@ class _TarStream:
         if self._writer is not None:
             self._put(hdr)
 
-    def add_file(self, size: int, fd: int, path: str, hdr: bytes | None) -> str:
+    def add_file(self, size: int, fd: int, path: str, hdr: bytes | None, defer: bool = False) -> str | PendingSha:
         """Append a regular file's header and exactly ``size`` bytes read from ``fd``, then padding.
 
         Args:
@@ -212,9 +274,11 @@ class _TarStream:
             path: its sandbox path (for errors).
             hdr: its header bytes (``encode_header``); None without a sink
                 (only hashed, nothing written).
+            defer: with a sink, a file of :data:`OFFLOAD_SHA_BYTES` or more is
+                hashed by the writer thread: a :class:`PendingSha` is returned.
 
         Returns:
-            The hex SHA-256 of the file's content.
+            The hex SHA-256 of the file's content, or its :class:`PendingSha`.
 
         Raises:
             SnapshotSourceChangedError: the file shrank or grew while read.
@@ -225,6 +289,8 @@ class _TarStream:
             self._put(hdr)
         sha = hashlib.sha256()
         threaded = self._writer is not None
+        offload = self._writer if defer and size >= OFFLOAD_SHA_BYTES else None
+        seq = 0
         left = size
         while True:
             room = _WRITE_BUF_BYTES - self.pos
@@ -244,7 +310,10 @@ class _TarStream:
                     raise SnapshotSourceChangedError("file shrank while it was being persisted",
                                                      sandbox_path=path)
                 break
-            sha.update(view[pos:pos + got])
+            if offload is not None:
+                seq = offload.hash(sha, view[pos:pos + got])  # hashed before this buffer is written
+            else:
+                sha.update(view[pos:pos + got])
             left -= got
             if threaded:
                 self.pos = pos + got
@@ -253,6 +322,8 @@ class _TarStream:
         pad = -size % _BLOCK_BYTES
         if pad and threaded:
             self._put(_ZEROS[:pad])
+        if offload is not None and seq:
+            return PendingSha(sha, seq, offload)
         return sha.hexdigest()
 
     def close(self) -> None:
