@@ -100,3 +100,34 @@ def test_a_file_that_grows_while_deferred_is_still_refused(tmp_path, monkeypatch
             persist(ws, store, "s")
         assert store.info("s") is None
     assert _no_persist_thread_left()
+
+
+# -- the commit's read-back CRC-32 over two threads (_store._archive_crc_split)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.binary(max_size=3000), b=st.binary(max_size=3000))
+def test_property_crc32_combine_is_zlibs(a, b):
+    import zlib
+
+    from sandbox_fs.snapshot._store import crc32_combine
+
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("size", [0, 1, (1 << 20) - 1, 1 << 20, (3 << 20) + 7])
+@pytest.mark.parametrize("extra", [-1, 0, 1, 4096])
+def test_split_read_back_matches_the_one_thread_read(tmp_path, monkeypatch, size, extra):
+    """Same (bytes, CRC-32) as _archive_crc for a file of the recorded size, shorter or longer."""
+    from sandbox_fs.snapshot import _store
+
+    monkeypatch.setattr(_store, "_SPLIT_CRC_BYTES", 0)  # split even the small ones
+    data = os.urandom(max(0, size + extra))
+    path = tmp_path / "a.tar"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)  # host-access: the test's own temporary file
+    try:
+        assert _store._archive_crc_split(fd, size) == _store._archive_crc(fd, size)
+    finally:
+        os.close(fd)
+    assert _no_persist_thread_left()
