@@ -131,3 +131,28 @@ def test_split_read_back_matches_the_one_thread_read(tmp_path, monkeypatch, size
     finally:
         os.close(fd)
     assert _no_persist_thread_left()
+
+
+# -- the header of a listed member that fits ustar (_header.encode_listed)
+
+
+_ASCII_NAME = st.text(alphabet=st.characters(min_codepoint=1, max_codepoint=127, blacklist_characters="/"),
+                      min_size=1, max_size=40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(parts=st.lists(_ASCII_NAME, min_size=1, max_size=3),
+       kind=st.sampled_from([b"0", b"1", b"2", b"5"]), mode=st.integers(0, 0o7777),
+       mtime=st.integers(0, 8 ** 11 - 1), size=st.integers(0, 8 ** 11 - 1), link=_ASCII_NAME | st.just(""))
+def test_property_encode_listed_is_encode_header(parts, kind, mode, mtime, size, link):
+    from sandbox_fs.snapshot._header import MemberHeader, encode_header, encode_listed, ustar_fits
+
+    name = "/".join(parts) + ("/" if kind == b"5" else "")
+    if kind in (b"5", b"1", b"2"):
+        size = 0
+    if kind in (b"0", b"5"):
+        link = ""
+    if not ustar_fits(name, link, size, mtime):
+        return
+    assert encode_listed(name, kind, mode, mtime, size, link) == \
+        encode_header(MemberHeader(name, kind, mode, mtime, size, link))

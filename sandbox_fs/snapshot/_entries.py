@@ -54,7 +54,7 @@ from ..root import Root
 from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
 from ._index import IndexEntry, coarse_now_ns
 from ._models import SnapshotLimits, SnapshotPolicy
-from ._header import MemberHeader, encode_header, ustar_fits
+from ._header import MemberHeader, encode_header, encode_listed, ustar_fits
 from ._tar import PendingSha, _TarStream
 from ._walk import (
     BeginDir,
@@ -598,15 +598,13 @@ class _WalkState:
         if not mtime_is_applied(mtime=secs):
             return self._unrestorable(path, kind, "its mtime is outside the range hydrate restores "
                                       "(+-2**62 ns of the epoch, about 1824 to 2116)")
-        fits = ustar_fits(name, link, size, secs)
-        if fits and not self.write:
-            return True, None
-        hdr = encode_header(MemberHeader(name, kind, mode, secs, size, link))
-        if not fits:
-            why, cost = self.headers.check(header=hdr, member=path)
-            if why is not None:
-                return self._unrestorable(path, kind, why)
-            self.headers.admit(cost=cost)
+        if ustar_fits(name, link, size, secs):
+            return True, encode_listed(name, kind, mode, secs, size, link) if self.write else None
+        hdr = encode_header(MemberHeader(name, kind, mode, secs, size, link))  # with a PAX header, judged:
+        why, cost = self.headers.check(header=hdr, member=path)
+        if why is not None:
+            return self._unrestorable(path, kind, why)
+        self.headers.admit(cost=cost)
         return True, hdr
 
     def _unrestorable(self, path: str, kind: bytes, why: str) -> tuple[bool, None]:

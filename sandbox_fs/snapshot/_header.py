@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["MemberHeader", "encode_header", "ustar_fits", "BLOCK_BYTES"]
+__all__ = ["MemberHeader", "encode_header", "encode_listed", "ustar_fits", "BLOCK_BYTES"]
 
 BLOCK_BYTES = 512
 _MAX_11_DIGITS = 8 ** 11  # size and mtime: 11 octal digits
@@ -126,6 +126,20 @@ def encode_header(m: MemberHeader) -> bytes:
     if ustar_fits(name, linkname, size, mtime, uid, gid):
         return _ustar(name.encode("ascii"), kind, mode & 0o7777, mtime, size, linkname.encode("ascii"), uid, gid)
     return _pax(name, kind, mode & 0o7777, mtime, size, linkname, uid, gid)
+
+
+def encode_listed(name: str, kind: bytes, mode: int, mtime: int, size: int = 0, linkname: str = "") -> bytes:
+    """:func:`encode_header` of a member that :func:`ustar_fits`, with fields taken from the file system.
+
+    The same bytes as ``encode_header(MemberHeader(name, kind, mode, mtime,
+    size, linkname))``, without its argument checks, which such fields
+    always pass: ``name`` is a walk path (never empty, no NUL, ending in
+    ``/`` exactly when ``kind`` is a directory's), ``linkname`` a link target
+    or member name (no NUL), ``kind`` one of the four persist writes,
+    ``mtime`` and ``size`` ints from ``fstat``.  The caller checked
+    :func:`ustar_fits` (so both names are ASCII).
+    """
+    return _ustar(name.encode("ascii"), kind, mode & 0o7777, mtime, size, linkname.encode("ascii"), 0, 0)
 
 
 def _ustar(name: bytes, kind: bytes, mode: int, mtime: int, size: int, link: bytes, uid: int, gid: int) -> bytes:
