@@ -45,14 +45,16 @@ struct sfs_scan_header {
 
 _Static_assert(sizeof(struct sfs_scan_header) == SFS_SCAN_HEADER_BYTES, "record header layout");
 
-/* Append one record for name (its lstat st) at buf + *used; -EOVERFLOW when it does not fit. */
-static int put_record(char *buf, uint64_t len, uint64_t *used, const char *name, size_t namelen,
-                      const struct stat *st)
+/* The bytes of name's record: the header and the name, zero-padded to a multiple of 8. */
+static uint64_t record_bytes(size_t namelen)
 {
-    uint64_t padded = ((uint64_t)namelen + 7u) & ~(uint64_t)7u;
-    uint64_t need = SFS_SCAN_HEADER_BYTES + padded;
-    if (need > len - *used)
-        return -EOVERFLOW;
+    return SFS_SCAN_HEADER_BYTES + (((uint64_t)namelen + 7u) & ~(uint64_t)7u);
+}
+
+/* Write one record for name (its lstat st) at out, which has record_bytes(namelen) bytes. */
+static void put_record(char *out, const char *name, size_t namelen, const struct stat *st)
+{
+    uint64_t padded = record_bytes(namelen) - SFS_SCAN_HEADER_BYTES;
     struct sfs_scan_header h = {
         .ino = (uint64_t)st->st_ino,
         .dev = (uint64_t)st->st_dev,
@@ -63,25 +65,35 @@ static int put_record(char *buf, uint64_t len, uint64_t *used, const char *name,
         .mode = (uint32_t)st->st_mode,
         .namelen = (uint32_t)namelen,
     };
-    char *out = buf + *used;
     memcpy(out, &h, sizeof h);
     memcpy(out + SFS_SCAN_HEADER_BYTES, name, namelen);
     memset(out + SFS_SCAN_HEADER_BYTES + namelen, 0, padded - namelen);
-    *used += need;
-    return 0;
+}
+
+static int is_dot_or_dotdot(const char *name)
+{
+    return name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
 }
 
 /*
  * Every entry of the directory open (O_RDONLY|O_DIRECTORY) on dfd, with its lstat, as
- * records (scan.h) in buf.  Returns the bytes written, -EOVERFLOW when buf (len bytes) is too
- * small for all of them (call again with a larger one: the listing restarts), or -errno of
- * lseek, getdents64 or an fstatat that failed otherwise than ENOENT.
+ * records (scan.h) in buf.  *need is set on every return: the bytes the records took
+ * (success), or would take (the buffer was too small), or 0 (an error).
+ *
+ * Returns the bytes written (== *need); -ENOBUFS when buf (len bytes) is too small for all
+ * of them, with *need > len: the rest of the listing is still read (not stat-ed) to count
+ * it, so a second call with a buffer of *need bytes (plus room for names added meanwhile)
+ * holds it; or -errno of lseek, getdents64 or an fstatat that failed otherwise than ENOENT,
+ * with *need == 0.  So *need alone tells "buffer too small" from an errno, whatever the
+ * errno (the kernel's own EOVERFLOW included).
  */
-int64_t sfs_scan_dir(int dfd, char *buf, uint64_t len)
+int64_t sfs_scan_dir(int dfd, char *buf, uint64_t len, uint64_t *need)
 {
     char dents[SFS_SCAN_DENTS_BYTES] __attribute__((aligned(8)));
     uint64_t used = 0;
+    int full = 0;                     /* a record did not fit: only counting from here on */
 
+    *need = 0;
     if (lseek(dfd, 0, SEEK_SET) < 0)
         return -errno;
     for (;;) {
@@ -92,22 +104,33 @@ int64_t sfs_scan_dir(int dfd, char *buf, uint64_t len)
             return -errno;
         }
         if (n == 0)
-            return lseek(dfd, 0, SEEK_SET) < 0 ? -errno : (int64_t)used;
+            break;
         for (long off = 0; off < n;) {
             struct sfs_dirent64 *d = (struct sfs_dirent64 *)(dents + off);
             off += d->d_reclen;
             const char *name = d->d_name;
-            if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+            if (is_dot_or_dotdot(name))
                 continue;
+            size_t namelen = strlen(name);
+            uint64_t rec = record_bytes(namelen);
+            if (!full && rec > len - used)
+                full = 1;
+            if (full) {
+                used += rec;
+                continue;
+            }
             struct stat st;
             if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
                 if (errno == ENOENT)
                     continue;           /* removed since the listing: left out */
                 return -errno;
             }
-            int r = put_record(buf, len, &used, name, strlen(name), &st);
-            if (r < 0)
-                return r;
+            put_record(buf + used, name, namelen, &st);
+            used += rec;
         }
     }
+    if (lseek(dfd, 0, SEEK_SET) < 0)
+        return -errno;
+    *need = used;
+    return full ? -ENOBUFS : (int64_t)used;
 }

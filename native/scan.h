@@ -11,4 +11,4 @@
  */
 #define SFS_SCAN_HEADER_BYTES 56
 
-int64_t sfs_scan_dir(int dfd, char *buf, uint64_t len);
+int64_t sfs_scan_dir(int dfd, char *buf, uint64_t len, uint64_t *need);

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
@@ -23,7 +24,7 @@ from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 8
+EXPECTED_ABI = 9
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -304,20 +305,28 @@ def copy_fd(in_fd: int, out_fd: int, max_bytes: int, op: str, sandbox_path: str 
 
 #: bytes of one record header of :func:`scan_dir` (native/scan.h), before the name
 SCAN_HEADER_BYTES = lib.SFS_SCAN_HEADER_BYTES
+#: the most bytes :func:`scan_dir` lists a directory into by default: 64 MiB, about a million names
+#: of 8 bytes or 200,000 of 255 (a record is the header and the name, padded to 8 bytes)
+SCAN_MAX_BYTES = 64 << 20
 _SCAN_FIRST_BYTES = 64 << 10  # a directory of several hundred names fits; a larger one is listed again
+_SCAN_SLACK_BYTES = 16 << 10  # room on a second call for names added since the first counted them
 _scan_alloc = ffi.new_allocator(should_clear_after_alloc=False)  # sfs_scan_dir writes every byte it returns
+_scan_local = threading.local()  # each thread's first buffer and need cell, reused call after call
 
 
-def scan_dir(dfd: int) -> bytes:
+def scan_dir(dfd: int, max_bytes: int | None = None) -> bytes:
     """Every entry of the directory open on ``dfd`` with its ``lstat``, in one native call.
 
     The directory is listed from its start (``getdents64`` on ``dfd``, whose
     file position is put back to the start afterwards) and each name ``fstatat``-ed relative to ``dfd`` with
     ``AT_SYMLINK_NOFOLLOW``; a name removed between the two is left out.  A
-    directory too large for the buffer is listed again with a larger one.
+    directory too large for the first buffer (64 KiB, reused by the calling
+    thread) is listed again into one of the size the first call counted (at
+    least twice the last), up to ``max_bytes``.
 
     Args:
         dfd: an ``O_RDONLY | O_DIRECTORY`` fd.
+        max_bytes: the most bytes of records to list (None: :data:`SCAN_MAX_BYTES`).
 
     Returns:
         The records (native/scan.h): per entry a :data:`SCAN_HEADER_BYTES`
@@ -326,18 +335,31 @@ def scan_dir(dfd: int) -> bytes:
         the order the filesystem lists them.
 
     Raises:
+        OSError(EFBIG): the listing needs more than ``max_bytes`` bytes (no
+            syscall the scan makes returns EFBIG: never the kernel's errno).
         OSError: ``lseek``, ``getdents64`` or an ``fstatat`` failed (without a
-            path: the caller names the directory).
+            path: the caller names the directory); its errno as the kernel gave it.
     """
-    size = _SCAN_FIRST_BYTES
+    if max_bytes is None:
+        max_bytes = SCAN_MAX_BYTES
+    local = _scan_local.__dict__
+    first = local.get("buf")
+    if first is None:
+        first = local["buf"] = _scan_alloc("char[]", _SCAN_FIRST_BYTES)
+        local["need"] = ffi.new("uint64_t *")
+    need = local["need"]
+    buf, size = first, min(_SCAN_FIRST_BYTES, max_bytes)
     while True:
-        buf = _scan_alloc("char[]", size)
-        n = lib.sfs_scan_dir(dfd, buf, size)
+        n = lib.sfs_scan_dir(dfd, buf, size, need)
         if n >= 0:
             return ffi.buffer(buf, n)[:]
-        if n != -errno.EOVERFLOW:
+        if not need[0]:  # an errno (ENOBUFS included, were a syscall to give it): never "too small"
             raise OSError(-n, os.strerror(-n))
-        size *= 4
+        if need[0] > max_bytes:
+            raise OSError(errno.EFBIG, f"a directory listing needs more than {max_bytes} bytes")
+        # at least double: names added between the calls never make it list more than ~10 times
+        size = min(max(need[0] + _SCAN_SLACK_BYTES, 2 * size), max_bytes)
+        buf = _scan_alloc("char[]", size)
 
 
 def new_xfer() -> object:

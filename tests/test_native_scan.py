@@ -110,3 +110,65 @@ def test_property_scan_lists_exactly_the_names_with_their_lstat(tmp_path_factory
         assert got == _by_name(fd)
     finally:
         os.close(fd)
+
+
+def _records_bytes(names: list[bytes]) -> int:
+    return sum(_native.SCAN_HEADER_BYTES + (len(n) + 7) // 8 * 8 for n in names)
+
+
+def test_a_buffer_too_small_is_told_apart_from_an_errno_by_need(tmp_path, dfd):
+    """-ENOBUFS with ``need`` set to the whole listing's bytes; a second call of that size lists it all."""
+    names = [b"%03d" % i + b"n" * 40 for i in range(30)]
+    for n in names:
+        os.close(os.open(os.path.join(os.fsencode(tmp_path), n), os.O_CREAT | os.O_WRONLY, 0o600))
+    whole = _records_bytes(names)
+    ffi, lib = _native.ffi, _native.lib
+    need = ffi.new("uint64_t *")
+    small = ffi.new("char[]", 200)
+    assert lib.sfs_scan_dir(dfd, small, 200, need) == -errno.ENOBUFS
+    assert need[0] == whole > 200
+    big = ffi.new("char[]", whole)
+    assert lib.sfs_scan_dir(dfd, big, whole, need) == whole == need[0]
+    # an errno is never "too small": need stays 0 (ENOTDIR: a file's fd)
+    fd = os.open(os.path.join(os.fsencode(tmp_path), names[0]), os.O_RDONLY)
+    try:
+        assert lib.sfs_scan_dir(fd, big, whole, need) == -errno.ENOTDIR and need[0] == 0
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("err", [errno.EOVERFLOW, errno.ENOBUFS])
+def test_an_errno_from_the_scan_is_raised_as_it_is_never_retried(monkeypatch, dfd, err):
+    """A real EOVERFLOW (or ENOBUFS) from a syscall (``need`` 0) is that errno, not a larger buffer."""
+    calls = []
+
+    class _Lib:
+        @staticmethod
+        def sfs_scan_dir(fd, buf, size, need):  # type: ignore[no-untyped-def]
+            calls.append(size)
+            need[0] = 0
+            return -err
+
+    monkeypatch.setattr(_native, "lib", _Lib)
+    with pytest.raises(OSError) as ei:
+        _native.scan_dir(dfd)
+    assert ei.value.errno == err and len(calls) == 1
+
+
+def test_the_listing_is_bounded(tmp_path, dfd, monkeypatch):
+    """A listing past ``max_bytes`` is EFBIG, and the snapshot walk's limit error."""
+    from sandbox_fs import open_root
+    from sandbox_fs.snapshot import SnapshotLimitError, tree_digest
+
+    names = [b"%04d" % i + b"x" * 100 for i in range(40)]
+    for n in names:
+        os.close(os.open(os.path.join(os.fsencode(tmp_path), n), os.O_CREAT | os.O_WRONLY, 0o600))
+    whole = _records_bytes(names)
+    assert len(_native.scan_dir(dfd, max_bytes=whole)) == whole
+    with pytest.raises(OSError) as ei:
+        _native.scan_dir(dfd, max_bytes=whole - 1)
+    assert ei.value.errno == errno.EFBIG
+    monkeypatch.setattr(_native, "SCAN_MAX_BYTES", whole - 1)
+    with open_root(str(tmp_path)) as ws, pytest.raises(SnapshotLimitError) as li:
+        tree_digest(ws)
+    assert li.value.sandbox_path == "."

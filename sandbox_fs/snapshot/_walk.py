@@ -37,7 +37,7 @@ from ..archive import ArchiveLimitError, UnsafeArchiveMemberError
 from ..errors import SandboxError
 from ..paths import normalize
 from ..root import Root, kind_of
-from ._errors import SnapshotError, SnapshotSourceChangedError
+from ._errors import SnapshotError, SnapshotLimitError, SnapshotSourceChangedError
 
 __all__ = ["WORKSPACE_ID_NAME"]
 
@@ -127,18 +127,21 @@ def _parse_scan(raw: bytes) -> list[tuple[str, _Stat]]:
     return out
 
 
-def _scan_records(raw: bytes) -> dict[bytes, bytes]:
-    """name -> its whole record (header, name, padding), of every record of a directory scan."""
+def _scan_records(raw: bytes) -> tuple[dict[bytes, bytes], list[int]]:
+    """``(name -> its whole record (header, name, padding), each record's offset and then len(raw))`` of a scan."""
     out = {}
+    offs = []
     head = _SCAN_HEADER.size
     name_len = struct.Struct("=I").unpack_from
     off, end = 0, len(raw)
     while off < end:
+        offs.append(off)
         (nlen,) = name_len(raw, off + head - 4)
         nxt = off + head + ((nlen + 7) & ~7)
         out[raw[off + head:off + head + nlen]] = raw[off:nxt]
         off = nxt
-    return out
+    offs.append(end)
+    return out, offs
 
 
 def _scan_entry(rec: bytes) -> tuple[str, _Stat]:
@@ -156,18 +159,24 @@ class _Listing(Sequence[tuple[str, _Stat]]):
     :mod:`._layers`) compares ``raw`` and never decodes an entry.
     """
 
-    __slots__ = ("raw", "_items", "_records")
+    __slots__ = ("raw", "_items", "_records", "_offsets")
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
         self._items: list[tuple[str, _Stat]] | None = None
         self._records: dict[bytes, bytes] | None = None
+        self._offsets: list[int] = []
 
     def records(self) -> dict[bytes, bytes]:
         """name -> its scan record (see :func:`_scan_records`)."""
         if self._records is None:
-            self._records = _scan_records(self.raw)
+            self._records, self._offsets = _scan_records(self.raw)
         return self._records
+
+    def offsets(self) -> list[int]:
+        """Where each record starts in ``raw``, in listed order, then ``len(raw)``."""
+        self.records()
+        return self._offsets
 
     def items(self) -> list[tuple[str, _Stat]]:
         if self._items is None:
@@ -201,7 +210,8 @@ def _list_dir(dfd: int) -> Sequence[tuple[str, StatLike]]:
     the opens that follow it.)
 
     Raises:
-        OSError: the directory cannot be read.
+        OSError: the directory cannot be read; EFBIG: its listing needs more than
+            :data:`sandbox_fs._native.SCAN_MAX_BYTES`.
     """
     # host-access: none; lists a directory fd opened beneath the workspace Root (no path is walked)
     return _Listing(_native.scan_dir(dfd))
@@ -413,6 +423,7 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
 
     Raises:
         SnapshotSourceChangedError: a directory was replaced after its listing (retryable).
+        SnapshotLimitError: a directory's listing needs more than :data:`sandbox_fs._native.SCAN_MAX_BYTES`.
         OSError: a directory cannot be read (with its sandbox path, never a host path).
     """
     root_dev = ws.stat(".").st_dev
@@ -427,6 +438,10 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
             try:
                 listing = _list_dir(dfd)
             except OSError as exc:
+                if exc.errno == errno.EFBIG:  # the scan's own bound, never a kernel errno (see scan_dir)
+                    raise SnapshotLimitError("directory has more names than one listing holds",
+                                             sandbox_path=dpath or ".",
+                                             context={"max_listing_bytes": _native.SCAN_MAX_BYTES}) from None
                 _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
             taken = begin_dir(dpath, listing, dfd) if begin_dir is not None else None
             if taken is not None:
