@@ -35,8 +35,9 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             expect_generation: int | None = None, expect_digest: str | None = None) -> PersistReport:
     """Stream the workspace into ``store`` as snapshot ``name``.  Blocking: call from one worker thread.
 
-    Uses one more thread of its own (the archive writer, see
-    :class:`_WriterThread`), always joined before this returns or raises.
+    Uses one more thread of its own once the archive outgrows one buffer
+    (the archive writer, see :class:`_WriterThread`), always joined before
+    this returns or raises.
 
     Args:
         ws: the workspace Root (read through it only; never follows a symlink).

@@ -76,6 +76,18 @@ class PendingSha:
         return self.sha.hexdigest()
 
 
+def _buffer() -> memoryview:
+    """A zero-filled buffer of ``_WRITE_BUF_BYTES``.
+
+    A ``bytearray``, not an anonymous ``mmap``: glibc serves it from its heap
+    once the first one was freed (its mmap threshold rises past 1 MiB), so a
+    later persist finds the pages already mapped, where a fresh mapping
+    faulted in each of its 256 pages again on every persist (a 1% layer of
+    the stdlib tree took longer).
+    """
+    return memoryview(bytearray(_WRITE_BUF_BYTES))
+
+
 class _WriterThread:
     """The persist writer thread: writes filled buffers to the sink, in order.
 
@@ -203,7 +215,11 @@ class _TarStream:
     SHA-256-hashed there for the fingerprint.  With a sink, there are two
     buffers and a :class:`_WriterThread`: while this thread walks, builds
     headers and reads files into one buffer, the writer writes the other
-    to the sink (which CRC-32s and counts every byte).  So each file byte
+    to the sink (which CRC-32s and counts every byte).  The thread and the
+    second buffer are started when the first buffer is full: an archive
+    that fits one buffer (a layer of a few changed files) is written by
+    :meth:`close` in the caller's thread, with no thread started and no
+    hand-off to wait for.  So each file byte
     is read once, hashed once and written once, and memory stays two
     buffers however large the workspace.  The caller must :meth:`stop` the
     writer on every path (success or failure) before the sink's fd is closed.
@@ -219,17 +235,22 @@ class _TarStream:
 
     def __init__(self, sink: "_HashingSink | None") -> None:
         self.sink = sink
-        self.view = memoryview(bytearray(_WRITE_BUF_BYTES))
+        self.view = _buffer()
         self.pos = 0
         self.total = 0  # bytes handed to the sink so far
-        self._writer: _WriterThread | None = None
-        if sink is not None:
-            self._writer = _WriterThread(sink, memoryview(bytearray(_WRITE_BUF_BYTES)))
+        self._writer: _WriterThread | None = None  # started when the first buffer is full
 
     @property
     def writes(self) -> bool:
         """True when members go to a sink; False when file data is only hashed."""
-        return self._writer is not None
+        return self.sink is not None
+
+    def _writer_thread(self) -> _WriterThread:
+        """The writer thread, started on first use with a second buffer (see the class docstring)."""
+        if self._writer is None:
+            assert self.sink is not None
+            self._writer = _WriterThread(self.sink, _buffer())
+        return self._writer
 
     def flush(self) -> None:
         """Hand the buffered bytes to the writer thread and switch buffers.
@@ -237,12 +258,12 @@ class _TarStream:
         Raises:
             OSError: writing an earlier buffer to the sink failed (ENOSPC ...).
         """
-        if self._writer is None:
+        if self.sink is None:
             self.pos = 0
             return
         if not self.pos:
             return
-        self.view = self._writer.swap(self.view, self.pos)  # returns once the other buffer is written
+        self.view = self._writer_thread().swap(self.view, self.pos)  # returns once the other buffer is written
         self.total += self.pos
         self.pos = 0
 
@@ -251,8 +272,7 @@ class _TarStream:
         if self.pos + n > _WRITE_BUF_BYTES:
             self.flush()
             if n > _WRITE_BUF_BYTES:  # a very long PAX header; never in practice (PATH_MAX)
-                assert self._writer is not None
-                self._writer.write_now(data)
+                self._writer_thread().write_now(data)
                 self.total += n
                 return
         self.view[self.pos:self.pos + n] = data
@@ -260,7 +280,7 @@ class _TarStream:
 
     def add(self, hdr: bytes) -> None:
         """Append a member header without data (directory, symlink, hard link): its bytes from ``encode_header``."""
-        if self._writer is not None:
+        if self.sink is not None:
             self._put(hdr)
 
     def add_file(self, size: int, fd: int, path: str, hdr: bytes | None, defer: bool = False) -> str | PendingSha:
@@ -284,12 +304,13 @@ class _TarStream:
             SnapshotSourceChangedError: the file shrank or grew while read.
             OSError: reading ``fd`` or writing the sink failed.
         """
-        if self._writer is not None:
+        threaded = self.sink is not None  # data stays in the buffer (else it is only hashed there)
+        if threaded:
             assert hdr is not None, "a written member needs its header"
             self._put(hdr)
         sha = hashlib.sha256()
-        threaded = self._writer is not None
-        offload = self._writer if defer and size >= OFFLOAD_SHA_BYTES else None
+        # (a file hashed by the writer thread starts it, if the first buffer has not yet)
+        offload = self._writer_thread() if threaded and defer and size >= OFFLOAD_SHA_BYTES else None
         seq = 0
         left = size
         while True:
@@ -334,11 +355,16 @@ class _TarStream:
         Raises:
             OSError: writing the sink failed.
         """
-        assert self._writer is not None
+        assert self.sink is not None
         self._put(_ZEROS[:2 * _BLOCK_BYTES])
         pad = -(self.total + self.pos) % _RECORD_BYTES
         if pad:
             self._put(_ZEROS[:pad])
+        if self._writer is None:  # the whole archive fit one buffer: written here, no thread was started
+            self.sink.write(self.view[:self.pos])
+            self.total += self.pos
+            self.pos = 0
+            return
         self.flush()
         self._writer.drain()
 
