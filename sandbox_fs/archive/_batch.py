@@ -20,7 +20,8 @@ __all__ = ["FileBatch", "CopyThread", "BATCH_FILES", "BATCH_BYTES"]
 
 #: a batch of queued new files is handed to the helper thread at this many files ...
 BATCH_FILES = 64
-#: ... or this many data bytes; a larger member is written one by one (cancellable once a MiB)
+#: ... or this many data bytes; a larger member is a batch of its own, or written one by one (cancellable once
+#: a MiB) when the extraction can be cancelled
 BATCH_BYTES = 8 << 20
 
 

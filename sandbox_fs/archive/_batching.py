@@ -6,6 +6,10 @@ after every check the one-by-one path makes (name rules, ``_parents``, limits
 counted from the declared size before any byte is copied, and only once the
 source file is known to hold the member's data and padding: a short source
 goes one by one, so both paths give the same error for the same archive).
+A member over :data:`BATCH_BYTES` is queued too (as a batch of its own) when
+the extraction cannot be cancelled (no ``check_cancel``: a cancellable one
+writes it one by one, checking for a cancel once a MiB), so its copy also
+runs beside the parsing of the headers after it.
 Batches of up to :data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes are
 created and filled by ONE native call in one helper thread per extraction,
 while the calling thread parses the next headers: each file is created by its
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .. import _native
 from ..errors import SandboxError
@@ -78,6 +82,7 @@ class BatchedFiles:
     _threaded: bool
     _batch_failed: bool
     _mode_flags_cache: dict[int, tuple[int, int]]
+    check_cancel: Callable[[], None] | None
 
     def can_batch(self) -> bool:
         """True when new plain files may be queued (atomic mode, no ownership to apply)."""
@@ -103,7 +108,7 @@ class BatchedFiles:
 
         Returns:
             False when the member is not for this path (a name already seen, the
-            destination's own name, over :data:`BATCH_BYTES`, a source file too
+            destination's own name, over :data:`BATCH_BYTES` in a cancellable extraction, a source file too
             short for its data): nothing was done, the caller uses
             :meth:`add_file`.  True when queued.
 
@@ -117,8 +122,8 @@ class BatchedFiles:
             ArchiveFormatError, OSError: an earlier batch failed (raised in
                 archive order, with that member's name).
         """
-        if size > BATCH_BYTES:
-            return False
+        if size > BATCH_BYTES and self.check_cancel is not None:
+            return False  # written one by one, cancellable once a MiB
         if size < 0:
             raise ArchiveFormatError("negative member size", member=name)
         path = normalize_member(name, self.limits)
