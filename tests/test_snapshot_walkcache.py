@@ -38,7 +38,7 @@ from sandbox_fs.snapshot import (
     persist,
     tree_digest,
 )
-from sandbox_fs.snapshot import _layers, _walk
+from sandbox_fs.snapshot import _entries, _layers, _walk
 from sandbox_fs.snapshot._index import encode_index
 from tests.test_snapshot import _host_view, _move_out_and_plant
 from tests.test_snapshot_generations import DictObjects
@@ -117,6 +117,32 @@ def test_an_unchanged_tree_is_taken_over_directory_by_directory(tree, monkeypatc
     assert info.chain_length == 2 and info.deleted == 0
     assert _members(objects, info) == ["c/link"]
     assert info.tree_digest == tree_digest(w)
+    _check_index(store, objects)
+
+
+def test_an_unchanged_tree_takes_the_parent_walks_digest_state(tree, monkeypatch):
+    """Every directory taken over whole, at the parent walk's place: no digest record is hashed again, and
+    the digest is still a full walk's; a change in the last directory walked is hashed after the others."""
+    ws, w, objects, store = tree
+    (ws / "c" / "link").unlink()  # (a symlink is always written again: its directory is never taken whole)
+    _tick()
+    persist(w, store, "s")
+    _tick()
+    hashed: list[bytes] = []
+    real = _entries._Digest.add_records
+    monkeypatch.setattr(_entries._Digest, "add_records", lambda self, recs: hashed.append(recs) or real(self, recs))
+    for _ in range(2):
+        info = persist(w, store, "s").info
+        assert hashed == [] and info.tree_digest == tree_digest(w)
+        _check_index(store, objects)
+        _tick()
+    odd = ws / "c" / os.fsdecode(b"odd\xff\n\"name\\")  # "c": the last directory in walk order
+    odd.write_text("odd, changed\n")
+    info = persist(w, store, "s").info
+    assert len(hashed) == 4 and info.tree_digest == tree_digest(w)  # "", "a", "a/b", "big"; then "c" itself
+    _tick()
+    info = persist(w, store, "s").info  # the jump again, to the state the walk before it left
+    assert len(hashed) == 4 and info.tree_digest == tree_digest(w)
     _check_index(store, objects)
 
 

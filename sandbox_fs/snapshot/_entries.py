@@ -134,6 +134,16 @@ class _Digest:
         else:
             self.sha.update(recs)
 
+    def state(self) -> Any:
+        """A copy of the SHA-256 state (nothing may be queued: a layered walk never queues)."""
+        assert not self._queue, "a layered walk hashes its files itself"
+        return self.sha.copy()
+
+    def resume(self, state: Any) -> None:
+        """Continue from a :meth:`state` taken after the very records added so far (they are not hashed again)."""
+        assert not self._queue, "a layered walk hashes its files itself"
+        self.sha = state.copy()
+
     def hexdigest(self) -> str:
         """The tree digest; only once every pending content is hashed (after the tar stream's ``close``).
 
@@ -308,15 +318,17 @@ class _WalkState:
         #: when a list, every subdirectory admit_dir admits is appended to it
         self.admitted: list[_ListedEntry] | None = None
 
-    def take_chunk(self, entries: list[IndexEntry], digest: bytes, fixups: list[tuple[str, int]],
+    def take_chunk(self, entries: list[IndexEntry], digest: bytes | None, fixups: list[tuple[str, int]],
                    content: int) -> None:
         """Record a directory's entries as a previous walk recorded them (see :mod:`._layers`).
 
         The caller checked that they fit ``max_entries`` and ``max_total_bytes``.
+        ``digest``: their tree-digest records (None: the caller accounts for them in the digest).
         """
         self.entries += len(entries)
         self.content += content
-        self.digest.add_records(digest)
+        if digest is not None:
+            self.digest.add_records(digest)
         if self.records is not None:
             self.records.extend(entries)
         if self.fixups is not None:

@@ -118,11 +118,18 @@ class _Chunk:
 
 @dataclass
 class _WalkCache:
-    """The chunks of one walk by directory path, and the options they hold for."""
+    """The chunks of one walk by directory path, and the options they hold for.
+
+    ``order``: the chunks in walk order; ``sha``: a copy of the tree digest's
+    SHA-256 state after the last of them (before the multi-linked files hashed
+    after the walk), or None.
+    """
 
     config: tuple[object, ...]
     chunks: dict[str, _Chunk]
     complete: bool  # every entry of the index is in a chunk (none deferred to the end)
+    order: list[_Chunk] = field(default_factory=list)
+    sha: Any = None
 
 
 @dataclass
@@ -197,13 +204,18 @@ class Layering:
         self._paths: list[str] = []  # the directory of each of _chunks
         self._open: _Open | None = None
         self._fast: dict[str, IndexEntry] | None = None
+        #: digest records of the directories taken over whole so far, not hashed yet: while every directory
+        #: is the parent walk's chunk at the same place, the digest may jump to the parent's state at the end
+        #: (:meth:`_end_dirs`); None once one is not (everything after is hashed as it is recorded)
+        self._deferred: list[bytes] | None = []
+        self._sha_end: Any = None  # the digest's state after the last directory (for the next walk's jump)
 
     def setup(self, state: _WalkState) -> None:
         """Make the walk record index entries, and (for a layer) skip unchanged entries."""
         self._state = state
         state.records = self.records
         state.begin_dir = self.begin_dir
-        state.end_dirs = self._close
+        state.end_dirs = self._end_dirs
         self._config = (state.prune, state.limits, state.on_unrestorable, self.dev)
         if self.parent is not None:
             state.reuse = self.reuse
@@ -272,7 +284,13 @@ class Layering:
             if old.key == key and not old.racy and self._fits_whole(old):
                 if old.joined is None:
                     old.joined = b"".join(old.dparts)
-                state.take_chunk(old.entries, old.joined, old.fixups, old.content)
+                cache, deferred, at = self._cache, self._deferred, len(self._chunks)
+                if deferred is not None and cache is not None and at < len(cache.order) and cache.order[at] is old:
+                    deferred.append(old.joined)  # hashed later, or never (see _end_dirs)
+                    state.take_chunk(old.entries, None, old.fixups, old.content)
+                else:
+                    self._undefer()
+                    state.take_chunk(old.entries, old.joined, old.fixups, old.content)
                 self._chunks.append(old)
                 self._paths.append(dpath)
                 return old.subdirs
@@ -290,10 +308,38 @@ class Layering:
         self._start(dpath, key, listing, None, [])
         return None
 
+    def _undefer(self) -> None:
+        """Hash the deferred digest records (in walk order); from now on everything is hashed as recorded."""
+        deferred, state = self._deferred, self._state
+        assert state is not None
+        self._deferred = None
+        for recs in deferred or ():
+            state.digest.add_records(recs)
+
+    def _end_dirs(self) -> None:
+        """After the last directory: close its chunk, settle the digest (see ``_deferred``) and keep its state.
+
+        When every directory was taken over whole from the parent walk's
+        chunk at the same place (a tree with nothing changed), the digest
+        input so far is the parent walk's, so its state is the parent's
+        saved one: the records are not hashed again.
+        """
+        self._close()
+        state, cache = self._state, self._cache
+        assert state is not None
+        if self._deferred is not None and cache is not None and cache.sha is not None \
+                and len(self._chunks) == len(cache.order):
+            state.digest.resume(cache.sha)
+            self._deferred = None
+        else:
+            self._undefer()
+        self._sha_end = state.digest.state()
+
     def _start(self, dpath: str, key: bytes | None, listing: Sequence[tuple[str, StatLike]], old: _Chunk | None,
                changed: list[int]) -> None:
         state = self._state
         assert state is not None
+        self._undefer()  # this directory's records are hashed as they are recorded
         self._open = _Open(dpath, key, listing, len(self.records), len(state.fixups or ()), state.content,
                            state.entries, len(state.skipped), old=old, changed=changed)
         state.admitted = self._open.subdirs
@@ -468,7 +514,7 @@ class Layering:
         encoded = _pack(self.time_ns, self.dev, chunks, tail, deleted, deflater)
         cache = None
         if len(entries) <= _CACHE_MAX_ENTRIES and self._chunks:
-            cache = _WalkCache(self._config, dict(zip(self._paths, chunks)), not tail)
+            cache = _WalkCache(self._config, dict(zip(self._paths, chunks)), not tail, chunks, self._sha_end)
         return Index(self.time_ns, self.dev, entries, deleted, encoded=encoded, walk_cache=cache)
 
     def _deleted(self, entries: list[IndexEntry], chunks: list[_Chunk], tail: list[IndexEntry]) -> list[str]:
