@@ -330,14 +330,11 @@ def layers(base_parent: str, rounds: int) -> None:
             store.remove("flat")
             persist(ws, store, "flat", on_unrestorable="skip")
             hydrate(out, store, "flat")  # warm-up
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                hydrate(out, store, "chain")
-                t1 = time.perf_counter()
-                hydrate(out, store, "flat")
-                t2 = time.perf_counter()
-                chain_h.append(t1 - t0)
-                flat_h.append(t2 - t1)
+            for r in range(rounds):  # the order alternates: neither one always follows the other
+                for kind in (("chain", "flat") if r % 2 == 0 else ("flat", "chain")):
+                    t0 = time.perf_counter()
+                    hydrate(out, store, kind)
+                    (chain_h if kind == "chain" else flat_h).append(time.perf_counter() - t0)
         med = statistics.median
         ms, mo, mt, mc, mf = med(same), med(one), med(tar), med(chain_h), med(flat_h)
         print(f"layers re-persist, nothing changed {ms * 1000:7.1f} ms, 1% changed {mo * 1000:7.1f} ms, "
