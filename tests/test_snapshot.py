@@ -675,6 +675,48 @@ def test_writer_thread_write_error_commits_nothing_and_previous_snapshot_still_h
     assert os.listdir(dst) == ["keep"] and (dst / "keep").read_text() == "previous snapshot"
 
 
+@pytest.mark.parametrize("fail", [False, True])
+def test_an_archive_of_one_buffer_is_written_at_close_without_a_writer_thread(layout, store, monkeypatch, tmp_path,
+                                                                            fail):
+    """An archive that fits one buffer is written by the persisting thread at close (no writer thread); a write
+    error there surfaces the same way: nothing committed, no fd left, the previous snapshot still restores."""
+    import errno
+
+    import sandbox_fs.snapshot as snap
+
+    (layout.ws / "keep").write_text("previous snapshot")
+    with open_root(layout.ws) as ws:
+        first = persist(ws, store, "s").info
+    (layout.ws / "more").write_text("more")
+    real_write = snap._store._HashingSink.write
+    calls = []
+
+    def write(self, b):
+        calls.append(threading.current_thread())
+        if fail:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, b)
+
+    monkeypatch.setattr(snap._store._HashingSink, "write", write)
+    threads = threading.active_count()
+    with open_root(layout.ws) as ws:
+        fds = _open_fds()
+        if fail:
+            with pytest.raises(OSError) as ei:
+                persist(ws, store, "s")
+            assert ei.value.errno == errno.ENOSPC and store.info("s") == first
+        else:
+            assert persist(ws, store, "s").info.entries == 2
+        assert _open_fds() == fds
+    assert calls == [threading.current_thread()] and threading.active_count() == threads
+    monkeypatch.setattr(snap._store._HashingSink, "write", real_write)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with open_root(dst) as d:
+        hydrate(d, store, "s")
+    assert sorted(os.listdir(dst)) == (["keep"] if fail else ["keep", "more"])
+
+
 def test_tiny_writer_buffers_round_trip_headers_longer_than_a_buffer(layout, store, monkeypatch, tmp_path):
     """With 1 KiB buffers, PAX headers longer than a buffer and many buffer swaps still round-trip exactly."""
     import sandbox_fs.snapshot as snap
