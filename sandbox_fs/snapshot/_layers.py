@@ -27,11 +27,13 @@ entry by entry, and each entry the parent's chunk proves unchanged is taken
 over without the name rule (the same options ran it on the same path).
 
 *The index object* of such a walk is encoded per directory: each chunk's
-entries as JSON text, deflated on their own and flushed to a byte boundary
-(``Z_SYNC_FLUSH``); a taken-over directory's piece is reused.  The pieces,
-between a zlib header and the final block with the Adler-32 of the whole
-text, make one ordinary zlib stream of the document :func:`._index.encode_index`
-writes (:func:`_pack`).
+entries as JSON text in segments of :data:`_SEG` entries, each deflated on
+its own and flushed to a byte boundary with no reference to what came
+before (``Z_FULL_FLUSH``, see :class:`_Deflater`); a taken-over directory's
+whole piece is reused, and a directory with a few changed entries
+re-encodes only their segments.  The pieces, between a zlib header and the
+final block with the Adler-32 of the whole text, make one ordinary zlib
+stream of the document :func:`._index.encode_index` writes (:func:`_pack`).
 """
 
 from __future__ import annotations
