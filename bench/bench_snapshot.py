@@ -11,7 +11,7 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
     (no fsync, no verification, no fingerprint).
   Both use the machine's second core: the pipe runs two tar processes at
   once; persist writes (and CRC-32s) the archive in a writer thread while
-  it walks and reads (the writer also SHA-256s files of 16 KiB or more when
+  it walks and reads (the writer also SHA-256s files of 64 KiB or more when
   no index is recorded, as here), and reads the committed archive back in
   two threads; hydrate computes the archive's CRC-32 in a thread while it
   extracts, and its helper thread makes the files (large ones too).  The CPU time (user + sys) of both sides is printed
