@@ -134,6 +134,7 @@ def test_an_unchanged_tree_takes_the_parent_walks_digest_state(tree, monkeypatch
     for _ in range(2):
         info = persist(w, store, "s").info
         assert hashed == [] and info.tree_digest == tree_digest(w)
+        assert objects.objs[info.archive][0] == bytes(10240) and _members(objects, info) == []  # the end record
         _check_index(store, objects)
         _tick()
     odd = ws / "c" / os.fsdecode(b"odd\xff\n\"name\\")  # "c": the last directory in walk order

@@ -120,9 +120,13 @@ def _content_etag(fd: int, size: int) -> str:
     return h.hexdigest()[:32]
 
 
-def _info_of_fd(key: str, fd: int, st: os.stat_result) -> ObjectInfo:
+def _info_of_fd(key: str, fd: int, st: os.stat_result, written: bytes | None = None) -> ObjectInfo:
+    """The object's info from its fd; ``written``: the bytes this process just wrote to it (not read back)."""
     if st.st_size <= CONTENT_ETAG_MAX_BYTES:
-        etag = _content_etag(fd, st.st_size)
+        if written is not None and len(written) == st.st_size:
+            etag = hashlib.sha256(written).hexdigest()[:32]
+        else:
+            etag = _content_etag(fd, st.st_size)
     else:
         etag = f"i{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ctime_ns:x}"
     return ObjectInfo(key, st.st_size, etag, st.st_mtime)
@@ -314,7 +318,7 @@ class LocalObjects:
                         raise SnapshotConflictError("the object changed since it was read", sandbox_path=None,
                                                     context={"key": key})
                 self._place(writer.partial, key)
-            return _info_of_fd(key, writer.fileno(), os.fstat(writer.fileno()))
+            return _info_of_fd(key, writer.fileno(), os.fstat(writer.fileno()), data)
         except (OSError, SandboxError) as exc:
             if isinstance(exc, (SnapshotStoreError, SnapshotConflictError)):
                 raise

@@ -237,10 +237,21 @@ class _TarStream:
 
     def __init__(self, sink: "_HashingSink | None") -> None:
         self.sink = sink
-        self.view = _buffer()
+        self._view: memoryview | None = None  # made on first use (an empty archive needs none)
         self.pos = 0
         self.total = 0  # bytes handed to the sink so far
         self._writer: _WriterThread | None = None  # started when the first buffer is full
+
+    @property
+    def view(self) -> memoryview:
+        """The buffer being filled."""
+        if self._view is None:
+            self._view = _buffer()
+        return self._view
+
+    @view.setter
+    def view(self, buf: memoryview) -> None:
+        self._view = buf
 
     @property
     def writes(self) -> bool:
@@ -358,6 +369,10 @@ class _TarStream:
             OSError: writing the sink failed.
         """
         assert self.sink is not None
+        if self._writer is None and not self.pos:  # no member (a layer of an unchanged tree): the end record only
+            self.sink.write(_ZEROS)
+            self.total = len(_ZEROS)
+            return
         self._put(_ZEROS[:2 * _BLOCK_BYTES])
         pad = -(self.total + self.pos) % _RECORD_BYTES
         if pad:
