@@ -9,6 +9,9 @@ Used two ways:
   endpoint from ``SFS_S3_ENDPOINT`` when set, otherwise a server started for
   this pytest session (stopped at its end), or a skip whose reason says why
   none could start.
+- :func:`rerun_transient` / :func:`arerun_transient`: run a test step again
+  (at most :data:`TRANSIENT_RUNS` runs) when the one server of the run fails
+  it transiently, as a host retries a ``snapshot_store_unavailable``.
 
 All ports (master, volume, filer, S3 and their gRPC ports) are picked free
 at start; only 127.0.0.1 is bound; data lives in a temp directory.  It has
@@ -30,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Awaitable, Callable, TypeVar
 
 ENV_ENDPOINT = "SFS_S3_ENDPOINT"
 ENV_PID = "SFS_S3_PID"  # its pid, set by scripts/test.sh beside the endpoint (tests pause it with SIGSTOP)
@@ -38,6 +42,59 @@ START_TIMEOUT = 60.0
 # the one identity the server accepts (a wrong key or secret is refused, as by a real store)
 ACCESS_KEY = "sfs-test"
 SECRET_KEY = "sfs-test-secret-0123456789"
+
+
+#: runs of a test step that the server fails transiently, the first included
+TRANSIENT_RUNS = 3
+_T = TypeVar("_T")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a retryable ``snapshot_store_unavailable`` (``SnapshotStoreError``), or one it was raised from.
+
+    A group of exceptions (a trio nursery's) is transient when every one in it is.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_transient(e) for e in exc.exceptions)
+    cur: BaseException | None = exc
+    while cur is not None:
+        if getattr(cur, "code", None) == "snapshot_store_unavailable" and getattr(cur, "retryable", False):
+            return True
+        cur = cur.__cause__
+    return False
+
+
+def rerun_transient(run: Callable[[int], _T], runs: int = TRANSIENT_RUNS) -> _T:
+    """``run(attempt)``, run again (``attempt`` 1, 2 ...: make fresh names and stores) on a transient store failure.
+
+    The S3 tests share one SeaweedFS with the whole suite on two cores, and
+    it occasionally drops a connection or answers 5xx past botocore's own
+    retries; the store reports that as ``snapshot_store_unavailable``
+    (retryable), and what a host does with it is try again.  Any other
+    failure, and the last run's, is raised.
+    """
+    for attempt in range(runs):
+        try:
+            return run(attempt)
+        except Exception as exc:
+            if attempt == runs - 1 or not is_transient(exc):
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+async def arerun_transient(run: Callable[[int], Awaitable[_T]], runs: int = TRANSIENT_RUNS) -> _T:
+    """:func:`rerun_transient` for a trio test step."""
+    import trio
+
+    for attempt in range(runs):
+        try:
+            return await run(attempt)
+        except Exception as exc:
+            if attempt == runs - 1 or not is_transient(exc):
+                raise
+            await trio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 @dataclass

@@ -10,10 +10,11 @@ Tests specific to one implementation are at the end.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -58,10 +59,44 @@ def objects(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     else:
         pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
         server = request.getfixturevalue("s3_server")
-        store = make_s3(server.endpoint, f"contract/{os.getpid()}-{next(_counter)}", max_attempts=2)
+
+        def fresh() -> Any:
+            return make_s3(server.endpoint, f"contract/{os.getpid()}-{next(_counter)}", max_attempts=2)
+
+        store = fresh()
+        store.fresh = fresh  # for _reruns
     yield store
     store.abort_stale_uploads(0)
     store.close()
+
+
+def _reruns(test: Callable[..., None]) -> Callable[..., None]:
+    """Run a contract test on S3 again, on a fresh store, when the run's one server fails it transiently.
+
+    At most ``_seaweed.TRANSIENT_RUNS`` runs (see ``_seaweed.rerun_transient``);
+    a failure that is not a retryable ``snapshot_store_unavailable`` fails the
+    test at once.  Local stores run once.
+    """
+
+    @functools.wraps(test)
+    def run(*args: Any, objects: Any, **kw: Any) -> None:
+        fresh = getattr(objects, "fresh", None)
+        if fresh is None:
+            return test(*args, objects=objects, **kw)
+        import _seaweed
+
+        def once(attempt: int) -> None:
+            store = objects if attempt == 0 else fresh()
+            try:
+                test(*args, objects=store, **kw)
+            finally:
+                if store is not objects:
+                    with contextlib.suppress(Exception):
+                        store.abort_stale_uploads(0)
+
+        _seaweed.rerun_transient(once)
+
+    return run
 
 
 def _keys(store: Any, prefix: str = "") -> list[str]:
@@ -71,6 +106,7 @@ def _keys(store: Any, prefix: str = "") -> list[str]:
 # -- reading and writing
 
 
+@_reruns
 def test_put_bytes_round_trip(objects: Any) -> None:
     info = objects.put_bytes("gens/a/pointer", b"hello")
     assert info.key == "gens/a/pointer" and info.size == 5 and info.etag
@@ -79,6 +115,7 @@ def test_put_bytes_round_trip(objects: Any) -> None:
     assert head is not None and head.size == 5 and head.etag == info.etag
 
 
+@_reruns
 def test_missing_object(objects: Any) -> None:
     assert objects.head("nope") is None
     with pytest.raises(SnapshotNotFoundError):
@@ -88,6 +125,7 @@ def test_missing_object(objects: Any) -> None:
     objects.delete("nope")  # no error
 
 
+@_reruns
 def test_get_bytes_limit(objects: Any) -> None:
     objects.put_bytes("k", b"x" * 100)
     assert objects.get_bytes("k", 100) == b"x" * 100
@@ -95,6 +133,7 @@ def test_get_bytes_limit(objects: Any) -> None:
         objects.get_bytes("k", 99)
 
 
+@_reruns
 def test_etag_changes_with_content(objects: Any) -> None:
     a = objects.put_bytes("k", b"one")
     b = objects.put_bytes("k", b"two")
@@ -103,6 +142,7 @@ def test_etag_changes_with_content(objects: Any) -> None:
     assert head is not None and head.etag == b.etag
 
 
+@_reruns
 def test_stream_visible_only_at_commit(objects: Any) -> None:
     writer = objects.put_stream("data/big")
     for i in range(8):
@@ -118,6 +158,7 @@ def test_stream_visible_only_at_commit(objects: Any) -> None:
     assert head is not None and head.etag == info.etag and head.size == info.size
 
 
+@_reruns
 def test_stream_abort_and_abandon_leave_nothing(objects: Any) -> None:
     objects.put_bytes("data/x", b"old")
     writer = objects.put_stream("data/x")
@@ -130,6 +171,7 @@ def test_stream_abort_and_abandon_leave_nothing(objects: Any) -> None:
     assert _keys(objects) == ["data/x"]
 
 
+@_reruns
 def test_stream_replaces_at_commit(objects: Any) -> None:
     objects.put_bytes("data/x", b"old")
     writer = objects.put_stream("data/x")
@@ -139,6 +181,7 @@ def test_stream_replaces_at_commit(objects: Any) -> None:
     assert objects.get_bytes("data/x", 10) == b"new"
 
 
+@_reruns
 def test_multipart_stream(objects: Any) -> None:
     # 2.5 parts, written in odd-sized chunks: parts are cut at the part size, not at write boundaries
     blob = os.urandom(MIN_PART // 2) * 5
@@ -156,6 +199,7 @@ def test_multipart_stream(objects: Any) -> None:
     assert head is not None and head.etag == info.etag
 
 
+@_reruns
 def test_open_range(objects: Any) -> None:
     payload = bytes(range(256)) * 40
     objects.put_bytes("r", payload)
@@ -167,6 +211,7 @@ def test_open_range(objects: Any) -> None:
         assert got == payload[start:end], (start, length)
 
 
+@_reruns
 def test_list_prefix_and_order(objects: Any) -> None:
     keys = ["b/2", "a/1", "a/10/x", "a/1x", "a.b", "c", "a/2/deep/key"]
     for k in keys:
@@ -180,6 +225,7 @@ def test_list_prefix_and_order(objects: Any) -> None:
     assert sizes == {k: len(k) for k in keys}
 
 
+@_reruns
 def test_delete(objects: Any) -> None:
     objects.put_bytes("g/1/a", b"1")
     objects.put_bytes("g/1/b", b"2")
@@ -194,6 +240,7 @@ def test_delete(objects: Any) -> None:
 # -- conditional writes
 
 
+@_reruns
 def test_if_none_match(objects: Any) -> None:
     objects.put_bytes("p", b"1", if_none_match=True)
     with pytest.raises(SnapshotConflictError):
@@ -201,6 +248,7 @@ def test_if_none_match(objects: Any) -> None:
     assert objects.get_bytes("p", 10) == b"1"
 
 
+@_reruns
 def test_if_match(objects: Any) -> None:
     first = objects.put_bytes("p", b"gen 1")
     second = objects.put_bytes("p", b"gen 2", if_match=first.etag)
@@ -212,12 +260,14 @@ def test_if_match(objects: Any) -> None:
     assert objects.get_bytes("p", 100) == b"gen 3"
 
 
+@_reruns
 def test_if_match_missing_object(objects: Any) -> None:
     with pytest.raises(SnapshotConflictError):
         objects.put_bytes("p", b"x", if_match="0123456789abcdef")
     assert objects.head("p") is None
 
 
+@_reruns
 def test_two_writers_exactly_one_wins(objects: Any) -> None:
     base = objects.put_bytes("ptr", b"gen 0")
     rounds, writers = 2, 5
@@ -254,6 +304,7 @@ BAD_KEYS = ["", "/a", "a/", "a//b", "..", "../x", "a/../b", "a/./b", ".hidden", 
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
+@_reruns
 def test_bad_keys_refused(objects: Any, key: str) -> None:
     with pytest.raises(ValueError):
         objects.put_bytes(key, b"x")
@@ -268,6 +319,7 @@ def test_bad_keys_refused(objects: Any, key: str) -> None:
     assert _keys(objects) == []
 
 
+@_reruns
 def test_abort_stale_uploads(objects: Any) -> None:
     writer = objects.put_stream("k")
     writer.write(b"p" * (MIN_PART + 1))  # past one part: an S3 multipart upload has begun
@@ -309,7 +361,9 @@ def test_operations_match_a_dict_local(objects: Any, ops: list[tuple[str, str, b
 @settings(max_examples=6, deadline=None, suppress_health_check=_HEALTH)
 @given(ops=st.lists(_op, max_size=12))
 def test_operations_match_a_dict_s3(objects: Any, ops: list[tuple[str, str, bytes]]) -> None:
-    _operations_match_a_dict(objects, ops)
+    import _seaweed
+
+    _seaweed.rerun_transient(lambda attempt: _operations_match_a_dict(objects if not attempt else objects.fresh(), ops))
 
 
 def _operations_match_a_dict(objects: Any, ops: list[tuple[str, str, bytes]]) -> None:
@@ -545,17 +599,23 @@ def test_s3_part_sizes_fit_the_part_limit() -> None:
 def test_s3_writer_memory_bounded_by_parts(s3_endpoint: str) -> None:
     import tracemalloc
 
+    import _seaweed
+
     store = make_s3(s3_endpoint, f"mem/{os.getpid()}")
     chunk = b"m" * (1 << 20)
-    tracemalloc.start()
-    try:
-        writer = store.put_stream("big")
-        for _ in range(40):  # 40 MiB through 5 MiB parts
-            writer.write(chunk)
-        writer.commit()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+
+    def upload(_attempt: int) -> int:
+        tracemalloc.start()
+        try:
+            writer = store.put_stream("big")
+            for _ in range(40):  # 40 MiB through 5 MiB parts
+                writer.write(chunk)
+            writer.commit()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    peak = _seaweed.rerun_transient(upload)
     head = store.head("big")
     assert head is not None and head.size == 40 << 20
     store.delete("big")
@@ -589,3 +649,4 @@ def test_s3_listing_leaves_out_keys_outside_the_prefix_asked_for() -> None:
     assert [o.key for o in store.list("")] == ["a/1", "b"]
     store2 = S3Objects("bucket", "sess", client=_ListingClient(["sess/a/1", "sess/ab", "xsess/a/2"]))
     assert [o.key for o in store2.list("a/")] == ["a/1"]
+
