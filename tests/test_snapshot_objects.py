@@ -650,3 +650,249 @@ def test_s3_listing_leaves_out_keys_outside_the_prefix_asked_for() -> None:
     store2 = S3Objects("bucket", "sess", client=_ListingClient(["sess/a/1", "sess/ab", "xsess/a/2"]))
     assert [o.key for o in store2.list("a/")] == ["a/1"]
 
+
+# -- a connection dropped while a body is read (S3Objects resumes it from the byte it reached)
+
+
+class _CuttingProxy:
+    """A TCP proxy in front of the S3 server that drops a GET's connection part way through its body.
+
+    Each client connection is relayed over one upstream connection of its
+    own.  The requests (GETs only: the tests read through it, and write
+    directly) are parsed for their ``Range`` and ``If-Match``; the responses
+    for their ``Content-Length``.  A response body longer than ``after``
+    bytes gets exactly ``after`` bytes through, then both sockets are closed,
+    ``cuts`` times (-1: every time).  ``requests`` and ``dropped`` record what
+    passed: ``(first byte asked for, If-Match sent)`` per request, and
+    ``(first byte asked for, body bytes let through)`` per dropped connection.
+    """
+
+    def __init__(self, endpoint: str, after: int, cuts: int) -> None:
+        import socket
+        import urllib.parse
+
+        up = urllib.parse.urlsplit(endpoint)
+        self.upstream = (up.hostname or "127.0.0.1", up.port or 80)
+        self.after, self.cuts = after, cuts
+        self.requests: list[tuple[int, bool]] = []
+        self.dropped: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def __enter__(self) -> "_CuttingProxy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        import collections
+        import socket
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            asked: collections.deque[int] = collections.deque()
+            threading.Thread(target=self._requests, args=(client, server, asked), daemon=True).start()
+            threading.Thread(target=self._responses, args=(server, client, asked), daemon=True).start()
+
+    @staticmethod
+    def _head(sock: Any, buf: bytearray) -> bytes | None:
+        """The next header block from ``sock`` (``buf`` keeps what was read past it); None at the end."""
+        while b"\r\n\r\n" not in buf:
+            data = sock.recv(65536)
+            if not data:
+                return None
+            buf += data
+        end = buf.index(b"\r\n\r\n") + 4
+        head = bytes(buf[:end])
+        del buf[:end]
+        return head
+
+    @staticmethod
+    def _header(head: bytes, name: bytes) -> bytes | None:
+        for line in head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == name:
+                return value.strip()
+        return None
+
+    def _requests(self, client: Any, server: Any, asked: Any) -> None:
+        buf = bytearray()
+        with contextlib.suppress(OSError):
+            while (head := self._head(client, buf)) is not None:  # GETs: a header block each, no body
+                rng = self._header(head, b"range")
+                first = int(rng.split(b"=")[1].split(b"-")[0]) if rng else 0
+                with self._lock:
+                    self.requests.append((first, self._header(head, b"if-match") is not None))
+                asked.append(first)
+                server.sendall(head)
+
+    def _responses(self, server: Any, client: Any, asked: Any) -> None:
+        buf = bytearray()
+        try:
+            while (head := self._head(server, buf)) is not None:
+                length = int(self._header(head, b"content-length") or 0)
+                first = asked.popleft() if asked else -1
+                with self._lock:
+                    cut = length > self.after and self.cuts != 0
+                    if cut:
+                        self.cuts -= 1
+                        self.dropped.append((first, self.after))
+                keep = self.after if cut else length
+                client.sendall(head)
+                while keep:
+                    if not buf:
+                        buf += server.recv(65536)
+                        if not buf:
+                            return
+                    take = min(keep, len(buf))
+                    client.sendall(bytes(buf[:take]))
+                    del buf[:take]
+                    keep -= take
+                if cut:
+                    return
+        except OSError:
+            pass
+        finally:
+            for s in (client, server):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+                s.close()
+
+
+def _through(endpoint: str, prefix: str, **kw: Any) -> Any:
+    """An S3Objects on the contract bucket reaching the server at ``endpoint`` (a proxy), one attempt per request."""
+    from sandbox_fs.snapshot._s3 import S3Objects, S3Options
+
+    import _seaweed
+
+    opts = S3Options(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=_seaweed.ACCESS_KEY,
+                     aws_secret_access_key=_seaweed.SECRET_KEY, part_size=MIN_PART, max_attempts=1,
+                     connect_timeout=2, read_timeout=10, **kw)
+    return S3Objects(_BUCKET, prefix, options=opts)
+
+
+def test_s3_read_resumes_a_body_the_connection_dropped(s3_endpoint: str) -> None:
+    """A GET's connection dropped part way: the read goes on from the byte it reached, nothing twice or skipped."""
+    prefix = f"drop/{os.getpid()}-{next(_counter)}"
+    direct = make_s3(s3_endpoint, prefix)
+    blob = os.urandom(2 * MIN_PART + 333_333)  # three ranges of a reader
+    writer = direct.put_stream("big")
+    writer.write(blob)
+    etag = writer.commit().etag
+    small = os.urandom(300_000)
+    direct.put_bytes("small", small)
+    cases: list[tuple[str, Any, bytes]] = [
+        ("open_range", lambda s: s.open_range("big").read(), blob),
+        ("open_range from an offset", lambda s: s.open_range("big", 777, MIN_PART + 10).read(),
+         blob[777:777 + MIN_PART + 10]),
+        ("get_bytes", lambda s: s.get_bytes("small", 1 << 20), small),
+    ]
+    import _seaweed
+
+    def through_a_drop(read: Any) -> tuple[bytes, _CuttingProxy]:
+        with _CuttingProxy(s3_endpoint, after=123_457, cuts=1) as proxy:
+            store = _through(proxy.endpoint, prefix, read_threads=2)
+            try:
+                return read(store), proxy
+            finally:
+                store.close()
+
+    for what, read, want in cases:
+        got, proxy = _seaweed.rerun_transient(lambda _attempt: through_a_drop(read))
+        assert got == want, what  # exactly the object's bytes
+        assert len(proxy.dropped) == 1, what
+        first, through = proxy.dropped[0]
+        # the resumed request asks for the byte after the last one that got through, of the same version
+        assert (first + through, True) in proxy.requests, (what, proxy.requests)
+    assert direct.head("big").etag == etag
+
+
+def test_s3_read_of_a_connection_that_keeps_dropping_is_retryable(s3_endpoint: str) -> None:
+    """A body whose connection drops every time: snapshot_store_unavailable, retryable, no secret or host detail."""
+    import _seaweed
+    from sandbox_fs.snapshot._s3 import BODY_RESUMES
+
+    prefix = f"drop/{os.getpid()}-{next(_counter)}"
+    direct = make_s3(s3_endpoint, prefix)
+    after = 65_536
+    direct.put_bytes("small", os.urandom((BODY_RESUMES + 2) * after))  # more than the resumes can get through
+    writer = direct.put_stream("big")
+    writer.write(os.urandom(MIN_PART + 1))
+    writer.commit()
+    with _CuttingProxy(s3_endpoint, after=after, cuts=-1) as proxy:
+        store = _through(proxy.endpoint, prefix)
+        try:
+            for read in (lambda: store.get_bytes("small", 1 << 20), lambda: store.open_range("big").read()):
+                with pytest.raises(SnapshotStoreError) as err:
+                    read()
+                exc = err.value
+                assert exc.code == "snapshot_store_unavailable" and exc.retryable
+                shown = f"{exc} {exc.to_dict()}"
+                for secret in (_seaweed.SECRET_KEY, proxy.endpoint, "127.0.0.1", os.getcwd(), "/tmp"):
+                    assert secret not in shown, secret
+        finally:
+            store.close()
+    assert len(proxy.dropped) >= 2 * (BODY_RESUMES + 1)  # each read was resumed BODY_RESUMES times, then gave up
+
+
+class _Body:
+    """A response body that ends (as a dropped connection does) after ``cut`` of its bytes."""
+
+    def __init__(self, data: bytes, cut: int) -> None:
+        self.data, self.cut, self.pos = data, cut, 0
+
+    def readinto(self, b: Any) -> int:
+        from botocore.exceptions import ResponseStreamingError
+
+        if self.pos >= self.cut and self.cut < len(self.data):
+            raise ResponseStreamingError(error="connection broken")
+        n = min(len(b), min(self.cut, len(self.data)) - self.pos)
+        b[:n] = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        pass
+
+
+class _ShiftingClient:
+    """A stand-in boto3 client whose answer to a resumed GET starts ``shift`` bytes from the byte asked for."""
+
+    def __init__(self, obj: bytes, shift: int) -> None:
+        self.obj, self.shift, self.asked = obj, shift, []
+
+    def get_object(self, **kw: Any) -> dict[str, Any]:
+        first = int(kw["Range"].split("=")[1].split("-")[0]) if "Range" in kw else 0
+        self.asked.append(first)
+        if first == 0:  # the first answer: the whole object, its connection dropped half way
+            return {"Body": _Body(self.obj, len(self.obj) // 2), "ContentLength": len(self.obj), "ETag": '"e1"',
+                    "ResponseMetadata": {"HTTPStatusCode": 200}}
+        start = first + self.shift
+        return {"Body": _Body(self.obj[start:], len(self.obj)), "ContentLength": len(self.obj) - start,
+                "ContentRange": f"bytes {start}-{len(self.obj) - 1}/{len(self.obj)}", "ETag": '"e1"',
+                "ResponseMetadata": {"HTTPStatusCode": 206}}
+
+
+@pytest.mark.parametrize("shift", [0, -1, 1])
+def test_s3_resumed_read_takes_only_the_byte_it_asked_for(shift: int) -> None:
+    """A resumed answer that starts elsewhere (a byte twice, a byte skipped) is refused, not spliced in."""
+    pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
+    from sandbox_fs.snapshot._s3 import S3Objects
+
+    obj = bytes(range(256)) * 40
+    client = _ShiftingClient(obj, shift)
+    store = S3Objects("bucket", "p", client=client)
+    if shift == 0:
+        assert store.get_bytes("k", 1 << 20) == obj
+    else:
+        with pytest.raises(SnapshotStoreError) as err:
+            store.get_bytes("k", 1 << 20)
+        assert not err.value.retryable and "other bytes than asked for" in str(err.value)
+    assert client.asked == [0, len(obj) // 2]

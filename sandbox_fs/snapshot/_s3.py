@@ -19,14 +19,24 @@ operation becomes:
   Failed`` or ``409 ConditionalRequestConflict`` is
   :class:`SnapshotConflictError`.
 - :meth:`S3Objects.open_range`: ranged ``GetObject`` of at most one part
-  size each, fetched one ahead by a thread, every range after the first
-  sent with ``If-Match`` of the first one's ETag, so a reader never mixes
-  two versions of an object.
+  size each; the first is fetched at once (it gives the object's size and
+  ETag), the rest by up to ``read_threads`` threads at once, ahead of the
+  caller and handed over in order, every one sent with ``If-Match`` of the
+  first one's ETag, so a reader never mixes two versions of an object.
+  Memory is bounded by ``(read_threads + 1) * part size`` for the reader
+  being read, one part size for one opened and not yet read.
+- :meth:`S3Objects.get_bytes`: one ``GetObject``.
+- Every GET whose body the connection drops part way is asked for again
+  from the byte it reached (``Range`` from there, ``If-Match`` of the ETag
+  it began with), at most :data:`BODY_RESUMES` times; each answer must
+  start exactly at the byte asked for (its ``Content-Range``), so no byte
+  is read twice or skipped.  (botocore retries a request that fails before
+  its response arrives, never a body that breaks while it is read.)
 - :meth:`S3Objects.abort_stale_uploads`: ``ListMultipartUploads`` and
   ``AbortMultipartUpload`` of those initiated before the cutoff.
 
-Errors: connection failures, timeouts, 5xx and throttling are
-:class:`SnapshotStoreError` with ``retryable=True``; missing credentials,
+Errors: connection failures, timeouts, 5xx, throttling and a body the
+connection kept dropping are :class:`SnapshotStoreError` with ``retryable=True``; missing credentials,
 refused credentials, access denied and a missing bucket the same class with
 ``retryable=False``.  Messages and contexts carry the S3 error code and the
 key, never a credential (they are also redacted) or the endpoint's userinfo.
@@ -58,6 +68,10 @@ MAX_PART_SIZE = 5 << 30
 #: S3's most parts in one multipart upload.
 MAX_PARTS = 10_000
 _PARTS_PER_SIZE = 900
+#: times one GET's body, dropped by the connection part way, is asked for again from the byte it reached
+BODY_RESUMES = 3
+_READ_PIECE = 1 << 20  # bytes asked of a response body at a time
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]+)-([0-9]+)/([0-9]+)")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3 bucket naming rules (general purpose buckets)
 _PREFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,254})(/[A-Za-z0-9][A-Za-z0-9._-]{0,254})*")
 
@@ -105,23 +119,25 @@ class S3Options:
         part_size: first part size of multipart uploads and the size of each ranged GET,
             in bytes (>= 5 MiB; default 8 MiB).
         upload_threads: parts sent at once by one upload (>= 1; default 2).
+        read_threads: ranged GETs in flight at once for one reader of
+            :meth:`S3Objects.open_range` (>= 1; default 3).
         connect_timeout, read_timeout: seconds (defaults 5 and 60).
         max_attempts: attempts per request, including the first (botocore's
             standard retry mode; default 3).
 
     Raises:
-        ValueError: ``part_size`` or ``upload_threads`` out of range.
+        ValueError: ``part_size``, ``upload_threads``, ``read_threads`` or ``max_attempts`` out of range.
     """
 
     def __init__(self, *, endpoint_url: str | None = None, region_name: str | None = None,
                  profile_name: str | None = None, aws_access_key_id: str | None = None,
                  aws_secret_access_key: str | None = None, aws_session_token: str | None = None,
-                 part_size: int = 8 << 20, upload_threads: int = 2, connect_timeout: float = 5.0,
-                 read_timeout: float = 60.0, max_attempts: int = 3) -> None:
+                 part_size: int = 8 << 20, upload_threads: int = 2, read_threads: int = 3,
+                 connect_timeout: float = 5.0, read_timeout: float = 60.0, max_attempts: int = 3) -> None:
         if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
             raise ValueError("part_size must be between 5 MiB and 5 GiB")
-        if upload_threads < 1 or max_attempts < 1:
-            raise ValueError("upload_threads and max_attempts must be >= 1")
+        if upload_threads < 1 or read_threads < 1 or max_attempts < 1:
+            raise ValueError("upload_threads, read_threads and max_attempts must be >= 1")
         self.endpoint_url = endpoint_url
         self.region_name = region_name
         self.profile_name = profile_name
@@ -130,6 +146,7 @@ class S3Options:
         self.aws_session_token = aws_session_token
         self.part_size = part_size
         self.upload_threads = upload_threads
+        self.read_threads = read_threads
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_attempts = max_attempts
@@ -156,7 +173,10 @@ def _make_client(options: S3Options) -> tuple[Any, tuple[str, ...]]:
                                         region_name=options.region_name)
         config = Config(connect_timeout=options.connect_timeout, read_timeout=options.read_timeout,
                         retries={"max_attempts": options.max_attempts, "mode": "standard"},
-                        max_pool_connections=max(10, 2 * options.upload_threads + 2),
+                        # every thread of an upload and a reader at once keeps its connection (no new
+                        # TCP connection per part); keepalive finds a connection dropped while idle
+                        max_pool_connections=max(10, 2 * (options.upload_threads + options.read_threads) + 2),
+                        tcp_keepalive=True,
                         s3={"addressing_style": "path"} if options.endpoint_url else None)
         client = session.client("s3", endpoint_url=options.endpoint_url,
                                 region_name=session.region_name or "us-east-1", config=config)
@@ -185,8 +205,9 @@ class _Errors:
 
     def translate(self, exc: BaseException, key: str | None, doing: str) -> Exception:
         """The contract error for ``exc`` raised while ``doing`` (a verb phrase) on ``key``."""
-        from botocore.exceptions import (ClientError, ConnectionError, HTTPClientError, NoCredentialsError,
-                                         PartialCredentialsError, CredentialRetrievalError, BotoCoreError)
+        from botocore.exceptions import (ClientError, ConnectionError, HTTPClientError, IncompleteReadError,
+                                         NoCredentialsError, PartialCredentialsError, CredentialRetrievalError,
+                                         BotoCoreError)
 
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
@@ -209,9 +230,9 @@ class _Errors:
         if isinstance(exc, (ConnectionError, HTTPClientError)):
             return self.store(f"{doing} failed: the store could not be reached", key,
                               {"error": type(exc).__name__}, True)
-        if isinstance(exc, BotoCoreError):
+        if isinstance(exc, BotoCoreError) and not isinstance(exc, IncompleteReadError):
             return self.store(f"{doing} failed", key, {"error": type(exc).__name__}, False)
-        if isinstance(exc, OSError):  # a socket error while reading a body
+        if isinstance(exc, (OSError, IncompleteReadError)):  # a socket error while reading a body, or its early end
             return self.store(f"{doing} failed: the connection broke", key, {"error": type(exc).__name__}, True)
         return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
 
@@ -389,13 +410,18 @@ class _S3Writer:
 
 
 class _RangeReader(io.RawIOBase):
-    """Reads ``[start, end)`` of one object version through successive ranged GETs of one part size each.
+    """Reads ``[start, end)`` of one object version through ranged GETs of one part size each.
 
-    A thread (``sfs-s3-read``) fetches the next range while the caller
-    consumes the current one, so the network and the caller's work (hydrate's
-    extraction) overlap.  Memory: at most three ranges (the one being read,
-    one queued, one being fetched).  Every range after the first is sent
-    with ``If-Match`` of the first one's ETag.
+    :meth:`begin` fetches the first range in the caller's thread: it gives
+    the object's ETag and size (``end`` is cut to the size, so no request
+    is made past the end).  From the caller's first read on, up to
+    ``read_threads`` threads (``sfs-s3-read``) fetch the following ranges,
+    at most ``read_threads`` ahead of the one the caller reads, each sent
+    with ``If-Match`` of the first one's ETag; the caller takes them in
+    order, so the network and the caller's work (hydrate's extraction)
+    overlap.  Memory: one range until the first read (a chain's readers are
+    all opened before the first is read), then at most ``read_threads + 1``.
+    A failure of any range is raised to the caller when it reaches that range.
     """
 
     def __init__(self, store: S3Objects, key: str, start: int, end: int | None) -> None:
@@ -403,92 +429,96 @@ class _RangeReader(io.RawIOBase):
         self._key = key
         self._start = start
         self._end = end  # None: to the end of the object (known after the first GET)
-        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
+        self._step = store.options.part_size
+        self._window = store.options.read_threads
+        self._etag: str | None = None
+        self._count = 0  # ranges in [start, end)
+        self._cond = threading.Condition()
+        self._ready: dict[int, bytearray | BaseException] = {}
+        self._next_fetch = 1  # the next range a thread takes (range 0 is begin's)
+        self._next_read = 1  # the next range the caller takes
+        self._stopped = False
+        self._threads: list[threading.Thread] = []
         self._buf = memoryview(b"")
         self._eof = False
-        self._thread = threading.Thread(target=self._fetch_loop, name="sfs-s3-read", daemon=True)
+        self._started = False
 
     def readable(self) -> bool:
         return True
 
     def begin(self) -> None:
-        """Start fetching and wait for the first range (a missing object or a refused request raises here)."""
-        self._thread.start()
-        self._next()
+        """Fetch the first range and start the threads (a missing object or a refused request raises here)."""
+        end = self._end
+        last = self._start + self._step - 1 if end is None else min(end, self._start + self._step) - 1
+        data, self._etag, total = self._store._get_span(self._key, self._start, last, None)
+        if total is None:  # InvalidRange: start is at or past the end of the object
+            end = self._start
+        else:
+            end = total if end is None else min(end, total)
+        self._end = max(end, self._start)
+        self._count = -(-(self._end - self._start) // self._step)
+        self._buf = memoryview(data)
 
-    def _put(self, item: bytes | BaseException | None) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _start_threads(self) -> None:
+        """Start fetching ahead (at the first read)."""
+        self._started = True
+        for i in range(min(self._window, self._count - 1)):
+            t = threading.Thread(target=self._fetch_loop, name=f"sfs-s3-read-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _take_index(self) -> int | None:
+        """The next range for a thread to fetch (None: none left, or stopped), within the window."""
+        with self._cond:
+            while not self._stopped and self._next_fetch < self._count \
+                    and self._next_fetch - self._next_read >= self._window:
+                self._cond.wait()
+            if self._stopped or self._next_fetch >= self._count:
+                return None
+            self._next_fetch += 1
+            return self._next_fetch - 1
 
     def _fetch_loop(self) -> None:
-        pos, end, etag = self._start, self._end, None
-        step = self._store.options.part_size
-        try:
-            while not self._stop.is_set():
-                if end is not None and pos >= end:
-                    break
-                last = pos + step - 1 if end is None else min(end, pos + step) - 1
-                data, etag, total = self._fetch(pos, last, etag)
-                if end is None and total is not None:
-                    end = total
-                if not data:
-                    break
-                pos += len(data)
-                if not self._put(data):
-                    return
-        except BaseException as exc:  # raised in the reader's thread by _next
-            self._put(exc)
-            return
-        self._put(None)
-
-    def _fetch(self, pos: int, last: int, etag: str | None) -> tuple[bytes, str | None, int | None]:
-        """One ranged GET: ``(data, etag, object size)``; empty data past the end."""
-        from botocore.exceptions import ClientError
-
-        args: dict[str, Any] = {"Bucket": self._store.bucket, "Key": self._store._full(self._key),
-                                "Range": f"bytes={pos}-{last}"}
-        if etag is not None:
-            args["IfMatch"] = f'"{etag}"'
-        try:
-            resp = self._store._client.get_object(**args)
-            body = resp["Body"]
+        assert self._end is not None
+        while (i := self._take_index()) is not None:
+            pos = self._start + i * self._step
+            last = min(self._end, pos + self._step) - 1
+            item: bytearray | BaseException
             try:
-                data = body.read()
-            finally:
-                body.close()
-        except Exception as exc:
-            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "InvalidRange":
-                return b"", etag, None
-            err = self._store._errors.translate(exc, self._key, "reading the object")
-            if isinstance(err, SnapshotConflictError):  # the object was replaced between two ranges
-                raise self._store._errors.store("the object changed while it was read", self._key,
-                                                {"error": "PreconditionFailed"}, True) from None
-            raise err from None
-        if len(data) != int(resp.get("ContentLength", len(data))):
-            raise self._store._errors.store("the connection ended early", self._key, {"error": "short read"}, True)
-        return bytes(data), etag or _strip(str(resp.get("ETag", ""))), _total_size(resp.get("ContentRange"))
+                item, _etag, _total = self._store._get_span(self._key, pos, last, self._etag)
+                if len(item) != last - pos + 1:  # the object ended before its first answer said
+                    raise self._store._errors.store("the object changed while it was read", self._key,
+                                                    {"error": "short read"}, True)
+            except BaseException as exc:  # raised in the reader's thread by _next
+                item = exc
+            with self._cond:
+                self._ready[i] = item
+                if isinstance(item, BaseException):
+                    self._stopped = True  # nothing after a failed range is needed
+                self._cond.notify_all()
 
     def _next(self) -> None:
-        item = self._queue.get()
+        with self._cond:
+            if self._next_read >= self._count:
+                self._eof = True
+                self._buf = memoryview(b"")
+                return
+            while self._next_read not in self._ready:
+                self._cond.wait()
+            item = self._ready.pop(self._next_read)
+            self._next_read += 1
+            self._cond.notify_all()
         if isinstance(item, BaseException):
             self._eof = True
             raise item
-        if item is None:
-            self._eof = True
-            self._buf = memoryview(b"")
-        else:
-            self._buf = memoryview(item)
+        self._buf = memoryview(item)
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         view = memoryview(b).cast("B")
         if not len(view):
             return 0
+        if not self._started:
+            self._start_threads()
         while not len(self._buf):
             if self._eof:
                 return 0
@@ -500,22 +530,31 @@ class _RangeReader(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._stop.set()
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    self._queue.get_nowait()
-            if self._thread.is_alive():
-                self._thread.join()
+            with self._cond:
+                self._stopped = True
+                self._ready.clear()
+                self._cond.notify_all()
+            for t in self._threads:
+                t.join()
+            self._ready.clear()
             self._buf = memoryview(b"")
         super().close()
 
 
-def _total_size(content_range: Any) -> int | None:
-    """The object size from a ``Content-Range: bytes a-b/size`` header (None when absent or ``*``)."""
-    if not isinstance(content_range, str) or "/" not in content_range:
-        return None
-    tail = content_range.rsplit("/", 1)[1]
-    return int(tail) if tail.isdigit() else None
+def _content_range(resp: dict[str, Any]) -> tuple[int, int, int] | None:
+    """``(first, last, size)`` from a ``Content-Range: bytes first-last/size`` header (None: absent or not so)."""
+    m = _CONTENT_RANGE.fullmatch(str(resp.get("ContentRange") or "").strip())
+    return None if m is None else (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+
+def _body_errors() -> tuple[type[BaseException], ...]:
+    """What reading a response body raises when the connection breaks or ends early."""
+    import http.client
+
+    from botocore.exceptions import HTTPClientError, IncompleteReadError
+    from urllib3.exceptions import HTTPError
+
+    return OSError, http.client.HTTPException, HTTPError, HTTPClientError, IncompleteReadError
 
 
 class S3Objects:
@@ -673,36 +712,125 @@ class S3Objects:
         return io.BufferedReader(raw, 1 << 20)
 
     def get_bytes(self, key: str, limit: int) -> bytes:
-        """The whole of a small object (one ``GetObject``, read at most ``limit + 1`` bytes).
+        """The whole of a small object (one ``GetObject``; an object over ``limit`` bytes is not read).
+
+        A body the connection drops part way is read on from where it broke
+        (see the module docstring).
 
         Raises:
             ValueError: ``key`` is not a valid key.
             SnapshotNotFoundError: no object ``key``.
             SnapshotLimitError: it is longer than ``limit`` bytes.
-            SnapshotStoreError: the store failed.
+            SnapshotStoreError: the store failed (also: the connection kept breaking, retryable).
         """
         validate_key(key)
+        data, _etag, _size = self._get_span(key, 0, None, None, limit=limit)
+        return bytes(data)
+
+    def _get_span(self, key: str, pos: int, last: int | None, etag: str | None, *,
+                  limit: int | None = None) -> tuple[bytearray, str | None, int | None]:
+        """Bytes ``pos`` to ``last`` (inclusive; None: to the end) of one version of ``key``.
+
+        ``etag`` (None: the current version) is sent as ``If-Match``.  A body
+        the connection drops is asked for again from the byte it reached, with
+        ``If-Match`` of the first answer's ETag, at most :data:`BODY_RESUMES`
+        times; every answer must begin at the byte asked for.  A read of a
+        whole object asks no range (S3 refuses ``bytes=0-`` of an empty one).
+
+        Returns:
+            ``(data, etag, object size)``; ``(empty, etag, None)`` when ``pos``
+            is at or past the end of the object (``InvalidRange``).
+
+        Raises:
+            SnapshotNotFoundError: no object ``key``.
+            SnapshotLimitError: the object is larger than ``limit`` bytes (nothing is read).
+            SnapshotStoreError: the store failed; the object was replaced while
+                it was read, or the connection broke more than
+                :data:`BODY_RESUMES` times (both retryable); an answer does not
+                start at the byte asked for (not retryable).
+        """
+        data = bytearray()
+        got, end, size, drops = 0, -1, None, 0
+        while True:
+            resp = self._request_span(key, pos + got, last, etag, resumed=end >= 0)
+            if resp is None:
+                return bytearray(), etag, None
+            etag = etag or _strip(str(resp.get("ETag") or "")) or None
+            length, size = self._answer_span(resp, key, pos + got, last)
+            if end < 0:  # the first answer: how much the read wants
+                if limit is not None and size > limit:
+                    with contextlib.suppress(Exception):
+                        resp["Body"].close()
+                    raise SnapshotLimitError("the object is larger than its limit", sandbox_path=None,
+                                             context={"key": key, "limit": limit})
+                end = pos + length
+                data = bytearray(length)
+            got = self._read_body(resp["Body"], memoryview(data), got, min(end, pos + got + length) - pos)
+            if pos + got >= end:
+                return data, etag, size
+            drops += 1
+            if drops > BODY_RESUMES:
+                raise self._errors.store("reading the object failed: the connection broke", key,
+                                         {"error": "connection dropped mid-body", "resumes": BODY_RESUMES}, True)
+            time.sleep(min(0.1 * drops, 0.5))
+
+    def _request_span(self, key: str, at: int, last: int | None, etag: str | None,
+                      resumed: bool) -> dict[str, Any] | None:
+        """The ``GetObject`` answer from byte ``at`` (None: ``InvalidRange`` on a first request)."""
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
+        if at or last is not None:
+            args["Range"] = f"bytes={at}-{'' if last is None else last}"
+        if etag is not None:
+            args["IfMatch"] = f'"{etag}"'
         try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=self._full(key))
+            return dict(self._client.get_object(**args))
         except Exception as exc:
-            raise self._errors.translate(exc, key, "reading the object") from None
-        body = resp["Body"]
+            from botocore.exceptions import ClientError
+
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "InvalidRange" \
+                    and not resumed:
+                return None
+            err = self._errors.translate(exc, key, "reading the object")
+            if isinstance(err, SnapshotConflictError) or (isinstance(err, SnapshotNotFoundError) and resumed):
+                raise self._errors.store("the object changed while it was read", key,
+                                         {"error": "PreconditionFailed"}, True) from None
+            raise err from None
+
+    def _answer_span(self, resp: dict[str, Any], key: str, at: int, last: int | None) -> tuple[int, int]:
+        """``(bytes of the answer the read wants, object size)``; the answer must begin at byte ``at``.
+
+        Raises:
+            SnapshotStoreError: it begins elsewhere, or is the whole object where a range from
+                past byte 0 was asked for (a store that ignores ``Range``); not retryable.
+        """
+        span = _content_range(resp)
+        if span is not None and span[0] == at and span[1] >= at:
+            stop = span[1] if last is None else min(span[1], last)
+            return stop - at + 1, span[2]
+        status = int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if span is None and at == 0 and status == 200:  # the whole object
+            size = int(resp.get("ContentLength", 0))
+            return (size if last is None else min(size, last + 1)), size
+        with contextlib.suppress(Exception):
+            resp["Body"].close()
+        raise self._errors.store("reading the object failed: the store answered with other bytes than asked for",
+                                 key, {"error": "Content-Range"}, False)
+
+    @staticmethod
+    def _read_body(body: Any, buf: memoryview, got: int, stop: int) -> int:
+        """Read ``body`` into ``buf[got:stop]``; returns how far it got (less: the connection broke or ended)."""
         try:
-            if int(resp.get("ContentLength", 0)) > limit:
-                raise SnapshotLimitError("the object is larger than its limit", sandbox_path=None,
-                                         context={"key": key, "limit": limit})
-            data = body.read(limit + 1)
-        except SnapshotLimitError:
-            raise
-        except Exception as exc:
-            raise self._errors.translate(exc, key, "reading the object") from None
+            while got < stop:
+                n = body.readinto(buf[got:min(stop, got + _READ_PIECE)])
+                if not n:
+                    break
+                got += n
+        except _body_errors():
+            pass  # resumed from ``got`` by the caller
         finally:
             with contextlib.suppress(Exception):
                 body.close()
-        if len(data) > limit:
-            raise SnapshotLimitError("the object is larger than its limit", sandbox_path=None,
-                                     context={"key": key, "limit": limit})
-        return bytes(data)
+        return got
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object whose key starts with ``prefix``, in key order (``ListObjectsV2``, paginated).
