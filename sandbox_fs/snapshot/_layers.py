@@ -42,6 +42,7 @@ import json
 import stat as _stat
 import struct
 import zlib
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -64,8 +65,9 @@ from ._walk import (
 
 __all__ = ["Layering"]
 
-#: most entries an index keeps its walk cache for: the cache costs about 500 bytes an entry in memory,
-#: as much again as the index itself (measured on the stdlib tree); a larger tree is walked entry by entry
+#: most entries an index keeps its walk cache for: the cache costs about 680 bytes an entry in memory
+#: (measured on the stdlib tree; 500 before it kept each directory's raw listing, for the in-place
+#: comparison, and its index piece whole); a larger tree is walked entry by entry
 _CACHE_MAX_ENTRIES = 100_000
 
 
@@ -94,8 +96,8 @@ class _Chunk:
         fix: each entry's mode fix-up, or None.
         segs: its entries as JSON text in segments of :data:`_SEG` entries, each
             ``(raw-deflated and sync-flushed text, its length, its Adler-32)`` (None: not encoded yet).
-        joined: ``dparts`` joined (made when the chunk is first taken over whole).
-        offs: where each record starts in ``key``, in listed order, then ``len(key)`` (None: not known).
+        offs: where each record starts in ``key``, in listed order, then ``len(key)`` (an array of
+            8-byte numbers: a list of ints took 36 bytes an entry; None: not known).
         packed: ``segs`` as one piece (the segments' pieces with commas between them), its text's
             length and Adler-32 (None: not packed yet).
     """
@@ -113,8 +115,7 @@ class _Chunk:
     sizes: list[int] = field(default_factory=list)
     fix: list[tuple[str, int] | None] = field(default_factory=list)
     segs: list[tuple[bytes, int, int]] | None = None
-    joined: bytes | None = None
-    offs: list[int] | None = None
+    offs: Sequence[int] | None = None
     packed: tuple[bytes, int, int] | None = None
 
 
@@ -157,7 +158,7 @@ class _Open:
     old: _Chunk | None = None
     changed: list[int] = field(default_factory=list)
     recs: dict[int, bytes] = field(default_factory=dict)
-    offs: list[int] | None = None
+    offs: Sequence[int] | None = None
 
 
 @dataclass
@@ -209,7 +210,7 @@ class Layering:
         #: digest records of the directories taken over whole so far, not hashed yet: while every directory
         #: is the parent walk's chunk at the same place, the digest may jump to the parent's state at the end
         #: (:meth:`_end_dirs`); None once one is not (everything after is hashed as it is recorded)
-        self._deferred: list[bytes] | None = []
+        self._deferred: list[_Chunk] | None = []
         self._sha_end: Any = None  # the digest's state after the last directory (for the next walk's jump)
 
     def setup(self, state: _WalkState) -> None:
@@ -284,15 +285,13 @@ class Layering:
         old = self._cache.chunks.get(dpath) if self._cache is not None else None
         if old is not None and key is not None and old.plain:
             if old.key == key and not old.racy and self._fits_whole(old):
-                if old.joined is None:
-                    old.joined = b"".join(old.dparts)
                 cache, deferred, at = self._cache, self._deferred, len(self._chunks)
                 if deferred is not None and cache is not None and at < len(cache.order) and cache.order[at] is old:
-                    deferred.append(old.joined)  # hashed later, or never (see _end_dirs)
+                    deferred.append(old)  # its records are hashed later, or never (see _end_dirs)
                     state.take_chunk(old.entries, None, old.fixups, old.content)
                 else:
                     self._undefer()
-                    state.take_chunk(old.entries, old.joined, old.fixups, old.content)
+                    state.take_chunk(old.entries, b"".join(old.dparts), old.fixups, old.content)
                 self._chunks.append(old)
                 self._paths.append(dpath)
                 return old.subdirs
@@ -315,8 +314,8 @@ class Layering:
         deferred, state = self._deferred, self._state
         assert state is not None
         self._deferred = None
-        for recs in deferred or ():
-            state.digest.add_records(recs)
+        for chunk in deferred or ():
+            state.digest.add_records(b"".join(chunk.dparts))
 
     def _end_dirs(self) -> None:
         """After the last directory: close its chunk, settle the digest (see ``_deferred``) and keep its state.
@@ -361,7 +360,7 @@ class Layering:
             state.content + sum(old.sizes[i:j]) <= state.limits.max_total_bytes
 
     def _align(self, old: _Chunk, listing: _Listing,
-               dpath: str) -> tuple[list[tuple[int, _ListedEntry]], dict[int, bytes], list[int] | None] | None:
+               dpath: str) -> tuple[list[tuple[int, _ListedEntry]], dict[int, bytes], Sequence[int] | None] | None:
         """The entries of ``listing`` that differ from ``old``'s, by position, when its names are the same; else None.
 
         Returns ``(plan, records, offsets)``: each changed entry's position
@@ -477,7 +476,7 @@ class Layering:
         old = opened.old
         if old is not None:
             chunk.names = old.names
-            chunk.offs = opened.offs if opened.offs is not None else listing.offsets()
+            chunk.offs = opened.offs if opened.offs is not None else array("Q", listing.offsets())
             chunk.recs, chunk.sizes, chunk.fix = list(old.recs), list(old.sizes), list(old.fix)
             for k in opened.changed:
                 e = entries[k]
@@ -486,7 +485,7 @@ class Layering:
                 chunk.fix[k] = _fixup(e)
             return
         recs = listing.records()
-        chunk.offs = listing.offsets()
+        chunk.offs = array("Q", listing.offsets())
         plen = len(opened.path) + 1 if opened.path else 0
         chunk.names = [e.path[plen:].encode("utf-8", "surrogateescape") for e in entries]
         chunk.recs = [recs[n] for n in chunk.names]
