@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sandbox_fs import open_root
 from sandbox_fs.snapshot import (
@@ -514,3 +516,45 @@ async def test_metadata_and_data_replaced_together_are_refused_on_resume(tmp_pat
         with pytest.raises(SnapshotDigestMismatchError):
             await r.start()
         assert (tmp_path / "ws-a" / "victim" / "f").read_bytes() == b"genuine"  # nothing changed
+
+
+# -- the verifying reader hydrate reads a generation's archive through
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(0, 3 << 20), extra=st.integers(0, 2), flip=st.booleans(),
+       reads=st.lists(st.tuples(st.booleans(), st.integers(0, 1 << 21)), max_size=12))
+def test_verifying_reader_hands_out_exactly_the_recorded_bytes(size: int, extra: int, flip: bool,
+                                                              reads: list[tuple[bool, int]]) -> None:
+    """Reads of any sizes (read and readinto, within and across its 1 MiB blocks) give the archive's bytes
+    in order, full (short only at the recorded end), never past it; verify passes exactly when the
+    store's bytes are the recorded ones, whatever the reads left."""
+    import hashlib
+    import zlib
+
+    from sandbox_fs.snapshot._generations import _VerifyingReader
+    from sandbox_fs.snapshot._models import SnapshotInfo
+
+    data = (bytes(range(251)) * ((size // 251) + 1))[:size]
+    stored = bytearray(data + b"x" * extra)
+    if flip and size:
+        stored[size // 2] ^= 1
+    t = "0" * 64
+    info = SnapshotInfo(name="s", archive="x", archive_bytes=size, archive_crc32=f"{zlib.crc32(data):08x}",
+                        archive_sha256=hashlib.sha256(data).hexdigest(), fingerprint=t, tree_digest=t, entries=0,
+                        content_bytes=size)
+    reader = _VerifyingReader(io.BufferedReader(io.BytesIO(bytes(stored)), 1 << 20), info)
+    pos = 0
+    for use_readinto, n in reads:
+        if use_readinto:
+            buf = bytearray(n)
+            got = bytes(buf[:reader.readinto(buf)])
+        else:
+            got = reader.read(n)
+        assert got == bytes(stored[pos:min(pos + n, size)])  # full reads, cut only at the recorded size
+        pos += len(got)
+    if extra or (flip and size):
+        with pytest.raises(SnapshotCorruptError):
+            reader.verify(info)
+    else:
+        reader.verify(info)
