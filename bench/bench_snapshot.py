@@ -62,7 +62,13 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
   ``recently_deleted`` / ``find_get_block_common``).  So on ext4 the row
   measured other processes' deletions (1.4x to 3x from one run to the next),
   not the store path; tmpfs has no such scan, and an ext4 with a journal
-  (any production one) does not do it either.
+  (any production one) does not do it either.  A run's own removals count
+  too: in three back-to-back runs the first ext4 run measured 1.15x (hydrate
+  1.2 s of CPU) and the next two, each within minutes of the previous run
+  removing its ~54k files, 2.45x and 3.07x (hydrate 5.7-7.4 s of CPU, the
+  tmpfs runs between them 1.26-1.31x); a sync and a 15 s wait before the
+  ext4 run did not change that (the window is the 300 s one: the creates
+  themselves dirty the inode-table blocks).
 
 Usage::
 
