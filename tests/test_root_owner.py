@@ -484,8 +484,9 @@ def test_race_extract_staged_file_swapped_for_a_hard_link_before_the_chown(layou
         return real(fd, uid, gid)
 
     monkeypatch.setattr(os, "fchown", racing)
-    src = tmp_path / "a.tar"
-    src.write_bytes(_tar([("big", "file", b"b" * (9 << 20))]))  # over the batch size: the one-by-one path
+    # A stream source is never batched: the member is written one by one and given its owner by
+    # os.fchown here (a batched member's owner is set by the native call on the fd it created).
+    src = io.BytesIO(_tar([("big", "file", b"b" * (9 << 20))]))
     with open_root(layout.ws, owner=OWNER) as r:
         extract(r, "dest", src)
     assert swapped == ["big"]
