@@ -376,22 +376,13 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     """
     if len2 <= 0:
         return crc1  # (B is empty: crc2 is 0)
-    odd = [0xEDB88320] + [1 << n for n in range(31)]  # the operator of one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four zero bits
-    while True:  # apply len2 zero bytes, one bit of len2 at a time, starting with one zero byte
-        even = _gf2_square(odd)
+    op = [0xEDB88320] + [1 << n for n in range(31)]  # the operator of one zero bit
+    op = _gf2_square(_gf2_square(op))  # four zero bits
+    while len2:  # squared first: one zero byte, then 2, 4, ... bytes, applied for each set bit of len2
+        op = _gf2_square(op)
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(op, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
     return crc1 ^ crc2
 
 
