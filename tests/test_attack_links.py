@@ -13,13 +13,14 @@ sentinel is the host file's content: it must be in no stored object.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandbox_fs import _hooks, open_root
+from sandbox_fs import _hooks, _native, open_root
 from sandbox_fs.snapshot import (
     DirectorySnapshotStore,
     SnapshotSourceChangedError,
@@ -166,3 +167,81 @@ def test_a_subtree_moved_between_listings_never_counts_its_file_twice(tmp_path: 
             pass
     assert opens.get("b/x", 0) >= 1  # the walk did list the subtree a second time
     assert not _store_holds_secret(sdir)  # the sentinel
+
+
+class _Doubled:
+    """A directory listing that gives some names twice (POSIX leaves a name renamed while its directory is
+    read listed once, twice or not at all): wraps ``_native.scan_dir`` and appends a second record of each
+    name in ``names`` (bytes) that the listing holds, ``times`` extra times."""
+
+    def __init__(self, names: set[bytes], times: int = 1) -> None:
+        self.names, self.times, self.hits = names, times, 0
+        self.orig = _native.scan_dir
+
+    def __call__(self, dfd: int, max_bytes: int | None = None) -> bytes:
+        raw = self.orig(dfd) if max_bytes is None else self.orig(dfd, max_bytes)
+        head = _native.SCAN_HEADER_BYTES
+        out, off = bytearray(raw), 0
+        while off < len(raw):
+            (nlen,) = struct.unpack_from("=I", raw, off + head - 4)
+            nxt = off + head + ((nlen + 7) & ~7)
+            if raw[off + head:off + head + nlen] in self.names:
+                out += raw[off:nxt] * self.times
+                self.hits += 1
+            off = nxt
+        return bytes(out)
+
+
+def test_a_name_listed_twice_in_one_directory_is_never_counted_as_a_second_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk's one listing of ``a`` gives ``f`` twice: two names for ``st_nlink`` 2, the other link being the
+    host file.  Both names are there when looked up again (they are one name), so before the fix the count
+    passed and the host file's content went into the snapshot."""
+    w, _secret = _workspace(tmp_path, ["a"])
+    sdir = tmp_path / "store"
+    doubled = _Doubled({b"f"})
+    monkeypatch.setattr(_native, "scan_dir", doubled)
+    with DirectorySnapshotStore(sdir) as store, open_root(w) as r:
+        with pytest.raises(SnapshotSourceChangedError):
+            persist(r, store, "n")
+    assert doubled.hits
+    assert not _store_holds_secret(sdir)  # the sentinel
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(inside=st.integers(1, 3), outside=st.booleans(), doubled=st.sets(st.integers(0, 2)),
+       times=st.integers(1, 2), mode=st.sampled_from(["refuse", "skip"]))
+def test_property_a_link_count_made_whole_by_repeated_names_never_reads_the_file(
+        tmp_path_factory: pytest.TempPathFactory, inside: int, outside: bool, doubled: set[int], times: int,
+        mode: str) -> None:
+    """``inside`` names of one inode in the workspace (``d0/f0``, ``d1/f1``, ...), plus the host file when
+    ``outside``; the listings repeat the names ``doubled`` picks.  Persist reads the file only when every
+    link is in the workspace and no name was listed twice; the host file's content is never stored."""
+    tmp = tmp_path_factory.mktemp("dup")
+    w, secret = tmp / "w", tmp / "outside" / "secret"
+    w.mkdir()
+    secret.parent.mkdir()
+    secret.write_bytes(SECRET)
+    for i in range(inside):
+        (w / f"d{i}").mkdir()
+        os.link(secret, w / f"d{i}" / f"f{i}")
+    if not outside:
+        os.rename(secret, tmp / "gone")
+        os.unlink(tmp / "gone")
+    names = {f"f{i}".encode() for i in doubled if i < inside}
+    sdir = tmp / "store"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "scan_dir", _Doubled(names, times))
+        with DirectorySnapshotStore(sdir) as store, open_root(w) as r:
+            try:
+                persist(r, store, "n", on_unrestorable=mode)  # type: ignore[arg-type]
+                stored = True
+            except (SnapshotSourceChangedError, UnrestorableEntryError):
+                stored = False
+    if outside:
+        assert not _store_holds_secret(sdir)  # the sentinel
+    else:
+        # positive control: all links inside and listed once, or one link only (no count): archived
+        assert stored == (not names or inside == 1)
+        if stored:
+            assert _store_holds_secret(sdir)

@@ -8,7 +8,9 @@ others as hard-link members).  A file also linked from outside the
 workspace (or from an excluded path) is never read: refused, or skipped
 and reported, so outside content cannot reach a snapshot.  A count of
 names is only a count of links when no name was counted twice: a name
-moved from a directory already listed to one listed later is seen in both.
+moved from a directory already listed to one listed later is seen in both,
+and a name renamed while its directory is read may be listed twice (POSIX
+leaves it unspecified; such a count is refused as changed, retryable).
 So before such a file is read, every name counted is looked up again while
 the directories holding them are shown not to change (each one's ctime is
 strictly older than the check's start on the kernel's coarse clock, and the
@@ -693,7 +695,9 @@ class _WalkState:
             SnapshotSourceChangedError: its links changed during the walk (retryable).
         """
         items = linked.items
-        if linked.changed or len(items) > linked.nlink:
+        if linked.changed or len(items) > linked.nlink or len({it.path for it in items}) != len(items):
+            # (one path counted twice: a listing gave the same name twice, which POSIX allows for a
+            # name renamed while the directory is read; the count would take it for a second link)
             raise SnapshotSourceChangedError("hard links of this file changed while the workspace was persisted",
                                              sandbox_path=items[0].path)
         if len(items) < linked.nlink:
