@@ -178,6 +178,11 @@ class _Listing(Sequence[tuple[str, _Stat]]):
         self.records()
         return self._offsets
 
+    def repeats(self) -> bool:
+        """True when the listing gives one name twice (a name renamed while the directory was read: POSIX
+        leaves it listed once, twice or not at all)."""
+        return len(self.records()) != len(self._offsets) - 1
+
     def items(self) -> list[tuple[str, _Stat]]:
         if self._items is None:
             self._items = _parse_scan(self.raw)
@@ -422,7 +427,8 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
     so at most the depth, never the width of the tree.
 
     Raises:
-        SnapshotSourceChangedError: a directory was replaced after its listing (retryable).
+        SnapshotSourceChangedError: a directory was replaced after its listing, or its listing gave
+            a name twice (retryable).
         SnapshotLimitError: a directory's listing needs more than :data:`sandbox_fs._native.SCAN_MAX_BYTES`.
         OSError: a directory cannot be read (with its sandbox path, never a host path).
     """
@@ -443,6 +449,9 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
                                              sandbox_path=dpath or ".",
                                              context={"max_listing_bytes": _native.SCAN_MAX_BYTES}) from None
                 _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
+            if isinstance(listing, _Listing) and listing.repeats():  # never one path twice in a walk
+                raise SnapshotSourceChangedError("a directory changed while it was listed (a name came twice)",
+                                                 sandbox_path=dpath or ".")
             taken = begin_dir(dpath, listing, dfd) if begin_dir is not None else None
             if taken is not None:
                 frame.subdirs = taken
