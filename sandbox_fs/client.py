@@ -664,7 +664,7 @@ async def open_session(client: LocalSandboxClient, *, session: Session | None = 
     ``snapshot``.  Manifest and snapshot only seed a fresh session.
 
     Sessions from (2)-(4) are runner-owned: on exit they are closed (pre-stop
-    hooks, persist, shutdown), their state is written back into
+    hooks, shutdown, then persist), their state is written back into
     ``run_state`` under ``key``, and the workspace is deleted unless
     ``keep_workspace`` or the close failed (then it stays for a later resume).
     ``run_state.current_key`` is set to ``key`` on entry, and the entry's
@@ -687,7 +687,7 @@ async def open_session(client: LocalSandboxClient, *, session: Session | None = 
         Exception: from start or close (see :meth:`Session.aclose`).
 
     Cancellation:
-        Close runs shielded, so a cancel still persists, shuts down and
+        Close runs shielded, so a cancel still shuts down, persists and
         releases the guard before propagating.
     """
     if key is None and run_state is not None:

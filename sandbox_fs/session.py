@@ -16,11 +16,15 @@ Lifecycle:
   what start created and raises that one error.
 * :meth:`Session.stop`: persistence only (transient cleanups, then persist).
 * :meth:`Session.shutdown`: ends processes and mounts.
-* :meth:`Session.aclose` (``__aexit__``): pre-stop hooks once, stop,
-  shutdown, close.  Shutdown always runs, even when persistence fails.  One
+* :meth:`Session.aclose` (``__aexit__``): pre-stop hooks once, shutdown,
+  stop, close.  The confined commands (and time) are hostile, so the
+  stop-time persist runs only once nothing can change the workspace any
+  more: every PTY and supervised process is killed and reaped, the shutdown
+  hooks ran and the overlay daemon is gone.  Shutdown always runs.  One
   failing step re-raises its error; several raise an ``ExceptionGroup`` in
-  step order.  A pre-stop hook that fails or is cancelled disables
-  persistence for the session (:class:`PersistDisabledError`).
+  step order.  A pre-stop hook or a shutdown step that fails (or a pre-stop
+  hook that is cancelled) disables persistence for the session
+  (:class:`PersistDisabledError`).
 
 Binding: every session has a *workspace id* (128 random bits, hex) kept at
 the workspace's top as ``.sfs-workspace-id`` (never persisted, never
@@ -50,7 +54,9 @@ it runs the workspace is exclusive to it: every host-side session operation
 Root, so quotas count it, audit records it and the kernel's caches stay
 right; commands run in a private root on the mount.  Persist reads the backing workspace directly.
 :meth:`Session.shutdown` stops it (also after a cancel, or after the daemon
-died).
+died); :meth:`Session.aclose` persists only after that, when no request of
+the daemon (nor a write-back of pages a command dirtied through the mount)
+can still reach the backing workspace.
 
 Blocking filesystem work runs in worker threads, one hop per whole
 operation (a start, a persist, one file operation), never one per file.
@@ -721,6 +727,12 @@ class Session:
     async def stop(self) -> _snap.PersistReport | None:
         """Persistence only: run transient cleanups, then persist the snapshot.
 
+        It does not end the session's processes: a command still running
+        while it persists can change the workspace under the walk (the
+        persist then fails with :class:`~sandbox_fs.snapshot.SnapshotSourceChangedError`)
+        or between reads.  :meth:`aclose` calls it only after
+        :meth:`shutdown`; call it by hand only while no command runs.
+
         Returns:
             The :class:`~sandbox_fs.snapshot.PersistReport` (``info`` is None
             with :class:`~sandbox_fs.snapshot.NoSnapshot`), or None when the
@@ -728,8 +740,9 @@ class Session:
 
         Raises:
             PersistDisabledError: a pre-stop hook failed or was cancelled in
-                :meth:`aclose`: persistence is never attempted again for this
-                session (nothing is written; the error says which step failed).
+                :meth:`aclose`, or a step of :meth:`shutdown` failed:
+                persistence is never attempted again for this session
+                (nothing is written; the error says which step failed).
             UnrestorableEntryError, SnapshotLimitError, SnapshotSourceChangedError,
             OSError: from persist; the previous snapshot stays current.
             SnapshotVerifyError: the new archive did not read back; the store
@@ -777,11 +790,17 @@ class Session:
     async def shutdown(self) -> None:
         """Tear down processes (the attached supervisor) and mounts.  Idempotent.
 
-        PTYs, then the supervisor's processes, then the shutdown hooks (last
-        registered first), then the FUSE overlay: its daemon is asked to stop
-        (bounded wait, then SIGKILL) and every fd on the mount is closed, also
-        when the daemon already died.  After it, session file operations act
-        on the backing workspace directly.
+        PTYs, then the supervisor's processes (each command's whole tree,
+        killed and reaped), then the shutdown hooks (last registered first),
+        then the FUSE overlay: its daemon is asked to stop (bounded wait, then
+        SIGKILL) and every fd on the mount is closed, also when the daemon
+        already died.  After it, session file operations act on the backing
+        workspace directly.
+
+        A failing step means something may still be changing the workspace
+        (a process that was not killed, a host writer a hook did not stop), so
+        it disables persistence for the session, like a failed pre-stop hook:
+        a later :meth:`stop` raises :class:`PersistDisabledError`.
 
         Raises:
             Exception: from the supervisor's ``kill_all``, a shutdown hook or
@@ -821,17 +840,31 @@ class Session:
                 errors.append(exc)
             await trio.lowlevel.checkpoint()
         if errors:
+            if self._persist_disabled is None:
+                self._persist_disabled = f"shutting the session down failed ({type(errors[0]).__name__})"
             raise errors[0]
 
     async def aclose(self) -> None:
-        """Pre-stop hooks (once) -> stop -> shutdown -> close.  Idempotent.
+        """Pre-stop hooks (once) -> shutdown -> stop -> close.  Idempotent.
 
-        Shutdown always runs, even when a hook or persistence fails, and the
-        workspace Root and grant Roots are always closed.
+        The stop-time persist (:meth:`stop`) runs only after :meth:`shutdown`
+        has ended everything that could still change the workspace: every PTY
+        and every process of the supervisor (each command's tree, killed and
+        reaped), the shutdown hooks, and the FUSE overlay daemon (the persist
+        reads the backing workspace, which then has no other writer).  So a
+        confined command can neither make the persist fail by changing files
+        under it nor time its writes so that the snapshot holds a state the
+        workspace never had.  Pre-stop hooks run first, while commands and
+        the overlay still run, to bring the workspace into the state to keep.
+
+        Shutdown always runs, even when a hook fails, and the workspace Root
+        and grant Roots are always closed.
 
         A pre-stop hook that fails (raises, or outlives ``hook_timeout_s``)
         or is cancelled means the workspace may not be in the state the hook
-        was to leave it in, so **persistence is never attempted** by this
+        was to leave it in, and a failing shutdown step (a process not
+        killed, a shutdown hook, the overlay's close) that something may
+        still be changing it, so **persistence is never attempted** by this
         ``aclose`` or afterwards: the stop-time persist is skipped (the
         previous snapshot stays current) and any later :meth:`stop` raises
         :class:`PersistDisabledError`.  The remaining hooks still run after a
@@ -848,7 +881,7 @@ class Session:
         Cancellation:
             Pre-stop hooks run unshielded (bounded by ``hook_timeout_s``): a
             cancel delivered while one runs cancels it, which disables
-            persistence as above.  Everything after them (persist, shutdown,
+            persistence as above.  Everything after them (shutdown, persist,
             close) runs shielded, so a cancel never leaves processes, mounts or
             fds behind, and never interrupts a persist; a cancel arriving then
             is delivered at the next checkpoint after.
@@ -873,15 +906,15 @@ class Session:
                     self._persist_disabled = "a pre-stop hook was cancelled"
                     break
         with trio.CancelScope(shield=True):
+            try:
+                await self.shutdown()  # nothing may change the workspace once this returns cleanly
+            except Exception as exc:  # shutdown disabled persistence: something may still write
+                errors.append(exc)
             if self._persist_disabled is None:
                 try:
                     await self.stop()
                 except Exception as exc:
                     errors.append(exc)
-            try:
-                await self.shutdown()
-            except Exception as exc:
-                errors.append(exc)
             self._closed = True
             try:
                 await trio.to_thread.run_sync(self._undo_start, False)
@@ -927,10 +960,11 @@ class Session:
         return self._bound_run
 
     def register_pre_stop_hook(self, hook: Callable[["Session"], Awaitable[None]]) -> None:
-        """Run ``await hook(session)`` once, before the stop-time persist in :meth:`aclose`.
+        """Run ``await hook(session)`` once at the start of :meth:`aclose`, before shutdown and persist.
 
-        If the hook fails or is cancelled, persistence is disabled for the
-        session (see :meth:`aclose`).
+        Commands, PTYs and the overlay still run while it does.  If the hook
+        fails or is cancelled, persistence is disabled for the session (see
+        :meth:`aclose`).
 
         Raises:
             Nothing: it only records ``hook``.
@@ -940,6 +974,9 @@ class Session:
     def register_transient_cleanup(self, fn: Callable[["Session"], Awaitable[None]]) -> None:
         """Run ``await fn(session)`` at every :meth:`stop`, before persisting.
 
+        In :meth:`aclose` that is after :meth:`shutdown`: no command runs and
+        session file operations act on the backing workspace directly.
+
         Raises:
             Nothing: it only records ``fn``.
         """
@@ -947,6 +984,11 @@ class Session:
 
     def register_shutdown_hook(self, fn: Callable[["Session"], Awaitable[None]]) -> None:
         """Run ``await fn(session)`` at :meth:`shutdown` (unmounts, ...), last registered first.
+
+        It runs after the session's processes are killed and before the
+        overlay stops; in :meth:`aclose`, before the stop-time persist, so a
+        hook that stops a host-side writer to the workspace keeps it out of
+        the snapshot.  A failing hook disables persistence (see :meth:`aclose`).
 
         Raises:
             Nothing: it only records ``fn``.
