@@ -429,6 +429,7 @@ class _RangeReader(io.RawIOBase):
         self._key = key
         self._start = start
         self._end = end  # None: to the end of the object (known after the first GET)
+        self._total: int | None = None  # the object's size, as the first GET gave it
         self._step = store.options.part_size
         self._window = store.options.read_threads
         self._etag: str | None = None
@@ -451,12 +452,16 @@ class _RangeReader(io.RawIOBase):
         end = self._end
         last = self._start + self._step - 1 if end is None else min(end, self._start + self._step) - 1
         data, self._etag, total = self._store._get_span(self._key, self._start, last, None)
+        self._total = total
         if total is None:  # InvalidRange: start is at or past the end of the object
             end = self._start
         else:
             end = total if end is None else min(end, total)
         self._end = max(end, self._start)
         self._count = -(-(self._end - self._start) // self._step)
+        if self._count > 1 and self._etag is None:  # the later ranges could not be tied to this version
+            raise self._store._errors.store("the object changed while it was read", self._key,
+                                            {"error": "no ETag"}, True)
         self._buf = memoryview(data)
 
     def _start_threads(self) -> None:
@@ -485,8 +490,8 @@ class _RangeReader(io.RawIOBase):
             last = min(self._end, pos + self._step) - 1
             item: bytearray | BaseException
             try:
-                item, _etag, _total = self._store._get_span(self._key, pos, last, self._etag)
-                if len(item) != last - pos + 1:  # the object ended before its first answer said
+                item, _etag, total = self._store._get_span(self._key, pos, last, self._etag)
+                if len(item) != last - pos + 1 or total != self._total:  # another size than the first answer's
                     raise self._store._errors.store("the object changed while it was read", self._key,
                                                     {"error": "short read"}, True)
             except BaseException as exc:  # raised in the reader's thread by _next
@@ -745,7 +750,8 @@ class S3Objects:
             SnapshotNotFoundError: no object ``key``.
             SnapshotLimitError: the object is larger than ``limit`` bytes (nothing is read).
             SnapshotStoreError: the store failed; the object was replaced while
-                it was read, or the connection broke more than
+                it was read (an answer of another ETag or size, or a resumed
+                read whose first answer had no ETag), or the connection broke more than
                 :data:`BODY_RESUMES` times (both retryable); an answer does not
                 start at the byte asked for (not retryable).
         """
@@ -755,8 +761,11 @@ class S3Objects:
             resp = self._request_span(key, pos + got, last, etag, resumed=end >= 0)
             if resp is None:
                 return bytearray(), etag, None
-            etag = etag or _strip(str(resp.get("ETag") or "")) or None
+            first_size = size
+            etag = self._answer_etag(resp, key, etag, resumed=end >= 0)
             length, size = self._answer_span(resp, key, pos + got, last)
+            if first_size is not None and size != first_size:
+                raise self._changed(resp, key, "size")
             if end < 0:  # the first answer: how much the read wants
                 if limit is not None and size > limit:
                     with contextlib.suppress(Exception):
@@ -795,6 +804,31 @@ class S3Objects:
                 raise self._errors.store("the object changed while it was read", key,
                                          {"error": "PreconditionFailed"}, True) from None
             raise err from None
+
+    def _answer_etag(self, resp: dict[str, Any], key: str, etag: str | None, resumed: bool) -> str | None:
+        """The answer's version: ``etag`` when one was asked for (``If-Match``), else the answer's own ETag.
+
+        A store that ignores ``If-Match`` (or drops the ETag) would let bytes of two
+        versions be spliced into one read: an answer must carry the ETag asked for,
+        and a resumed read needs one to ask for.
+
+        Raises:
+            SnapshotStoreError: it carries another ETag, or none where one is needed (retryable).
+        """
+        got = _strip(str(resp.get("ETag") or "")) or None
+        if etag is None:
+            if resumed:  # the first answer had no ETag: nothing ties the rest to its version
+                raise self._changed(resp, key, "no ETag")
+            return got
+        if got != etag:
+            raise self._changed(resp, key, "ETag")
+        return etag
+
+    def _changed(self, resp: dict[str, Any], key: str, what: str) -> SnapshotStoreError:
+        """The retryable error of an answer of another version than the read's (its body closed)."""
+        with contextlib.suppress(Exception):
+            resp["Body"].close()
+        return self._errors.store("the object changed while it was read", key, {"error": what}, True)
 
     def _answer_span(self, resp: dict[str, Any], key: str, at: int, last: int | None) -> tuple[int, int]:
         """``(bytes of the answer the read wants, object size)``; the answer must begin at byte ``at``.
