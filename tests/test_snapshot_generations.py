@@ -558,3 +558,55 @@ def test_verifying_reader_hands_out_exactly_the_recorded_bytes(size: int, extra:
             reader.verify(info)
     else:
         reader.verify(info)
+
+
+def test_verifying_reader_raises_the_stores_error_and_close_joins_its_thread() -> None:
+    """The reader's thread takes blocks ahead of the extractor: a store error mid-read reaches the read at
+    that point and verify (a failing store is not a corrupt archive, so hydrate's fallback does not pass
+    over a good generation for it); close mid-read, with the read-ahead queue full, ends the thread."""
+    import hashlib
+    import zlib
+
+    from sandbox_fs.snapshot._models import SnapshotInfo
+    from sandbox_fs.snapshot._reader import _VerifyingReader
+
+    data = bytes(range(256)) * (40 << 12)  # 40 MiB: more blocks than the read-ahead queue holds
+    t = "0" * 64
+    info = SnapshotInfo(name="s", archive="x", archive_bytes=len(data), archive_crc32=f"{zlib.crc32(data):08x}",
+                        archive_sha256=hashlib.sha256(data).hexdigest(), fingerprint=t, tree_digest=t, entries=0,
+                        content_bytes=len(data))
+
+    class Failing(io.RawIOBase):
+        def __init__(self) -> None:
+            self.pos = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:  # type: ignore[no-untyped-def]
+            if self.pos >= 3 * MiB:
+                raise SnapshotStoreError("the store went away", sandbox_path=None, retryable=True)
+            n = min(len(b), 3 * MiB - self.pos)
+            b[:n] = data[self.pos:self.pos + n]
+            self.pos += n
+            return n
+
+    reader = _VerifyingReader(io.BufferedReader(Failing(), MiB), info)
+    assert reader.read(2 * MiB) == data[:2 * MiB]
+    with pytest.raises(SnapshotStoreError):
+        reader.read(2 * MiB)
+    with pytest.raises(SnapshotStoreError):
+        reader.verify(info)
+    reader.close()
+
+    reader = _VerifyingReader(io.BufferedReader(io.BytesIO(data), MiB), info)
+    assert reader.read(1000) == data[:1000]
+    deadline = 0
+    while reader._pump.queue.qsize() < 4 and deadline < 500:  # the thread is blocked on a full queue
+        threading.Event().wait(0.01)
+        deadline += 1
+    thread = reader._thread
+    reader.close()
+    assert thread is not None and not thread.is_alive()
+    with pytest.raises(ValueError):
+        reader.read(1)

@@ -11,7 +11,8 @@ hydrate restores.
 Modules: ``_errors`` (the errors), ``_models`` (limits, metadata, policy,
 reports), ``_store`` (stores), ``_objects`` (the object contract under stores), ``_objects_local`` (it over a local directory), ``_s3`` (it over an S3 bucket, and S3SnapshotStore), ``_walk`` (the fd walk), ``_entries`` (what
 the walk keeps of each entry; the tree digest), ``_tar`` (the tar stream),
-``_generations`` (generations over an object store: pointer, retention, gc, fork), ``_holds`` (what a fork
+``_generations`` (generations over an object store: pointer, retention, gc, fork), ``_reader`` (the
+verifying reader hydrate reads a generation's archive through), ``_holds`` (what a fork
 shares, kept from deletion), ``_fork`` (fork on any store), ``_local`` (the default
 directory store: generations over LocalObjects, reading version-1 snapshots too), ``_persist``, ``_hydrate``.
 """

@@ -79,6 +79,7 @@ from ._baseline import Baseline, baseline_index, read_baseline, write_baseline
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
+from ._reader import _VerifyingReader
 from ._store import PendingArchive, SnapshotStore, _HashingSink, _info_from_json, _info_to_json
 
 __all__ = ["GenerationStore", "GcReport", "MAX_CHAIN", "MAX_DELTA_RATIO", "MIN_GC_AGE_S"]
@@ -269,106 +270,6 @@ class GcReport:
     bytes: int = 0
     uploads: int = 0
     holds: int = 0
-
-
-class _VerifyingReader(io.RawIOBase):
-    """The archive of one generation as hydrate reads it, SHA-256'd and CRC-32'd on the way.
-
-    Reads end at the recorded size (the extractor never sees a byte more);
-    :meth:`verify` reads whatever the extractor left (the tar's zero
-    padding) and one byte more, then compares size, CRC-32 and SHA-256 with
-    the metadata.  Hydrate calls it before anything in the workspace changes.
-
-    The store is read in blocks of up to 1 MiB, each hashed once and then
-    handed out from memory: the extractor asks for a header or a tarfile
-    record (~10 KiB) at a time, and reading and hashing each of those on its
-    own took 0.27 s of CPU per 256 MiB where blocks take 0.21 s (hashing
-    included; idle machine).  Reads are full (fewer bytes only at the
-    recorded end), as tarfile needs.
-    """
-
-    def __init__(self, raw: IO[bytes], info: SnapshotInfo) -> None:
-        super().__init__()
-        self._raw = raw
-        self._left = info.archive_bytes  # bytes not yet taken from ``raw`` (each taken one is hashed)
-        self._count = 0
-        self._crc = 0
-        self._sha = hashlib.sha256()
-        self._block = memoryview(b"")  # taken and hashed, not yet handed out
-
-    def readable(self) -> bool:
-        return True
-
-    def _fill(self) -> bool:
-        """Take the next block from the store (False: at the recorded end, or the store's)."""
-        want = min(_READ_CHUNK, self._left)
-        if want <= 0:
-            return False
-        data = self._raw.read(want)
-        if not data:
-            return False
-        self._take(data)
-        self._block = memoryview(data)
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            size = len(self._block) + max(self._left, 0)
-        if size <= len(self._block):
-            out = self._block[:size].tobytes()
-            self._block = self._block[size:]
-            return out
-        parts = []
-        while size > 0 and (len(self._block) or self._fill()):
-            piece = self._block[:size]
-            parts.append(piece.tobytes())
-            self._block = self._block[len(piece):]
-            size -= len(piece)
-        return b"".join(parts)
-
-    def readinto(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        got = 0
-        while got < len(view) and (len(self._block) or self._fill()):
-            n = min(len(view) - got, len(self._block))
-            view[got:got + n] = self._block[:n]
-            self._block = self._block[n:]
-            got += n
-        return got
-
-    def _take(self, data: Any) -> None:
-        self._crc = zlib.crc32(data, self._crc)
-        self._sha.update(data)
-        self._count += len(data)
-        self._left -= len(data)
-
-    def verify(self, info: SnapshotInfo) -> None:
-        """Read the rest (and one byte more) and compare with ``info``.
-
-        Raises:
-            SnapshotCorruptError: size, CRC-32 or SHA-256 differs from the metadata.
-            SnapshotStoreError: the store failed mid-read.
-        """
-        self._block = memoryview(b"")  # taken and hashed already
-        while self._left > 0:
-            data = self._raw.read(min(_READ_CHUNK, self._left))
-            if not data:
-                break
-            self._take(data)
-        extra = self._raw.read(1)
-        if extra or self._count != info.archive_bytes or f"{self._crc:08x}" != info.archive_crc32 \
-                or self._sha.hexdigest() != info.archive_sha256:
-            raise SnapshotCorruptError("snapshot archive does not match its size and SHA-256 (corrupted or "
-                                       "replaced in the store?)", sandbox_path=None,
-                                       context={"snapshot": info.name, "generation": info.generation})
-
-    def stop(self) -> None:
-        """Nothing runs in the background: here for hydrate's check interface."""
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._raw.close()
-        super().close()
 
 
 class GenerationStore:

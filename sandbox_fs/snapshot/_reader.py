@@ -1,0 +1,193 @@
+"""The verifying reader hydrate reads a generation's archive through: one read, hashed on the second core.
+
+:class:`_VerifyingReader` takes the archive from the store in blocks of up
+to 1 MiB in a thread of its own (``sfs-hydrate-read``), which SHA-256s and
+CRC-32s each block and hands that very ``bytes`` object to the reader's
+caller through a bounded queue (:data:`_AHEAD_BLOCKS` blocks).  The bytes
+the extractor parses are therefore exactly the bytes hashed (the archive is
+read once: a store whose object changes meanwhile cannot serve one version
+to the hash and another to the extractor), while the reads and the hashing
+(``preadv``, ``hashlib`` and ``zlib`` release the GIL on 1 MiB) run beside
+the extraction.  Before, the hashing ran in the extracting thread: on the
+stdlib tree (244 MiB, tmpfs) ~0.3 s of that thread's ~1.7 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import queue
+import threading
+import zlib
+from typing import IO, Any
+
+from ._errors import SnapshotCorruptError
+from ._models import SnapshotInfo
+
+__all__ = ["_VerifyingReader"]
+
+_READ_CHUNK = 1 << 20
+#: blocks read ahead of the extractor, at most (memory: this many MiB, plus one in each thread)
+_AHEAD_BLOCKS = 4
+_END = object()  # the queue's last item: the recorded end or the store's was reached
+
+
+class _Pump:
+    """The reading thread's state: the store's reader, the counts and hashes, the queue of blocks.
+
+    Apart from the reader, so that a reader dropped without :meth:`_VerifyingReader.close`
+    can still be collected (its ``__del__`` closes it, which stops this).  After
+    :meth:`stop` the thread puts at most two more items, which the queue always
+    has room for once it has been emptied: it never blocks there.
+    """
+
+    def __init__(self, raw: IO[bytes], size: int) -> None:
+        self.raw = raw
+        self.left = size  # bytes not yet taken from ``raw`` (each taken one is hashed)
+        self.count = 0
+        self.crc = 0
+        self.sha = hashlib.sha256()
+        self.queue: queue.Queue[Any] = queue.Queue(_AHEAD_BLOCKS)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        put = self.queue.put
+        try:
+            while self.left > 0 and not self.stopped.is_set():
+                data = self.raw.read(min(_READ_CHUNK, self.left))
+                if not data:
+                    break
+                self.crc = zlib.crc32(data, self.crc)
+                self.sha.update(data)
+                self.count += len(data)
+                self.left -= len(data)
+                put(data)  # this very object is what the extractor gets
+            put(_END)
+        except BaseException as exc:  # raised in the caller's thread by the read that reaches it
+            put(exc)
+
+    def stop(self) -> None:
+        """Make the thread end (the caller joins it): no more reads; the queue is emptied."""
+        self.stopped.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.queue.get_nowait()
+
+
+class _VerifyingReader(io.RawIOBase):
+    """The archive of one generation as hydrate reads it, SHA-256'd and CRC-32'd on the way.
+
+    Reads end at the recorded size (the extractor never sees a byte more);
+    :meth:`verify` reads whatever the extractor left (the tar's zero
+    padding) and one byte more, then compares size, CRC-32 and SHA-256 with
+    the metadata.  Hydrate calls it before anything in the workspace changes.
+
+    The store is read in blocks of up to 1 MiB by one thread (started by the
+    first read), each block hashed once and handed out from memory: the
+    extractor asks for a header or a tarfile record (~10 KiB) at a time.
+    Reads are full (fewer bytes only at the recorded end), as tarfile needs.
+    An error of the store is raised by the read that reaches it, and again
+    by :meth:`verify`.  :meth:`close` stops and joins the thread before it
+    closes the store's reader.
+    """
+
+    def __init__(self, raw: IO[bytes], info: SnapshotInfo) -> None:
+        super().__init__()
+        self._raw = raw
+        self._size = info.archive_bytes
+        self._pump = _Pump(raw, info.archive_bytes)
+        self._block = memoryview(b"")  # taken and hashed, not yet handed out
+        self._thread: threading.Thread | None = None
+        self._ended = False  # the thread's end (or error) was taken from the queue
+        self._error: BaseException | None = None  # the store's error, raised again by verify()
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Take the next block (False: at the recorded end, or the store's).
+
+        Raises:
+            ValueError: the reader is closed.
+            The store's error, when the thread's read failed.
+        """
+        if self._pump.stopped.is_set():
+            raise ValueError("read of a closed snapshot archive reader")
+        if self._ended:
+            return False
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._pump.run, name="sfs-hydrate-read", daemon=True)
+            self._thread.start()
+        item = self._pump.queue.get()
+        if item is _END:
+            self._ended = True
+            return False
+        if isinstance(item, BaseException):
+            self._ended = True
+            self._error = item
+            raise item
+        self._block = memoryview(item)
+        return True
+
+    # -- what the extractor calls
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            size = self._size  # at most the rest: reads stop at the recorded end
+        if size <= len(self._block):
+            out = self._block[:size].tobytes()
+            self._block = self._block[size:]
+            return out
+        parts = []
+        while size > 0 and (len(self._block) or self._fill()):
+            piece = self._block[:size]
+            parts.append(piece.tobytes())
+            self._block = self._block[len(piece):]
+            size -= len(piece)
+        return b"".join(parts)
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        got = 0
+        while got < len(view) and (len(self._block) or self._fill()):
+            n = min(len(view) - got, len(self._block))
+            view[got:got + n] = self._block[:n]
+            self._block = self._block[n:]
+            got += n
+        return got
+
+    def verify(self, info: SnapshotInfo) -> None:
+        """Read the rest (and one byte more) and compare with ``info``.
+
+        Raises:
+            SnapshotCorruptError: size, CRC-32 or SHA-256 differs from the metadata.
+            SnapshotStoreError: the store failed mid-read.
+        """
+        self._block = memoryview(b"")
+        while self._fill():  # the rest, hashed by the thread
+            self._block = memoryview(b"")
+        if self._error is not None:  # a store that failed mid-read is not a corrupt archive
+            raise self._error
+        if self._thread is not None:
+            self._thread.join()  # it put its end last: its counts are final
+        pump = self._pump
+        extra = self._raw.read(1)
+        if extra or pump.count != info.archive_bytes or f"{pump.crc:08x}" != info.archive_crc32 \
+                or pump.sha.hexdigest() != info.archive_sha256:
+            raise SnapshotCorruptError("snapshot archive does not match its size and SHA-256 (corrupted or "
+                                       "replaced in the store?)", sandbox_path=None,
+                                       context={"snapshot": info.name, "generation": info.generation})
+
+    def stop(self) -> None:
+        """Nothing to stop for hydrate's check interface (the thread stops with :meth:`close`)."""
+
+    def close(self) -> None:
+        """Stop and join the reading thread, then close the store's reader.  Idempotent."""
+        self._block = memoryview(b"")
+        self._pump.stop()
+        if self._thread is not None:
+            self._thread.join()
+        with contextlib.suppress(Exception):
+            self._raw.close()
+        super().close()
