@@ -24,8 +24,11 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
   Both use the machine's second core: the pipe runs two tar processes at
   once; persist writes (and CRC-32s) the archive in a writer thread while
   it walks and reads (the writer also SHA-256s files of 64 KiB or more),
-  and reads the committed archive back in two threads; hydrate extracts
-  while its helper thread makes the files (large ones too).  The CPU time (user + sys) of both sides is printed
+  and reads the committed archive back in two threads (the v1 store; the
+  default one SHA-256s the archive in the writer thread too); hydrate
+  extracts while another thread reads and SHA-256s the archive (the default
+  store; the v1 store's extractor copies file data from the archive's fd in
+  a helper thread, and a thread CRC-32s it).  The CPU time (user + sys) of both sides is printed
   next to the wall-clock medians, so the use of the second core is visible.
   Goals (the default store): <= 1.3x on ext4, <= 2.5x on tmpfs.  Every timed
   step starts after an untimed ``sync``, so no arm pays for the writeback of
