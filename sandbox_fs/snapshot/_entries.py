@@ -13,7 +13,8 @@ and a name renamed while its directory is read may be listed twice (POSIX
 leaves it unspecified; such a count is refused as changed, retryable).
 So before such a file is read, every name counted is looked up again while
 the directories holding them are shown not to change (each one's ctime is
-strictly older than the check's start on the kernel's coarse clock, and the
+strictly older than the check's start on the kernel's coarse clock, taking
+a truncated whole-second ctime as the latest moment it may stand for, and the
 same after the last lookup: the racy-git rule of :mod:`._index`; and no
 two of those paths the same directory, a subtree moved between listings):
 all the names were there at one moment, so they are that many links.  A name gone
@@ -54,7 +55,7 @@ from ..archive import (
 from ..errors import InvalidPathError, SandboxError
 from ..root import Root
 from ._errors import SnapshotLimitError, SnapshotSourceChangedError, UnrestorableEntryError
-from ._index import IndexEntry, coarse_now_ns
+from ._index import IndexEntry, coarse_now_ns, stamp_latest_ns
 from ._models import SnapshotLimits, SnapshotPolicy
 from ._header import MemberHeader, encode_header, encode_listed, ustar_fits
 from ._tar import PendingSha, _TarStream
@@ -557,22 +558,28 @@ class _WalkState:
     def _check_names(self, linked: _Linked) -> None:
         """Every name counted for ``linked`` is a link of it at one moment: no moved name was counted twice.
 
-        See the module docstring.  Waits for the next clock tick (a few ms)
-        while a directory changed in the current one, a bounded number of times.
+        See the module docstring.  Waits for the next clock tick (a few ms;
+        up to 2 s on a file system keeping whole-second ctimes, see
+        :func:`._index.stamp_latest_ns`) while a directory changed in the
+        current one, for at most :data:`_LINK_CHECK_WAIT_S` in all.
 
         Raises:
             SnapshotSourceChangedError: a name is gone or is another inode, or
                 a directory holding one changed meanwhile (retryable).
         """
         parents = sorted({item.path.rpartition("/")[0] or "." for item in linked.items})
-        for _ in range(_LINK_CHECK_TRIES):
+        deadline = time.monotonic() + _LINK_CHECK_WAIT_S
+        while time.monotonic() < deadline:
             began = coarse_now_ns()
             before = self._dir_stats(parents)
             if len({(dev, ino) for dev, ino, _c in before}) != len(before):  # one directory at two paths:
                 raise SnapshotSourceChangedError("a directory holding a hard-linked file was moved while the "
                                                  "workspace was persisted", sandbox_path=linked.items[0].path)
-            if any(ctime_ns >= began for _dev, _ino, ctime_ns in before):
-                time.sleep(_TICK_S)  # changed in this tick: a change later in it would keep the same ctime
+            # A ctime the file system truncated (whole seconds) may stand for a change after ``began``.
+            latest = max(stamp_latest_ns(ctime_ns) for _dev, _ino, ctime_ns in before)
+            if latest >= began:
+                # changed in this tick (or step): a change later in it would keep the same ctime
+                time.sleep(max(_TICK_S, (latest - began) / 1e9 + _TICK_S))
                 continue
             for item in linked.items:
                 if _lstat_listed(self.src, item) is None:
@@ -759,7 +766,8 @@ def tree_digest(ws: Root, *, excluded: Iterable[str] = (), mount_points: Iterabl
 _REREAD_CTIME_NS = (1 << 63) - 1
 #: how long to wait for the next tick of the coarse clock (1 ms at HZ=1000 to 10 ms at HZ=100), and how often
 _TICK_S = 0.004
-_LINK_CHECK_TRIES = 50
+#: the longest the link check waits for its directories' ctimes to be in the past (a 2 s timestamp step, and more)
+_LINK_CHECK_WAIT_S = 5.0
 
 
 def _open_for_writing(fd: int) -> bool:

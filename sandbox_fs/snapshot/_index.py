@@ -18,7 +18,11 @@ SHA-256 and layer are taken over); so is a directory whose inode, link
 count, mode, mtime and ctime match (its member stays in the layer that has
 it).  Anything changed at or after the moment the parent walk began carries
 a timestamp at or after ``time_ns`` and is read again (the racy-git rule: a
-write in the same clock tick as the walk is never missed).  Symlinks and
+write in the same clock tick as the walk is never missed).  The ctime is
+compared as the latest moment it may stand for (:func:`stamp_latest_ns`):
+a file system that keeps whole seconds truncates a change made after the
+walk began to a time before it (every change sets the ctime; an mtime in
+whole seconds is as often one a restore or tar set, and is compared as it is).  Symlinks and
 multi-linked files are always written to the layer (whether a symlink
 restores depends on other entries; a hard-link group is always whole in one
 layer).  What this trusts: ``ctime`` cannot be set by an
@@ -48,8 +52,8 @@ from ..archive import ArchiveLimitError, UnsafeArchiveMemberError, normalize_mem
 from ._errors import SnapshotCorruptError
 from ._models import SnapshotPolicy
 
-__all__ = ["IndexEntry", "Index", "encode_index", "decode_index", "coarse_now_ns", "index_digest",
-           "max_index_bytes"]
+__all__ = ["IndexEntry", "Index", "encode_index", "decode_index", "coarse_now_ns", "stamp_latest_ns",
+           "index_digest", "max_index_bytes"]
 
 _FORMAT = "sandbox-fs-index"
 _KINDS = ("file", "dir", "symlink")
@@ -112,6 +116,35 @@ def coarse_now_ns() -> int:
     so a file changed after this call has an mtime and ctime at or after it.
     """
     return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
+
+
+def stamp_latest_ns(ts_ns: int) -> int:
+    """The latest moment a file timestamp may stand for, given the file system may have truncated it.
+
+    A file system keeps timestamps in steps of its own (ext4 with 128-byte
+    inodes, NFS, FUSE and others: whole seconds; FAT: 2 s), truncated down,
+    so a change made after a clock reading can carry a timestamp before it.
+    The step is not exposed; it is read off the timestamp: whole seconds
+    stand for up to 2 s after them, a multiple of 10**k ns (the largest k,
+    up to 8) for up to 10**k ns after it, anything else for itself (a
+    nanosecond timestamp that happens to end in zeros is only taken as a
+    little later than it is, never earlier).
+
+    Args:
+        ts_ns: an ``st_mtime_ns`` or ``st_ctime_ns``.
+
+    Returns:
+        Nanoseconds since the epoch, ``>= ts_ns``.
+    """
+    ns = ts_ns % 1_000_000_000
+    if ns % 10:
+        return ts_ns
+    if not ns:
+        return ts_ns + 1_999_999_999
+    step = 10
+    while step < 100_000_000 and not ns % (step * 10):
+        step *= 10
+    return ts_ns + step - 1
 
 
 def index_digest(entries: list[IndexEntry]) -> str:

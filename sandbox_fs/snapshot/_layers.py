@@ -49,7 +49,7 @@ from typing import Any, Sequence
 from ..archive import extracted_dir_mode, extracted_file_mode
 from ..root import Root, kind_of
 from ._entries import _WalkState
-from ._index import _FORMAT, Index, IndexEntry, coarse_now_ns
+from ._index import _FORMAT, Index, IndexEntry, coarse_now_ns, stamp_latest_ns
 from ._models import SnapshotPolicy
 from ._walk import (
     _SCAN_HEADER,
@@ -253,7 +253,10 @@ class Layering:
                 or SnapshotPolicy.mode(st.st_mode) != old.mode:
             return None
         assert self.parent is not None
-        if st.st_mtime_ns >= self.parent.time_ns or st.st_ctime_ns >= self.parent.time_ns:
+        began = self.parent.time_ns
+        # (ctime as the latest moment it may stand for: any change sets it, and only the file system
+        # truncates it; an mtime in whole seconds is as often one set by a restore or by tar)
+        if st.st_mtime_ns >= began or stamp_latest_ns(st.st_ctime_ns) >= began:
             return None  # racy: written in or after the tick the parent's walk began; read it again
         return old
 
@@ -469,7 +472,7 @@ class Layering:
         entries = self.records[opened.records:end]
         now = self.time_ns
         racy = [k for k in (opened.changed if opened.old is not None else range(len(entries)))
-                if entries[k].mtime_ns >= now or entries[k].ctime_ns >= now]
+                if entries[k].mtime_ns >= now or stamp_latest_ns(entries[k].ctime_ns) >= now]
         chunk.racy = racy
         listing = opened.listing
         assert isinstance(listing, _Listing)
