@@ -386,3 +386,40 @@ def test_fuzz_hydrate_chains_pass_the_store_checks_and_reach_the_layer_rules():
     assert len(refused) >= 10 and not [r for r in refused if "match" in r or "chain" in r], refused
     assert any("extractor refuses" in r for r in refused) and any("not normalized" in r for r in refused)
     assert any("below a non-directory" in r for r in refused) and any("zip slip" in r for r in refused)
+
+
+@pytest.mark.parametrize("scan_fails", [False, True])
+def test_restore_baseline_stats_each_directory_once_as_lstat_by_path_would(tmp_path, monkeypatch, scan_fails):
+    """The baseline hydrate leaves takes each directory's files from one native scan of it; what it records
+    equals an lstat of each path beneath the Root: a plain file gets its inode and times, and a file that is
+    not there as restored (hard-linked, replaced by a symlink, another size, missing, or under a parent
+    that is now a symlink to an outside directory) is marked to be read again.  With the scan failing, each
+    path is looked up instead, with the same result."""
+    from sandbox_fs.snapshot._index import Index, IndexEntry
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x").write_text("12345")  # as restored: only the symlink on its path marks it
+    ws_dir = tmp_path / "ws"
+    (ws_dir / "d" / "e").mkdir(parents=True)
+    for rel in ("a", "d/b", "d/e/c", "d/linked", "d/sized", "d/was_file"):
+        (ws_dir / rel).write_text("12345")
+    os.link(ws_dir / "d" / "linked", ws_dir / "d" / "linked2")
+    (ws_dir / "d" / "sized").write_text("123456")
+    (ws_dir / "d" / "was_file").unlink()
+    (ws_dir / "d" / "was_file").symlink_to("b")
+    (ws_dir / "s").symlink_to(outside)  # a parent the index names as a directory, now a symlink
+    paths = ["a", "d/b", "d/e/c", "d/linked", "d/sized", "d/was_file", "d/missing", "s/x"]
+    index = Index(0, 0, [IndexEntry(p, "file", 1, 5, 1, 1, 0o644, "0" * 64, 1, 1) for p in paths], [])
+    if scan_fails:
+        def refuse(dfd: int, max_bytes: int | None = None) -> bytes:
+            raise OSError(27, "too large")
+        monkeypatch.setattr(_hydrate._native, "scan_dir", refuse)
+    with open_root(ws_dir) as ws:
+        got = {e.path: e for e in _hydrate._baseline(ws, index).entries}
+    for p in ("a", "d/b", "d/e/c"):
+        st = os.lstat(ws_dir / p)
+        assert (got[p].ino, got[p].mtime_ns, got[p].ctime_ns, got[p].nlink) == \
+            (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, 1), p
+    for p in ("d/linked", "d/sized", "d/was_file", "d/missing", "s/x"):
+        assert got[p].nlink == 0 and got[p].ino == 1, p

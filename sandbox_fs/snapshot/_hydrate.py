@@ -24,7 +24,7 @@ import stat as _stat
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Protocol
 
-from .. import _hooks
+from .. import _hooks, _native
 from .._root_walk import walk_dirs
 from ..archive import ArchiveFormatError, extract_stream, extract_streams
 from ..errors import InvalidPathError, SandboxError
@@ -34,6 +34,7 @@ from ._generations import GenerationStore
 from ._index import Index, coarse_now_ns
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
+from ._walk import _parse_scan
 
 __all__ = ["hydrate", "is_mount_point_of"]
 
@@ -217,23 +218,56 @@ def _baseline(ws: Root, index: Index) -> Index:
     The clock is read before the ``lstat`` pass, so an entry changed after
     the restore carries a later ctime and is read again.  A regular file that
     is not there as restored (other size, type or link count) is marked so
-    that it is read again (link count 0).
+    that it is read again (link count 0).  The files of one directory are
+    ``lstat``-ed by one native scan of it (:func:`_dir_stats`), not one
+    lookup beneath the root each (7.7k files: ~0.1 s less).
     """
     now = coarse_now_ns()
     dev = ws.stat(".").st_dev
+    stats: dict[str, dict[str, Any] | None] = {}
     out = []
     for e in index.entries:
         if e.kind == "file":
-            try:
-                st = ws.lstat(e.path)
-            except (OSError, SandboxError):
-                st = None
+            parent, _, leaf = e.path.rpartition("/")
+            if parent not in stats:
+                stats[parent] = _dir_stats(ws, parent)
+            in_dir = stats[parent]
+            st: Any = in_dir.get(leaf) if in_dir is not None else _lstat_or_none(ws, e.path)
             if st is None or not _stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_nlink != 1:
                 e = e._replace(nlink=0)
             else:
                 e = e._replace(ino=st.st_ino, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
         out.append(e)
     return Index(now, dev, out, [])
+
+
+def _dir_stats(ws: Root, path: str) -> dict[str, Any] | None:
+    """``name -> lstat`` of every entry of directory ``path`` (opened beneath ``ws``), or None when it cannot be scanned.
+
+    The directory is opened by its path beneath the Root (no symlink
+    followed, as :meth:`Root.lstat` resolves one), and its entries
+    ``fstatat``-ed relative to that fd with ``AT_SYMLINK_NOFOLLOW`` (one
+    native call).  None (the caller then ``lstat``s each entry by its path):
+    it cannot be opened for reading (a restored mode without read
+    permission), or it is too large for one scan.
+    """
+    try:
+        dfd = ws.open_dir_fd(path or ".")
+    except (OSError, SandboxError):
+        return None
+    try:
+        return dict(_parse_scan(_native.scan_dir(dfd)))
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+
+
+def _lstat_or_none(ws: Root, path: str) -> os.stat_result | None:
+    try:
+        return ws.lstat(path)
+    except (OSError, SandboxError):
+        return None
 
 
 def _restore(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: SnapshotLimits, mount_points: Iterable[str],
