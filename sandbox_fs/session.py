@@ -592,6 +592,8 @@ class Session:
             base = self._root
             self._root = base.with_options(owner=self.identity)
             base.close()
+        if cfg.store is not None:  # before the command, the manifest or a restore can reach it
+            _snap.refuse_store_in_workspace(self._root, cfg.store)
         if self._resumed and not created[0]:
             self._check_workspace_id()  # before anything in the workspace changes
         self._policy = PathPolicy(self._root, cfg.workspace_path, cfg.grants)

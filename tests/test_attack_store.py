@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from sandbox_fs import open_root
-from sandbox_fs.snapshot import DirectorySnapshotStore, SnapshotError, hydrate, persist
+from sandbox_fs.snapshot import DirectorySnapshotStore, SnapshotError, SnapshotStoreError, hydrate, persist
 
 
 def _state(p: Path) -> tuple[str, int, int]:
@@ -59,3 +61,71 @@ def test_planted_hard_links_and_fifos_never_change_an_outside_file_or_hang(tmp_p
         hung.cancel()
     assert _state(sentinel) == before  # the sentinel
     assert (w / "f").read_text() == "two\n"
+
+
+def _sfs(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox_fs", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_restore_never_replaces_a_store_that_lies_inside_the_workspace(tmp_path: Path) -> None:
+    """``snapshot restore --workspace W --store W/.st`` replaced W's contents, the store with them (by the
+    archive's copy of whatever the snapshot held there): the store's generations were gone.  Refused now in
+    one line, the store and the workspace as they were."""
+    v, w = tmp_path / "v", tmp_path / "w"
+    v.mkdir()
+    w.mkdir()
+    (v / "f").write_text("from v\n")
+    (w / "g").write_text("mine\n")
+    assert _sfs("snapshot", "save", "--workspace", str(v), "--store", str(w / ".st"), "--name", "n").returncode == 0
+    before = sorted(str(p.relative_to(w)) for p in w.rglob("*"))
+    r = _sfs("snapshot", "restore", "--workspace", str(w), "--store", str(w / ".st"), "--name", "n")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "lies inside it" in r.stderr and str(tmp_path) not in r.stderr
+    assert sorted(str(p.relative_to(w)) for p in w.rglob("*")) == before  # the sentinel: nothing moved
+    with DirectorySnapshotStore(w / ".st") as st:
+        assert [i.name for i in st.list()] == ["n"]
+
+
+@pytest.mark.parametrize("where", ["same", "child", "deep", "moved_in", "sibling", "parent"])
+def test_a_store_at_or_beneath_the_workspace_is_refused_before_anything_is_written(tmp_path: Path,
+                                                                                 where: str) -> None:
+    """persist and hydrate refuse a directory store whose directory is the workspace or lies beneath it
+    (compared by identity: a store directory moved into the workspace after it was opened too); a store
+    beside it or above it works."""
+    w = tmp_path / "w"
+    (w / "a" / "b").mkdir(parents=True)
+    (w / "f").write_text("one\n")
+    sdir = {"same": w, "child": w / ".st", "deep": w / "a" / "b" / "st", "moved_in": tmp_path / "st2",
+            "sibling": tmp_path / "st", "parent": tmp_path}[where]
+    refused = where in ("same", "child", "deep", "moved_in")
+    with DirectorySnapshotStore(sdir) as store, open_root(w) as r:
+        if where == "moved_in":
+            os.rename(sdir, w / "a" / "st")  # the store's open directory now lies inside the workspace
+            sdir = w / "a" / "st"
+        if refused:
+            with pytest.raises(SnapshotStoreError) as err:
+                persist(r, store, "n")
+            assert not err.value.retryable
+            with pytest.raises(SnapshotStoreError):
+                hydrate(r, store, "n")
+        else:
+            persist(r, store, "n")
+            (w / "f").write_text("two\n")
+            hydrate(r, store, "n")
+            assert (w / "f").read_text() == "one\n"
+    if refused:  # the sentinel: nothing of a snapshot or a key was written into the store
+        assert not any(p.name in (".state-key", "gen", "current") for p in Path(sdir).rglob("*"))
+
+
+def test_cli_run_never_starts_a_command_beside_its_store(tmp_path: Path) -> None:
+    """``run --root W --store W/.snap``: the confined command could read the store's ``.state-key`` (and
+    every snapshot in the store) and rewrite them.  Refused before the manifest or the command runs."""
+    w, base = tmp_path / "w", tmp_path / "base"
+    w.mkdir()
+    base.mkdir()
+    (base / "m.json").write_text('{"entries": {"hello.txt": {"type": "file", "content": "hello\\n"}}}')
+    r = _sfs("run", "--manifest", str(base / "m.json"), "--base", str(base), "--root", str(w), "--store",
+             str(w / ".snap"), "--state", str(tmp_path / "state.json"), "--confinement", "none", "--",
+             "/bin/sh", "-c", "cat .snap/.state-key > stolen")
+    assert r.returncode == 1 and "lies inside it" in r.stderr and "Traceback" not in r.stderr
+    assert not (w / "stolen").exists() and not (w / "hello.txt").exists()  # the sentinel: nothing ran

@@ -20,7 +20,8 @@ directory store: generations over LocalObjects, reading version-1 snapshots too)
 from __future__ import annotations
 
 # Names importable from here but outside ``__all__`` (the session and hosts use them), re-exported with ``as``:
-# SNAPSHOT_FORMAT, SNAPSHOT_VERSION, WORKSPACE_ID_NAME, PendingArchive, is_mount_point_of, MIN_GC_AGE_S.
+# SNAPSHOT_FORMAT, SNAPSHOT_VERSION, WORKSPACE_ID_NAME, PendingArchive, is_mount_point_of, MIN_GC_AGE_S,
+# refuse_store_in_workspace.
 from ._entries import fingerprint, tree_digest
 from ._errors import (
     SnapshotCorruptError,
@@ -56,6 +57,7 @@ from ._persist import persist
 from ._store import LocalSnapshotStore, NoSnapshot, SnapshotStore
 from ._store import PendingArchive as PendingArchive
 from ._walk import WORKSPACE_ID_NAME as WORKSPACE_ID_NAME
+from ._where import refuse_store_in_workspace as refuse_store_in_workspace
 
 __all__ = [
     "SnapshotError",

@@ -35,6 +35,7 @@ from ._index import Index, coarse_now_ns
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
 from ._walk import _parse_scan
+from ._where import refuse_store_in_workspace
 
 __all__ = ["hydrate", "is_mount_point_of"]
 
@@ -135,6 +136,7 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     """
     limits = limits or SnapshotLimits()
     keep = frozenset(keep_identities)
+    refuse_store_in_workspace(ws, store)
     if isinstance(store, GenerationStore) and (legacy := store.legacy_store(name)) is not None:
         store = legacy  # a version-1 snapshot in a directory store, from before its first generation
     if isinstance(store, GenerationStore):

@@ -22,6 +22,7 @@ from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import SnapshotStore
 from ._tar import _TarStream
 from ._walk import _Prune
+from ._where import refuse_store_in_workspace
 
 __all__ = ["persist"]
 
@@ -85,6 +86,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             case the previous snapshot of ``name`` stays current and intact.
     """
     validate_name(name)
+    refuse_store_in_workspace(ws, store)
     policy = SnapshotPolicy(limits or SnapshotLimits())
     prune = _Prune.of(excluded, mount_points, skip_identities)
     if not store.enabled:
