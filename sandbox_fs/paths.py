@@ -314,6 +314,23 @@ class PathPolicy:
     def workspace_identity(self) -> tuple[int, int]:
         return self.workspace.identity
 
+    def grant_views(self) -> list[tuple[Grant, Root]]:
+        """Each grant with a new read-only Root on its pinned directory (the caller closes the Roots).
+
+        Raises:
+            WorkspaceClosedError: the policy was closed.
+            OSError(EMFILE): the process has no free fd.
+        """
+        out: list[tuple[Grant, Root]] = []
+        try:
+            for p in self._grants:
+                out.append((p.grant, p.root.with_options(read_only=True)))
+        except BaseException:
+            for _g, r in out:
+                r.close()
+            raise
+        return out
+
     def open_grant_root(self, name: str, *, read_only: bool = True) -> Root:
         """A new Root on the directory of the grant named ``name`` (e.g. for a mount entry).
 

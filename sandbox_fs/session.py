@@ -597,6 +597,10 @@ class Session:
         if self._resumed and not created[0]:
             self._check_workspace_id()  # before anything in the workspace changes
         self._policy = PathPolicy(self._root, cfg.workspace_path, cfg.grants)
+        if cfg.store is not None:  # nor in a grant (read-only ones too: its key would be read)
+            for _grant, view in self._policy.grant_views():
+                with view:
+                    _snap.refuse_store_in_workspace(view, cfg.store, what="a grant")
         mode = self._fill_sync(created)
         self._root.atomic_write(WORKSPACE_ID_NAME, (self.workspace_id + "\n").encode(), mode=0o644)
         return mode

@@ -117,15 +117,23 @@ def test_a_store_at_or_beneath_the_workspace_is_refused_before_anything_is_writt
         assert not any(p.name in (".state-key", "gen", "current") for p in Path(sdir).rglob("*"))
 
 
-def test_cli_run_never_starts_a_command_beside_its_store(tmp_path: Path) -> None:
-    """``run --root W --store W/.snap``: the confined command could read the store's ``.state-key`` (and
-    every snapshot in the store) and rewrite them.  Refused before the manifest or the command runs."""
-    w, base = tmp_path / "w", tmp_path / "base"
-    w.mkdir()
-    base.mkdir()
+@pytest.mark.parametrize("where", ["workspace", "grant", "beside"])
+def test_cli_run_never_starts_a_command_beside_its_store(tmp_path: Path, where: str) -> None:
+    """``run --root W --store W/.snap`` (or a store inside a ``--grant``, read-only too): the confined
+    command could read the store's ``.state-key`` (and every snapshot in the store) and rewrite them.
+    Refused before the manifest or the command runs; a store beside both works."""
+    w, base, g = tmp_path / "w", tmp_path / "base", tmp_path / "g"
+    for d in (w, base, g):
+        d.mkdir()
+    store = {"workspace": w / ".snap", "grant": g / "sub" / ".snap", "beside": tmp_path / "snap"}[where]
     (base / "m.json").write_text('{"entries": {"hello.txt": {"type": "file", "content": "hello\\n"}}}')
-    r = _sfs("run", "--manifest", str(base / "m.json"), "--base", str(base), "--root", str(w), "--store",
-             str(w / ".snap"), "--state", str(tmp_path / "state.json"), "--confinement", "none", "--",
-             "/bin/sh", "-c", "cat .snap/.state-key > stolen")
+    r = _sfs("run", "--manifest", str(base / "m.json"), "--base", str(base), "--root", str(w), "--grant", str(g),
+             "--store", str(store), "--state", str(tmp_path / "state.json"), "--confinement", "none", "--",
+             "/bin/sh", "-c", "echo ran > ran")
+    if where == "beside":
+        assert r.returncode == 0, r.stderr
+        assert (w / "ran").exists()  # positive control
+        return
     assert r.returncode == 1 and "lies inside it" in r.stderr and "Traceback" not in r.stderr
-    assert not (w / "stolen").exists() and not (w / "hello.txt").exists()  # the sentinel: nothing ran
+    assert str(tmp_path) not in r.stderr
+    assert not (w / "ran").exists() and not (w / "hello.txt").exists()  # the sentinel: nothing ran

@@ -13,8 +13,8 @@ __all__ = ["refuse_store_in_workspace"]
 _MAX_DEPTH = 4096
 
 
-def refuse_store_in_workspace(ws: Root, store: object) -> None:
-    """Refuse a store whose directory is the workspace or lies beneath it.
+def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the workspace") -> None:
+    """Refuse a store whose directory is the workspace (or a grant's directory) or lies beneath it.
 
     Such a store is in reach of the confined command (which could read its
     ``.state-key`` and rewrite its snapshots and baselines), is persisted
@@ -25,11 +25,12 @@ def refuse_store_in_workspace(ws: Root, store: object) -> None:
     path to it is seen.  A store with no directory (S3) passes.
 
     Args:
-        ws: the workspace Root (borrowed).
+        ws: the workspace Root, or a grant's (borrowed): a directory the confined command reaches.
         store: the snapshot store; its ``root`` (a :class:`~sandbox_fs.root.Root`) is its directory.
+        what: that directory, for the message (``"the workspace"``, ``"a grant"``).
 
     Raises:
-        SnapshotStoreError: the store is the workspace or lies inside it (not retryable).
+        SnapshotStoreError: the store is that directory or lies inside it (not retryable).
         OSError: a ``..`` could not be opened.
     """
     root = getattr(store, "root", None)
@@ -44,9 +45,9 @@ def refuse_store_in_workspace(ws: Root, store: object) -> None:
             st = os.fstat(fd)
             key = (st.st_dev, st.st_ino)
             if key == target:
-                raise SnapshotStoreError("the snapshot store is the workspace or lies inside it (a command in the "
+                raise SnapshotStoreError(f"the snapshot store is {what} or lies inside it (a command in the "
                                          "workspace could read its key and rewrite its snapshots)",
-                                         sandbox_path=None, retryable=False)
+                                         sandbox_path=None, retryable=False, context={"overlap": what})
             if key == prev:
                 return  # "/": its ".." is itself
             prev = key
