@@ -12,6 +12,10 @@ from __future__ import annotations
 import io
 import os
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from test_archive_batch import _tree, _write
 from test_archive_builders import tar_bytes, ti
 
@@ -81,3 +85,43 @@ def test_large_member_limits_and_truncation_match_one_by_one(layout, tmp_path, m
             except ArchiveFormatError as exc:
                 assert "unexpected end of data" in str(exc)
     assert sorted(os.listdir(layout.ws)) == []
+
+
+_NAMES = ["a", "a/b", "a/b/c", "b", "a/c", "./a", "a//b", "A"]
+
+
+def _outcome(root, dest: str, src, limits: ArchiveLimits, top) -> tuple:
+    try:
+        extract(root, dest, src, limits=limits)
+    except Exception as exc:  # the error's kind, rule and limit, and what was left (nothing, atomic)
+        return ("err", type(exc).__name__, getattr(exc, "rule", None), getattr(exc, "limit", None),
+                os.path.exists(top / dest))
+    return ("ok", _tree(top / dest))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=st.lists(st.tuples(st.sampled_from(_NAMES), st.sampled_from(["f", "F", "F", "d", "l", "s"]),
+                               st.sampled_from(_NAMES + ["../x"])), min_size=1, max_size=7),
+       total=st.sampled_from([None, 3 * _SMALL_BATCH]))
+def test_property_large_members_in_batches_give_what_one_by_one_gives(layout, tmp_path_factory, spec, total):
+    """Attacks that held (review of 2026-12-03): names repeated, a hard link to a large queued file, a parent
+    later named as a file, a symlink or a directory, a large member under a symlink member, ``max_total_bytes``
+    reached by a queued large member.  A file source (large members batched) gives the same tree, or the same
+    error with nothing left, as a stream source (every member one by one)."""
+    members = []
+    for name, kind, other in spec:
+        if kind in "fF":
+            members.append(ti(name, data=os.urandom(10 if kind == "f" else _SMALL_BATCH + 100 + len(members))))
+        elif kind == "d":
+            members.append(ti(name, "dir"))
+        else:
+            members.append(ti(name, "hardlink" if kind == "l" else "symlink", linkname=other))
+    data = tar_bytes(members)
+    limits = ArchiveLimits() if total is None else ArchiveLimits(max_total_bytes=total)
+    tmp = tmp_path_factory.mktemp("big")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_batching, "BATCH_BYTES", _SMALL_BATCH)
+        with open_root(layout.ws) as root:
+            got = _outcome(root, f"f{tmp.name}", _write(tmp, data), limits, layout.ws)
+            want = _outcome(root, f"s{tmp.name}", io.BytesIO(data), limits, layout.ws)
+    assert got == want
