@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_snapshot_generations import DictObjects
 
 from sandbox_fs import open_root
 from sandbox_fs.client import ClientOptions, LocalSandboxClient, SessionStateTamperedError
@@ -449,8 +450,6 @@ def _restore_points_verify(store: GenerationStore) -> None:
 def test_property_every_restore_point_stays_readable_and_nothing_leaks(tmp_path_factory: Any, ops: list) -> None:
     """Persists, forks, removals and gc in any order: every kept restore point of every name reads back and
     verifies after each step, and once every name is removed (and gc ran) the store is empty."""
-    from tests.test_snapshot_generations import DictObjects
-
     top = tmp_path_factory.mktemp("model")
     objects = DictObjects()
     store = GenerationStore(objects, keep=1)
