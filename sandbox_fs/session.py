@@ -77,7 +77,7 @@ import trio
 
 from .errors import InvalidPathError, SandboxError
 from .paths import Grant, PathPolicy, normalize
-from .root import DirEntry, Root, open_root
+from .root import DirEntry, Root, fd_chown, open_root
 from . import snapshot as _snap
 
 if TYPE_CHECKING:  # the overlay is optional (extra sandbox-fs[fuse]): imported only when a session uses it
@@ -566,15 +566,6 @@ class Session:
 
     def _prepare_sync(self, created: list[bool]) -> str:
         cfg = self.config
-        if cfg.identity == "auto" and os.geteuid() == 0 and self._lease is None:
-            from .exec import _identity  # noqa: PLC0415
-
-            try:
-                self._lease = _identity.lease(*(cfg.identity_range or (_identity.DEFAULT_ID_BASE,
-                                                                        _identity.DEFAULT_ID_COUNT)))
-            except (OSError, ValueError) as exc:
-                raise SessionError("no unprivileged identity could be leased for the session",
-                                   sandbox_path=None, diagnostic=str(exc)) from None
         if cfg.owned:
             assert cfg.parent is not None
             try:
@@ -586,6 +577,7 @@ class Session:
             self._root = cfg.parent.open_root(self.id)
         else:
             self._root = open_root(cfg.workspace_dir, label="")
+        self._lease_identity(self._root, created[0])
         if self.identity is not None:
             # What the library creates in the workspace (materialize, hydrate,
             # session writes) is the confined identity's from the start.
@@ -604,6 +596,39 @@ class Session:
         mode = self._fill_sync(created)
         self._root.atomic_write(WORKSPACE_ID_NAME, (self.workspace_id + "\n").encode(), mode=0o644)
         return mode
+
+    def _lease_identity(self, ws: Root, created: bool) -> None:
+        """Lease the session's id (``identity="auto"`` on a root host), preferring the one its workspace is owned by.
+
+        A resumed session whose workspace root is owned by an id of the range
+        takes that id again when it is free (:func:`sandbox_fs.exec._identity.lease`
+        checks it as any other: exclusive, in range, in no user database or
+        process table), so its next command re-owns nothing and no file's
+        ctime changes: the next persist stays a small layer.  A workspace
+        made here is given to the identity at once (its first command would
+        do so), so the hint holds even for a session that ran no command.
+
+        Raises:
+            SessionError: no id can be leased.
+        """
+        cfg = self.config
+        if cfg.identity != "auto" or os.geteuid() != 0 or self._lease is not None:
+            return
+        from .exec import _identity  # noqa: PLC0415
+
+        owner = ws.stat(".").st_uid  # the workspace's fd: the owner is a hint only (see lease)
+        try:
+            self._lease = _identity.lease(*(cfg.identity_range or (_identity.DEFAULT_ID_BASE,
+                                                                    _identity.DEFAULT_ID_COUNT)), prefer=owner)
+        except (OSError, ValueError) as exc:
+            raise SessionError("no unprivileged identity could be leased for the session",
+                               sandbox_path=None, diagnostic=str(exc)) from None
+        if created:
+            top = ws.open_fd(".", os.O_PATH | os.O_DIRECTORY)
+            try:
+                fd_chown(top, self._lease.ids)
+            finally:
+                os.close(top)
 
     def _check_workspace_id(self) -> None:
         """Refuse a workspace bound to another session (see the module docstring); a missing id binds nothing.

@@ -430,3 +430,89 @@ async def test_session_creates_entries_owned_by_its_identity(client):
             st = os.lstat(os.path.join(ws, rel))
             assert (st.st_uid, st.st_gid) == s.identity, rel
     await client.delete(s)
+
+
+# ------------------------------------------------------------------ sticky ids (issue 16: layers stay small)
+
+
+#: 16 ids per test process, above the default range's low end where other tests lease (a parallel run
+#: of this file in another process takes other ids)
+_PRIVATE = 0x70030000 + (os.getpid() % 4096) * 16
+
+
+async def test_a_resumed_session_keeps_its_id_so_its_next_layer_stays_small(tmp_path):
+    """A session that got the second id (the first was held) keeps it on resume, though the first is free again.
+
+    Before the fix the resume leased the lowest free id, the next command re-owned
+    every entry (a new ctime each) and the persist wrote the whole tree again.
+    """
+    from sandbox_fs.client import ClientOptions, LocalSandboxClient
+
+    base = _PRIVATE
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "s"),
+                         identity_range=(base, 2))
+    tree = {f"d{i % 4}/f{i}": os.urandom(8192) for i in range(32)}  # 256 KiB of incompressible content
+    with LocalSandboxClient(opts) as c:
+        with _identity.lease(base, 1) as other:  # another session holds the lowest id
+            async with c.create() as s:
+                for path, data in tree.items():
+                    await s.write(path, data, parents=True)
+                assert (await s.exec(["true"])).exit_code == 0
+                assert s.identity == (base + 1, base + 1) and other.held
+        state = c.serialize_state(s)
+        sizes = []
+        for run in range(2):  # the lowest id is free now: the session still takes its own
+            time.sleep(0.012)  # past the coarse clock's tick (the racy rule re-reads same-tick files)
+            async with c.resume(state) as s:
+                assert s.identity == (base + 1, base + 1), run
+                await s.write(f"new{run}", b"x" * 100)
+                assert (await s.exec(["true"])).exit_code == 0
+            state = c.serialize_state(s)
+            info = c.store.info(s.id)
+            sizes.append((info.chain_length, info.archive_bytes))
+        await c.delete(s)
+    assert all(length >= 2 and size < 64 * 1024 for length, size in sizes), sizes  # layers, not the tree
+
+
+_HELD, _BELOW, _ABOVE = "held", "below", "above"
+
+
+@pytest.mark.parametrize("prefer", [0, 65534, _BELOW, _ABOVE, _HELD, "free-second", 0x7FFFFFFF, -1, None])
+def test_a_preferred_id_never_breaks_exclusivity_or_the_range(prefer):
+    """Whatever id the caller prefers (a workspace's owner: hostile), the lease is in range and exclusive."""
+    base = _PRIVATE + 3
+    with _identity.lease(base, 1) as other:  # a live lease of the lowest id
+        want = {_HELD: base, _BELOW: base - 1, _ABOVE: base + 3, "free-second": base + 2}.get(prefer, prefer)
+        with _identity.lease(base, 3, prefer=want) as got:
+            assert base <= got.uid < base + 3 and got.uid != other.uid and other.held
+            assert not lock_is_free(got.uid)
+            # the preferred id when it is free and in range; else the lowest free one
+            assert got.uid == (base + 2 if prefer == "free-second" else base + 1)
+            with _identity.lease(base, 3, prefer=got.uid) as third:  # held by us now: never shared
+                assert third.uid == base + 2 - (prefer == "free-second") and third.uid not in (got.uid, other.uid)
+    with pytest.raises(_identity.IdentityUnavailableError), _identity.lease(base, 1):
+        _identity.lease(base, 1, prefer=base)  # the only id, held: preferring it does not share it
+
+
+async def test_a_workspace_chowned_to_a_held_outside_or_root_id_gets_an_exclusive_in_range_id(tmp_path):
+    """The workspace's owner is only a hint: chowned to a held id, an id outside the range or 0, the lease is still fresh."""
+    from sandbox_fs.client import ClientOptions, LocalSandboxClient
+
+    base = _PRIVATE + 6
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), snapshot_dir=str(tmp_path / "s"),
+                         identity_range=(base, 2))
+    with LocalSandboxClient(opts) as c:
+        async with c.create() as s:
+            await s.write("f", b"x")
+        state = c.serialize_state(s)
+        ws = os.path.join(opts.workspaces_dir, s.id)
+        assert os.stat(ws).st_uid == base
+        with _identity.lease(base + 1, 1) as other:
+            for owner in (base + 1, base + 2, 0):  # held by another; outside the range; root
+                os.chown(ws, owner, owner)
+                async with c.resume(state) as r:
+                    assert r.identity == (base, base) and r.identity[0] != other.uid, owner
+                    assert not lock_is_free(base) and other.held
+                    assert await r.read("f") == b"x"
+                state = c.serialize_state(r)
+        await c.delete(r)

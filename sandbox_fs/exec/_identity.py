@@ -23,8 +23,11 @@ Allocation, reuse, clean-up
 A lease is an exclusive ``flock`` on ``/run/sandbox-fs/ids/<uid>``: the
 directory is made mode 0700 by root and opened without following symlinks
 (a directory not owned by root or open to others is refused), and each
-lock file is opened ``O_NOFOLLOW`` beneath it.  Ids are tried from the
-bottom of the range; one is refused (and the next tried) when another
+lock file is opened ``O_NOFOLLOW`` beneath it.  The id the workspace's
+owner names is tried first, when it lies in the range (a resumed session
+keeps its id, so nothing is re-owned and its files' ctimes stay: layered
+persists stay small), then ids from the bottom of the range; a hint is only
+a hint, and every id gets the same checks.  One is refused (and the next tried) when another
 lease holds its lock, when it names a user or group in the system database
 (``getpwuid``/``getgrgid``: ``/etc/passwd``, ``/etc/group``, NSS), or when
 any running process has it as a real, effective, saved or filesystem uid or
@@ -199,13 +202,23 @@ class IdentityLease:
 _LOCK = threading.Lock()
 
 
-def lease(base: int = DEFAULT_ID_BASE, count: int = DEFAULT_ID_COUNT, *, lock_dir: str = LOCK_DIR) -> IdentityLease:
-    """Lease the lowest free id of ``[base, base + count)``.
+def lease(base: int = DEFAULT_ID_BASE, count: int = DEFAULT_ID_COUNT, *, lock_dir: str = LOCK_DIR,
+          prefer: int | None = None) -> IdentityLease:
+    """Lease ``prefer`` when it is a free id of ``[base, base + count)``, else the lowest free one.
+
+    ``prefer`` is only a hint (a session's workspace owner: hostile), so it
+    gets exactly the checks every other id gets (the exclusive lock, the
+    user database, the process table); an id outside the range, 0, or one
+    another lease holds is passed over for the lowest free id.  Keeping a
+    session's id across resumes keeps its workspace's ownership, so no
+    re-own changes every ctime (which made every layered persist a full
+    copy of the tree).
 
     Args:
         base: first uid/gid of the range (> 65535, and ``base + count`` <= 2^31).
         count: number of ids in the range (>= 1).
         lock_dir: host path of the root-only lock directory (trusted).
+        prefer: the id to try first (None: none).
 
     Returns:
         An :class:`IdentityLease`; release it when its session closes.
@@ -223,38 +236,49 @@ def lease(base: int = DEFAULT_ID_BASE, count: int = DEFAULT_ID_COUNT, *, lock_di
         raise ValueError("the identity range must lie within 65536 .. 2^31-1 and hold at least one id")
     if os.geteuid() != 0:
         raise PermissionError(errno.EPERM, "only a root host leases identities")
+    first = [int(prefer)] if isinstance(prefer, int) and base <= prefer < base + count else []
     with _LOCK:
         dfd = _open_lock_dir(lock_dir)
         try:
-            busy: set[int] | None = None
-            for ident in range(base, base + count):
-                fd = os.open(str(ident), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-                try:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        raise OSError(errno.EINVAL, "an identity lock file is not a regular file")
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                except BaseException:
-                    os.close(fd)
-                    raise
-                try:
-                    clean = os.pread(fd, 16, 0) == _CLEAN
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, _HELD, 0)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                if not clean and busy is None:
-                    busy = _ids_with_processes()
-                if (not clean and ident in (busy or ())) or _in_user_database(ident):
-                    os.close(fd)  # left "held": the next lease scans again
-                    continue
-                return IdentityLease(ident, fd)
+            busy: list[set[int] | None] = [None]
+            for ident in first + [i for i in range(base, base + count) if i not in first]:
+                got = _try_lease(dfd, ident, busy)
+                if got is not None:
+                    return got
         finally:
             os.close(dfd)
     raise IdentityUnavailableError(errno.EAGAIN, "no free identity in the configured range")
+
+
+def _try_lease(dfd: int, ident: int, busy: list[set[int] | None]) -> IdentityLease | None:
+    """``ident``'s lease when its lock is free and it is in neither the user database nor the process table.
+
+    ``busy``: a one-item box for the process table's ids, scanned on first need.
+    """
+    fd = os.open(str(ident), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "an identity lock file is not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        clean = os.pread(fd, 16, 0) == _CLEAN
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _HELD, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not clean and busy[0] is None:
+        busy[0] = _ids_with_processes()
+    if (not clean and ident in (busy[0] or ())) or _in_user_database(ident):
+        os.close(fd)  # left "held": the next lease scans again
+        return None
+    return IdentityLease(ident, fd)
 
 
 # ------------------------------------------------------------------ workspace ownership

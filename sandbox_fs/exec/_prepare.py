@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
+from ..errors import SandboxError
 from ..paths import PathPolicy, normalize
 from ..root import Root
 from . import _helper, _identity, _landlock
@@ -169,6 +170,14 @@ async def _held_mount_ns(sup: ProcessSupervisor, request: ExecRequest) -> HeldNa
             os.close(fd)
 
 
+def _owner_hint(workspace: Root) -> int | None:
+    """The workspace's owner uid (read on its fd): the id its last command ran as, when one of the range did."""
+    try:
+        return workspace.stat(".").st_uid
+    except (OSError, SandboxError):
+        return None
+
+
 def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[tuple[int, int] | None, int]:
     """``(ids, changed)``: the ``(uid, gid)`` the child runs as (None: the host's own), with the workspace given to it, and how many entries were re-owned.
 
@@ -201,7 +210,7 @@ def _ready_identity(sup: ProcessSupervisor, request: ExecRequest) -> tuple[tuple
     if ident == "host" or (ident == "auto" and (not is_root or confinement == "none")):
         ids = None
     elif ident == "auto":
-        ids = sup._auto_identity(policy.identity_range)
+        ids = sup._auto_identity(policy.identity_range, prefer=_owner_hint(workspace))
     else:
         ids = explicit_identity(ident)
         if not is_root:

@@ -142,10 +142,12 @@ class ProcessSupervisor:
         self._finalizer = weakref.finalize(self, _release_resources, self._cg, self._ns_fds, self._v1,
                                            self._lifeline, self._leases, self._leafless)
 
-    def _auto_identity(self, id_range: tuple[int, int]) -> tuple[int, int]:
+    def _auto_identity(self, id_range: tuple[int, int], prefer: int | None = None) -> tuple[int, int]:
         """The supervisor's leased ``(uid, gid)`` (leased on first use, given back at :meth:`aclose`).
 
-        Blocking (scans ``/proc``): call from a worker thread.
+        Blocking (scans ``/proc``): call from a worker thread.  ``prefer``:
+        the id to take when it is free and in range (the workspace's owner:
+        a hint only, see :func:`sandbox_fs.exec._identity.lease`).
 
         Raises:
             ConfinementError: no identity can be leased.
@@ -155,7 +157,7 @@ class ProcessSupervisor:
                 if self._closed:
                     raise ConfinementError("the process supervisor is closed")
                 try:
-                    self._leases.append(_identity.lease(*id_range))
+                    self._leases.append(_identity.lease(*id_range, prefer=prefer))
                 except (OSError, ValueError) as exc:
                     raise ConfinementError("no unprivileged identity could be leased for the confined command",
                                            diagnostic=str(exc)) from None
