@@ -500,6 +500,9 @@ class Session:
                 another snapshot generation than the store's current one, without
                 ``allow_rollback`` (nothing changed).
             SessionError: the session was already started or closed.
+            SnapshotStoreError: the store's directory is the workspace or a grant's, or lies
+                inside one (not retryable; refused before the workspace is filled, or for a
+                grant before any command can run).
             OverlayUnavailableError: ``SessionConfig.overlay`` with
                 ``confinement="required"`` and the overlay cannot run here (no
                 ``/dev/fuse``, no pyfuse3, no privilege to mount); raised
@@ -552,6 +555,9 @@ class Session:
                 # manifest means the same with or without the overlay.  Through the mount each file
                 # costs ~6 daemon requests (a 290-file manifest took 0.35 s more, measured).
                 await self._mount_overlay(mounts)
+            if self.config.store is not None:  # nor in a grant (read-only ones too: its key would be read),
+                # checked before any command can run (after the mount checks, which say more)
+                await trio.to_thread.run_sync(self._refuse_store_in_grants)
             self.start_mode = mode
             self.workspace_root_ready = True
             self._started = True
@@ -589,10 +595,6 @@ class Session:
         if self._resumed and not created[0]:
             self._check_workspace_id()  # before anything in the workspace changes
         self._policy = PathPolicy(self._root, cfg.workspace_path, cfg.grants)
-        if cfg.store is not None:  # nor in a grant (read-only ones too: its key would be read)
-            for _grant, view in self._policy.grant_views():
-                with view:
-                    _snap.refuse_store_in_workspace(view, cfg.store, what="a grant")
         mode = self._fill_sync(created)
         self._root.atomic_write(WORKSPACE_ID_NAME, (self.workspace_id + "\n").encode(), mode=0o644)
         return mode
@@ -629,6 +631,13 @@ class Session:
                 fd_chown(top, self._lease.ids)
             finally:
                 os.close(top)
+
+    def _refuse_store_in_grants(self) -> None:
+        """Refuse a store directory that is a grant's or lies inside one (see :func:`refuse_store_in_workspace`)."""
+        assert self._policy is not None
+        for _grant, view in self._policy.grant_views():
+            with view:
+                _snap.refuse_store_in_workspace(view, self.config.store, what="a grant")
 
     def _check_workspace_id(self) -> None:
         """Refuse a workspace bound to another session (see the module docstring); a missing id binds nothing.

@@ -293,7 +293,8 @@ def test_a_forged_baseline_never_makes_persist_skip_a_changed_file(tmp_path, mon
         idx = baseline_index(st.objects, "n", base, SnapshotPolicy(SnapshotLimits()), frozenset([1]))
         idx.entries = [e._replace(ino=live.st_ino, mtime_ns=live.st_mtime_ns, ctime_ns=live.st_ctime_ns)
                        if e.path == "keep" else e for e in idx.entries]
-        idx.time_ns = live.st_ctime_ns + 1
+        from sandbox_fs.snapshot._index import stamp_latest_ns
+        idx.time_ns = max(live.st_mtime_ns, stamp_latest_ns(live.st_ctime_ns)) + 1  # just past the change
         base.index = idx
         forged_key = {"the store's own": st.baseline_key, "another": b"x" * 32, "none": None}[key]
         write_baseline(st.objects, "n", base, forged_key)
