@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   "default: a private workspace (a manifest's own root is never used)")
     p.add_argument("--workspaces-dir", default=None,
                    help="parent of private workspaces (default $XDG_STATE_HOME/sandbox-fs/workspaces)")
-    p.add_argument("--grant", action="append", default=[], metavar="PATH[:ro|:rw]",
+    p.add_argument("--grant", action="append", default=[], metavar="[NAME=]PATH[:ro|:rw]",
                    help="extra path grant for the manifest and the command (repeatable; default read-only)")
     p.add_argument("--store", "--snapshot-dir", dest="snapshot_dir", metavar="STORE",
                    help=STORE_HELP + " (--snapshot-dir DIR: the same); no snapshot without it")
