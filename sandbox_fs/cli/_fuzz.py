@@ -20,7 +20,8 @@ from ._errors import EXIT_REFUSED, EXIT_USAGE
 from ._output import escape_text, one_line
 
 _TARGET_HELP = ("a target name (resolver, tar, zip, manifest, hydrate, state, policy), 'all', "
-                "or package.module:ATTRIBUTE naming a sandbox_fs.testing.fuzz.Target")
+                "or package.module:ATTRIBUTE naming a sandbox_fs.testing.fuzz.Target (tarheader, which "
+                "scripts/test.sh also runs, is a checkout script: fuzz/run.sh tarheader SECONDS)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
