@@ -48,7 +48,7 @@ from .root import Root, open_root
 from .session import Session, SessionConfig, SessionError, SnapshotDigestMismatchError, SnapshotGenerationError
 from .snapshot import DirectorySnapshotStore, LocalSnapshotStore, NoSnapshot, SnapshotLimits, SnapshotStore
 from .snapshot import validate_name
-from .snapshot import SnapshotInfo, SnapshotNotFoundError, fork_snapshot
+from .snapshot import SnapshotInfo, SnapshotNotFoundError, SnapshotStoreError, fork_snapshot
 
 if TYPE_CHECKING:  # the overlay is optional: sandbox_fs.fuse is imported only by a session that uses it
     from .fuse import OverlayPolicy
@@ -61,6 +61,7 @@ __all__ = [
     "SessionStateError",
     "SessionStateVersionError",
     "SessionStateTamperedError",
+    "SessionStateKeyMissingError",
     "UnsafeKeyFileError",
     "open_session",
     "STATE_VERSION",
@@ -102,6 +103,21 @@ class SessionStateTamperedError(SessionStateError):
     """
 
     code = "session_state_tampered"
+
+
+class SessionStateKeyMissingError(SessionStateError):
+    """No installation state key exists where a client that only reads state looks for it.
+
+    Raised by :class:`LocalSandboxClient` opened with ``create=False`` (to
+    resume, fork or delete an existing session) and given no ``state_key``
+    when there is no ``.state-key`` in its local snapshot store (or, without
+    one, in its workspaces directory): the state was written with another
+    store or key, so it could not be checked.  Unlike
+    :class:`SessionStateTamperedError` this says nothing about the state;
+    no key (and nothing else) was made.
+    """
+
+    code = "session_state_key_missing"
 
 
 class SessionState(BaseModel):
@@ -287,8 +303,20 @@ class LocalSandboxClient:
 
     Args:
         options: the trusted :class:`ClientOptions`.
+        create: make a missing ``snapshot_dir`` (0700) and installation key
+            (0600).  False for a client that only acts on existing state
+            (resume, fork, delete): neither is made, so a wrong store or
+            workspaces directory given with a state is refused with nothing
+            left behind.  The workspaces directory is then made (0700) only
+            when a checked state needs a workspace in it (a resume may rebuild
+            one on a new machine).
 
     Raises:
+        SnapshotStoreError: ``create`` is False and ``snapshot_dir`` does not
+            exist (code ``snapshot_store_unavailable``, not retryable).
+        SessionStateKeyMissingError: ``create`` is False, no ``state_key`` is
+            given and there is no installation key (in ``snapshot_dir``, else
+            in ``workspaces_dir``).
         SymlinkRefusedError: ``workspaces_dir`` or ``snapshot_dir``, or a
             directory on it, is a symlink (host paths are resolved without
             following symlinks: see :func:`sandbox_fs.root.open_host_dir_fd`;
@@ -305,25 +333,80 @@ class LocalSandboxClient:
     Use as ``with LocalSandboxClient(opts) as client:`` or call :meth:`close`.
     """
 
-    def __init__(self, options: ClientOptions) -> None:
+    def __init__(self, options: ClientOptions, *, create: bool = True) -> None:
         self.options = options
-        # made when missing (0700) and opened by the host-path rule: no symlink on any component
-        self._parent: Root = open_root(os.fspath(options.workspaces_dir), label="workspaces", create=True)
+        self._create = create
         self._own_store = False
+        self.store: SnapshotStore = NoSnapshot()
+        parent: Root | None = None
         try:
-            if options.snapshot_store is not None:
-                self.store: SnapshotStore = options.snapshot_store
-            elif options.snapshot_dir is not None:
-                self.store = DirectorySnapshotStore(options.snapshot_dir)  # layers; version-1 snapshots still restore
-                self._own_store = True
-            else:
-                self.store = NoSnapshot()
-            self._state_key = options.state_key or self._installation_key()
+            self.store = self._open_store(options, create)
+            self._own_store = options.snapshot_store is None and options.snapshot_dir is not None
+            if options.state_key is None and not self._store_holds_key():
+                # the key lives in the workspaces directory: not made just to find no key in it
+                parent = self._open_parent(create, missing=None if create else self._no_key)
+            self._state_key = options.state_key or self._installation_key(parent)
+            if parent is None and create:
+                parent = self._open_parent(True)
         except BaseException:
-            self.close()
+            if parent is not None:
+                parent.close()
+            if self._own_store:
+                self.store.close()
             raise
+        self._parent_root: Root | None = parent
 
-    def _installation_key(self) -> bytes:
+    @property
+    def _parent(self) -> Root:
+        """The workspaces directory, made (0700) when missing and opened by the host-path rule on first use."""
+        if self._parent_root is None:  # create=False: made only once a checked state needs a workspace
+            self._parent_root = self._open_parent(True)
+        return self._parent_root
+
+    def _has_workspace(self, name: str) -> bool:
+        """Whether ``<workspaces_dir>/<name>`` exists (a missing workspaces directory is not made to tell)."""
+        if self._parent_root is None:
+            try:
+                self._parent_root = self._open_parent(False)
+            except FileNotFoundError:
+                return False
+        return self._parent_root.exists(name)
+
+    def _open_parent(self, create: bool, missing: Callable[[], SandboxError] | None = None) -> Root:
+        """The workspaces directory (made 0700 when ``create``); ``missing()`` is raised when it does not exist."""
+        try:
+            return open_root(os.fspath(self.options.workspaces_dir), label="workspaces", create=create)
+        except FileNotFoundError:
+            if missing is None:
+                raise
+            raise missing() from None
+
+    @staticmethod
+    def _open_store(options: ClientOptions, create: bool) -> SnapshotStore:
+        """The snapshot store of ``options`` (a missing directory is made only when ``create``)."""
+        if options.snapshot_store is not None:
+            return options.snapshot_store  # type: ignore[no-any-return]
+        if options.snapshot_dir is None:
+            return NoSnapshot()
+        try:
+            return DirectorySnapshotStore(options.snapshot_dir, create=create)  # layers; version-1 ones restore
+        except FileNotFoundError:
+            if create:
+                raise
+            raise SnapshotStoreError("the snapshot store directory does not exist (a session's state is read with "
+                                     "the store it was written with); nothing was made",
+                                     sandbox_path=None, retryable=False) from None
+
+    def _store_holds_key(self) -> bool:
+        return isinstance(self.store, (LocalSnapshotStore, DirectorySnapshotStore))
+
+    @staticmethod
+    def _no_key() -> SessionStateKeyMissingError:
+        return SessionStateKeyMissingError(
+            "no installation state key here: the state was written with another snapshot store (or workspaces "
+            "directory) or another state key; give that one (nothing was made)", sandbox_path=None)
+
+    def _installation_key(self, parent: Root | None) -> bytes:
         """The per-installation state key, ``.state-key`` (created 0600 on first use).
 
         It lives in the local snapshot store when there is one (snapshots
@@ -342,10 +425,12 @@ class LocalSandboxClient:
             UnsafeKeyFileError: the key file or its directory breaks a rule.
             SessionStateError: the key is shorter than 32 bytes.
         """
-        home: Root = self.store.root if isinstance(self.store, (LocalSnapshotStore, DirectorySnapshotStore)) \
-            else self._parent
-        key = installation_key(home, ".state-key")
-        if key is None or len(key) < 32:
+        home = self.store.root if self._store_holds_key() else parent  # type: ignore[attr-defined]
+        assert home is not None
+        key = installation_key(home, ".state-key", create=self._create)
+        if key is None:
+            raise self._no_key()
+        if len(key) < 32:
             raise SessionStateError("the installation state key is damaged (too short)", sandbox_path=None)
         return key
 
@@ -355,7 +440,8 @@ class LocalSandboxClient:
         Raises:
             Nothing.
         """
-        self._parent.close()
+        if self._parent_root is not None:
+            self._parent_root.close()
         if self._own_store:
             self.store.close()
 
@@ -537,7 +623,7 @@ class LocalSandboxClient:
         source = st.snapshot or st.session_id
         if not self.store.enabled:
             raise SessionError("forking a session needs a snapshot store", sandbox_path=None)
-        if new_id in (st.session_id, source) or self._parent.exists(new_id):
+        if new_id in (st.session_id, source) or self._has_workspace(new_id):
             raise SessionError("the fork's session id is the source's or has a workspace already",
                                sandbox_path=None, context={"session": new_id})
         info = await trio.to_thread.run_sync(self._fork_sync, st, source, new_id)

@@ -48,7 +48,7 @@ PUBLIC = {
     ],
     "sandbox_fs.client": [
         "ClientOptions", "LocalSandboxClient", "RunState", "STATE_VERSION", "SessionState",
-        "SessionStateError", "SessionStateTamperedError", "SessionStateVersionError", "UnsafeKeyFileError", "open_session",
+        "SessionStateError", "SessionStateKeyMissingError", "SessionStateTamperedError", "SessionStateVersionError", "UnsafeKeyFileError", "open_session",
     ],
     "sandbox_fs.session": [
         "CrossRootError", "FeatureUnavailableError", "MountOverlapError", "PersistDisabledError", "Session",

@@ -352,7 +352,7 @@ def test_cli_session_fork_and_one_line_refusals(tmp_path: Path, capsys: Any) -> 
         (["--state", str(tampered)], common, "session_state_tampered"),
         (["--state", str(state), "--session-id", source_id], common, "session"),
         (["--state", str(state), "--session-id", "../up"], common, "invalid_path"),
-        (["--state", str(state)], [c for c in common if c not in ("--store", str(tmp_path / "store"))], "snapshot store"),
+        (["--state", str(state)], [c for c in common if c not in ("--store", str(tmp_path / "store"))], "needs --store"),
     ]
     for extra, args, want in cases:
         rc, out, err = _cli(capsys, "session", "fork", *args, *extra, "--state-out", str(tmp_path / "x.json"))

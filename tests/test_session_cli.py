@@ -95,3 +95,42 @@ def test_swapped_state_refused_in_one_line(tmp_path, capsys):
     rc, out, err = _run(capsys, "session", "resume", *common, "--root", str(ws_a), "--state", str(sa))
     assert rc == 1 and "workspace_mismatch" in err and len(err.strip().splitlines()) == 1
     assert (ws_a / "unsaved.txt").read_text() == "A's unsaved work"
+
+
+def _tree(path):
+    """Every name under ``path`` (the host side of 'nothing was made')."""
+    return sorted(os.path.relpath(os.path.join(d, n), path) for d, ds, fs in os.walk(path) for n in ds + fs)
+
+
+def test_reading_commands_make_no_store_and_no_key(tmp_path, capsys):
+    """resume / fork / rm / run --resume / snapshot restore|ls|gc read existing state: a wrong or missing
+    store or key is refused by name (never as tampering) and nothing is made; a wrong key is still refused."""
+    wsd, store, state = tmp_path / "wsd", tmp_path / "store", tmp_path / "state.json"
+    assert _run(capsys, "session", "create", "--workspaces-dir", str(wsd), "--store", str(store),
+                "--state", str(state))[0] == 0
+    empty, other = tmp_path / "empty", tmp_path / "other"
+    empty.mkdir()
+    other.mkdir()
+    (other / ".state-key").write_text("k" * 64)
+    os.chmod(other / ".state-key", 0o600)
+    out = str(tmp_path / "out.json")
+    reading = [(["session", "resume"], ["--state", str(state), "--state-out", out]),
+               (["session", "fork"], ["--state", str(state), "--state-out", out]),
+               (["session", "rm"], ["--state", str(state)]),
+               (["run"], ["--resume", str(state), "--state", out, "--", "true"])]
+    before = _tree(tmp_path)
+    for cmd, rest in reading:
+        for where, code in ((tmp_path / "nostore", "snapshot_store_unavailable"),
+                            (empty, "session_state_key_missing"), (other, "session_state_tampered")):
+            rc, _, err = _run(capsys, *cmd, "--workspaces-dir", str(tmp_path / "nowsd"), "--store", str(where), *rest)
+            assert rc == 1 and err.startswith(f"sandbox-fs: error: {code}: "), (cmd, where, err)
+        if cmd[-1] != "fork":  # no --store: the key would live in the workspaces directory, which has none
+            rc, _, err = _run(capsys, *cmd, "--workspaces-dir", str(empty), *rest)
+            assert rc == 1 and "session_state_key_missing" in err, (cmd, err)
+    rc, _, err = _run(capsys, "session", "fork", "--workspaces-dir", str(wsd), "--state", str(state),
+                      "--state-out", out)
+    assert rc == 1 and "fork needs --store" in err
+    for argv in (["ls"], ["gc"], ["restore", "--name", "x", "--workspace", str(empty)]):
+        rc, _, err = _run(capsys, "snapshot", argv[0], "--store", str(tmp_path / "nostore"), *argv[1:])
+        assert rc == 1 and "snapshot_store_unavailable" in err, (argv, err)
+    assert _tree(tmp_path) == before  # no store, no key, no workspaces directory, no state made

@@ -300,7 +300,8 @@ async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None
     from ..client import LocalSandboxClient  # noqa: PLC0415
 
     args = run.args
-    with LocalSandboxClient(run.options) as client:
+    # a resume reads existing state: a missing store or key is refused, never made
+    with LocalSandboxClient(run.options, create=not args.resume) as client:
         if args.resume:
             session = client.resume(load_state(args, args.resume), root=run.root, manifest=run.manifest,
                                     allow_rollback=args.allow_rollback)

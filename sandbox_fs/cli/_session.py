@@ -117,7 +117,7 @@ def _resume(args: argparse.Namespace) -> int:
     _hostpath.check_output(args, args.state_out or args.state)
 
     async def main() -> dict[str, Any]:
-        with LocalSandboxClient(client_options(args)) as client:
+        with LocalSandboxClient(client_options(args), create=False) as client:
             session = client.resume(load_state(args, args.state), root=host_path(args, args.root),
                                     manifest=_load_manifest(args.manifest, args), allow_rollback=args.allow_rollback)
             await session.start()
@@ -132,10 +132,13 @@ def _resume(args: argparse.Namespace) -> int:
 def _fork(args: argparse.Namespace) -> int:
     from ..client import LocalSandboxClient  # noqa: PLC0415
 
+    if args.store is None:
+        raise CliInputError("session fork needs --store: the store the source session persisted its snapshot to",
+                            sandbox_path=None)
     _hostpath.check_output(args, args.state_out)
 
     async def main() -> dict[str, Any]:
-        with LocalSandboxClient(client_options(args)) as client:
+        with LocalSandboxClient(client_options(args), create=False) as client:
             source = client.deserialize_state(load_state(args, args.state))
             state = await client.fork(source, session_id=args.session_id)
             _hostpath.write_json(args, args.state_out, state)
@@ -150,7 +153,7 @@ def _rm(args: argparse.Namespace) -> int:
     from ..client import LocalSandboxClient  # noqa: PLC0415
 
     async def main() -> dict[str, Any]:
-        with LocalSandboxClient(client_options(args)) as client:
+        with LocalSandboxClient(client_options(args), create=False) as client:
             session = client.resume(load_state(args, args.state))
             removed = await client.delete(session, snapshot=args.snapshot)
             return {"action": "rm", "session_id": session.id, "workspace_removed": removed,
