@@ -501,7 +501,7 @@ class _Sources:
         if not self.grants and self._opts.extra_path_grants:
             gs = sorted(self._opts.extra_path_grants, key=lambda g: len(g.path), reverse=True)
             for g in gs:
-                self.grants.append((g.path, open_root(g.path, read_only=True, label=g.path)))
+                self.grants.append((g.path, open_root(g.path, read_only=True, label=g.path, shown=g.label)))
 
     def resolve(self, src: str, dest: str, fld: str) -> tuple[Root, str]:
         """Return ``(read-only Root, relative path)`` for ``src``.

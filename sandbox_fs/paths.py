@@ -188,7 +188,7 @@ class Grant:
             raise InvalidPathError("a grant path must be a str", sandbox_path=None)
         if path == "":
             raise InvalidPathError("a grant path is empty", sandbox_path=None)
-        shown = path.replace("\0", "\\0")[:200]
+        shown = self.label  # never the host path: error text names the grant
         if "\0" in path:
             raise InvalidPathError("a grant path must not contain a NUL byte", sandbox_path=shown)
         if not path.startswith("/"):
@@ -202,6 +202,11 @@ class Grant:
             raise InvalidPathError("a grant of '/' would open the whole host", sandbox_path=shown)
         object.__setattr__(self, "path", "/" + "/".join(comps))
 
+    @property
+    def label(self) -> str:
+        """How errors name the grant: ``"grant NAME"``, or ``"grant"`` without a name (never its host path)."""
+        return f"grant {self.name}" if self.name else "grant"
+
     @classmethod
     def parse(cls, spec: str, *, relative_to: str | None = None) -> "Grant":
         """Parse ``[NAME=]PATH``, ``[NAME=]PATH:ro`` or ``[NAME=]PATH:rw`` (the CLI form; default read-only).
@@ -210,7 +215,11 @@ class Grant:
         is a valid grant name (:data:`GRANT_NAME_PATTERN`: it holds no
         ``/``), so an absolute PATH holding ``=`` (``/srv/a=b``) stays a
         path; write a relative PATH whose first component holds ``=`` as
-        ``./a=b``.
+        ``./a=b``.  The text after the last ``:`` is the mode when it holds no
+        ``/``: anything but ``ro`` or ``rw`` there is refused (a typo such as
+        ``:r0`` never becomes part of the path), so a path whose last
+        component holds ``:`` is written with an explicit mode
+        (``/srv/a:b:ro``).
 
         Args:
             spec: the grant text.
@@ -221,7 +230,8 @@ class Grant:
         Raises:
             InvalidPathError: PATH is relative and ``relative_to`` is None, or
                 the path is refused by the constructor (``/``, ``//``-prefixed, ``..``).
-            InvalidArgumentError: ``NAME=`` is followed by nothing.
+            InvalidArgumentError: ``NAME=`` is followed by nothing, or the
+                text after the last ``:`` holds no ``/`` and is not ``ro`` or ``rw``.
         """
         name: str | None = None
         head, eq, rest = spec.partition("=")
@@ -231,8 +241,12 @@ class Grant:
                 raise InvalidArgumentError(f"grant {name!r} names no path (write NAME=PATH[:ro|:rw])",
                                            sandbox_path=None)
         path, sep, mode = spec.rpartition(":")
-        if not (sep and mode in ("ro", "rw")):
+        if not sep or "/" in mode:  # no mode: the ':' (if any) is in a directory name
             path, mode = spec, "ro"
+        elif mode not in ("ro", "rw"):
+            raise InvalidArgumentError(
+                "a grant ends with an unknown mode after its last ':' (write :ro or :rw; a path whose last "
+                "component holds ':' takes an explicit :ro or :rw)", sandbox_path=f"grant {name}" if name else "grant")
         if relative_to is not None and not path.startswith("/"):
             path = posixpath.join(relative_to, path)
         return cls(path, read_only=(mode == "ro"), name=name)
@@ -286,7 +300,7 @@ class PathPolicy:
         self._own_views: list[Root] = []
         try:
             for g in grants:
-                r = open_root(g.path, read_only=g.read_only, label=g.path)
+                r = open_root(g.path, read_only=g.read_only, label=g.path, shown=g.label)
                 self._grants.append(_PinnedGrant(g, r, r.identity))
             # Read-only grants are enforced physically in every writable Root
             # the policy hands out (the workspace and read-write grants): a

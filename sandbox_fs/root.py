@@ -2305,7 +2305,7 @@ def open_host_dir_fd(host_dir: str | os.PathLike[Any] | bytes, *, create: bool =
 
 def open_root(host_dir: str | os.PathLike[Any], *, read_only: bool = False, no_symlinks: bool = False,
               label: str = "", follow_symlinks: bool = False, create: bool = False, mode: int = 0o700,
-              owner: tuple[int, int] | None = None) -> Root:
+              owner: tuple[int, int] | None = None, shown: str | None = None) -> Root:
     """Open the trusted host directory ``host_dir`` as a :class:`Root`.  The explicit host-access constructor.
 
     ``host_dir`` is resolved by the host-path rule of :func:`open_host_dir_fd`:
@@ -2329,6 +2329,9 @@ def open_root(host_dir: str | os.PathLike[Any], *, read_only: bool = False, no_s
         owner: ``(uid, gid)`` given to every entry created through the Root
             and its children (see :class:`Root`); None: as the process makes
             them.  (The directories ``create`` makes keep the process's owner.)
+        shown: the name errors from opening ``host_dir`` itself give it
+            (``"grant data"``, ``"WORKSPACE"``: never the host path); default
+            ``label``.
 
     Raises:
         InvalidArgumentError: ``owner`` is not None or two ints in 0 .. 2**32 - 2.
@@ -2339,7 +2342,8 @@ def open_root(host_dir: str | os.PathLike[Any], *, read_only: bool = False, no_s
     """
     owner = check_owner(owner)
     resolver = _native.choose_resolver()
-    fd = open_host_dir_fd(host_dir, create=create, mode=mode, follow_symlinks=follow_symlinks, label=label)
+    fd = open_host_dir_fd(host_dir, create=create, mode=mode, follow_symlinks=follow_symlinks,
+                          label=label if shown is None else shown)
     return Root(fd, read_only=read_only, no_symlinks=no_symlinks, resolver=resolver, label=label, owner=owner)
 
 

@@ -22,7 +22,7 @@ import sandbox_fs
 from sandbox_fs import exec as sfs_exec
 from sandbox_fs.exec import _helper
 from sandbox_fs.client import ClientOptions, LocalSandboxClient
-from sandbox_fs.errors import InvalidPathError, PathEscapeError, ReadOnlyError
+from sandbox_fs.errors import InvalidArgumentError, InvalidPathError, PathEscapeError, ReadOnlyError
 from sandbox_fs.exec import ConfinementError, build_ruleset, run_confined
 from sandbox_fs.paths import Grant, PathPolicy
 from sandbox_fs.root import open_root
@@ -285,3 +285,16 @@ async def test_child_cannot_move_a_nested_ro_grant_out_from_under_its_path(layou
     assert (ro / "keep.txt").read_text() == "keep\n" and os.listdir(ro) == ["keep.txt"]
     assert (rw / "a" / "w.txt").read_text() == "w\n"  # the pinned parents stay writable
     assert not (rw / "z").exists()
+
+
+def test_an_unknown_mode_suffix_is_refused_not_read_as_the_path():
+    """':xx' after the last ':' is a typo of the mode, not a directory name; a ':' path takes an explicit mode."""
+    for spec in ("/srv/data:xx", "/srv/data:RO", "n=/srv/data:r0", "/srv/a:b"):
+        with pytest.raises(InvalidArgumentError) as info:
+            Grant.parse(spec)
+        assert "/srv" not in str(info.value) and info.value.sandbox_path in ("grant", "grant n")
+    assert Grant.parse("/srv/a:b:ro") == Grant("/srv/a:b")
+    assert Grant.parse("/srv/a:b/c") == Grant("/srv/a:b/c")  # a ':' in a directory name before the last '/'
+    with pytest.raises(InvalidPathError) as info:
+        Grant("/srv/../etc", name="n")
+    assert info.value.sandbox_path == "grant n" and "/srv" not in str(info.value)
