@@ -94,3 +94,15 @@ def test_read_actions_on_a_missing_store_are_one_error_line_and_make_nothing(tmp
         assert err.startswith("sandbox-fs: error: snapshot_store_unavailable: the snapshot store directory does not "
                               "exist") and err.count("\n") == 1 and str(tmp_path) not in err, err
         assert not (tmp_path / "no").exists()
+
+
+def test_save_of_a_missing_workspace_names_it_and_makes_no_store(tmp_path, capsys):
+    """The workspace is opened before the store: a missing one is '[WORKSPACE]' and no store directory is left."""
+    store = tmp_path / "bad" / "sv"
+    for ws in (tmp_path / "nows", tmp_path / "afile"):
+        if ws.name == "afile":
+            ws.write_text("x")
+        rc, out, err = _run(capsys, "snapshot", "save", "--store", str(store), "--name", "x", "--workspace", str(ws))
+        assert rc == 1 and err.startswith("sandbox-fs: error: os_error [WORKSPACE]: "), err
+        assert str(tmp_path) not in err
+    assert not (tmp_path / "bad").exists()

@@ -54,9 +54,10 @@ def _open_store(args: argparse.Namespace, *, create: bool) -> SnapshotStore:
 def _save(args: argparse.Namespace) -> int:
     show = progress_printer()
     t0 = time.monotonic()
-    # both host paths by the host-path rule (no symlink on any component)
-    with contextlib.closing(_open_store(args, create=True)) as store, \
-            open_root(host_path(args, args.workspace), read_only=True) as ws:
+    # both host paths by the host-path rule (no symlink on any component); the workspace first, so that
+    # a missing one is refused before a store directory is made for it
+    with open_root(host_path(args, args.workspace), read_only=True, shown="WORKSPACE") as ws, \
+            contextlib.closing(_open_store(args, create=True)) as store:
         try:
             rep = persist(ws, store, args.name, excluded=args.exclude,
                           on_unrestorable="skip" if args.skip_unrestorable else "refuse",
@@ -81,7 +82,7 @@ def _restore(args: argparse.Namespace) -> int:
         print("restoring...", end="", file=sys.stderr, flush=True)
     try:
         with contextlib.closing(_open_store(args, create=False)) as store, \
-                open_root(host_path(args, args.workspace)) as ws:
+                open_root(host_path(args, args.workspace), shown="WORKSPACE") as ws:
             rep = hydrate(ws, store, args.name, generation=args.generation, fallback=args.generation is None)
     finally:
         if tty:
