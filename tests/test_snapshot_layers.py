@@ -88,8 +88,13 @@ def test_racy_files_are_read_again(env, monkeypatch):
     monkeypatch.setattr(_layers, "coarse_now_ns", lambda: 0)  # the parent's walk "began" before every file
     persist(w, store, "s")
     monkeypatch.undo()
+    read = []
+    real = os.readv
+    monkeypatch.setattr(os, "readv", lambda fd, bufs: read.append(fd) or real(fd, bufs))
     layer = persist(w, store, "s").info
-    assert {"big", "keep", "d/a.txt"} <= set(_members(objects, layer))
+    monkeypatch.undo()
+    assert len(read) >= 3  # big, keep and d/a.txt read again (their content is the parent's: not written)
+    assert not {"big", "keep", "d/a.txt"} & set(_members(objects, layer))
 
 
 def test_same_size_rewrite_with_restored_mtime_is_caught_by_ctime(env):
@@ -103,6 +108,67 @@ def test_same_size_rewrite_with_restored_mtime_is_caught_by_ctime(env):
     assert "keep" in _members(objects, layer)
     hydrate(d, store, "s")
     assert (dst / "keep").read_text() == "UNCHANGED\n"
+
+
+def _touch_ctimes(ws: Path) -> None:
+    """Change every regular file's ctime and nothing else (as a re-own by another identity does)."""
+    for p in (ws / "d" / "a.txt", ws / "big", ws / "keep"):
+        mode = p.stat().st_mode
+        os.chmod(p, 0o600)
+        os.chmod(p, mode)
+
+
+def test_a_ctime_only_change_is_read_but_not_written_again(env, monkeypatch):
+    """Issue 16: a re-own changes every ctime; the files are hashed, and the layer carries none of them."""
+    ws, dst, w, d, objects, store = env
+    full = persist(w, store, "s").info
+    _tick()
+    _touch_ctimes(ws)
+    (ws / "new").write_text("new\n")
+    _tick()
+    read = []
+    real = os.readv
+    monkeypatch.setattr(os, "readv", lambda fd, bufs: read.append(fd) or real(fd, bufs))
+    layer = persist(w, store, "s").info
+    monkeypatch.undo()
+    assert len(read) >= 4  # the three files compared by content, and new
+    assert layer.chain_length == 2 and set(_members(objects, layer)) == {"new", "ln"}  # (a symlink always is)
+    assert layer.archive_bytes < full.archive_bytes // 10 and layer.tree_digest == tree_digest(w)
+    _tick()
+    again = persist(w, store, "s").info  # their new ctimes are in the index: neither read nor written now
+    assert _members(objects, again) == ["ln"] and again.chain_length == 3
+    hydrate(d, store, "s")
+    assert _host_view(dst) == _host_view(ws)
+
+
+def test_a_ctime_only_candidate_changed_while_hashed_or_open_for_writing_is_written(env, monkeypatch):
+    """Content that changes during the comparison, or a file a writer holds open, goes into the layer as read."""
+    from sandbox_fs.snapshot import _entries
+
+    ws, dst, w, d, objects, store = env
+    persist(w, store, "s")
+    _tick()
+    _touch_ctimes(ws)
+    _tick()
+    real_sha = _entries._content_sha
+
+    def rewrite_after_hashing(fd, size):  # a same-size write with the mtime put back, just after the read
+        out = real_sha(fd, size)
+        old = (ws / "keep").stat()
+        (ws / "keep").write_text("REWRITTEN\n")
+        os.utime(ws / "keep", ns=(old.st_atime_ns, old.st_mtime_ns))
+        return out
+
+    monkeypatch.setattr(_entries, "_content_sha", rewrite_after_hashing)
+    writer = os.open(ws / "big", os.O_WRONLY)  # open for writing: a mapping could change it unseen
+    try:
+        layer = persist(w, store, "s").info
+    finally:
+        os.close(writer)
+        monkeypatch.undo()
+    assert {"keep", "big"} <= set(_members(objects, layer))
+    hydrate(d, store, "s")
+    assert (dst / "keep").read_text() == "REWRITTEN\n" and _host_view(dst) == _host_view(ws)
 
 
 def test_the_first_persist_after_a_hydrate_is_incremental(env, monkeypatch):

@@ -313,6 +313,9 @@ class _WalkState:
         #: layered persist: the parent's entry of an unchanged entry of a directory its walk recorded
         #: with the same options (no name rule to apply again), see _layers
         self.taken_over: Callable[[_ListedEntry], IndexEntry | None] | None = None
+        #: layered persist: the parent's entry of a one-link regular file whose inode, size, mtime and mode
+        #: are the recorded ones but not its ctime (a re-own by another identity), see :meth:`_same_content`
+        self.same_file: Callable[[_ListedEntry], IndexEntry | None] | None = None
         #: layered persist: the new generation's index entries, in walk order (None: not recorded)
         self.records: list[IndexEntry] | None = None
         #: layered persist: offered each directory's listing first (see _walk.BeginDir), and called after the walk
@@ -507,10 +510,54 @@ class _WalkState:
             self.entries -= 1
             return False
         try:
+            if self._same_content(item, fd):
+                return True
             if self.add_file(item, fd, []) is None:
                 self.entries -= 1  # its header is refused by the policy and skipped
         finally:
             os.close(fd)
+        return True
+
+    def _same_content(self, item: _ListedEntry, fd: int) -> bool:
+        """Record a file whose only change is its ctime as its parent entry with the new ctime, when its content is the same.
+
+        A re-own (a session resumed under another id) changes every ctime and
+        nothing else.  Such a file (inode, size, mtime, mode as recorded; one
+        link; not open for writing: the read-lease probe of :meth:`add_file`)
+        is read and hashed here, not written: when its SHA-256 is the parent's
+        and its ``fstat`` did not change during the read, the index records it
+        with the new ctime and the parent's layer, whose member restores
+        exactly it (same content, mode and mtime).  Otherwise the fd is rewound
+        and :meth:`add_file` reads and writes it as any changed file.  The
+        recorded stat is the one taken before the read, as in :meth:`add_file`,
+        so the racy rule of the next persist holds alike.
+
+        Returns:
+            True when it was recorded.
+
+        Raises:
+            SnapshotSourceChangedError: the fd is no longer the listed file.
+            SnapshotLimitError: a limit is exceeded (see :meth:`take_over`).
+            OSError: reading the file failed.
+        """
+        old = self.same_file(item) if self.same_file is not None and self.records is not None else None
+        if old is None:
+            return False
+        st = _member_stat(fd, item)
+        if (st.st_nlink, st.st_size, st.st_mtime_ns, SnapshotPolicy.mode(st.st_mode)) != \
+                (1, old.size, old.mtime_ns, old.mode) or st.st_size > self.limits.max_file_bytes \
+                or _open_for_writing(fd):
+            return False
+        try:
+            same = _content_sha(fd, st.st_size) == old.content
+        finally:
+            os.lseek(fd, 0, os.SEEK_SET)
+        after = os.fstat(fd)
+        if not same or (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != \
+                (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            return False
+        self.entries -= 1  # counted by the caller; take_over counts it again
+        self.take_over(item, old._replace(ino=st.st_ino, ctime_ns=st.st_ctime_ns))
         return True
 
     def _add_symlink(self, item: _ListedEntry, target: str, st: StatLike) -> bool:
@@ -833,6 +880,25 @@ def _gil_fcntl() -> Callable[[int, int, int], int] | None:
 
 #: libc's fcntl, called holding the GIL (see :func:`_gil_fcntl`)
 _FCNTL = _gil_fcntl()
+
+
+_HASH_BUF_BYTES = 1 << 20
+
+
+def _content_sha(fd: int, size: int) -> str | None:
+    """The hex SHA-256 of exactly ``size`` bytes read from ``fd`` (at its offset), or None when it has more or fewer."""
+    sha = hashlib.sha256()
+    buf = bytearray(min(size + 1, _HASH_BUF_BYTES))
+    view = memoryview(buf)
+    left = size
+    while True:
+        got = os.readv(fd, [view[:min(left + 1, len(buf))]])
+        if got > left:
+            return None  # grew
+        if not got:
+            return None if left else sha.hexdigest()
+        sha.update(view[:got])
+        left -= got
 
 
 def _member_stat(fd: int, item: _ListedEntry) -> os.stat_result:

@@ -16,7 +16,12 @@ ctime match its parent-index entry, and whose mtime and ctime are both
 strictly older than the parent index's ``time_ns``, is not read again (its
 SHA-256 and layer are taken over); so is a directory whose inode, link
 count, mode, mtime and ctime match (its member stays in the layer that has
-it).  Anything changed at or after the moment the parent walk began carries
+it).  A regular file with one link whose inode, size, mtime and mode match
+but not its ctime (a re-own by another identity changes only that), or that
+is racy, is read and hashed: when its SHA-256 is the entry's, its ``fstat``
+did not change during the read and nothing has it open for writing (the
+read-lease probe), it is recorded with its new stat and the entry's layer,
+and not written again.  Anything changed at or after the moment the parent walk began carries
 a timestamp at or after ``time_ns`` and is read again (the racy-git rule: a
 write in the same clock tick as the walk is never missed).  The ctime is
 compared as the latest moment it may stand for (:func:`stamp_latest_ns`):

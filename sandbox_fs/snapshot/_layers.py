@@ -222,6 +222,7 @@ class Layering:
         self._config = (state.prune, state.limits, state.on_unrestorable, self.dev)
         if self.parent is not None:
             state.reuse = self.reuse
+            state.same_file = self.same_file
             state.taken_over = self.taken_over
             cache = self.parent.walk_cache
             if isinstance(cache, _WalkCache) and cache.config == self._config:
@@ -258,6 +259,23 @@ class Layering:
         # truncates it; an mtime in whole seconds is as often one set by a restore or by tar)
         if st.st_mtime_ns >= began or stamp_latest_ns(st.st_ctime_ns) >= began:
             return None  # racy: written in or after the tick the parent's walk began; read it again
+        return old
+
+    def same_file(self, item: _ListedEntry) -> IndexEntry | None:
+        """The parent entry of a one-link regular file with the recorded inode, size, mtime and mode, else None.
+
+        Its ctime differs (else :meth:`reuse` took it), or is racy: the walk
+        compares its content with the entry's SHA-256 before it writes it
+        again (``_WalkState._same_content``).
+        """
+        fast = self._fast
+        old = fast.get(item.path) if fast is not None and item.path in fast else self._old().get(item.path)
+        st = item.st
+        if old is None or old.kind != "file" or old.nlink != 1 or st.st_nlink != 1 or not _stat.S_ISREG(st.st_mode):
+            return None
+        if (st.st_ino, st.st_size, st.st_mtime_ns, SnapshotPolicy.mode(st.st_mode)) != \
+                (old.ino, old.size, old.mtime_ns, old.mode):
+            return None
         return old
 
     def taken_over(self, item: _ListedEntry) -> IndexEntry | None:
