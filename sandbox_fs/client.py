@@ -708,9 +708,11 @@ class LocalSandboxClient:
             raise SessionStateError("session state must be a JSON object", sandbox_path=None)
         version = data.get("version")
         if version not in _READ_VERSIONS or isinstance(version, bool):
-            raise SessionStateVersionError(
-                f"session state version {version!r} is not supported (this sandbox-fs reads 1 and {STATE_VERSION})",
-                sandbox_path=None)
+            what = "has no version" if version is None else (  # the state is untrusted: only a short int is shown
+                f"version {version!r} is not supported" if isinstance(version, int) and abs(version) < 1000
+                else "version is not supported")
+            raise SessionStateVersionError(f"session state {what} (this sandbox-fs reads 1 and {STATE_VERSION})",
+                                           sandbox_path=None)
         try:
             check_depth(data)  # the MAC re-serializes it: a deep one would exhaust the stack
         except ValueError:

@@ -134,3 +134,14 @@ def test_reading_commands_make_no_store_and_no_key(tmp_path, capsys):
         rc, _, err = _run(capsys, "snapshot", argv[0], "--store", str(tmp_path / "nostore"), *argv[1:])
         assert rc == 1 and "snapshot_store_unavailable" in err, (argv, err)
     assert _tree(tmp_path) == before  # no store, no key, no workspaces directory, no state made
+
+
+def test_state_without_a_version_says_missing(tmp_path, capsys):
+    state, key = tmp_path / "s.json", tmp_path / "k"
+    key.write_text("k" * 32)
+    for data, want in (({"x": 1}, "has no version"), ({"version": "2" * 5000}, "version is not supported"),
+                       ({"version": 7}, "version 7 is not supported")):
+        state.write_text(json.dumps(data))
+        rc, _, err = _run(capsys, "session", "resume", "--workspaces-dir", str(tmp_path / "w"), "--state",
+                          str(state), "--state-key-file", str(key))
+        assert rc == 1 and f"session_state_version: session state {want}" in err and len(err) < 200, err

@@ -106,3 +106,20 @@ def test_save_of_a_missing_workspace_names_it_and_makes_no_store(tmp_path, capsy
         assert rc == 1 and err.startswith("sandbox-fs: error: os_error [WORKSPACE]: "), err
         assert str(tmp_path) not in err
     assert not (tmp_path / "bad").exists()
+
+
+def test_s3_store_inputs_refused_clearly_without_echo(tmp_path, capsys):
+    """A non-http(s) endpoint and an over-long prefix are refused up front by what is wrong, not echoed."""
+    for endpoint in ("ftp://x", "file:///etc/passwd", "http://[::1", "http://h:99999", "https://:80", "http://h\tx"):
+        rc, _, err = _run(capsys, "snapshot", "ls", "--store", "s3://bkt/p", "--store-endpoint", endpoint)
+        assert rc == 1 and "must be an http:// or https:// URL" in err, (endpoint, err)
+        assert endpoint not in err and "passwd" not in err
+    rc, _, err = _run(capsys, "snapshot", "ls", "--store", "s3://bkt/" + "a" * 2000)
+    assert rc == 1 and "too long" in err and "a" * 100 not in err
+
+
+def test_ls_of_an_empty_store_says_so_on_stderr_only(tmp_path, capsys):
+    (tmp_path / "st").mkdir()
+    assert _run(capsys, "snapshot", "ls", "--store", str(tmp_path / "st")) == (
+        0, "", "sandbox-fs: no snapshots in the store\n")
+    assert _run(capsys, "snapshot", "ls", "--store", str(tmp_path / "st"), "--json") == (0, "[]\n", "")

@@ -104,6 +104,8 @@ def _ls(args: argparse.Namespace) -> int:
                  "entries": i.entries, "content_bytes": i.content_bytes, "archive_bytes": i.archive_bytes,
                  "age_s": round(max(0, now - i.created_ns) / 1e9, 1) if i.created_ns else None,
                  "fingerprint": i.fingerprint} for i in infos]
+    if not rows and not args.json:  # stdout stays empty for scripts; a person sees why
+        print("sandbox-fs: no snapshots in the store", file=sys.stderr)
     print_report(args, rows)
     return 0
 

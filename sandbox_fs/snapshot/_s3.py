@@ -102,6 +102,26 @@ def part_size_for(part_number: int, part_size: int) -> int:
     return min(MAX_PART_SIZE, part_size << ((part_number - 1) // _PARTS_PER_SIZE))
 
 
+def _check_endpoint(url: object) -> None:
+    """Refuse an endpoint that is not ``http(s)://HOST[:PORT][/PATH]``, without repeating it (it may hold a secret)."""
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    ok = False
+    if isinstance(url, str) and not any(c.isspace() or ord(c) < 32 for c in url):
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # ValueError: a port that is no number or out of range
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # a bad IPv6 literal, a bad port
+            ok = False
+    if not ok:
+        raise ValueError("the S3 endpoint must be an http:// or https:// URL with a host")
+
+
+#: Longest store prefix, in characters (S3 keys are at most 1024 bytes, and the store's keys go under it).
+MAX_PREFIX_CHARS = 512
+
+
 class S3Options:
     """How to reach the bucket: endpoint, credentials and client limits.
 
@@ -126,7 +146,9 @@ class S3Options:
             standard retry mode; default 3).
 
     Raises:
-        ValueError: ``part_size``, ``upload_threads``, ``read_threads`` or ``max_attempts`` out of range.
+        ValueError: ``endpoint_url`` is not an ``http://`` or ``https://`` URL
+            with a host (the message does not repeat it), or ``part_size``,
+            ``upload_threads``, ``read_threads`` or ``max_attempts`` out of range.
     """
 
     def __init__(self, *, endpoint_url: str | None = None, region_name: str | None = None,
@@ -134,6 +156,8 @@ class S3Options:
                  aws_secret_access_key: str | None = None, aws_session_token: str | None = None,
                  part_size: int = 8 << 20, upload_threads: int = 2, read_threads: int = 3,
                  connect_timeout: float = 5.0, read_timeout: float = 60.0, max_attempts: int = 3) -> None:
+        if endpoint_url is not None:
+            _check_endpoint(endpoint_url)
         if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
             raise ValueError("part_size must be between 5 MiB and 5 GiB")
         if upload_threads < 1 or read_threads < 1 or max_attempts < 1:
@@ -578,7 +602,8 @@ class S3Objects:
             with their own session); ``options`` then only gives the limits.
 
     Raises:
-        ValueError: ``bucket`` or ``prefix`` is not valid.
+        ValueError: ``bucket`` or ``prefix`` is not valid (``prefix`` over
+            :data:`MAX_PREFIX_CHARS`, or a component that is no plain name).
         SnapshotStoreError: the client could not be configured (non-retryable).
     """
 
@@ -587,6 +612,8 @@ class S3Objects:
         if not _BUCKET.fullmatch(bucket):
             raise ValueError("bucket name must be 3-63 characters of a-z 0-9 . -")
         prefix = prefix.strip("/")
+        if len(prefix) > MAX_PREFIX_CHARS:
+            raise ValueError(f"the prefix is too long (at most {MAX_PREFIX_CHARS} characters)")
         if prefix and not _PREFIX.fullmatch(prefix):
             raise ValueError("prefix components must be plain names (letters, digits, . _ -, not leading .)")
         self.bucket = bucket
