@@ -68,6 +68,7 @@ operation again may succeed::
     | `session_state_invalid` | `SessionStateError` | `sandbox_fs.client` | no |
     | `session_state_version` | `SessionStateVersionError` | `sandbox_fs.client` | no |
     | `session_state_tampered` | `SessionStateTamperedError` | `sandbox_fs.client` | no |
+    | `session_state_key_missing` | `SessionStateKeyMissingError` | `sandbox_fs.client` | no |
     | `unsafe_key_file` | `UnsafeKeyFileError` | `sandbox_fs.client` | no |
     | `exec_error` | `ExecError` | `sandbox_fs.exec` | no |
     | `confinement_unavailable` | `ConfinementError` | `sandbox_fs.exec` | no |
