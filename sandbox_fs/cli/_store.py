@@ -22,7 +22,7 @@ from ._hostpath import host_path
 
 __all__ = ["add_endpoint_arg", "is_s3", "open_store", "client_store_options", "STORE_HELP"]
 
-STORE_HELP = "snapshot store: a directory (created 0700) or s3://BUCKET/PREFIX"
+STORE_HELP = "snapshot store: a directory (created 0700 by a new session only) or s3://BUCKET/PREFIX"
 
 
 def add_endpoint_arg(p: argparse.ArgumentParser) -> None:
