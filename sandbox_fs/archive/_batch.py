@@ -31,7 +31,7 @@ class FileBatch:
     ``stage_fd`` (the directory the staging directory was made in)."""
 
     __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "owner", "result",
-                 "after", "withdrawn")
+                 "after", "withdrawn", "src_fd")
 
     def __init__(self, stage_fd: int, resolver: str, pre: bytes, owner: tuple[int, int] | None) -> None:
         self.nums = array("q")
@@ -49,6 +49,9 @@ class FileBatch:
         self.after: FileBatch | None = None
         #: set by the calling thread when it stops batching: a batch not started by then never runs
         self.withdrawn = False
+        #: the source file its offsets are in (one batch never mixes sources: a chain's archives
+        #: each have their own, see ``extract_streams``); -1 until its first member
+        self.src_fd = -1
 
     def made_all(self) -> bool:
         """True when the helper thread made every file of this batch."""
@@ -78,21 +81,20 @@ class CopyThread:
     result.
     """
 
-    def __init__(self, src_fd: int) -> None:
-        self._src_fd = src_fd
+    def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[FileBatch | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[FileBatch] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="sandbox-fs-extract-copy", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        jobs, done, fd = self._jobs, self._done, self._src_fd
+        jobs, done = self._jobs, self._done
         while True:
             b = jobs.get()
             if b is None:
                 return
             if b.runnable():
-                b.run(fd)
+                b.run(b.src_fd)
             done.put(b)
 
     def put(self, b: FileBatch) -> None:

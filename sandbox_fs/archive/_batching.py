@@ -78,7 +78,6 @@ class BatchedFiles:
     _batch: FileBatch
     _inflight: list[FileBatch]
     _worker: CopyThread | None
-    _src_fd: int
     _threaded: bool
     _batch_failed: bool
     _mode_flags_cache: dict[int, tuple[int, int]]
@@ -138,6 +137,8 @@ class BatchedFiles:
             return False
         if not counter.has_data(offset_data, size):
             return False  # a short source: one by one finds where the data ends, and says so as it does
+        if self._batch.n and self._batch.src_fd != counter.splice_fd:
+            self._submit()  # the queued files' offsets are in another source (the archive before this one)
         self._parents(path, name)
         src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
         mbits = mode & 0o7777
@@ -167,7 +168,7 @@ class BatchedFiles:
         b.nbytes += size
         self._kinds[key] = FILE
         self.files += 1
-        self._src_fd = counter.splice_fd
+        b.src_fd = counter.splice_fd
         if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
             self._submit()
         return True
@@ -180,12 +181,12 @@ class BatchedFiles:
         """
         if self._threaded and self._worker is None:
             try:
-                self._worker = CopyThread(self._src_fd)
+                self._worker = CopyThread()
             except RuntimeError:  # no thread to be had: make the files in this thread
                 self._threaded = False
         b, self._batch = self._batch, FileBatch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
         if not self._threaded:
-            b.run(self._src_fd)
+            b.run(b.src_fd)
             self._complete(b)
             return
         assert self._worker is not None
@@ -249,7 +250,8 @@ class BatchedFiles:
             rest.names = bytearray(b"".join(n + b"\0" for n in b.names.split(b"\0")[done + 1:b.n]))
             rest.members = b.members[done + 1:]
             rest.n = b.n - done - 1
-            rest.run(self._src_fd)
+            rest.src_fd = b.src_fd
+            rest.run(rest.src_fd)
             b, res = rest, rest.result
 
     def _batch_error(self, member: str | bytes, err: int, stage: int) -> BaseException:
@@ -272,7 +274,7 @@ class BatchedFiles:
         name = b.members[i]
         path = normalize_member(name, self.limits)
         src_off, size, probe, fmode, mtime_ns, flags = b.nums[i * _XF_FIELDS:(i + 1) * _XF_FIELDS]
-        src_fd = self._src_fd
+        src_fd = b.src_fd
 
         def chunks() -> Iterator[bytes]:
             off, left = src_off, size

@@ -227,7 +227,6 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
         self._batch = FileBatch(self._stage_fd, self._stage_resolver, self._stage_pre, self._fs_owner)
         self._inflight: list[FileBatch] = []  # handed to the helper thread and not yet taken back, oldest first
         self._worker: CopyThread | None = None
-        self._src_fd = -1
         self._threaded = limits.max_cpu_seconds is None
         self._batch_failed = False  # a batch error was raised: later queued files are never made
         self._mode_flags_cache: dict[int, tuple[int, int]] = {}
