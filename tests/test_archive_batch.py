@@ -630,3 +630,35 @@ def test_hostile_sizes_file_and_stream_agree_and_limits_hold(layout, tmp_path, m
     assert in_place[:2] == stream[:2] if stream[0] == "error" else in_place[0] == "ok"
     for n in (stream_bytes, batched_bytes, in_place_bytes):
         assert n <= limits.max_total_bytes
+
+
+# -- several regular-file sources in one pass (extract_streams: a snapshot chain read from files)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.integers(0, 70_000), min_size=1, max_size=6), min_size=2, max_size=3))
+def test_files_of_several_file_sources_are_copied_from_their_own(tmp_path_factory, sizes):
+    """Queued files of one source are never copied from another's fd (a batch holds one source's
+    offsets and runs with that source's fd): each file's bytes are those of the archive that holds it.
+    Before, every batch ran with the first source's fd and the last source seen was recorded for all."""
+    from sandbox_fs.archive import extract_streams
+
+    base = tmp_path_factory.mktemp("multi")
+    want: dict[str, bytes] = {}
+    paths = []
+    for s, members in enumerate(sizes):
+        entries = [(f"s{s}/f{i}", bytes([65 + s]) * n + os.urandom(min(n, 16))) for i, n in enumerate(members)]
+        want.update(entries)
+        paths.append(base / f"{s}.tar")
+        paths[-1].write_bytes(tar_bytes([ti(name, data=data) for name, data in entries]))
+    (base / "out").mkdir()
+    sources = [open(p, "rb", buffering=0) for p in paths]  # unbuffered regular files: the batch path
+    try:
+        with open_root(base / "out") as root:
+            extract_streams(root=root, dest="x", sources=sources, take=lambda i, name, kind: True,
+                            limits=ArchiveLimits(), policy=ExtractPolicy())
+    finally:
+        for f in sources:
+            f.close()
+    out = base / "out" / "x"
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == want
