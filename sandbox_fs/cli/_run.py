@@ -44,6 +44,7 @@ manifest is loaded as untrusted, and the state file carries no authority.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -362,7 +363,7 @@ async def _in_session(run: _Run, sup: Any, exec_scope: trio.CancelScope) -> None
 
 async def _supervised(run: _Run) -> None:
     """:func:`_in_session` under a supervisor, with SIGTERM and SIGINT stopping the command."""
-    from ..exec import ProcessSupervisor  # noqa: PLC0415
+    from ..exec import ConfinementError, ProcessSupervisor  # noqa: PLC0415
 
     sup = ProcessSupervisor()
     exec_scope = trio.CancelScope()
@@ -374,9 +375,13 @@ async def _supervised(run: _Run) -> None:
                     # SIGTERM, grace, SIGKILL for what runs; then give the
                     # exec a moment to return its result, and cancel it
                     # (a command not started yet never starts).
-                    await sup.kill_all(grace_s=run.grace_s)
+                    # A kill that cannot prove the tree gone raises again at the session's
+                    # shutdown (it is sticky), which then refuses to persist: not here.
+                    with contextlib.suppress(ConfinementError):
+                        await sup.kill_all(grace_s=run.grace_s)
                     exec_scope.deadline = min(exec_scope.deadline, trio.current_time() + run.grace_s)
-                    await sup.kill_all()
+                    with contextlib.suppress(ConfinementError):
+                        await sup.kill_all()
 
                 async def watch() -> None:
                     async for signum in signals:
@@ -395,7 +400,8 @@ async def _supervised(run: _Run) -> None:
         if error is not None:
             raise error
     finally:
-        with trio.CancelScope(shield=True):
+        # the session's shutdown already met (and reported) a tree that outlived the kill
+        with trio.CancelScope(shield=True), contextlib.suppress(ConfinementError):
             await sup.aclose()
 
 

@@ -80,6 +80,12 @@ async def _take_held_ns(proc: trio.Process, status: _Status) -> tuple[int, int, 
         return None
     return mnt, user, net, ipc
 
+#: how long a killed tree's cgroup leaf may stay populated (a process still leaving the kernel)
+#: before :meth:`ProcessSupervisor.kill_all` reports that the tree may have outlived the kill
+_LEAF_EMPTY_WAIT_S = 5.0
+_LEAF_POLL_S = 0.005
+
+
 @dataclass(eq=False)
 class _Tracked:
     """A started command: ``process`` is the helper's init (our own unreaped child)."""
@@ -119,6 +125,7 @@ class ProcessSupervisor:
     def __init__(self, *, use_cgroup: bool = True, pids_max: int | None = 4096,
                  hold_mount_ns: bool = True) -> None:
         self._tracked: list[_Tracked] = []
+        self._survivors = False  # a kill_all could not prove a tree gone (see kill_all)
         self._cg: CgroupTree | None = CgroupTree.create(pids_max) if use_cgroup else None
         self._closed = False
         self._hold_mount_ns = hold_mount_ns
@@ -252,8 +259,19 @@ class ProcessSupervisor:
         if not self._group_alive(tracked):
             self._untrack(tracked)
 
-    async def _kill_one(self, tracked: _Tracked, grace_s: float) -> None:
-        """SIGTERM the tree, wait up to ``grace_s`` for the command, then SIGKILL everything and reap."""
+    async def _kill_one(self, tracked: _Tracked, grace_s: float) -> bool:
+        """SIGTERM the tree, wait up to ``grace_s`` for the command, then SIGKILL everything and reap.
+
+        Returns:
+            True when the whole tree is known to be gone: its cgroup leaf (v2 or
+            v1) is empty, its PID namespace died with its init, or its
+            subreaper init ended the tree itself.  False when something of it
+            may still run (a leaf still populated after :data:`_LEAF_EMPTY_WAIT_S`,
+            or a subreaper init without a leaf that had to be SIGKILLed, which
+            orphans what it had not killed yet); the tree stays tracked when a
+            leaf can still be killed again, and :meth:`kill_all` raises from
+            then on.
+        """
         if grace_s > 0 and tracked.process.returncode is None:
             self._signal(tracked, signal.SIGTERM)
             with trio.move_on_after(grace_s):
@@ -264,22 +282,32 @@ class ProcessSupervisor:
             self._signal(tracked, signal.SIGUSR1)
             with trio.move_on_after(1.0):
                 await tracked.process.wait()
+        orphans = (tracked.process.returncode is None and not tracked.pid_ns
+                   and tracked.leaf is None and tracked.pids_leaf is None)
         self._signal(tracked, signal.SIGKILL)
         if tracked.leaf is not None:
             CgroupTree.kill(tracked.leaf)
         await tracked.process.wait()
+        gone = not orphans
+        polls = max(1, int(_LEAF_EMPTY_WAIT_S / _LEAF_POLL_S))
         if tracked.leaf is not None:
-            for _ in range(200):
+            for _ in range(polls):
                 if not CgroupTree.populated(tracked.leaf):
                     break
-                await trio.sleep(0.005)
+                await trio.sleep(_LEAF_POLL_S)
+            gone = not CgroupTree.populated(tracked.leaf)
         elif tracked.pids_leaf is not None:  # v1 has no cgroup.kill: signal what it lists
-            for _ in range(200):
+            for _ in range(polls):
                 PidsV1Tree.kill(tracked.pids_leaf)
                 if not PidsV1Tree.populated(tracked.pids_leaf):
                     break
-                await trio.sleep(0.005)
-        self._untrack(tracked)
+                await trio.sleep(_LEAF_POLL_S)
+            gone = not PidsV1Tree.populated(tracked.pids_leaf)
+        if gone or (tracked.leaf is None and tracked.pids_leaf is None):
+            self._untrack(tracked)  # a populated leaf stays tracked: the next kill_all kills it again
+        if not gone:
+            self._survivors = True  # whoever killed it (a run's timeout, a PTY, kill_all): kill_all raises
+        return gone
 
     async def _mount_ns(self, rw_roots: list[Root], ro_binds: Sequence[Root] = (),
                         bind: tuple[list[str], list[int]] = ([], []),
@@ -344,25 +372,48 @@ class ProcessSupervisor:
         Args:
             grace_s: seconds to wait after SIGTERM before SIGKILL (0: SIGKILL at once).
 
+        Every tree is killed (and reaped) even when one of them fails.
+
         *Cancellation*: the kill runs shielded; a cancel arriving meanwhile is
         delivered at the next checkpoint after every process is gone.
+
+        Raises:
+            ConfinementError: something of a tree may have outlived the kill:
+                its cgroup leaf was still populated :data:`_LEAF_EMPTY_WAIT_S`
+                after ``cgroup.kill`` (a process stuck in the kernel), or a
+                subreaper init without a PID namespace or leaf had to be
+                SIGKILLed before it ended its tree (its orphans run on).  Once
+                raised, every later call raises it too: a caller that persists
+                the workspace afterwards (:meth:`sandbox_fs.session.Session.aclose`)
+                must not trust it to be at rest.
         """
         with trio.CancelScope(shield=True):
             await trio.lowlevel.checkpoint()
             for tracked in list(self._tracked):
                 await self._kill_one(tracked, grace_s)
+        if self._survivors:
+            # Sticky: a tree that escaped once cannot be proved gone later (a subreaper's orphans
+            # are nobody's to wait for), so whoever persists after this must not trust the kill.
+            raise ConfinementError("processes of a confined command may have outlived the kill "
+                                   "(a cgroup that stayed populated, or a tree without a PID namespace or cgroup "
+                                   "whose init had to be killed)")
 
     async def aclose(self) -> None:
         """:meth:`kill_all`, then close the lifeline and remove the cgroup directory.  Idempotent.
 
         *Cancellation*: shielded like :meth:`kill_all`.
+
+        Raises:
+            ConfinementError: as :meth:`kill_all` (the supervisor is closed all the same).
         """
-        await self.kill_all()
-        with self._lease_lock:
-            self._closed = True
-        self._finalizer()  # runs _release_resources once (the identity goes back after the kill)
-        self._cg = None
-        self._v1 = None
+        try:
+            await self.kill_all()
+        finally:  # a kill that could not prove every tree gone still closes (and raises after)
+            with self._lease_lock:
+                self._closed = True
+            self._finalizer()  # runs _release_resources once (the identity goes back after the kill)
+            self._cg = None
+            self._v1 = None
 
     async def __aenter__(self) -> "ProcessSupervisor":
         await trio.lowlevel.checkpoint()
