@@ -205,8 +205,11 @@ def _make_client(options: S3Options) -> tuple[Any, tuple[str, ...]]:
         client = session.client("s3", endpoint_url=options.endpoint_url,
                                 region_name=session.region_name or "us-east-1", config=config)
         creds = session.get_credentials()
-    except BotoCoreError as exc:
-        raise SnapshotStoreError("the S3 client could not be configured", sandbox_path=None,
+    except (BotoCoreError, ValueError) as exc:
+        # botocore's text repeats what it refused (an endpoint from AWS_ENDPOINT_URL_S3 or a
+        # config file, credentials in it included: "Invalid endpoint: USER:PASS@..."): only its type
+        raise SnapshotStoreError("the S3 client could not be configured (is the endpoint an http:// or https:// "
+                                 "URL with a host?)", sandbox_path=None,
                                  context={"error": type(exc).__name__}, retryable=False) from None
     secrets: list[str] = [s for s in (options.aws_secret_access_key, options.aws_session_token) if s]
     if creds is not None:
