@@ -46,17 +46,23 @@ class _Layout:
         self.scene.reset()
         for d in (self.ro, self.rw):
             if os.path.lexists(d):
+                # host-access: the harness's own grant dirs, removed while no input runs (rmtree walks by fd, follows no symlink)
                 shutil.rmtree(d)
         ws = self.scene.ws
         for d in (self.ro, self.rw, self.nest, os.path.join(ws, "d")):
+            # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
             os.mkdir(d)
         for d in (ws, self.ro, self.rw, self.nest):
+            # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
             with open(os.path.join(d, "f"), "wb") as fh:
                 fh.write(b"data of " + os.path.basename(d).encode())
         for name, target in (("in", "d"), ("esc", "../outside"), ("abs", self.scene.outside),
                              ("toro", self.ro), ("tonest", "nested"), ("up", "..")):
+            # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
             os.symlink(target, os.path.join(ws, name))
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         os.symlink("..", os.path.join(self.rw, "up"))
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         os.symlink("../ws/nested", os.path.join(self.rw, "nest"))
         return [OutsideSentinel(self.ro), OutsideSentinel(self.nest)]
 
@@ -156,6 +162,7 @@ def _check_resolve(policy: Any, lay: _Layout, path: str) -> None:
 
 
 def _identity(path: str) -> tuple[int, int]:
+    # host-access: the identity of a grant base the harness made (its own scratch tree)
     st = os.stat(path)
     return (st.st_dev, st.st_ino)
 

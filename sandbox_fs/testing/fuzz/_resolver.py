@@ -33,16 +33,22 @@ class _Tree:
         self.scene = Scene("resolver")
         self.scene.reset()
         top = self.scene.ws
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         os.makedirs(os.path.join(top, "a", "b", "c"))
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         with open(os.path.join(top, "a", "f"), "w") as fh:
             fh.write("f")
         for name, target in LINKS + (("abs", top),):
+            # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
             os.symlink(target, os.path.join(top, name))
         self.inside = set()
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         for dirpath, dirs, files in os.walk(top):
             for n in dirs + files + ["."]:
+                # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
                 st = os.lstat(os.path.join(dirpath, n))
                 self.inside.add((st.st_dev, st.st_ino))
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         self.fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 

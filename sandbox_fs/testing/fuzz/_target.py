@@ -78,12 +78,17 @@ class Scene:
         atexit.register(shutil.rmtree, self.base, True)
         self.ws = os.path.join(self.base, "ws")
         self.outside = os.path.join(self.base, "outside")
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         os.makedirs(os.path.join(self.outside, "sub"))
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         with open(os.path.join(self.outside, "secret.txt"), "wb") as fh:
             fh.write(b"SECRET\n")
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         with open(os.path.join(self.outside, "sub", "file"), "wb") as fh:
             fh.write(b"inner\n")
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         os.symlink("secret.txt", os.path.join(self.outside, "link"))
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         os.link(os.path.join(self.outside, "sub", "file"), os.path.join(self.outside, "hardlink"))
         if prepare is not None:
             prepare(self)
@@ -93,6 +98,7 @@ class Scene:
         """Empty the workspace (a fresh ``ws/``)."""
         if os.path.lexists(self.ws):
             _force_rmtree(self.ws)
+        # host-access: the harness's own mkdtemp scratch tree, built while no input runs; never a name from an input
         os.mkdir(self.ws)
 
     def run(self, step: Callable[[], object], *, destination: str | None = None,
@@ -126,9 +132,12 @@ def _force_rmtree(path: str) -> None:
     """Remove ``path`` even where an input left a directory without write or search permission."""
     def fix(_fn: object, p: str, _exc: object) -> None:
         try:
+            # host-access: a dir rmtree was walking in the harness's own tree; no process runs during a reset
             os.chmod(os.path.dirname(p), 0o700)
         except OSError:
             pass
+    # host-access: the harness's own workspace between inputs (rmtree walks by fd, follows no symlink)
     shutil.rmtree(path, onerror=fix)
     if os.path.lexists(path):
+        # host-access: the harness's own workspace between inputs (rmtree walks by fd, follows no symlink)
         shutil.rmtree(path)
