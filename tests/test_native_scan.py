@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandbox_fs import _native
-from sandbox_fs.snapshot._walk import _list_dir, _Listing, _parse_scan
+from sandbox_fs.snapshot._walk import _list_dir, _Listing, parse_scan
 
 
 def _by_name(dfd: int) -> dict[bytes, tuple[int, ...]]:
@@ -32,7 +32,7 @@ def _by_name(dfd: int) -> dict[bytes, tuple[int, ...]]:
 
 def _scanned(dfd: int) -> dict[bytes, tuple[int, ...]]:
     return {os.fsencode(name): (s.st_ino, s.st_dev, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_nlink, s.st_mode)
-            for name, s in _parse_scan(_native.scan_dir(dfd))}
+            for name, s in parse_scan(_native.scan_dir(dfd))}
 
 
 @pytest.fixture

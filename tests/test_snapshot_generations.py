@@ -532,7 +532,7 @@ def test_verifying_reader_hands_out_exactly_the_recorded_bytes(size: int, extra:
     import hashlib
     import zlib
 
-    from sandbox_fs.snapshot._generations import _VerifyingReader
+    from sandbox_fs.snapshot._generations import VerifyingReader
     from sandbox_fs.snapshot._models import SnapshotInfo
 
     data = (bytes(range(251)) * ((size // 251) + 1))[:size]
@@ -543,7 +543,7 @@ def test_verifying_reader_hands_out_exactly_the_recorded_bytes(size: int, extra:
     info = SnapshotInfo(name="s", archive="x", archive_bytes=size, archive_crc32=f"{zlib.crc32(data):08x}",
                         archive_sha256=hashlib.sha256(data).hexdigest(), fingerprint=t, tree_digest=t, entries=0,
                         content_bytes=size)
-    reader = _VerifyingReader(io.BufferedReader(io.BytesIO(bytes(stored)), 1 << 20), info)
+    reader = VerifyingReader(io.BufferedReader(io.BytesIO(bytes(stored)), 1 << 20), info)
     pos = 0
     for use_readinto, n in reads:
         if use_readinto:
@@ -568,7 +568,7 @@ def test_verifying_reader_raises_the_stores_error_and_close_joins_its_thread() -
     import zlib
 
     from sandbox_fs.snapshot._models import SnapshotInfo
-    from sandbox_fs.snapshot._reader import _VerifyingReader
+    from sandbox_fs.snapshot._reader import VerifyingReader
 
     data = bytes(range(256)) * (40 << 12)  # 40 MiB: more blocks than the read-ahead queue holds
     t = "0" * 64
@@ -591,7 +591,7 @@ def test_verifying_reader_raises_the_stores_error_and_close_joins_its_thread() -
             self.pos += n
             return n
 
-    reader = _VerifyingReader(io.BufferedReader(Failing(), MiB), info)
+    reader = VerifyingReader(io.BufferedReader(Failing(), MiB), info)
     assert reader.read(2 * MiB) == data[:2 * MiB]
     with pytest.raises(SnapshotStoreError):
         reader.read(2 * MiB)
@@ -599,7 +599,7 @@ def test_verifying_reader_raises_the_stores_error_and_close_joins_its_thread() -
         reader.verify(info)
     reader.close()
 
-    reader = _VerifyingReader(io.BufferedReader(io.BytesIO(data), MiB), info)
+    reader = VerifyingReader(io.BufferedReader(io.BytesIO(data), MiB), info)
     assert reader.read(1000) == data[:1000]
     deadline = 0
     while reader._pump.queue.qsize() < 4 and deadline < 500:  # the thread is blocked on a full queue

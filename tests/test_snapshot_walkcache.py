@@ -106,8 +106,8 @@ def test_an_unchanged_tree_is_taken_over_directory_by_directory(tree, monkeypatc
     _tick()
     opened = _opened(monkeypatch)
     decoded = []
-    real_parse = _walk._parse_scan
-    monkeypatch.setattr(_walk, "_parse_scan", lambda raw: decoded.append(1) or real_parse(raw))
+    real_parse = _walk.parse_scan
+    monkeypatch.setattr(_walk, "parse_scan", lambda raw: decoded.append(1) or real_parse(raw))
     info = persist(w, store, "s").info
     monkeypatch.undo()
     # only directories are opened (to be entered, by path, identity-checked), and the symlink: a symlink

@@ -79,7 +79,7 @@ from ._baseline import Baseline, baseline_index, read_baseline, write_baseline
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
-from ._reader import _VerifyingReader
+from ._reader import VerifyingReader
 from ._store import PendingArchive, SnapshotStore, _HashingSink, _info_from_json, _info_to_json
 
 __all__ = ["GenerationStore", "GcReport", "MAX_CHAIN", "MAX_DELTA_RATIO", "MIN_GC_AGE_S"]
@@ -246,7 +246,7 @@ class _Chain:
     """What hydrate reads to restore one generation: its chain's archives (base first) and the final index."""
 
     infos: list[SnapshotInfo]
-    readers: list["_VerifyingReader"]
+    readers: list["VerifyingReader"]
     index: Index | None  # the final index (None: a generation recorded without one)
     current_digest: str = ""  # the metadata digest of the generation current when it was opened
 
@@ -844,10 +844,10 @@ class GenerationStore:
     # -- reading archives
 
     def open_generation(self, name: str, limits: SnapshotLimits, *, generation: int | None = None,
-                        digest: str | None = None) -> tuple[_VerifyingReader, SnapshotInfo]:
+                        digest: str | None = None) -> tuple[VerifyingReader, SnapshotInfo]:
         """Open one kept generation's archive for a single forward read, verified as it is read.
 
-        The reader's :meth:`~_VerifyingReader.verify` must be called after the
+        The reader's :meth:`~VerifyingReader.verify` must be called after the
         extraction and before anything the archive produced is used (hydrate
         does): it checks size, CRC-32 and SHA-256 against the metadata.
 
@@ -999,7 +999,7 @@ class GenerationStore:
         ``parent_digest`` against its parent's metadata (so ``digest``, the
         newest one's, covers the chain), the index against the newest
         metadata and its tree digest; each reader verifies its archive
-        (:meth:`_VerifyingReader.verify`) once read.
+        (:meth:`VerifyingReader.verify`) once read.
 
         Args:
             name: the snapshot name.
@@ -1030,7 +1030,7 @@ class GenerationStore:
             if index_digest(index.entries) != info.tree_digest:
                 raise SnapshotCorruptError("a layer's index does not match its tree digest", sandbox_path=None,
                                            context=ctx)
-        readers: list[_VerifyingReader] = []
+        readers: list[VerifyingReader] = []
         try:
             for i in infos:
                 readers.append(self._open_reader(i))
@@ -1040,7 +1040,7 @@ class GenerationStore:
             raise
         return _Chain(infos, readers, index, ptr.generations[0].meta_sha256)
 
-    def _open_reader(self, info: SnapshotInfo) -> "_VerifyingReader":
+    def _open_reader(self, info: SnapshotInfo) -> "VerifyingReader":
         """A verifying reader of one generation's archive.
 
         Raises:
@@ -1056,7 +1056,7 @@ class GenerationStore:
             raw = self.objects.open_range(info.archive, 0, info.archive_bytes + 1)
         except SnapshotNotFoundError:
             raise SnapshotCorruptError("snapshot archive is missing", sandbox_path=None, context=ctx) from None
-        return _VerifyingReader(raw, info)
+        return VerifyingReader(raw, info)
 
     def open_archive(self, name: str, limits: SnapshotLimits) -> tuple[IO[bytes], SnapshotInfo]:
         """Open the current generation's archive, verified before it is returned (two reads of it).

@@ -34,7 +34,7 @@ from ._generations import GenerationStore
 from ._index import Index, coarse_now_ns
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
-from ._walk import _parse_scan
+from ._walk import parse_scan
 from ._where import refuse_store_in_workspace
 
 __all__ = ["hydrate", "is_mount_point_of"]
@@ -206,7 +206,7 @@ class _Layers:
         return self.final.get(name) == (source, kind)
 
     def verify(self, info: SnapshotInfo) -> None:
-        """Verify every archive of the chain (see :meth:`_VerifyingReader.verify`)."""
+        """Verify every archive of the chain (see :meth:`VerifyingReader.verify`)."""
         for reader, one in zip(self.readers, self.infos):
             reader.verify(one)
 
@@ -258,7 +258,7 @@ def _dir_stats(ws: Root, path: str) -> dict[str, Any] | None:
     except (OSError, SandboxError):
         return None
     try:
-        return dict(_parse_scan(_native.scan_dir(dfd)))
+        return dict(parse_scan(_native.scan_dir(dfd)))
     except OSError:
         return None
     finally:

@@ -1,6 +1,6 @@
 """The verifying reader hydrate reads a generation's archive through: one read, hashed on the second core.
 
-:class:`_VerifyingReader` takes the archive from the store in blocks of up
+:class:`VerifyingReader` takes the archive from the store in blocks of up
 to 1 MiB in a thread of its own (``sfs-hydrate-read``), which SHA-256s and
 CRC-32s each block and hands that very ``bytes`` object to the reader's
 caller through a bounded queue (:data:`_AHEAD_BLOCKS` blocks).  The bytes
@@ -26,7 +26,7 @@ from typing import IO, Any
 from ._errors import SnapshotCorruptError
 from ._models import SnapshotInfo
 
-__all__ = ["_VerifyingReader"]
+__all__ = ["VerifyingReader"]
 
 _READ_CHUNK = 1 << 20
 #: blocks read ahead of the extractor, at most (memory: this many MiB, plus one in each thread)
@@ -37,7 +37,7 @@ _END = object()  # the queue's last item: the recorded end or the store's was re
 class _Pump:
     """The reading thread's state: the store's reader, the counts and hashes, the queue of blocks.
 
-    Apart from the reader, so that a reader dropped without :meth:`_VerifyingReader.close`
+    Apart from the reader, so that a reader dropped without :meth:`VerifyingReader.close`
     can still be collected (its ``__del__`` closes it, which stops this).  After
     :meth:`stop` the thread puts at most two more items, which the queue always
     has room for once it has been emptied: it never blocks there.
@@ -76,7 +76,7 @@ class _Pump:
                 self.queue.get_nowait()
 
 
-class _VerifyingReader(io.RawIOBase):
+class VerifyingReader(io.RawIOBase):
     """The archive of one generation as hydrate reads it, SHA-256'd and CRC-32'd on the way.
 
     Reads end at the recorded size (the extractor never sees a byte more);

@@ -39,7 +39,7 @@ from ..paths import normalize
 from ..root import Root, kind_of
 from ._errors import SnapshotError, SnapshotLimitError, SnapshotSourceChangedError
 
-__all__ = ["WORKSPACE_ID_NAME"]
+__all__ = ["WORKSPACE_ID_NAME", "parse_scan"]
 
 # In-flight names (Root.atomic_write temp files, archive and hydrate staging dirs, the private directory of a
 # checked rmdir): never persisted.
@@ -112,7 +112,7 @@ _SCAN_HEADER = struct.Struct("=QQqqqQII")  # native/scan.h: ino dev size mtime_n
 assert _SCAN_HEADER.size == _native.SCAN_HEADER_BYTES
 
 
-def _parse_scan(raw: bytes) -> list[tuple[str, _Stat]]:
+def parse_scan(raw: bytes) -> list[tuple[str, _Stat]]:
     """``(name, lstat)`` of every record of a directory scan (:func:`sandbox_fs._native.scan_dir`), sorted by name."""
     out = []
     unpack = _SCAN_HEADER.unpack_from
@@ -185,7 +185,7 @@ class _Listing(Sequence[tuple[str, _Stat]]):
 
     def items(self) -> list[tuple[str, _Stat]]:
         if self._items is None:
-            self._items = _parse_scan(self.raw)
+            self._items = parse_scan(self.raw)
         return self._items
 
     @overload
