@@ -53,7 +53,7 @@ from .errors import (
 )
 
 __all__ = ["Root", "Subtree", "Handle", "CopyItem", "open_root", "open_host_dir_fd", "open_host_file_fd", "open_host_device_fd",
-           "write_host_file_atomic",
+           "write_host_file_atomic", "is_beneath",
            "UnsafeModeError", "SpecialFileError", "display_path", "DirEntry",
            "MAX_PATH_BYTES", "MAX_NAME_BYTES"]
 
@@ -2204,6 +2204,42 @@ def _host_components(host_dir: str | os.PathLike[Any] | bytes, shown: str) -> tu
             continue
         out.append(comp)
     return absolute, up, out
+
+
+def is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
+    """True when directory ``child_fd`` is the directory ``ancestor`` or lies below it.
+
+    Walks ``..`` from the fd with ``O_PATH`` fds (the physical parent, never
+    a symlink; at the root of a mount, the directory the mount is on) and
+    compares each directory's ``(st_dev, st_ino)``: nothing is resolved by
+    path, so a symlinked or renamed path to the same directory is seen.
+
+    Args:
+        child_fd: a directory fd (borrowed; not closed).
+        ancestor: the ``(st_dev, st_ino)`` of the directory looked for.
+
+    Returns:
+        False once ``/`` is passed without meeting it, or past 4096 levels.
+
+    Raises:
+        OSError: a ``..`` could not be opened.
+    """
+    cur = os.dup(child_fd)
+    try:
+        for _ in range(4096):
+            st = os.fstat(cur)
+            ident = (st.st_dev, st.st_ino)
+            if ident == ancestor:
+                return True
+            up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            ust = os.fstat(up)
+            os.close(cur)
+            cur = up
+            if (ust.st_dev, ust.st_ino) == ident:
+                return False
+        return False
+    finally:
+        os.close(cur)
 
 
 def _host_start_fd(absolute: bool, up: int, shown: str) -> int:

@@ -6,7 +6,7 @@ import os
 from typing import Sequence
 
 from ..paths import PathPolicy
-from ..root import Root
+from ..root import Root, is_beneath
 from ._errors import ConfinementError
 
 #: What a caller passes as grants: ``[(Root, read_only), ...]``, a :class:`PathPolicy`, or None.
@@ -22,26 +22,6 @@ def grant_roots(grants: Grants) -> list[tuple[Root, bool]]:
             out.append((grants.resolve(g.path).root, g.read_only))
         return out
     return [(r, bool(ro) or r.read_only) for r, ro in grants]
-
-
-def is_beneath(child_fd: int, ancestor: tuple[int, int]) -> bool:
-    """True when directory ``child_fd`` is ``ancestor`` or below it (walking ``..`` by fd)."""
-    cur = os.dup(child_fd)
-    try:
-        for _ in range(4096):
-            st = os.fstat(cur)
-            ident = (st.st_dev, st.st_ino)
-            if ident == ancestor:
-                return True
-            up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
-            ust = os.fstat(up)
-            os.close(cur)
-            cur = up
-            if (ust.st_dev, ust.st_ino) == ident:
-                return False
-        return False
-    finally:
-        os.close(cur)
 
 
 def _nested_read_only(workspace: Root, roots: Sequence[tuple[Root, bool]], *, binds: bool) -> list[Root]:

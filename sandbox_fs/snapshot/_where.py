@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import os
 
-from ..root import Root
+from ..root import Root, is_beneath
 from ._errors import SnapshotStoreError
 
 __all__ = ["refuse_store_in_workspace"]
-
-#: most directories walked up from a store directory to ``/``
-_MAX_DEPTH = 4096
 
 
 def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the workspace") -> None:
@@ -20,8 +17,8 @@ def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the works
     ``.state-key`` and rewrite its snapshots and baselines), is persisted
     into its own snapshots, and is replaced by a restore of the workspace.
     Compared by directory identity (``(st_dev, st_ino)`` of the store's
-    directory and of each one up its ``..`` chain, walked with ``O_PATH``
-    fds from the store's own fd, never by path), so a symlinked or renamed
+    directory and of each one up its ``..`` chain, walked by
+    :func:`~sandbox_fs.root.is_beneath` from the store's own fd, never by path), so a symlinked or renamed
     path to it is seen.  A store with no directory (S3) passes.
 
     Args:
@@ -36,25 +33,12 @@ def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the works
     root = getattr(store, "root", None)
     if not isinstance(root, Root):
         return
-    st = ws.stat(".")
-    target = (st.st_dev, st.st_ino)
     fd = root.fileno_dup()
     try:
-        prev = None
-        for _ in range(_MAX_DEPTH):
-            st = os.fstat(fd)
-            key = (st.st_dev, st.st_ino)
-            if key == target:
-                raise SnapshotStoreError(f"the snapshot store is {what} or lies inside it (a command in the "
-                                         "workspace could read its key and rewrite its snapshots)",
-                                         sandbox_path=None, retryable=False, context={"overlap": what})
-            if key == prev:
-                return  # "/": its ".." is itself
-            prev = key
-            # host-access: none; the ".." of the store's own directory fd (identity only, nothing is read)
-            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = parent
-        return  # deeper than any workspace check needs: PATH_MAX bounds how the workspace was opened
+        inside = is_beneath(fd, ws.identity)
     finally:
         os.close(fd)
+    if inside:
+        raise SnapshotStoreError(f"the snapshot store is {what} or lies inside it (a command in the "
+                                 "workspace could read its key and rewrite its snapshots)",
+                                 sandbox_path=None, retryable=False, context={"overlap": what})
