@@ -249,10 +249,29 @@ class ProcessSupervisor:
         if tracked.pids_leaf is not None:
             PidsV1Tree.remove(tracked.pids_leaf)
 
+    @staticmethod
+    def _init_died_unended(tracked: _Tracked) -> bool:
+        """A subreaper init (no PID namespace) without a cgroup leaf that died of a signal.
+
+        Such an init never ended its tree (it does so only before it exits by
+        itself), and nothing else can name what it leaves behind: its orphans
+        run on.  The command itself can send that signal where nothing keeps it
+        from signalling its init (same uid, Landlock ABI < 6: ``best_effort``).
+        """
+        return (not tracked.pid_ns and tracked.leaf is None and tracked.pids_leaf is None
+                and bool(getattr(tracked.process, "init_signalled", False)))
+
     def _release_if_done(self, tracked: _Tracked) -> None:
-        """Forget ``tracked`` once its leader is reaped and nothing of its group/leaf is left."""
+        """Forget ``tracked`` once its leader is reaped and nothing of its group/leaf is left.
+
+        An init that died of a signal without ending its tree (see
+        :meth:`_init_died_unended`) marks the supervisor: :meth:`kill_all`
+        raises from then on.
+        """
         if tracked.process.returncode is None:
             return
+        if self._init_died_unended(tracked):
+            self._survivors = True
         if tracked.pidfd >= 0:  # the leader is reaped: its pidfd is no longer needed
             os.close(tracked.pidfd)
             tracked.pidfd = -1
@@ -267,8 +286,10 @@ class ProcessSupervisor:
             v1) is empty, its PID namespace died with its init, or its
             subreaper init ended the tree itself.  False when something of it
             may still run (a leaf still populated after :data:`_LEAF_EMPTY_WAIT_S`,
-            or a subreaper init without a leaf that had to be SIGKILLed, which
-            orphans what it had not killed yet); the tree stays tracked when a
+            or a subreaper init without a leaf that had to be SIGKILLed, or that
+            died of a signal before (its command can send one where nothing
+            keeps it from signalling its init), which orphans what it had not
+            killed yet); the tree stays tracked when a
             leaf can still be killed again, and :meth:`kill_all` raises from
             then on.
         """
@@ -288,7 +309,7 @@ class ProcessSupervisor:
         if tracked.leaf is not None:
             CgroupTree.kill(tracked.leaf)
         await tracked.process.wait()
-        gone = not orphans
+        gone = not orphans and not self._init_died_unended(tracked)
         polls = max(1, int(_LEAF_EMPTY_WAIT_S / _LEAF_POLL_S))
         if tracked.leaf is not None:
             for _ in range(polls):
@@ -382,7 +403,8 @@ class ProcessSupervisor:
                 its cgroup leaf was still populated :data:`_LEAF_EMPTY_WAIT_S`
                 after ``cgroup.kill`` (a process stuck in the kernel), or a
                 subreaper init without a PID namespace or leaf had to be
-                SIGKILLed before it ended its tree (its orphans run on).  Once
+                SIGKILLed, or died of a signal (sent by its own command, say),
+                before it ended its tree (its orphans run on).  Once
                 raised, every later call raises it too: a caller that persists
                 the workspace afterwards (:meth:`sandbox_fs.session.Session.aclose`)
                 must not trust it to be at rest.
@@ -396,7 +418,7 @@ class ProcessSupervisor:
             # are nobody's to wait for), so whoever persists after this must not trust the kill.
             raise ConfinementError("processes of a confined command may have outlived the kill "
                                    "(a cgroup that stayed populated, or a tree without a PID namespace or cgroup "
-                                   "whose init had to be killed)")
+                                   "whose init was killed)")
 
     async def aclose(self) -> None:
         """:meth:`kill_all`, then close the lifeline and remove the cgroup directory.  Idempotent.
@@ -436,6 +458,8 @@ class _ForeignChild:
         pid: the init's pid (in our PID namespace).
         pid_ns: the init is pid 1 of a PID namespace of its own (else a
             child subreaper).
+        init_signalled: once reaped, the init itself died of a signal (so a
+            subreaper init did not end its tree).
     """
 
     def __init__(self, pid: int, pid_ns: bool, status: "_Status | None" = None) -> None:
@@ -444,6 +468,8 @@ class _ForeignChild:
         self._status = status
         self._pidfd = os.pidfd_open(pid)
         self._returncode: int | None = None
+        #: the init itself died of a signal (it did not end its tree: it does that only before exiting)
+        self.init_signalled = False
         self._lock = trio.Lock()
 
     def _reap(self, flags: int) -> None:
@@ -453,6 +479,7 @@ class _ForeignChild:
             wpid, status = self.pid, 255 << 8
         if wpid == self.pid:
             code = os.waitstatus_to_exitcode(status)
+            self.init_signalled = os.WIFSIGNALED(status)
             reported = None
             if self._status is not None:
                 reported = self._status.take_exit()
