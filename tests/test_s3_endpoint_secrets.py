@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("boto3", reason="the S3 store needs boto3 (sandbox-fs[s3])")
 
-from sandbox_fs.snapshot import S3Objects, SnapshotStoreError  # noqa: E402
+from sandbox_fs.snapshot import S3Objects, S3Options, SnapshotStoreError  # noqa: E402
 
 SECRET = "Zq9SECRETpw"
 
@@ -62,3 +62,22 @@ def test_a_refused_endpoint_never_reaches_an_error_text(scheme, user, host):
         except Exception as exc:  # anything else is a leak of botocore's own text, or worse
             assert SECRET not in str(exc), type(exc).__name__
             raise
+
+
+@pytest.mark.parametrize("env, hint", [
+    ({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": ""}, "no usable credentials"),
+    ({"AWS_PROFILE": "no-such-profile"}, "profile or configuration file"),
+])
+def test_a_credential_or_profile_failure_is_not_blamed_on_the_endpoint(env, hint, tmp_path):
+    """Making the client fails on the credentials or the profile: the reason says so, not 'is the endpoint ...'."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k in list(os.environ):
+            if k.startswith("AWS_"):
+                mp.delenv(k)
+        mp.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        for k, v in env.items():
+            mp.setenv(k, v)
+        with pytest.raises(SnapshotStoreError) as raised:
+            S3Objects("bucket1", "p", options=S3Options(endpoint_url="http://127.0.0.1:1")).close()
+    assert hint in str(raised.value) and "endpoint" not in str(raised.value)

@@ -179,6 +179,18 @@ class S3Options:
         return f"S3Options(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r})"
 
 
+def _config_hint(exc: BaseException) -> str:
+    """What to check when making the client failed with ``exc`` (never its text: it may repeat a secret)."""
+    from botocore.exceptions import (ConfigParseError, CredentialRetrievalError, NoCredentialsError,  # noqa: PLC0415
+                                     PartialCredentialsError, ProfileNotFound)
+
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
+        return "no usable credentials were found"
+    if isinstance(exc, (ProfileNotFound, ConfigParseError)):
+        return "the AWS profile or configuration file could not be read"
+    return "is the endpoint an http:// or https:// URL with a host?"
+
+
 def _make_client(options: S3Options) -> tuple[Any, tuple[str, ...]]:
     """A boto3 S3 client for ``options`` and the credential strings to redact from errors."""
     try:
@@ -208,8 +220,7 @@ def _make_client(options: S3Options) -> tuple[Any, tuple[str, ...]]:
     except (BotoCoreError, ValueError) as exc:
         # botocore's text repeats what it refused (an endpoint from AWS_ENDPOINT_URL_S3 or a
         # config file, credentials in it included: "Invalid endpoint: USER:PASS@..."): only its type
-        raise SnapshotStoreError("the S3 client could not be configured (is the endpoint an http:// or https:// "
-                                 "URL with a host?)", sandbox_path=None,
+        raise SnapshotStoreError(f"the S3 client could not be configured ({_config_hint(exc)})", sandbox_path=None,
                                  context={"error": type(exc).__name__}, retryable=False) from None
     secrets: list[str] = [s for s in (options.aws_secret_access_key, options.aws_session_token) if s]
     if creds is not None:
