@@ -42,7 +42,9 @@ PLANTED = Target("planted", one_input, lambda: [b"abcdefghZijklmnop"], (b"Z",))
 def test_planted_finding_exits_nonzero_with_minimized_input_and_junit(tmp_path):
     pytest.importorskip("atheris", reason="sandbox-fs fuzz needs atheris (sandbox-fs[fuzz])")
     (tmp_path / "planted_target.py").write_text(PLANTED)
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), TMPDIR=str(tmp))
     art, junit = tmp_path / "art", tmp_path / "report.xml"
     proc = subprocess.run([sys.executable, "-m", "sandbox_fs.cli", "fuzz", "planted_target:PLANTED",
                            "--seconds", "20", "--artifacts", str(art), "--junit", str(junit), "--no-instrument"],
@@ -57,6 +59,20 @@ def test_planted_finding_exits_nonzero_with_minimized_input_and_junit(tmp_path):
     failure = case.find("failure")
     assert failure is not None and "symlink escapes" in failure.get("message", "")
     assert str(minimized[0]) in (failure.text or "")
+    assert sorted(os.listdir(tmp)) == []  # the campaign's scratch went, with what the workers made in it
+
+
+def test_a_campaign_leaves_nothing_in_tmpdir(tmp_path):
+    """libFuzzer ends a worker whose time is up with _exit (no atexit): the trees its Scenes made
+    with tempfile must still go, with the campaign's scratch directory."""
+    pytest.importorskip("atheris", reason="sandbox-fs fuzz needs atheris (sandbox-fs[fuzz])")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "sandbox_fs.cli", "fuzz", "state", "--seconds", "1",
+                           "--artifacts", str(tmp_path / "art"), "--no-instrument"],
+                          env=dict(os.environ, TMPDIR=str(tmp)), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(tmp)) == []
 
 
 def test_missing_atheris_is_one_usage_line(monkeypatch, capsys):

@@ -112,8 +112,23 @@ def _start(spec: str, camp: Campaign, corpus: str, art: str, dict_path: str, job
             "-print_final_stats=0"]
     # host-access: the campaign's own scratch, corpus and artifact files (a host path of the CI job, never a workspace)
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=_worker_env(os.path.dirname(art), f"tmp{job}"))
     return proc, log
+
+
+def _worker_env(scratch: str, name: str) -> dict[str, str]:
+    """The environment of a worker: ``TMPDIR`` is a new directory ``name`` in the campaign's scratch.
+
+    libFuzzer ends a worker with ``_exit`` (its time is up, or a finding),
+    so nothing a target made with :mod:`tempfile` (a :class:`Scene`'s tree)
+    is removed by the worker; under the scratch it goes with the campaign's
+    own clean-up.
+    """
+    tmp = os.path.join(scratch, name)
+    # host-access: the campaign's own scratch directory (a host path of the CI job, never a workspace)
+    os.mkdir(tmp)
+    return dict(os.environ, TMPDIR=tmp)
 
 
 def _tail(path: str, lines: int = 200) -> str:
@@ -182,7 +197,8 @@ def _minimize(spec: str, camp: Campaign, crash: str, name: str) -> str:
     small = os.path.join(camp.artifacts, f"{name}-minimized-{digest}")
     code = ("import sys; from sandbox_fs.testing.fuzz._worker import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([camp.python, "-c", code, "minimize", spec, raw, small, str(_MINIMIZE_SECONDS)],
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=_MINIMIZE_SECONDS + 120)
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=_MINIMIZE_SECONDS + 120,
+                          env=_worker_env(os.path.dirname(os.path.dirname(crash)), "tmp-minimize"))
     if proc.returncode != 0 or not os.path.exists(small):
         return raw  # a crash that kills the interpreter, or a flaky one: keep the input as found
     return small
