@@ -40,8 +40,11 @@ generation whose metadata has that digest.  A state that recorded no digest
 (written before states carried one, or by a store that records none) is bound
 the same way to the generation it recorded and to the metadata digest the
 check read: its restore is of that generation, never of whatever another
-writer made current since.  A workspace holding no id is bound to nothing: it is
-reattached or rebuilt, then given the session's id.  A confined command can
+writer made current since.  A workspace holding no id is bound to nothing: a
+resumed version-2 state reattaches it only when it matches the state's
+snapshot (else the snapshot is restored over it), and refuses it when there
+is no snapshot to match (it could be any session's tree); then it is given
+the session's id.  A confined command can
 remove or rewrite its own workspace's id, which only makes that workspace be
 refused or rebuilt; it cannot claim another session's random id.
 
@@ -343,6 +346,7 @@ class Session:
         self.generation = generation
         self.snapshot_digest = snapshot_digest
         self._bound = bound  # the state recorded a workspace id and a generation (version 2)
+        self._unbound_workspace = False  # a resumed session's existing workspace held no id file (see start)
         self._allow_rollback = allow_rollback
         self._persist_disabled: str | None = None
         self.workspace_root_ready = False
@@ -593,7 +597,7 @@ class Session:
         if cfg.store is not None:  # before the command, the manifest or a restore can reach it
             _snap.refuse_store_in_workspace(self._root, cfg.store)
         if self._resumed and not created[0]:
-            self._check_workspace_id()  # before anything in the workspace changes
+            self._unbound_workspace = self._check_workspace_id()  # before anything in the workspace changes
         self._policy = PathPolicy(self._root, cfg.workspace_path, cfg.grants)
         mode = self._fill_sync(created)
         self._root.atomic_write(WORKSPACE_ID_NAME, (self.workspace_id + "\n").encode(), mode=0o644)
@@ -639,13 +643,17 @@ class Session:
             with view:
                 _snap.refuse_store_in_workspace(view, self.config.store, what="a grant")
 
-    def _check_workspace_id(self) -> None:
-        """Refuse a workspace bound to another session (see the module docstring); a missing id binds nothing.
+    def _check_workspace_id(self) -> bool:
+        """Refuse a workspace bound to another session (see the module docstring); True when it holds no id.
 
         The id file is opened beneath the workspace without following a
         symlink, must be a regular file of at most 64 bytes holding 32 hex
         digits, and must equal this session's id; a version-1 state (no id
         recorded) may act only on a workspace that holds none.
+
+        Returns:
+            True when the workspace holds no id file (it is bound to nothing:
+            see :meth:`_fill_sync` for what such a workspace may be used for).
 
         Raises:
             WorkspaceMismatchError: another id, or an id file that is not one.
@@ -655,7 +663,7 @@ class Session:
             fd = self._root.open_fd(WORKSPACE_ID_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY,
                                     follow_symlinks=False)
         except FileNotFoundError:
-            return
+            return True
         except (OSError, SandboxError):
             fd = -1
         raw = b""
@@ -679,6 +687,7 @@ class Session:
             raise WorkspaceMismatchError("the workspace belongs to another session (its id differs from the "
                                          "state's); nothing was changed", sandbox_path=WORKSPACE_ID_NAME,
                                          context=ctx)
+        return False
 
     def _check_generation(self, info: _snap.SnapshotInfo) -> None:
         """Refuse a snapshot at another generation than the resumed state recorded (unless ``allow_rollback``).
@@ -721,6 +730,14 @@ class Session:
                 raise _snap.SnapshotNotFoundError("the seed snapshot does not exist", sandbox_path=None,
                                                   context={"snapshot": name})
             if self._resumed and not created[0]:
+                if self._bound and self._unbound_workspace:
+                    # Nothing shows this tree is the state's: its id file is gone (a confined command
+                    # can remove it) and no snapshot is there to compare it with, so it may be any
+                    # other session's workspace left for this state to run in.
+                    raise WorkspaceMismatchError(
+                        "the workspace holds no workspace id and there is no snapshot to match it against, so "
+                        "it cannot be shown to be this session's; nothing was changed (remove the workspace to "
+                        "start the session afresh)", sandbox_path=WORKSPACE_ID_NAME, context={"session": self.id})
                 return "reattached"  # live workspace, nothing to restore from
             return "materialized"
         ws = self._root

@@ -428,6 +428,41 @@ async def test_id_file_rewritten_by_the_command_is_refused_or_binds_nothing(clie
     assert _tree(ws) == before
 
 
+@pytest.mark.parametrize("store", [False, True])
+@pytest.mark.parametrize("id_file", ["removed", "kept"])
+async def test_another_sessions_state_never_runs_in_a_workspace_whose_id_was_removed(tmp_path, store, id_file):
+    """B's state resumed onto A's workspace after A's command removed A's id file.
+
+    With no snapshot to match, nothing shows the tree is B's: refused, A's tree untouched (before, B
+    reattached it and ran in what A's command left).  With B's snapshot, A's tree is never reattached
+    as it is: B's snapshot is restored over it.  With A's id kept, B is refused either way.
+    """
+    opts = ClientOptions(workspaces_dir=str(tmp_path / "w"), state_key=b"k" * 32,
+                         snapshot_dir=str(tmp_path / "store") if store else None)
+    ws_a, ws_b = tmp_path / "wsA", tmp_path / "wsB"
+    ws_a.mkdir()
+    ws_b.mkdir()
+    with LocalSandboxClient(opts) as client:
+        async with client.create(root=ws_a) as a:
+            await a.write("a.txt", b"A")
+        async with client.create(root=ws_b) as b:
+            await b.write("b.txt", b"B")
+        state_b = client.serialize_state(b)
+        if id_file == "removed":
+            (ws_a / ".sfs-workspace-id").unlink()  # what A's confined command can do
+        (ws_a / "planted.sh").write_bytes(b"left by A's command for B")
+        before = _tree(ws_a)
+        if store and id_file == "removed":
+            async with client.resume(state_b, root=ws_a) as r:
+                assert r.start_mode == "restored"
+                assert await r.read("b.txt") == b"B" and not (ws_a / "planted.sh").exists()
+            return
+        with pytest.raises(WorkspaceMismatchError) as ei:
+            await client.resume(state_b, root=ws_a).start()
+        assert str(ws_a) not in str(ei.value)
+        assert _tree(ws_a) == before
+
+
 async def test_stale_state_is_refused_unless_allow_rollback(client, opts):
     async with client.create() as s:
         await s.write("f", b"v1")
