@@ -30,8 +30,8 @@ PUBLIC = {
     ],
     "sandbox_fs.root": [
         "CopyItem", "DirEntry", "Handle", "MAX_NAME_BYTES", "MAX_PATH_BYTES", "Root", "SpecialFileError", "Subtree",
-        "UnsafeModeError", "display_path", "open_host_device_fd", "open_host_dir_fd", "open_host_file_fd",
-        "open_root",
+        "UnsafeModeError", "display_path", "is_beneath", "open_host_device_fd", "open_host_dir_fd",
+        "open_host_file_fd", "open_root",
         "write_host_file_atomic",
     ],
     "sandbox_fs.manifest": [
