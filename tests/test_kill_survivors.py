@@ -20,6 +20,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_exec_escapes import pid_alive
 
 import sandbox_fs
 from sandbox_fs.exec import ConfinementError, ConfinementPolicy, ProcessSupervisor, run_confined
@@ -75,14 +76,6 @@ async def test_a_leaf_that_stays_populated_disables_the_persist(client, monkeypa
 _KILLS_ITS_INIT = "sleep 30 </dev/null >/dev/null 2>&1 & echo $! > orphan; kill -KILL $PPID; sleep 0.5"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the command runs as the host's uid to signal its init)")
 async def test_an_init_its_command_killed_makes_kill_all_raise(layout, ws, monkeypatch):
     """A subreaper init without a cgroup leaf, SIGKILLed by its own command, ended nothing: kill_all says so.
@@ -106,7 +99,7 @@ async def test_an_init_its_command_killed_makes_kill_all_raise(layout, ws, monke
         orphan = int(ws.read_bytes("orphan"))
         pidfd = os.pidfd_open(orphan)  # before the check: the pid cannot name another process after it
         try:
-            assert _alive(orphan), "the attack did not leave an orphan (nothing to check)"
+            assert pid_alive(orphan), "the attack did not leave an orphan (nothing to check)"
             with pytest.raises(ConfinementError, match="outlived the kill"):
                 await sup.kill_all()
             with pytest.raises(ConfinementError):  # sticky
