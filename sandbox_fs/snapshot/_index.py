@@ -50,10 +50,11 @@ import re
 import time
 import zlib
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 from typing import NamedTuple
 
 from .._json import loads_untrusted
-from ..archive import ArchiveLimitError, UnsafeArchiveMemberError, normalize_member_name
+from ..archive import ArchiveLimitError, ArchiveLimits, UnsafeArchiveMemberError, normalize_member_name
 from ._errors import SnapshotCorruptError
 from ._models import SnapshotPolicy
 
@@ -67,6 +68,19 @@ _MAX_U64 = (1 << 64) - 1
 _MAX_I64 = (1 << 63) - 1
 #: most bytes an index may decompress to per allowed entry (a path of PATH_MAX plus its fields)
 _BYTES_PER_ENTRY = 4096 + 512
+_KIND_SET = frozenset(_KINDS)
+_FILE, _DIR = "file", "dir"
+#: (field, largest value) of the number fields of an entry, as :func:`_entry` checks them
+_INT_FIELDS = ((2, _MAX_U64), (3, _MAX_I64), (4, _MAX_I64), (5, _MAX_I64), (6, 0o777), (8, _MAX_U64), (9, _MAX_I64))
+#: the archive's longest name component (NAME_MAX; ``normalize_member_name`` refuses a longer one)
+_NAME_MAX = 255
+#: in ASCII names each set between NULs, what :func:`normalize_member_name` refuses or changes,
+#: found by substring: an empty name, an absolute one ('/' or '\\'), an empty component
+#: (leading, trailing or inner), a '.' component
+_NOT_NORMALIZED_PARTS = ("\0\0", "\0/", "\0\\", "//", "/\0", "/./", "\0./", "/.\0", "\0.\0")
+#: ... and by regex, once a ':' or '..' is in them: a drive letter, a '..' component (split at '/' or '\\')
+_DRIVE = re.compile(r"\x00[A-Za-z]:")
+_DOTDOT = re.compile(r"[\x00/\\]\.\.[\x00/\\]")
 
 
 class IndexEntry(NamedTuple):
@@ -213,7 +227,7 @@ def decode_index(raw: bytes, policy: SnapshotPolicy, layers: frozenset[int], nam
         if len(entries) > limit or len(deleted) > limit:
             raise ValueError("more entries or deletions than max_entries")
         index = Index(_int(doc["time_ns"], _MAX_I64), _int(doc["dev"], _MAX_U64),
-                      [_entry(e, layers) for e in entries], [_str(p) for p in deleted])
+                      _entries(entries, layers), [_str(p) for p in deleted])
     except (ValueError, KeyError, TypeError, zlib.error) as exc:
         raise SnapshotCorruptError("a generation's index is not valid", sandbox_path=None, context=ctx,
                                    diagnostic=str(exc)) from None
@@ -233,6 +247,50 @@ def _str(v: object) -> str:
     return v
 
 
+def _entries(raw: list[object], layers: frozenset[int]) -> list[IndexEntry]:
+    """The entries of a decoded document: checked a column at a time (:func:`_entries_ok`), else one by one.
+
+    Raises:
+        ValueError: an entry breaks a rule of :func:`_entry` (the first one, in order).
+    """
+    if _entries_ok(raw, layers):
+        return list(map(IndexEntry._make, raw))  # type: ignore[arg-type]  # each checked to be a 10-list
+    return [_entry(e, layers) for e in raw]
+
+
+def _entries_ok(raw: list[object], layers: frozenset[int]) -> bool:
+    """True only when :func:`_entry` accepts every one of ``raw`` (C-level passes over each field; no call per entry).
+
+    False says nothing (the caller then checks one by one, for the precise
+    error).  ``type(v) is int`` is :func:`_int`'s test for what JSON yields
+    (``bool`` is its own type).  ``tests/test_index_fast.py`` checks the
+    two agree over generated hostile entries.
+    """
+    if not raw:
+        return True
+    if set(map(type, raw)) != {list} or set(map(len, raw)) != {10}:  # type: ignore[arg-type]
+        return False
+    cols = list(zip(*raw))  # type: ignore[call-overload]
+    for i in (0, 1, 7):
+        if set(map(type, cols[i])) != {str}:
+            return False
+    for i, hi in _INT_FIELDS:
+        col = cols[i]
+        if set(map(type, col)) != {int} or min(col) < 0 or max(col) > hi:
+            return False
+    kinds, contents = cols[1], cols[7]
+    if not set(kinds) <= _KIND_SET or not set(cols[9]) <= layers \
+            or any(compress(contents, map(_DIR.__eq__, kinds))):
+        return False
+    shas = list(compress(contents, map(_FILE.__eq__, kinds)))  # each must be 64 lowercase hex digits
+    if not set(map(len, shas)) <= {64}:
+        return False
+    try:
+        return not "".join(shas).encode("ascii").translate(None, b"0123456789abcdef")
+    except UnicodeEncodeError:
+        return False
+
+
 def _entry(e: object, layers: frozenset[int]) -> IndexEntry:
     if not isinstance(e, list) or len(e) != 10:
         raise ValueError("an entry must have 10 fields")
@@ -248,14 +306,78 @@ def _entry(e: object, layers: frozenset[int]) -> IndexEntry:
     return ent
 
 
+def _names_ok(paths: list[str], limits: ArchiveLimits) -> bool:
+    """True only when :func:`normalize_member_name` accepts every one of ``paths`` and returns it unchanged, not empty.
+
+    For ASCII names (their UTF-8 bytes are their characters), joined with
+    a NUL before and after each (a byte no accepted name holds: one in a
+    name sends the whole list to the per-name check): substring tests, a
+    regex only when a ':' or '..' occurs, and C-level passes for the
+    limits.  Any other name is left to :func:`normalize_member_name`.
+    False says nothing (the caller then checks one by one, for the precise
+    error).  ``tests/test_index_fast.py`` checks the agreement over hostile
+    generated names (a property test).
+    """
+    if not paths:
+        return True
+    joined = "\0" + "\0".join(paths) + "\0"
+    if joined.count("\0") != len(paths) + 1:
+        return False
+    if not joined.isascii():
+        return _names_ok([p for p in paths if p.isascii()], limits) and all(
+            _normalized(p, limits) for p in paths if not p.isascii())
+    longest = max(map(len, paths))
+    if longest > limits.max_path_bytes or any(part in joined for part in _NOT_NORMALIZED_PARTS):
+        return False
+    if ":" in joined and _DRIVE.search(joined) or ".." in joined and _DOTDOT.search(joined):
+        return False
+    if longest > _NAME_MAX and max(map(len, joined.replace("\0", "/").split("/"))) > _NAME_MAX:
+        return False
+    return max(map(str.count, paths, repeat("/"))) < limits.max_depth
+
+
+def _normalized(path: str, limits: ArchiveLimits) -> bool:
+    """:func:`normalize_member_name` accepts ``path``, unchanged and not empty."""
+    raw = path.encode("utf-8", "surrogateescape")
+    try:
+        return normalize_member_name(name=raw, limits=limits) == raw != b""
+    except (UnsafeArchiveMemberError, ArchiveLimitError):
+        return False
+
+
 def _check_names(index: Index, policy: SnapshotPolicy, ctx: dict[str, object]) -> None:
     """Every name is one the extractor accepts, normalized, not the workspace itself, unique, below directories only.
 
     Raises:
         SnapshotCorruptError: a name breaks one of these rules.
     """
-    kinds: dict[str, str] = {}
-    for path in [e.path for e in index.entries] + index.deleted:
+    paths = [e.path for e in index.entries]
+    if not _names_ok(paths + index.deleted, policy.archive):
+        _check_each_name(paths + index.deleted, policy, ctx)
+    kinds = dict(zip(paths, [e.kind for e in index.entries]))
+    if len(kinds) != len(paths):
+        raise SnapshotCorruptError("a generation's index names a path twice", sandbox_path=None, context=ctx)
+    # Every ancestor of an entry that is itself an entry must be a directory.  The nearest one
+    # that is an entry is checked here; the ones above it, by that entry's own check.
+    nondirs = {p for p, k in kinds.items() if k != "dir"}
+    for parent in {p.rpartition("/")[0] for p in paths} - {""}:
+        while parent not in kinds and "/" in parent:
+            parent = parent.rpartition("/")[0]
+        if parent in nondirs:
+            raise SnapshotCorruptError("a generation's index has an entry below a non-directory",
+                                       sandbox_path=None, context=ctx)
+    if not kinds.keys().isdisjoint(index.deleted):
+        raise SnapshotCorruptError("a generation's index deletes a path it also keeps", sandbox_path=None,
+                                   context=ctx)
+
+
+def _check_each_name(names: list[str], policy: SnapshotPolicy, ctx: dict[str, object]) -> None:
+    """The name rules of :func:`_check_names`, one name at a time, in order.
+
+    Raises:
+        SnapshotCorruptError: the first name breaking one.
+    """
+    for path in names:
         raw = path.encode("utf-8", "surrogateescape")
         try:
             norm = normalize_member_name(name=raw, limits=policy.archive)
@@ -268,17 +390,3 @@ def _check_names(index: Index, policy: SnapshotPolicy, ctx: dict[str, object]) -
         if norm != raw:
             raise SnapshotCorruptError("a generation's index names a path that is not normalized",
                                        sandbox_path=None, context=ctx)
-    for e in index.entries:
-        if e.path in kinds:
-            raise SnapshotCorruptError("a generation's index names a path twice", sandbox_path=None, context=ctx)
-        kinds[e.path] = e.kind
-    for e in index.entries:
-        i = e.path.find("/")
-        while i > 0:
-            if kinds.get(e.path[:i], "dir") != "dir":
-                raise SnapshotCorruptError("a generation's index has an entry below a non-directory",
-                                           sandbox_path=None, context=ctx)
-            i = e.path.find("/", i + 1)
-    if any(p in kinds for p in index.deleted):
-        raise SnapshotCorruptError("a generation's index deletes a path it also keeps", sandbox_path=None,
-                                   context=ctx)

@@ -1,0 +1,149 @@
+"""The index decoder's fast checks agree with the rules they stand for.
+
+``decode_index`` checks a whole index at C speed (``_names_ok``: every name
+accepted by the extractor's rule and already normalized; ``_entries_ok``:
+every entry's fields) and falls back to the per-name / per-entry checks only
+when the fast one says no.  A fast check that says yes where the rule says
+no would let an untrusted index through, so each is compared here with the
+rule itself over hostile generated input: names of any bytes, ``..``, ``.``,
+``//``, absolute, drive letters, NUL, non-UTF-8, components and paths at and
+over the limits; entries with every wrong type and out-of-range value.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sandbox_fs.archive import ArchiveLimitError, ArchiveLimits, UnsafeArchiveMemberError, normalize_member_name
+from sandbox_fs.snapshot import SnapshotCorruptError, SnapshotPolicy
+from sandbox_fs.snapshot._index import IndexEntry, _entries, _entry, _names_ok, decode_index
+
+SHA = "0123456789abcdef" * 4
+
+
+def _rule(name: str, limits: ArchiveLimits) -> bool:
+    """What decode_index requires of a name: the extractor accepts it, unchanged, and it is not the workspace."""
+    raw = name.encode("utf-8", "surrogateescape")
+    try:
+        return normalize_member_name(name=raw, limits=limits) == raw and raw != b""
+    except (UnsafeArchiveMemberError, ArchiveLimitError):
+        return False
+
+
+_PART = st.sampled_from(["a", "b.c", ".", "..", "", "...", "a..", "..a", "\\", "a\\..", "..\\a", "a\\.\\b", "C:",
+                         "z:x", "a:b", ":", "\0", "x" * 255, "y" * 256, "\udcff", "\u00e9", " ", "\n", "./", "/."])
+_NAMES = st.one_of(
+    st.binary(max_size=24).map(lambda b: b.decode("utf-8", "surrogateescape")),
+    st.text(alphabet="./a\\:\0C\u00e9\udc80", max_size=16),
+    st.tuples(st.sampled_from(["", "/", "\\", "./", "C:"]), st.lists(_PART, max_size=8),
+              st.sampled_from(["", "/", "/.", "\\"])).map(lambda t: t[0] + "/".join(t[1]) + t[2]),
+    st.tuples(st.integers(1, 70), st.sampled_from(["a/", "ab/", "./", "a//"])).map(lambda t: (t[1] * t[0])[:-1]),
+    st.tuples(st.integers(240, 300), st.integers(0, 3)).map(lambda t: "/".join(["q" * t[0]] * (t[1] + 1))),
+)
+_LIMITS = st.builds(ArchiveLimits, max_path_bytes=st.sampled_from([1, 4, 16, 255, 300, 600, 4096]),
+                    max_depth=st.sampled_from([1, 2, 3, 8, 64, 2048]))
+
+
+@settings(max_examples=600, deadline=None)
+@given(name=_NAMES, limits=_LIMITS)
+def test_one_name_fast_check_is_the_rule(name, limits):
+    assert _names_ok([name], limits) == _rule(name, limits), ascii(name)
+
+
+@settings(max_examples=400, deadline=None)
+@given(names=st.lists(_NAMES, max_size=6), good=st.lists(st.sampled_from(["a", "a/b", "lib/x.py", "d/e/f"]),
+                                                         max_size=4), limits=_LIMITS)
+def test_name_list_fast_check_is_the_rule(names, good, limits):
+    """Names joined for one scan never hide a bad one or make one up (at list edges and between names)."""
+    for names_ in (names + good, good + names, names):
+        assert _names_ok(names_, limits) == all(_rule(n, limits) for n in names_), ascii(names_)
+
+
+_VALUES = st.one_of(
+    st.integers(-3, 3), st.sampled_from([0o777, 0o1000, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, 1 << 64, -(1 << 63)]),
+    st.booleans(), st.none(), st.floats(allow_nan=False, width=16),
+    st.sampled_from(["", "file", "dir", "symlink", "File", "fifo", SHA, SHA.upper(), SHA[:-1], SHA + "0",
+                     SHA[:-1] + "g", SHA[:-1] + "\u0660", "a", "a/b", "\udcff"]),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+def _good_entry(kind: str) -> list[object]:
+    return ["p", kind, 1, 2, 3, 4, 0o644, SHA if kind == "file" else ("" if kind == "dir" else "t"), 1, 1]
+
+
+_ENTRY = st.one_of(
+    st.tuples(st.sampled_from(["file", "dir", "symlink"]), st.integers(0, 9), _VALUES).map(
+        lambda t: _good_entry(t[0])[:t[1]] + [t[2]] + _good_entry(t[0])[t[1] + 1:]),
+    st.sampled_from(["file", "dir", "symlink"]).map(_good_entry),
+    st.tuples(st.sampled_from(["file", "dir", "symlink"]), st.sampled_from([SHA, "", "t", SHA.upper(), SHA[:-1], SHA + "0"])).map(
+        lambda t: _good_entry(t[0])[:7] + [t[1]] + _good_entry(t[0])[8:]),  # content of another kind
+    st.lists(_VALUES, min_size=9, max_size=11),
+    _VALUES,
+)
+
+
+def _slow(raw: list[object], layers: frozenset[int]) -> list[IndexEntry] | None:
+    try:
+        return [_entry(e, layers) for e in raw]
+    except ValueError:
+        return None
+
+
+@settings(max_examples=600, deadline=None)
+@given(raw=st.lists(_ENTRY, max_size=5), layers=st.sampled_from([frozenset({1}), frozenset({1, 2}), frozenset()]))
+def test_entry_fast_check_is_the_rule(raw, layers):
+    want = _slow(raw, layers)
+    try:
+        got = _entries(raw, layers)
+    except ValueError:
+        assert want is None, raw
+        return
+    assert want is not None and got == want and all(type(e) is IndexEntry for e in got), raw
+
+
+def _doc(entries: list[list[object]], deleted: list[str]) -> bytes:
+    return zlib.compress(json.dumps({"format": "sandbox-fs-index", "version": 1, "time_ns": 1, "dev": 1,
+                                     "entries": entries, "deleted": deleted}).encode())
+
+
+def _tree_rule(entries: list[tuple[str, str]], deleted: list[str]) -> bool:
+    """The tree rules restated: unique names, every ancestor that is an entry a directory, no kept deletion."""
+    kinds = dict(entries)
+    if len(kinds) != len(entries) or any(p in kinds for p in deleted):
+        return False
+    for path, _ in entries:
+        parts = path.split("/")
+        if any(kinds.get("/".join(parts[:i]), "dir") != "dir" for i in range(1, len(parts))):
+            return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(entries=st.lists(st.tuples(st.sampled_from(["a", "b", "a/b", "a/c", "a/b/c", "a/b/c/d", "b/x/y", "a/x/y/z"]),
+                                  st.sampled_from(["file", "dir", "symlink"])), max_size=7),
+       deleted=st.lists(st.sampled_from(["a", "a/b", "z", "a/b/c"]), max_size=2))
+def test_tree_rules(entries, deleted):
+    raw = _doc([_good_entry(k)[:0] + [p] + _good_entry(k)[1:] for p, k in entries], deleted)
+    try:
+        decode_index(raw, SnapshotPolicy(), frozenset({1}), "n")
+    except SnapshotCorruptError:
+        assert not _tree_rule(entries, deleted)
+        return
+    assert _tree_rule(entries, deleted)
+
+
+@pytest.mark.parametrize("path", ["a/../b", "/a", "a//b", "a/./b", "./a", "a/", "C:x", "a\\..\\b", "", "a\0b",
+                                  "x" * 256, "ab/" * 1400 + "a"])
+def test_refused_names_in_a_large_index(path):
+    """A bad name among many good ones (the fast check's whole-list scan) is refused, as an entry or a deletion."""
+    good = [_good_entry("dir")[:0] + [f"d{i}"] + _good_entry("dir")[1:] for i in range(300)]
+    bad = [path] + _good_entry("file")[1:]
+    for doc in (_doc(good[:150] + [bad] + good[150:], []), _doc(good, [path])):
+        with pytest.raises(SnapshotCorruptError):
+            decode_index(doc, SnapshotPolicy(), frozenset({1}), "n")
