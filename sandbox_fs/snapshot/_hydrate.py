@@ -31,10 +31,10 @@ from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
 from ._errors import SnapshotCorruptError, SnapshotError, SnapshotNotFoundError, SnapshotSourceChangedError
 from ._generations import GenerationStore
-from ._index import Index, coarse_now_ns
+from ._index import Index, IndexEntry, coarse_now_ns
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
-from ._walk import parse_scan
+from ._walk import _SCAN_HEADER
 from ._where import refuse_store_in_workspace
 
 __all__ = ["hydrate", "is_mount_point_of"]
@@ -222,54 +222,69 @@ def _baseline(ws: Root, index: Index) -> Index:
     is not there as restored (other size, type or link count) is marked so
     that it is read again (link count 0).  The files of one directory are
     ``lstat``-ed by one native scan of it (:func:`_dir_stats`), not one
-    lookup beneath the root each (7.7k files: ~0.1 s less).
+    lookup beneath the root each (7.7k files: ~0.1 s less).  Every other
+    field (content, layer, mode) is the verified index's.
     """
     now = coarse_now_ns()
     dev = ws.stat(".").st_dev
-    stats: dict[str, dict[str, Any] | None] = {}
-    out = []
+    stats: dict[str, dict[bytes, tuple[int, ...]] | None] = {}
+    out: list[IndexEntry] = []
+    append, new = out.append, tuple.__new__
     for e in index.entries:
-        if e.kind == "file":
-            parent, _, leaf = e.path.rpartition("/")
-            if parent not in stats:
-                stats[parent] = _dir_stats(ws, parent)
-            in_dir = stats[parent]
-            st: Any = in_dir.get(leaf) if in_dir is not None else _lstat_or_none(ws, e.path)
-            if st is None or not _stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_nlink != 1:
-                e = e._replace(nlink=0)
-            else:
-                e = e._replace(ino=st.st_ino, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
-        out.append(e)
+        path, kind, ino, size, mtime_ns, ctime_ns, mode, content, nlink, layer = e
+        if kind != "file":
+            append(e)
+            continue
+        parent, _, leaf = path.rpartition("/")
+        in_dir = stats[parent] if parent in stats else stats.setdefault(parent, _dir_stats(ws, parent))
+        st = in_dir.get(leaf.encode("utf-8", "surrogateescape")) if in_dir is not None else _lstat_or_none(ws, path)
+        # st: the scan's (ino, dev, size, mtime_ns, ctime_ns, nlink, mode, name length)
+        if st is None or not _stat.S_ISREG(st[6]) or st[2] != size or st[5] != 1:
+            append(new(IndexEntry, (path, kind, ino, size, mtime_ns, ctime_ns, mode, content, 0, layer)))
+        else:
+            append(new(IndexEntry, (path, kind, st[0], size, st[3], st[4], mode, content, nlink, layer)))
     return Index(now, dev, out, [])
 
 
-def _dir_stats(ws: Root, path: str) -> dict[str, Any] | None:
+def _dir_stats(ws: Root, path: str) -> dict[bytes, tuple[int, ...]] | None:
     """``name -> lstat`` of every entry of directory ``path`` (opened beneath ``ws``), or None when it cannot be scanned.
 
     The directory is opened by its path beneath the Root (no symlink
     followed, as :meth:`Root.lstat` resolves one), and its entries
     ``fstatat``-ed relative to that fd with ``AT_SYMLINK_NOFOLLOW`` (one
-    native call).  None (the caller then ``lstat``s each entry by its path):
-    it cannot be opened for reading (a restored mode without read
-    permission), or it is too large for one scan.
+    native call).  Each ``lstat`` is the scan record's header: ``(ino, dev,
+    size, mtime_ns, ctime_ns, nlink, mode, name length)``.  None (the caller
+    then ``lstat``s each entry by its path): it cannot be opened for reading
+    (a restored mode without read permission), or it is too large for one scan.
     """
     try:
         dfd = ws.open_dir_fd(path or ".")
     except (OSError, SandboxError):
         return None
     try:
-        return dict(parse_scan(_native.scan_dir(dfd)))
+        raw = _native.scan_dir(dfd)
     except OSError:
         return None
     finally:
         os.close(dfd)
+    out = {}
+    unpack, head = _SCAN_HEADER.unpack_from, _SCAN_HEADER.size
+    off, end = 0, len(raw)
+    while off < end:
+        rec = unpack(raw, off)
+        start = off + head
+        out[raw[start:start + rec[7]]] = rec
+        off = start + ((rec[7] + 7) & ~7)
+    return out
 
 
-def _lstat_or_none(ws: Root, path: str) -> os.stat_result | None:
+def _lstat_or_none(ws: Root, path: str) -> tuple[int, ...] | None:
+    """:func:`_dir_stats`' record of one path's ``lstat``, or None."""
     try:
-        return ws.lstat(path)
+        st = ws.lstat(path)
     except (OSError, SandboxError):
         return None
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_mode, 0)
 
 
 def _restore(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: SnapshotLimits, mount_points: Iterable[str],
