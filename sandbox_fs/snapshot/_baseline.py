@@ -46,6 +46,7 @@ from ._errors import SnapshotCorruptError, SnapshotError
 from ._index import Index, decode_index, encode_index, max_index_bytes
 from ._models import SnapshotPolicy
 from ._objects import ObjectStore
+from ._objects_local import LocalObjects
 
 __all__ = ["Baseline", "write_baseline", "read_baseline", "baseline_index", "baseline_key_of"]
 
@@ -93,8 +94,16 @@ def _mac(key: bytes, head: dict[str, object]) -> str:
 
 
 def write_baseline(objects: ObjectStore, name: str, base: Baseline, key: bytes | None) -> None:
-    """Store ``base`` as ``NAME/baseline`` (its index only with a ``key``); best effort, never raises."""
-    body = encode_index(base.index) if key is not None and base.index is not None else b""
+    """Store ``base`` as ``NAME/baseline`` (its index only with a ``key``); best effort, never raises.
+
+    The index is deflated for a remote store; a :class:`LocalObjects`
+    directory keeps it in stored zlib blocks (the same format, decoded the
+    same way): deflating the stdlib tree's index costs ~10 ms of hydrate,
+    writing its 1.1 MB more to a local file a fraction of that.
+    """
+    # a local directory stores the body undeflated: writing 1.5 MB costs less than deflating it to 0.4 MB
+    level = 0 if isinstance(objects, LocalObjects) else 1
+    body = encode_index(base.index, level=level) if key is not None and base.index is not None else b""
     head: dict[str, object] = {"format": _FORMAT, "version": 1, "name": name, "generation": base.generation,
                                "digest": base.digest, "instead_of": base.instead_of, "body_bytes": len(body),
                                "body_sha256": hashlib.sha256(body).hexdigest()}

@@ -175,16 +175,23 @@ def index_digest(entries: list[IndexEntry]) -> str:
     return sha.hexdigest()
 
 
-def encode_index(index: Index) -> bytes:
+def encode_index(index: Index, *, level: int = 1) -> bytes:
     """The index object's bytes (zlib-compressed ASCII JSON; non-UTF-8 names keep their ``\\udcXX`` escapes).
 
     ``index.encoded`` when set (the walk's own encoding of the same document, see :mod:`._layers`).
+
+    Args:
+        index: the index.
+        level: the zlib level (0 to 9): 1 by default; 0 (stored blocks, no
+            deflate: ~0.5 ms instead of ~10 ms for the stdlib tree's index, and
+            3.5 times the bytes) for an object a local directory keeps.  Any
+            level decodes the same way (:func:`decode_index`).
     """
     if index.encoded is not None:
         return index.encoded
     doc = {"format": _FORMAT, "version": 1, "time_ns": index.time_ns, "dev": index.dev,
            "entries": [list(e) for e in index.entries], "deleted": index.deleted}
-    return zlib.compress(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode(), 1)
+    return zlib.compress(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode(), level)
 
 
 def max_index_bytes(policy: SnapshotPolicy) -> int:
