@@ -323,6 +323,8 @@ class _WalkState:
         self.end_dirs: Callable[[], None] | None = None
         #: when a list, every subdirectory admit_dir admits is appended to it
         self.admitted: list[_ListedEntry] | None = None
+        #: the layer of the index entries this walk records (its generation; 0: set when the index is made)
+        self.layer = 0
 
     def take_chunk(self, entries: list[IndexEntry], digest: bytes | None, fixups: list[tuple[str, int]],
                    content: int) -> None:
@@ -372,11 +374,11 @@ class _WalkState:
             raise SnapshotLimitError("workspace holds more than max_total_bytes", sandbox_path=path,
                                      context={"max_total_bytes": self.limits.max_total_bytes})
 
-    def _record(self, path: str, kind: str, st: StatLike, mode: int, content: str, layer: int = 0) -> None:
-        """Add an index entry (layer 0: this generation's archive holds the member)."""
+    def _record(self, path: str, kind: str, st: StatLike, mode: int, content: str) -> None:
+        """Add an index entry whose member this generation's archive holds (layer :attr:`layer`)."""
         if self.records is not None:
             self.records.append(IndexEntry(path, kind, st.st_ino, st.st_size if kind == "file" else 0,
-                                           st.st_mtime_ns, st.st_ctime_ns, mode, content, st.st_nlink, layer))
+                                           st.st_mtime_ns, st.st_ctime_ns, mode, content, st.st_nlink, self.layer))
 
     def restorable(self, item: _ListedEntry,
                    dfd: int | None = None) -> tuple[bool, str | None, StatLike | None]:

@@ -187,13 +187,16 @@ class Layering:
     Args:
         ws: the workspace Root (its device is recorded; inode numbers are per device).
         parent: the parent generation's index (or the baseline hydrate left), or None.
+        generation: the generation being written, when known before the walk: the walk
+            records its entries with it as their layer (0: :meth:`index` sets it).
 
     Attributes:
         layered: True when a layer is written (``parent`` was taken on this device).
         time_ns: when the walk began (the coarse real-time clock file timestamps come from).
     """
 
-    def __init__(self, ws: Root, parent: Index | None) -> None:
+    def __init__(self, ws: Root, parent: Index | None, generation: int = 0) -> None:
+        self.generation = generation
         self.time_ns = coarse_now_ns()  # before the walk: a change during it is at or after this
         self.dev = ws.stat(".").st_dev
         self.parent = parent if parent is not None and parent.dev == self.dev else None
@@ -217,6 +220,7 @@ class Layering:
         """Make the walk record index entries, and (for a layer) skip unchanged entries."""
         self._state = state
         state.records = self.records
+        state.layer = self.generation
         state.begin_dir = self.begin_dir
         state.end_dirs = self._end_dirs
         self._config = (state.prune, state.limits, state.on_unrestorable, self.dev)
@@ -518,19 +522,22 @@ class Layering:
     def index(self, generation: int) -> Index:
         """The new generation's index: entries written now get ``generation`` as their layer."""
         records = self.records
+        assert self.generation in (0, generation), "the walk recorded another generation"
+        if not self.generation:  # recorded with layer 0 (not known before the walk): set it now
+            records = [e if e.layer else e._replace(layer=generation) for e in records]
         entries: list[IndexEntry] = []  # a chunk taken over whole adds its entries as they are (layers set)
         chunks: list[_Chunk] = []
         deflater = _Deflater()
         for c in self._chunks:
             if isinstance(c, _Built):
-                c.chunk.entries = [e if e.layer else e._replace(layer=generation) for e in records[c.start:c.end]]
+                c.chunk.entries = records[c.start:c.end]
                 if c.old is not None and c.old.segs is not None:  # re-encode only the segments that changed
                     c.chunk.segs = _segments(c.chunk.entries, deflater, c.old.segs, {k // _SEG for k in c.changed})
                 c = c.chunk
             entries += c.entries
             chunks.append(c)
         # multi-linked files, recorded after the walk
-        tail = [e if e.layer else e._replace(layer=generation) for e in records[len(entries):]]
+        tail = records[len(entries):]
         entries += tail
         deleted = self._deleted(entries, chunks, tail)
         encoded = _pack(self.time_ns, self.dev, chunks, tail, deleted, deflater)
@@ -676,6 +683,10 @@ def _adler_combine(a1: int, a2: int, len2: int) -> int:
     return s1 | (s2 << 16)
 
 
+#: JSON text as :func:`._index.encode_index` writes it (one encoder, made once: ``json.dumps`` with these
+#: options makes a new one on every call, which cost as much as encoding a segment)
+_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+
 #: entries per separately deflated piece of an index (a changed entry re-encodes only its own): 8 made
 #: the stdlib tree's index 10% larger than 16 did (525 KB, not 479 KB) and each re-encoded piece cost
 #: 25 us, not 40 (4: 31% larger, 16 us)
@@ -690,8 +701,7 @@ def _segments(entries: list[IndexEntry], deflater: _Deflater, old: list[tuple[by
         if old is not None and s not in changed and s < len(old):
             out.append(old[s])
             continue
-        text = json.dumps([list(e) for e in entries[i:i + _SEG]], ensure_ascii=True,
-                          separators=(",", ":"))[1:-1].encode()
+        text = _json(entries[i:i + _SEG])[1:-1].encode()  # (a tuple is a JSON array)
         out.append((deflater.piece(text), len(text), zlib.adler32(text)))
     return out
 

@@ -99,7 +99,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
     try:
         if isinstance(pending, _PendingGeneration):
             layering = Layering(ws, store.parent_index(pending, policy) if isinstance(store, GenerationStore)
-                                else None)
+                                else None, pending.generation)
             pending.layered = layering.layered
         tar = _TarStream(pending.sink)
         try:
