@@ -147,3 +147,43 @@ def test_refused_names_in_a_large_index(path):
     for doc in (_doc(good[:150] + [bad] + good[150:], []), _doc(good, [path])):
         with pytest.raises(SnapshotCorruptError):
             decode_index(doc, SnapshotPolicy(), frozenset({1}), "n")
+
+
+def test_a_local_baseline_body_is_stored_undeflated_and_decodes_to_the_same_index(tmp_path):
+    """A directory store's baseline keeps its index in stored zlib blocks (no deflate in hydrate); it reads
+    back, through its MAC and every rule of the index, as the index written."""
+    from sandbox_fs.snapshot import DirectorySnapshotStore
+    from sandbox_fs.snapshot._baseline import Baseline, baseline_index, read_baseline, write_baseline
+    from sandbox_fs.snapshot._index import Index
+
+    entries = [IndexEntry(f"d{i}/f", "file", i, 3, 4, 5, 0o644, SHA, 1, 1) for i in range(200)]
+    entries = [IndexEntry(f"d{i}", "dir", i, 0, 4, 5, 0o755, "", 2, 1) for i in range(200)] + entries
+    index = Index(7, 8, entries, ["gone"])
+    with DirectorySnapshotStore(tmp_path / "st") as st:
+        key = st.baseline_mac_key(create=True)
+        write_baseline(st.objects, "n", Baseline(1, "a" * 64, "", index), key)
+        stored = (st.objects.get_bytes("n/baseline", 1 << 20)).split(b"\n", 1)[1]
+        assert zlib.decompressobj().decompress(stored)  # a zlib stream, and mostly the text itself:
+        assert b'"d17/f","file"' in stored
+        base = read_baseline(st.objects, "n", key)
+        got = baseline_index(st.objects, "n", base, SnapshotPolicy(), frozenset({1}))
+    assert got is not None and (got.time_ns, got.dev, got.entries, got.deleted) == (7, 8, entries, ["gone"])
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_decode_leaves_the_collector_as_it_found_it(enabled):
+    """decode_index pauses the cyclic GC while it works; after it (accepted or refused) the GC is as it was."""
+    import gc
+
+    ok = _doc([_good_entry("file")], [])
+    bad = _doc([["/abs"] + _good_entry("file")[1:]], [])
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        decode_index(ok, SnapshotPolicy(), frozenset({1}), "n")
+        assert gc.isenabled() is enabled
+        with pytest.raises(SnapshotCorruptError):
+            decode_index(bad, SnapshotPolicy(), frozenset({1}), "n")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -31,7 +31,7 @@ from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
 from ._errors import SnapshotCorruptError, SnapshotError, SnapshotNotFoundError, SnapshotSourceChangedError
 from ._generations import GenerationStore
-from ._index import Index, IndexEntry, coarse_now_ns
+from ._index import Index, IndexEntry, coarse_now_ns, gc_paused
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
 from ._walk import _SCAN_HEADER
@@ -225,6 +225,11 @@ def _baseline(ws: Root, index: Index) -> Index:
     lookup beneath the root each (7.7k files: ~0.1 s less).  Every other
     field (content, layer, mode) is the verified index's.
     """
+    with gc_paused():  # each directory's records live until its files are done (see gc_paused)
+        return _with_stats(ws, index)
+
+
+def _with_stats(ws: Root, index: Index) -> Index:
     now = coarse_now_ns()
     dev = ws.stat(".").st_dev
     stats: dict[str, dict[bytes, tuple[int, ...]] | None] = {}
