@@ -869,13 +869,15 @@ def _gil_fcntl() -> Callable[[int, int, int], int] | None:
 
     Only for commands that never block (:func:`_open_for_writing`'s).  The
     int argument is passed in a register like a fixed one on the Linux ABIs.
+    No ``argtypes``: ctypes passes a Python int as a C ``int`` by default, and
+    converting through declared types cost ~0.35 us a call (a third of the
+    probe's time; 3.8 -> 2.8 us a file).
     """
     try:
         # host-access: none; libc's fcntl on fds the walk opened beneath the workspace Root
         f = ctypes.PyDLL(None, use_errno=True).fcntl
     except (OSError, AttributeError):  # pragma: no cover
         return None
-    f.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
     f.restype = ctypes.c_int
     return cast(Callable[[int, int, int], int], f)
 
