@@ -187,3 +187,45 @@ def test_decode_leaves_the_collector_as_it_found_it(enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("order", ["first_ends_first", "last_ends_first"])
+def test_overlapping_gc_pauses_restore_the_collector(order):
+    """Two hydrates in two threads pause the collector at once: once both end it is enabled again.
+
+    With a per-pause "was it enabled?" the second pause saw the first's
+    disable, and when the first ended before it the collector stayed off for
+    the rest of the process.  Interleaved by hand (the pauses are context
+    managers), in both end orders, and across threads.
+    """
+    import gc
+    import threading
+
+    from sandbox_fs.snapshot._index import gc_paused
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        a, b = gc_paused(), gc_paused()
+        a.__enter__()
+        done = threading.Event()
+
+        def other() -> None:
+            b.__enter__()
+            done.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert done.is_set() and not gc.isenabled()
+        first, second = (a, b) if order == "first_ends_first" else (b, a)
+        first.__exit__(None, None, None)
+        assert not gc.isenabled()  # the other pause is still in progress
+        second.__exit__(None, None, None)
+        assert gc.isenabled()
+        gc.disable()  # a host that keeps it off: left off
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

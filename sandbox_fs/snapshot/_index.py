@@ -49,6 +49,7 @@ import gc
 import hashlib
 import json
 import re
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -209,6 +210,11 @@ def max_index_bytes(policy: SnapshotPolicy) -> int:
     return text + 5 * (text // 16384 + 1) + 6
 
 
+#: pauses in progress in any thread, and whether the collector was enabled when the first began
+_GC_PAUSE_LOCK = threading.Lock()
+_GC_PAUSE = {"depth": 0, "was": True}
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a large acyclic structure is built and checked.
@@ -218,16 +224,29 @@ def gc_paused() -> Iterator[None]:
     survive young collections, are promoted, and trigger full collections
     of the whole process heap (measured in hydrate: ~25 ms a decode, and
     ~12 ms in its baseline).  Paused, the first collection after finds them
-    gone (refcounting freed them) and the entries made untracked.  The
-    collector is enabled again only when it was enabled before.
+    gone (refcounting freed them) and the entries made untracked.
+
+    The collector is process-wide and hydrates may run in several threads
+    at once: pauses are counted under a lock, the first one records whether
+    the collector was enabled and the last one to end restores exactly
+    that.  (A plain "was it enabled?" per pause loses the caller's setting
+    when two pauses overlap: the second sees it disabled by the first and
+    leaves it disabled for good.)  A host that calls ``gc.disable()`` or
+    ``gc.enable()`` itself while a pause is in progress gets the state from
+    before the pause when the last pause ends.
     """
-    was = gc.isenabled()
-    gc.disable()
+    with _GC_PAUSE_LOCK:
+        if not _GC_PAUSE["depth"]:
+            _GC_PAUSE["was"] = gc.isenabled()
+            gc.disable()
+        _GC_PAUSE["depth"] += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _GC_PAUSE_LOCK:
+            _GC_PAUSE["depth"] -= 1
+            if not _GC_PAUSE["depth"] and _GC_PAUSE["was"]:
+                gc.enable()
 
 
 def decode_index(raw: bytes, policy: SnapshotPolicy, layers: frozenset[int], name: str) -> Index:
