@@ -285,9 +285,22 @@ static int xf_fail(int stage_fd, int fallback, const char *path, int fd, int64_t
     return -1;
 }
 
-/* Make the one new file entry e describes at path; copy_way is the batch's (see sfs_copy_range). */
-static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, const char *path, int64_t *err_out,
-                  int64_t uid, int64_t gid, int *copy_way)
+/* Write entry e's data from the caller's memory src_buf (src_len bytes): -1 with err_out set on failure. */
+static int xf_from_buf(const char *src_buf, int64_t src_len, int stage_fd, int fallback, const int64_t *e,
+                       const char *path, int fd, int64_t *err_out)
+{
+    int err;
+    if (e[0] > src_len || e[1] > src_len - e[0] || e[2] >= src_len)
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_SHORT, ENODATA);
+    if ((err = sfs_write_all(fd, src_buf + e[0], (size_t)e[1])) < 0)
+        return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_COPY, -err);
+    return 0;
+}
+
+/* Make the one new file entry e describes at path; copy_way is the batch's (see sfs_copy_range).
+ * src_buf non-NULL: the data is in memory (src_len bytes), src_fd is not used. */
+static int xf_one(int src_fd, const char *src_buf, int64_t src_len, int stage_fd, int fallback, const int64_t *e,
+                  const char *path, int64_t *err_out, int64_t uid, int64_t gid, int *copy_way)
 {
     int fd, err;
     int64_t off = e[0], copied;
@@ -300,6 +313,11 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
         return xf_fail(stage_fd, fallback, path, -1, err_out, SFS_XF_STAGE_CREATE, -fd);
     if ((err = sfs_own_fd(fd, uid, gid)) < 0)
         return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, -err);
+    if (src_buf != NULL) {
+        if (xf_from_buf(src_buf, src_len, stage_fd, fallback, e, path, fd, err_out) < 0)
+            return -1;
+        goto meta;
+    }
     copied = sfs_copy_range(src_fd, &off, fd, e[1], copy_way);
     if (copied < 0)
         return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_COPY, (int)-copied);
@@ -315,6 +333,7 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
             return xf_fail(stage_fd, fallback, path, fd, err_out, n < 0 ? SFS_XF_STAGE_COPY : SFS_XF_STAGE_SHORT,
                            n < 0 ? errno : ENODATA);
     }
+meta:
     if ((e[5] & SFS_XF_CHMOD) && fchmod(fd, (mode_t)(e[3] & 0777)) < 0)
         return xf_fail(stage_fd, fallback, path, fd, err_out, SFS_XF_STAGE_META, errno);
     if ((e[5] & SFS_XF_MTIME) && (err = sfs_set_times_ns(fd, e[4])) < 0)
@@ -338,11 +357,15 @@ static int xf_one(int src_fd, int stage_fd, int fallback, const int64_t *e, cons
  * size past INT64_MAX, an empty or absolute path; nothing was created),
  * later entries are untouched.  uid, gid >= 0: each new file is given that
  * owner with fchown of its fd right after it is created (-1: left as made).
+ * src_buf non-NULL: the data is the caller's memory (src_len bytes; src_off
+ * indexes it, an entry past its end is SFS_XF_STAGE_SHORT, probe_off must be
+ * below src_len), written with write(2); src_fd is then not used.
  * One call per batch, so the caller's thread
  * drops the GIL once for the whole batch.
  */
-int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
-                      int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid)
+int sfs_extract_files(int src_fd, const char *src_buf, int64_t src_len, int stage_fd, int fallback,
+                      const int64_t *nums, const char *names, int64_t names_len, int n, int64_t *err_out,
+                      int64_t uid, int64_t gid)
 {
     const char *p = names, *end = names + (names_len > 0 ? names_len : 0);
     int copy_way = SFS_COPY_FILE_RANGE;
@@ -354,8 +377,8 @@ int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *num
             err_out[1] = SFS_XF_STAGE_CREATE;
             return i;
         }
-        if (xf_one(src_fd, stage_fd, fallback, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out, uid, gid,
-                   &copy_way) < 0)
+        if (xf_one(src_fd, src_buf, src_len, stage_fd, fallback, nums + (int64_t)i * SFS_XF_FIELDS, p, err_out,
+                   uid, gid, &copy_way) < 0)
             return i;
         p = nul + 1;
     }

@@ -36,7 +36,8 @@ int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64
 
 /* A batch of new files from an uncompressed tar source, each created by its path beneath
  * stage_fd at the moment it is made (sfs_extract_files).  Per entry SFS_XF_FIELDS int64s:
- * src_off, size, probe_off (-1: none), mode, mtime_ns, SFS_XF_* flags. */
+ * src_off, size, probe_off (-1: none), mode, mtime_ns, SFS_XF_* flags.  The data comes from
+ * src_fd at src_off, or from the caller's memory src_buf (src_len bytes) when it is non-NULL. */
 #define SFS_XF_FIELDS 6
 #define SFS_XF_CHMOD 1           /* fchmod to mode after the copy (the umask took bits away) */
 #define SFS_XF_MTIME 2           /* set atime and mtime to mtime_ns */
@@ -44,5 +45,6 @@ int sfs_xfer_files(int src_dirfd, int dst_dirfd, int n, const char *names, int64
 #define SFS_XF_STAGE_COPY 2      /* reading or writing data */
 #define SFS_XF_STAGE_SHORT 3     /* the source ended before the member's data (or its padding) */
 #define SFS_XF_STAGE_META 4      /* fchown, fchmod, futimens, close */
-int sfs_extract_files(int src_fd, int stage_fd, int fallback, const int64_t *nums, const char *names,
-                      int64_t names_len, int n, int64_t *err_out, int64_t uid, int64_t gid);
+int sfs_extract_files(int src_fd, const char *src_buf, int64_t src_len, int stage_fd, int fallback,
+                      const int64_t *nums, const char *names, int64_t names_len, int n, int64_t *err_out,
+                      int64_t uid, int64_t gid);

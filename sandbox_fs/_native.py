@@ -17,14 +17,14 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 9
+EXPECTED_ABI = 10
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -383,7 +383,7 @@ def buffer_of(buf: bytearray) -> object:
 
 
 def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]", names: bytearray,
-                  n: int, owner: tuple[int, int] | None = None) -> tuple[int, int, int]:
+                  n: int, owner: tuple[int, int] | None = None, data: Any = None) -> tuple[int, int, int]:
     """Create and fill ``n`` new files beneath ``stage_fd`` in one native call (the GIL is released for all of it).
 
     Each file is created by its path, resolved beneath ``stage_fd`` at that moment
@@ -392,7 +392,8 @@ def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]",
     through a directory fd kept from earlier.
 
     Args:
-        src_fd: the uncompressed tar source (a regular file), read at explicit offsets.
+        src_fd: the uncompressed tar source (a regular file), read at explicit offsets
+            (not used with ``data``).
         stage_fd: the staging directory's fd (an ``O_PATH`` directory fd).
         resolver: ``"openat2"`` or ``"fallback"`` (the Root's resolver).
         nums: ``array("q")`` of ``XF_FIELDS`` ints per entry: source offset (bytes),
@@ -403,6 +404,10 @@ def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]",
         owner: ``(uid, gid)`` given to each new file with ``fchown`` of its fd
             right after it is created (a failure is ``XF_STAGE_META``); None
             leaves them as the process makes them.
+        data: a buffer (``bytes``, ``bytearray``) holding the files' data instead of
+            ``src_fd``: the source offsets index it, each file is written from it with
+            ``write``; an entry past its end is ``XF_STAGE_SHORT``.  It must not change
+            during the call.
 
     Returns:
         ``(done, errno, stage)``: ``done == n`` when every file was made; else the
@@ -418,7 +423,9 @@ def extract_files(src_fd: int, stage_fd: int, resolver: str, nums: "array[int]",
         raise ValueError("extract_files: nums holds fewer than n entries")
     out = ffi.new("int64_t[2]")
     uid, gid = owner_ids(owner)
-    done = lib.sfs_extract_files(src_fd, stage_fd, 1 if resolver == "fallback" else 0,
+    buf = ffi.from_buffer("char[]", data) if data is not None else ffi.NULL
+    done = lib.sfs_extract_files(src_fd, buf, len(data) if data is not None else 0, stage_fd,
+                                 1 if resolver == "fallback" else 0,
                                  ffi.from_buffer("int64_t[]", nums), ffi.from_buffer("char[]", names),
                                  len(names), n, out, uid, gid)
     return done, int(out[0]), int(out[1])

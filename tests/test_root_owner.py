@@ -181,7 +181,7 @@ def test_native_batches_take_owner_ids(tmp_path, resolver):
         assert (own(stage / "a"), own(stage / "b"), own(stage / "c")) == (OWNER, OWNER, ME)
         # an id fchown cannot take is refused in C too, and the file it made is removed
         out = _native.ffi.new("int64_t[2]")
-        done = _native.lib.sfs_extract_files(sfd, dfd, 0 if resolver == "openat2" else 1,
+        done = _native.lib.sfs_extract_files(sfd, _native.ffi.NULL, 0, dfd, 0 if resolver == "openat2" else 1,
                                              _native.ffi.from_buffer("int64_t[]", nums), b"d\0", 2, 1, out,
                                              1 << 32, 0)
         assert done == 0 and (out[0], out[1]) == (errno.EINVAL, _native.XF_STAGE_META)
@@ -207,7 +207,7 @@ def test_old_native_build_fails_with_the_abi_message(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("NativeUnavailableError native_unavailable")
     assert f"native ABI 6 does not match the Python package (expects {_native.EXPECTED_ABI}); rebuild" in out
-    assert _native.EXPECTED_ABI == _native.lib.SFS_ABI_VERSION == 9
+    assert _native.EXPECTED_ABI == _native.lib.SFS_ABI_VERSION == 10
 
 
 # ----------------------------------------------------------------- extraction
