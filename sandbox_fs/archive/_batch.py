@@ -16,13 +16,16 @@ from array import array
 
 from .. import _native
 
-__all__ = ["FileBatch", "CopyThread", "BATCH_FILES", "BATCH_BYTES"]
+__all__ = ["FileBatch", "CopyThread", "BATCH_FILES", "BATCH_BYTES", "MEMORY_FILE_BYTES"]
 
 #: a batch of queued new files is handed to the helper thread at this many files ...
 BATCH_FILES = 64
 #: ... or this many data bytes; a larger member is a batch of its own, or written one by one (cancellable once
 #: a MiB) when the extraction can be cancelled
 BATCH_BYTES = 8 << 20
+#: the largest member queued with its bytes in the batch's memory (a source that is not a regular file);
+#: a larger one is written one by one.  A batch so holds at most BATCH_BYTES + MEMORY_FILE_BYTES of data.
+MEMORY_FILE_BYTES = 1 << 20
 
 
 class FileBatch:
@@ -31,7 +34,7 @@ class FileBatch:
     ``stage_fd`` (the directory the staging directory was made in)."""
 
     __slots__ = ("nums", "names", "members", "n", "nbytes", "stage_fd", "resolver", "pre", "owner", "result",
-                 "after", "withdrawn", "src_fd")
+                 "after", "withdrawn", "src_fd", "data")
 
     def __init__(self, stage_fd: int, resolver: str, pre: bytes, owner: tuple[int, int] | None) -> None:
         self.nums = array("q")
@@ -52,6 +55,9 @@ class FileBatch:
         #: the source file its offsets are in (one batch never mixes sources: a chain's archives
         #: each have their own, see ``extract_streams``); -1 until its first member
         self.src_fd = -1
+        #: the files' data when they are in memory (offsets index it; ``src_fd`` is then not read): written
+        #: by the calling thread before the batch is handed over, never after
+        self.data: bytearray | None = None
 
     def made_all(self) -> bool:
         """True when the helper thread made every file of this batch."""
@@ -64,8 +70,12 @@ class FileBatch:
 
     def run(self, src_fd: int) -> None:
         try:
-            self.result = _native.extract_files(src_fd, self.stage_fd, self.resolver, self.nums, self.names,
-                                                self.n, self.owner)
+            if self.data is None:
+                self.result = _native.extract_files(src_fd, self.stage_fd, self.resolver, self.nums, self.names,
+                                                    self.n, self.owner)
+            else:
+                self.result = _native.extract_files(-1, self.stage_fd, self.resolver, self.nums, self.names,
+                                                    self.n, self.owner, self.data)
         except BaseException as exc:  # reported in the calling thread
             self.result = exc
 

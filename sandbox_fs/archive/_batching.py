@@ -30,6 +30,17 @@ directories and symlink records need no flush: they never touch a queued name
 naming it sees it).  With ``max_cpu_seconds`` set, batches run in the calling thread, so
 the CPU limit still counts every syscall.
 
+Batched new files read from a stream (:meth:`BatchedFiles.add_new_file_data`,
+only when the caller asks for it: snapshot hydrate through ``extract_stream``
+/ ``extract_streams``, whose source is its verifying reader): the member's
+bytes (up to :data:`MEMORY_FILE_BYTES`) are read and counted in the calling
+thread, appended to the batch's buffer, and the native call writes each file
+from it.  Same checks, same queue and ordering rules; a stream that ends
+within the member's data gives its bytes back to the stream and the member
+goes one by one (the same error as ever).  Memory: a batch holds at most
+``BATCH_BYTES + MEMORY_FILE_BYTES`` bytes, and at most two batches exist
+(one queued, one in flight).
+
 :class:`BatchedFiles` is a part of :class:`~sandbox_fs.archive._writer.Extractor`
 (its base class): the queue's state lives on the extractor, set up by its
 ``__init__``.
@@ -43,7 +54,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from .. import _native
 from ..errors import SandboxError
-from ._batch import BATCH_BYTES, BATCH_FILES, CopyThread, FileBatch
+from ._batch import BATCH_BYTES, BATCH_FILES, MEMORY_FILE_BYTES, CopyThread, FileBatch
 from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
 from ._meta import FILE, file_mode, mtime_ns_of, path_key
 from ._names import normalize_member
@@ -52,7 +63,7 @@ from ._streams import CHUNK_BYTES
 if TYPE_CHECKING:
     from ..root import Root, Subtree
     from ._models import ArchiveLimits, ExtractPolicy
-    from ._streams import StreamCounter
+    from ._streams import Meter, StreamCounter
 
 __all__ = ["BatchedFiles"]
 
@@ -64,6 +75,7 @@ class BatchedFiles:
 
     limits: ArchiveLimits
     policy: ExtractPolicy
+    meter: Meter
     work: Root | Subtree
     files: int
     shown_dest: str
@@ -80,6 +92,7 @@ class BatchedFiles:
     _worker: CopyThread | None
     _threaded: bool
     _batch_failed: bool
+    batch_in_memory: bool
     _mode_flags_cache: dict[int, tuple[int, int]]
     check_cancel: Callable[[], None] | None
 
@@ -123,24 +136,99 @@ class BatchedFiles:
         """
         if size > BATCH_BYTES and self.check_cancel is not None:
             return False  # written one by one, cancellable once a MiB
-        if size < 0:
-            raise ArchiveFormatError("negative member size", member=name)
-        path = normalize_member(name, self.limits)
-        if not path:
-            return False
-        lim = self.limits.max_member_bytes
-        if size > lim:
-            raise ArchiveLimitError("max_member_bytes", lim, size, name,
-                                    reason=f"declared size {size} > max_member_bytes {lim}")
-        key = path_key(path)
-        if key in self._kinds:
+        path = self._admit(name, size)
+        if path is None:
             return False
         if not counter.has_data(offset_data, size):
             return False  # a short source: one by one finds where the data ends, and says so as it does
         if self._batch.n and self._batch.src_fd != counter.splice_fd:
-            self._submit()  # the queued files' offsets are in another source (the archive before this one)
+            self._submit()  # the queued files' offsets are in another source (or in memory)
         self._parents(path, name)
         src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
+        self._enqueue(path, name, mode, mtime, src_off, size, probe)
+        self._batch.src_fd = counter.splice_fd
+        if self._batch.n >= BATCH_FILES or self._batch.nbytes >= BATCH_BYTES:
+            self._submit()
+        return True
+
+    def add_new_file_data(self, name: str | bytes, mode: int, mtime: float | int | None, size: int,
+                          counter: StreamCounter) -> bool:
+        """Queue regular-file member ``name`` whose ``size`` data bytes are the next bytes of ``counter``.
+
+        For a source that is not a regular file (hydrate's verifying reader,
+        a pipe, a decompressor): the member's bytes are read here, in the
+        calling thread, counted as reads (input and stream bytes, limits
+        checked) and then as written bytes, and kept in the batch's memory,
+        from which the helper thread writes the new file (``write``, in the
+        same native call that creates it).  The bytes written are exactly the
+        bytes read: the batch's buffer is written only by this thread, and
+        only before the batch is handed over.  Only for a *new* name in the
+        fresh staging tree (:meth:`can_batch`), as :meth:`add_new_file_from`,
+        and only up to :data:`MEMORY_FILE_BYTES` (a larger member is written
+        one by one, its bytes never all in memory).  Only when the caller
+        asked for it (``batch_in_memory``: snapshot hydrate).
+
+        Args:
+            name, mode, mtime, size: as :meth:`add_new_file_from`.
+            counter: the tar stream, at the member's data.
+
+        Returns:
+            False when the member is not for this path (see
+            :meth:`add_new_file_from`; larger than :data:`MEMORY_FILE_BYTES`;
+            a stream that ends within its data, whose bytes are then given
+            back to ``counter`` (:meth:`StreamCounter.unread`, counted once)
+            for the one-by-one path, which writes what exists and says where
+            the data ends as it does for any stream): nothing was made.
+            True when queued.
+
+        Raises:
+            ArchiveFormatError: ``size`` is negative; a corrupt stream.
+            The other errors of :meth:`add_new_file_from`.
+        """
+        if size > MEMORY_FILE_BYTES:
+            return False
+        path = self._admit(name, size)
+        if path is None:
+            return False
+        if self._batch.n and self._batch.data is None:
+            self._submit()  # the queued files are in a source file (the archive before this one)
+        self._parents(path, name)
+        data = counter.read(size) if size else b""
+        if len(data) < size:
+            counter.unread(data)
+            return False
+        self.meter.add_written(size)
+        b = self._batch
+        if b.data is None:
+            b.data = bytearray()
+        off = len(b.data)
+        b.data += data
+        self._enqueue(path, name, mode, mtime, off, size, -1)
+        if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
+            self._submit()
+        return True
+
+    def _admit(self, name: str | bytes, size: int) -> bytes | None:
+        """The checks before a member is queued: its normalized path, or None for the one-by-one path.
+
+        Raises:
+            ArchiveFormatError: ``size`` is negative.
+            UnsafeArchiveMemberError, ArchiveLimitError: name rules, ``max_member_bytes``.
+        """
+        if size < 0:
+            raise ArchiveFormatError("negative member size", member=name)
+        path = normalize_member(name, self.limits)
+        if not path:
+            return None
+        lim = self.limits.max_member_bytes
+        if size > lim:
+            raise ArchiveLimitError("max_member_bytes", lim, size, name,
+                                    reason=f"declared size {size} > max_member_bytes {lim}")
+        return None if path_key(path) in self._kinds else path
+
+    def _enqueue(self, path: bytes, name: str | bytes, mode: int, mtime: float | int | None, src_off: int,
+                 size: int, probe: int) -> None:
+        """Append one admitted file (its parents made) to the queued batch."""
         mbits = mode & 0o7777
         mode_flags = self._mode_flags_cache.get(mbits)
         if mode_flags is None:
@@ -166,12 +254,8 @@ class BatchedFiles:
         b.members.append(name)
         b.n += 1
         b.nbytes += size
-        self._kinds[key] = FILE
+        self._kinds[path_key(path)] = FILE
         self.files += 1
-        b.src_fd = counter.splice_fd
-        if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
-            self._submit()
-        return True
 
     def _submit(self) -> None:
         """Hand the queued batch to the helper thread, then wait for the one before it.
@@ -251,6 +335,7 @@ class BatchedFiles:
             rest.members = b.members[done + 1:]
             rest.n = b.n - done - 1
             rest.src_fd = b.src_fd
+            rest.data = b.data  # the same offsets index it
             rest.run(rest.src_fd)
             b, res = rest, rest.result
 
@@ -275,8 +360,12 @@ class BatchedFiles:
         path = normalize_member(name, self.limits)
         src_off, size, probe, fmode, mtime_ns, flags = b.nums[i * _XF_FIELDS:(i + 1) * _XF_FIELDS]
         src_fd = b.src_fd
+        held = b.data
 
         def chunks() -> Iterator[bytes]:
+            if held is not None:  # in memory (add_new_file_data): the bytes read, with nothing to probe
+                yield bytes(held[src_off:src_off + size])
+                return
             off, left = src_off, size
             while left:
                 data = os.pread(src_fd, min(left, CHUNK_BYTES), off)

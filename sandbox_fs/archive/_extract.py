@@ -97,10 +97,12 @@ def extract(root: Root, dest: str, source: BinaryIO | str | os.PathLike, *, form
 
 def run_extraction(root: Root, dest: str, source: Any, format: str, limits: ArchiveLimits, policy: ExtractPolicy,
              check_cancel: Callable[[], None] | None, made: list[tuple[int, int]] | None = None,
-             exact_modes: dict[bytes, int] | None = None) -> ExtractReport:
+             exact_modes: dict[bytes, int] | None = None, batch_in_memory: bool = False) -> ExtractReport:
     """:func:`extract`; with ``made``, the ``(st_dev, st_ino)`` of the directory made for a new
     destination (atomic mode), as checked when it was moved into place, is appended to it;
-    ``exact_modes``: see :class:`~sandbox_fs.archive._writer.Extractor` (snapshot hydrate)."""
+    ``exact_modes``: see :class:`~sandbox_fs.archive._writer.Extractor` (snapshot hydrate);
+    ``batch_in_memory``: new files read from a stream are queued with their bytes (snapshot hydrate,
+    see ``_batching.add_new_file_data``)."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
     if isinstance(source, (str, os.PathLike)):
@@ -108,7 +110,8 @@ def run_extraction(root: Root, dest: str, source: Any, format: str, limits: Arch
         # symlink on any component, a regular file); unbuffered, so the fd offset is the stream
         # position and plain tar member data can be sendfile'd
         with open(open_host_file_fd(source, label="archive"), "rb", buffering=0) as fh:
-            return run_extraction(root, dest, fh, format, limits, policy, check_cancel, made, exact_modes)
+            return run_extraction(root, dest, fh, format, limits, policy, check_cancel, made, exact_modes,
+                                  batch_in_memory)
     meter = Meter(limits)
     forced = FORMATS[format]
     if forced == "zip":
@@ -138,6 +141,7 @@ def run_extraction(root: Root, dest: str, source: Any, format: str, limits: Arch
         meter.input_bytes = len(head)
     ex = Extractor(root, dest, limits, policy, meter, exact_modes)
     ex.check_cancel = check_cancel
+    ex.batch_in_memory = batch_in_memory
     try:
         if kind == "zip":
             extract_zip(source, ex, limits, meter, check_cancel)

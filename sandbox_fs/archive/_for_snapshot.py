@@ -85,7 +85,9 @@ def extract_stream(*, root: Root, dest: str, source: Any, limits: ArchiveLimits,
         dest: sandbox path of the destination relative to ``root``.
         source: a readable binary stream, read once, forward only (an
             unbuffered ``io.FileIO`` of a regular file lets member data be
-            copied kernel-side).
+            copied kernel-side; from any other stream, new files of up to
+            1 MiB are queued with their bytes, read once, and made by the
+            native batches in a helper thread).
         limits: the bounds, as for :func:`~sandbox_fs.archive.extract`.
         policy: the choices, as for :func:`~sandbox_fs.archive.extract`.
         made: when given, the ``(st_dev, st_ino)`` of the directory made for
@@ -104,7 +106,7 @@ def extract_stream(*, root: Root, dest: str, source: Any, limits: ArchiveLimits,
         The errors of :func:`~sandbox_fs.archive.extract`.
     """
     return run_extraction(root, dest, source, "tar", limits, policy, check_cancel=None, made=made,
-                    exact_modes=exact_modes)
+                          exact_modes=exact_modes, batch_in_memory=True)
 
 
 def normalize_member_name(*, name: str | bytes, limits: ArchiveLimits) -> bytes:
@@ -262,6 +264,12 @@ class _TakingExtractor(Extractor):
             return False  # the caller falls back to add_file, which passes it over
         return super().add_new_file_from(name, mode, mtime, size, counter, offset_data)
 
+    def add_new_file_data(self, name: str | bytes, mode: int, mtime: float | int | None, size: int,
+                          counter: Any) -> bool:
+        if not self._taken(name, "file"):
+            return False  # the caller falls back to add_file, which passes it over
+        return super().add_new_file_data(name, mode, mtime, size, counter)
+
     def add_file(self, name: str | bytes, read: Callable[[int], bytes], mode: int | None,
                  mtime: float | int | None, declared_size: int | None = None,
                  owner: tuple[int, int] | None = None,
@@ -311,6 +319,7 @@ def extract_streams(*, root: Root, dest: str, sources: Sequence[Any], take: Call
     meter = Meter(limits)
     ex = _TakingExtractor(root, dest, limits, policy, meter, exact_modes)
     ex.take = take
+    ex.batch_in_memory = True
     try:
         for i, source in enumerate(sources):
             ex.source = i

@@ -263,7 +263,10 @@ def extract_tar(stream: Any, ex: Extractor, limits: ArchiveLimits, meter: Meter,
         ArchiveLimitError, UnsafeArchiveMemberError: see :func:`extract`.
     """
     counter = StreamCounter(stream, meter, splice_fd)
-    batch = splice_fd >= 0 and ex.can_batch()  # new plain files go to Extractor.add_new_file_from
+    # new plain files go to Extractor.add_new_file_from (copied from the source file), or with a source
+    # that is not a regular file, when the caller asked for it (snapshot hydrate), to
+    # Extractor.add_new_file_data (their bytes, read here, kept in the batch)
+    batch = ex.can_batch() and (splice_fd >= 0 or ex.batch_in_memory)
     info_cls = _guarded_tarinfo(limits, counter, meter)
     try:
         _read_members(counter, info_cls, ex, meter, check_cancel, batch)
@@ -339,9 +342,12 @@ def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter
     ex.count_member(name)
     if ti.isreg():
         if ti.sparse is None and ti.type != tarfile.GNUTYPE_SPARSE:
-            if batch and counter.position == ti.offset_data and counter.can_splice() and \
-                    ex.add_new_file_from(name, ti.mode, ti.mtime, ti.size, counter, ti.offset_data):
-                return
+            if batch and counter.position == ti.offset_data:
+                if counter.can_splice():
+                    if ex.add_new_file_from(name, ti.mode, ti.mtime, ti.size, counter, ti.offset_data):
+                        return
+                elif counter.splice_fd < 0 and ex.add_new_file_data(name, ti.mode, ti.mtime, ti.size, counter):
+                    return
             _add_plain_file(name, ti.mode, ti.uid, ti.gid, ti.size, ti.mtime, ex, counter, ti.offset_data)
             return
         fobj = tf.extractfile(ti)  # sparse: tarfile expands the holes
