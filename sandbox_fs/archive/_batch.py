@@ -55,8 +55,8 @@ class FileBatch:
         #: the source file its offsets are in (one batch never mixes sources: a chain's archives
         #: each have their own, see ``extract_streams``); -1 until its first member
         self.src_fd = -1
-        #: the files' data when they are in memory (offsets index it; ``src_fd`` is then not read): written
-        #: by the calling thread before the batch is handed over, never after
+        #: the files' data when they are in memory (offsets index it, ``nbytes`` of it are theirs; ``src_fd``
+        #: is then not read): written by the calling thread before the batch is handed over, never after
         self.data: bytearray | None = None
 
     def made_all(self) -> bool:
@@ -74,8 +74,9 @@ class FileBatch:
                 self.result = _native.extract_files(src_fd, self.stage_fd, self.resolver, self.nums, self.names,
                                                     self.n, self.owner)
             else:
-                self.result = _native.extract_files(-1, self.stage_fd, self.resolver, self.nums, self.names,
-                                                    self.n, self.owner, self.data)
+                with memoryview(self.data) as whole, whole[:self.nbytes] as held:  # the bytes queued, no more
+                    self.result = _native.extract_files(-1, self.stage_fd, self.resolver, self.nums, self.names,
+                                                        self.n, self.owner, held)
         except BaseException as exc:  # reported in the calling thread
             self.result = exc
 

@@ -93,6 +93,7 @@ class BatchedFiles:
     _threaded: bool
     _batch_failed: bool
     batch_in_memory: bool
+    _spare: bytearray | None
     _mode_flags_cache: dict[int, tuple[int, int]]
     check_cancel: Callable[[], None] | None
 
@@ -193,16 +194,17 @@ class BatchedFiles:
         if self._batch.n and self._batch.data is None:
             self._submit()  # the queued files are in a source file (the archive before this one)
         self._parents(path, name)
-        data = counter.read(size) if size else b""
-        if len(data) < size:
-            counter.unread(data)
-            return False
-        self.meter.add_written(size)
         b = self._batch
-        if b.data is None:
-            b.data = bytearray()
-        off = len(b.data)
-        b.data += data
+        if b.data is None:  # a buffer of a batch already made, or a new one
+            b.data, self._spare = self._spare or bytearray(BATCH_BYTES + MEMORY_FILE_BYTES), None
+        off = b.nbytes  # the batch's bytes so far: the buffer holds them from 0 (< BATCH_BYTES)
+        if size:
+            with memoryview(b.data) as whole, whole[off:off + size] as view:
+                got = counter.read_into(view)
+            if got < size:  # the stream ends inside: one by one, from these same bytes
+                counter.unread(bytes(b.data[off:off + got]))
+                return False
+        self.meter.add_written(size)
         self._enqueue(path, name, mode, mtime, off, size, -1)
         if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
             self._submit()
@@ -303,12 +305,15 @@ class BatchedFiles:
             self._complete(self._take_back())
 
     def _complete(self, b: FileBatch) -> None:
-        """Check a finished batch (one never run holds nothing to check)."""
+        """Check a finished batch (one never run holds nothing to check); keep its buffer for the next one."""
         try:
             self._check_result(b)
         except BaseException:
             self._batch_failed = True
             raise
+        finally:
+            if b.data is not None:  # nothing reads it any more: the helper thread is done with b
+                self._spare, b.data = b.data, None
 
     def _check_result(self, b: FileBatch) -> None:
         res = b.result
@@ -335,7 +340,7 @@ class BatchedFiles:
             rest.members = b.members[done + 1:]
             rest.n = b.n - done - 1
             rest.src_fd = b.src_fd
-            rest.data = b.data  # the same offsets index it
+            rest.data, rest.nbytes = b.data, b.nbytes  # the same offsets index the same bytes
             rest.run(rest.src_fd)
             b, res = rest, rest.result
 

@@ -216,6 +216,17 @@ class InputCounter:
         b[: len(data)] = data
         return len(data)
 
+    def read_into(self, view: memoryview) -> int:
+        """Read at most ``len(view)`` bytes into ``view`` (0: the end), counted; straight from the
+        source's ``readinto`` when it has one and the sniffed prefix is consumed (no copy between)."""
+        readinto = getattr(self._raw, "readinto", None)
+        if self._prefix or readinto is None:
+            return self.readinto(view)
+        n = readinto(view) or 0
+        if n:
+            self._meter.add_input(n)
+        return n
+
     def close(self) -> None:  # the caller owns the source
         pass
 
@@ -495,6 +506,44 @@ class StreamCounter:
                                         self.position - self.header_start, self._meter.member,
                                         reason="tar header data (PAX, GNU long name or sparse map) is too large")
         return data
+
+    def read_into(self, view: memoryview) -> int:
+        """Read the next ``len(view)`` bytes (fewer only at the end) into ``view``; counted as :meth:`read` counts.
+
+        From an :class:`InputCounter` stream (uncompressed, not a source file,
+        nothing pushed back) the bytes go from the source's ``readinto``
+        straight into ``view``; otherwise through :meth:`read`.
+
+        Returns:
+            The count of bytes read.
+
+        Raises:
+            The errors of :meth:`read`.
+        """
+        stream = self._stream
+        n = len(view)
+        if self._pushback or self._splice_fd >= 0 or type(stream) is not InputCounter:
+            data = self.read(n)
+            view[:len(data)] = data
+            return len(data)
+        got = 0
+        try:
+            while got < n:
+                k = stream.read_into(view[got:])
+                if not k:
+                    break
+                got += k
+        except (OSError, *PARSE_ERRORS) as exc:
+            raise ArchiveFormatError(f"corrupt compressed data: {type(exc).__name__}", member=self._meter.member,
+                                     diagnostic=str(exc)) from None
+        if got:
+            self.position += got
+            self._meter.add_stream(got)
+            if self.header_depth and self.position - self.header_start > self._meter.limits.max_header_bytes + HEADER_SLACK_BYTES:
+                raise ArchiveLimitError("max_header_bytes", self._meter.limits.max_header_bytes,
+                                        self.position - self.header_start, self._meter.member,
+                                        reason="tar header data (PAX, GNU long name or sparse map) is too large")
+        return got
 
     def _read_stream(self, n: int) -> bytes:
         """Read ``n`` bytes (fewer only at the end) from the decompressor or the source's reader."""

@@ -231,6 +231,7 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
         self._batch_failed = False  # a batch error was raised: later queued files are never made
         #: new files read from a stream may be queued with their bytes (add_new_file_data): snapshot hydrate
         self.batch_in_memory = False
+        self._spare: bytearray | None = None  # the buffer of a made memory batch, for the next one
         self._mode_flags_cache: dict[int, tuple[int, int]] = {}
         self._last_parent = b""  # the last member parent found to be a directory of this run (see _parents)
         self._exact = exact_modes or None
