@@ -34,6 +34,9 @@ whole piece is reused, and a directory with a few changed entries
 re-encodes only their segments.  The pieces, between a zlib header and the
 final block with the Adler-32 of the whole text, make one ordinary zlib
 stream of the document :func:`._index.encode_index` writes (:func:`_pack`).
+A directory walked entry by entry has its piece made when its chunk
+closes, in the persist's archive writer thread once that runs (beside the
+walk, see ``_TarStream.beside``); the rest are made by :meth:`Layering.index`.
 """
 
 from __future__ import annotations
