@@ -61,6 +61,7 @@ from ._header import MemberHeader, encode_header, encode_listed, ustar_fits
 from ._tar import PendingSha, _TarStream
 from ._walk import (
     BeginDir,
+    KnownListing,
     StatLike,
     _ListedEntry,
     _Prune,
@@ -250,7 +251,8 @@ def _walk_into(ws: Root, prune: _Prune, policy: SnapshotPolicy, on_unrestorable:
         if setup is not None:
             setup(state)
         last_report = time.monotonic()
-        with contextlib.closing(_walk(ws, src, prune, state.skipped, state.admit_dir, state.begin_dir)) as walk:
+        with contextlib.closing(_walk(ws, src, prune, state.skipped, state.admit_dir, state.begin_dir,
+                                      state.known_listing)) as walk:
             for dfd, nondirs in walk:
                 for entry in nondirs:
                     if state.add_nondir(entry, dfd) and progress is not None:
@@ -320,6 +322,8 @@ class _WalkState:
         self.records: list[IndexEntry] | None = None
         #: layered persist: offered each directory's listing first (see _walk.BeginDir), and called after the walk
         self.begin_dir: BeginDir | None = None
+        #: layered persist: whether a listing is one a previous walk checked (see _walk.KnownListing)
+        self.known_listing: KnownListing | None = None
         self.end_dirs: Callable[[], None] | None = None
         #: when a list, every subdirectory admit_dir admits is appended to it
         self.admitted: list[_ListedEntry] | None = None

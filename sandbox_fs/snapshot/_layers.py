@@ -20,7 +20,9 @@ records, see :func:`sandbox_fs._native.scan_dir`, compared whole), every entry o
 admitted plainly (a regular file with one link or a directory; no symlink,
 nothing skipped, excluded or deferred) and strictly older than the walk that
 recorded it (the racy rule).  Nothing of such a directory is decoded, opened
-or read: its records are appended as they are.  Its subdirectories are still
+or read (nor searched for a repeated name again: the same bytes as a listing
+the walk before checked hold the same names): its records are appended as
+they are.  Its subdirectories are still
 entered one by one, each opened by its path beneath the workspace Root and
 identity-checked (:func:`._walk._walk`).  A directory that differs is walked
 entry by entry, and each entry the parent's chunk proves unchanged is taken
@@ -236,6 +238,16 @@ class Layering:
             cache = self.parent.walk_cache
             if isinstance(cache, _WalkCache) and cache.config == self._config:
                 self._cache = cache
+                state.known_listing = self.known_listing
+
+    def known_listing(self, dpath: str, raw: bytes) -> bool:
+        """True when ``raw`` is the listing the parent walk recorded for ``dpath`` (see ``_walk.KnownListing``).
+
+        Every chunk's key is a listing its walk checked for a repeated name
+        (or one byte for byte such a listing, taken over from the walk before).
+        """
+        old = self._cache.chunks.get(dpath) if self._cache is not None else None
+        return old is not None and old.key == raw
 
     def _old(self) -> dict[str, IndexEntry]:
         if self._old_by_path is None:

@@ -389,9 +389,15 @@ class _DirFrame:
 BeginDir = Callable[[str, Sequence[tuple[str, StatLike]], int], "list[_ListedEntry] | None"]
 
 
+#: a layered walk's hook: True when ``raw`` (a directory's scan records, at that sandbox path) is byte for byte a
+#: listing an earlier walk checked for a repeated name and found none (the same bytes hold the same names)
+KnownListing = Callable[[str, bytes], bool]
+
+
 def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
           admit_dir: Callable[[_ListedEntry, int], bool],
-          begin_dir: BeginDir | None = None) -> Generator[tuple[int, list[_ListedEntry]], None, None]:
+          begin_dir: BeginDir | None = None,
+          known: KnownListing | None = None) -> Generator[tuple[int, list[_ListedEntry]], None, None]:
     """Deterministic top-down walk over directory fds, pruning excluded paths, mount points and grant roots.
 
     Yields ``(dfd, nondirs)`` once per directory: its open fd (valid until
@@ -405,7 +411,9 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
     of :meth:`Root.walk`.  With ``begin_dir``, each listing is first offered
     to it (a layered persist taking an unchanged directory over whole: see
     :data:`BeginDir`); a directory it takes yields no non-directories and
-    enters the subdirectories it returns.
+    enters the subdirectories it returns.  A listing that ``known`` says is
+    byte for byte one an earlier walk found without a repeated name (see
+    :data:`KnownListing`) is not searched for one again.
 
     A listing comes from a held directory fd, and a held fd can be moved
     out of the workspace at any time (with anything written into it
@@ -449,7 +457,8 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
                                              sandbox_path=dpath or ".",
                                              context={"max_listing_bytes": _native.SCAN_MAX_BYTES}) from None
                 _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
-            if isinstance(listing, _Listing) and listing.repeats():  # never one path twice in a walk
+            if isinstance(listing, _Listing) and not (known is not None and known(dpath, listing.raw)) \
+                    and listing.repeats():  # never one path twice in a walk
                 raise SnapshotSourceChangedError("a directory changed while it was listed (a name came twice)",
                                                  sandbox_path=dpath or ".")
             taken = begin_dir(dpath, listing, dfd) if begin_dir is not None else None
