@@ -221,6 +221,8 @@ class Layering:
         #: (:meth:`_end_dirs`); None once one is not (everything after is hashed as it is recorded)
         self._deferred: list[_Chunk] | None = []
         self._sha_end: Any = None  # the digest's state after the last directory (for the next walk's jump)
+        #: the last :func:`_diff_in_place` known_listing made: (parent chunk, listing, its result)
+        self._in_place: tuple[_Chunk, bytes, dict[int, bytes] | None] | None = None
         self._beside = _Deflater()  # used by the writer thread only, for the pieces it makes (see _close)
 
     def setup(self, state: _WalkState) -> None:
@@ -241,13 +243,24 @@ class Layering:
                 state.known_listing = self.known_listing
 
     def known_listing(self, dpath: str, raw: bytes) -> bool:
-        """True when ``raw`` is the listing the parent walk recorded for ``dpath`` (see ``_walk.KnownListing``).
+        """True when ``raw`` holds the names of the listing the parent walk recorded for ``dpath``, in its places.
 
         Every chunk's key is a listing its walk checked for a repeated name
-        (or one byte for byte such a listing, taken over from the walk before).
+        (or one holding the same names, from the walk before: see
+        ``_walk.KnownListing``).  So is ``raw`` when it is that key, or laid
+        out as it with the same name in every place (:func:`_diff_in_place`:
+        each record's name length sits where the key's does, so the records
+        parse at the key's offsets); the in-place changes are kept for
+        :meth:`_align`.
         """
         old = self._cache.chunks.get(dpath) if self._cache is not None else None
-        return old is not None and old.key == raw
+        if old is None or old.key is None:
+            return False
+        if old.key == raw:
+            return True
+        found = _diff_in_place(old, raw, not dpath)
+        self._in_place = (old, raw, found)
+        return found is not None
 
     def _old(self) -> dict[str, IndexEntry]:
         if self._old_by_path is None:
@@ -411,7 +424,11 @@ class Layering:
         entry must keep its place in walk order (a directory stays a
         directory, anything else stays not one).
         """
-        found = _diff_in_place(old, listing.raw, not dpath)
+        kept, self._in_place = self._in_place, None
+        if kept is not None and kept[0] is old and kept[1] is listing.raw:
+            found = kept[2]  # (computed for known_listing already)
+        else:
+            found = _diff_in_place(old, listing.raw, not dpath)
         offs = old.offs if found is not None else None
         if found is None:
             found = _diff_by_name(old, listing, dpath)
