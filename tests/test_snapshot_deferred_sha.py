@@ -158,44 +158,6 @@ def test_property_encode_listed_is_encode_header(parts, kind, mode, mtime, size,
         encode_header(MemberHeader(name, kind, mode, mtime, size, link))
 
 
-def test_a_call_beside_the_walk_runs_in_order_and_its_error_reaches_the_caller(monkeypatch):
-    """``_TarStream.beside``: nothing without a writer thread; with one, calls run in the writer thread in
-    order, done by ``close``; an exception in one is raised by the stream like a write error."""
-    monkeypatch.setattr(snap_tar, "_WRITE_BUF_BYTES", 1024)
-
-    class Sink:
-        def __init__(self):
-            self.data = bytearray()
-
-        def write(self, b):
-            self.data += b
-            return len(b)
-
-    def run(fns) -> tuple[list, BaseException | None]:
-        tar = snap_tar._TarStream(Sink())  # type: ignore[arg-type]
-        ran: list = []
-        assert not tar.beside(lambda: ran.append("early"))  # no writer thread yet: not queued
-        try:
-            for i in range(3):
-                for _ in range(3):
-                    tar.add(bytes(512))  # the first buffer (two blocks) fills: the writer starts
-                for fn in fns:
-                    assert tar.beside(lambda fn=fn, i=i: ran.append((fn(), i, threading.current_thread().name)))
-            tar.close()
-            return ran, None
-        except ZeroDivisionError as exc:
-            return ran, exc
-        finally:
-            tar.stop()
-
-    ran, err = run([lambda: "x"])
-    assert err is None and [r[:2] for r in ran] == [("x", i) for i in range(3)]
-    assert {r[2] for r in ran} == {"sfs-persist-writer"}
-    ran, err = run([lambda: 1 // 0])
-    assert isinstance(err, ZeroDivisionError) and ran == []
-    assert _no_persist_thread_left()
-
-
 @pytest.mark.parametrize("enabled", [True, False])
 def test_persist_leaves_the_cyclic_collector_as_it_found_it(tmp_path, enabled):
     """Persist pauses the collector while it builds the index (``gc_paused``), on success and on error."""

@@ -38,7 +38,7 @@ from sandbox_fs.snapshot import (
     persist,
     tree_digest,
 )
-from sandbox_fs.snapshot import _entries, _layers, _tar, _walk
+from sandbox_fs.snapshot import _entries, _layers, _walk
 from sandbox_fs.snapshot._index import encode_index
 from tests.test_snapshot import _host_view, _move_out_and_plant
 from tests.test_snapshot_generations import DictObjects
@@ -148,31 +148,6 @@ def test_an_unchanged_tree_takes_the_parent_walks_digest_state(tree, monkeypatch
     info = persist(w, store, "s").info  # the jump again, to the state the walk before it left
     assert len(hashed) == 4 and info.tree_digest == tree_digest(w)
     _check_index(store, objects)
-
-
-def test_index_pieces_made_beside_the_walk_make_encode_indexs_document(tree, monkeypatch):
-    """With the writer thread running from the first KiB on, each directory's index piece is made there, beside
-    the walk: the index object is still encode_index's document, and so is the next layer's, which reuses
-    those pieces (a changed file in one such directory re-encodes only its own segment)."""
-    monkeypatch.setattr(_tar, "_WRITE_BUF_BYTES", 1024)  # the writer thread starts after two members
-    made: list[bool] = []
-    real = _tar._TarStream.beside
-    monkeypatch.setattr(_tar._TarStream, "beside", lambda self, fn: made.append(real(self, fn)) or made[-1])
-    ws, w, objects, store = tree
-    persist(w, store, "s")
-    assert made.count(True) >= 3, made  # "a/b", "big", "c": walked after the writer started
-    _check_index(store, objects)
-    (ws / "big" / "f07").write_text("file 7, changed\n")
-    (ws / "a" / "new").write_text("new\n")
-    _tick()
-    info = persist(w, store, "s").info
-    assert info.chain_length == 2 and info.tree_digest == tree_digest(w)
-    _check_index(store, objects)
-    out = ws.parent / "out"
-    out.mkdir()
-    with open_root(out) as o:
-        hydrate(o, store, "s")
-    assert _host_view(out) == _host_view(ws)
 
 
 def test_a_changed_file_is_the_only_entry_walked_in_its_directory(tree, monkeypatch):

@@ -36,14 +36,10 @@ whole piece is reused, and a directory with a few changed entries
 re-encodes only their segments.  The pieces, between a zlib header and the
 final block with the Adler-32 of the whole text, make one ordinary zlib
 stream of the document :func:`._index.encode_index` writes (:func:`_pack`).
-A directory walked entry by entry has its piece made when its chunk
-closes, in the persist's archive writer thread once that runs (beside the
-walk, see ``_TarStream.beside``); the rest are made by :meth:`Layering.index`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import stat as _stat
 import struct
@@ -223,7 +219,6 @@ class Layering:
         self._sha_end: Any = None  # the digest's state after the last directory (for the next walk's jump)
         #: the last :func:`_diff_in_place` known_listing made: (parent chunk, listing, its result)
         self._in_place: tuple[_Chunk, bytes, dict[int, bytes] | None] | None = None
-        self._beside = _Deflater()  # used by the writer thread only, for the pieces it makes (see _close)
 
     def setup(self, state: _WalkState) -> None:
         """Make the walk record index entries, and (for a layer) skip unchanged entries."""
@@ -503,14 +498,8 @@ class Layering:
                        len(parts) == end - opened.records and self._plain(opened, end))
         if chunk.plain:
             self._per_entry(chunk, opened, end)
-        built = _Built(opened.records, end, chunk, opened.old if chunk.plain else None, opened.changed)
-        self._chunks.append(built)
+        self._chunks.append(_Built(opened.records, end, chunk, opened.old if chunk.plain else None, opened.changed))
         self._paths.append(opened.path)
-        if built.old is None and self.generation and end > opened.records:
-            # Its index piece, made beside the walk (the writer thread has time to spare while this one
-            # walks, reads and hashes): its entries are final (layers set, contents hashed here).
-            chunk.entries = self.records[opened.records:end]
-            state.tar.beside(functools.partial(_packed, chunk, self._beside))
 
     def _plain(self, opened: _Open, end: int) -> bool:
         """True when every entry listed in ``opened`` was admitted plainly, one index entry each."""
@@ -560,11 +549,7 @@ class Layering:
     # -- the new index
 
     def index(self, generation: int) -> Index:
-        """The new generation's index: entries written now get ``generation`` as their layer.
-
-        Call after the tar stream's ``close``: the pieces its writer thread made
-        beside the walk (see :meth:`_close`) are done then.
-        """
+        """The new generation's index: entries written now get ``generation`` as their layer."""
         records = self.records
         assert self.generation in (0, generation), "the walk recorded another generation"
         if not self.generation:  # recorded with layer 0 (not known before the walk): set it now

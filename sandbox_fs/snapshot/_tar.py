@@ -21,7 +21,7 @@ import os
 import queue
 import tarfile
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ._errors import SnapshotError, SnapshotSourceChangedError
 
@@ -107,10 +107,7 @@ class _WriterThread:
     ``(sha, bytes of a buffer)``, applied in order; a hash job for bytes of a
     buffer is always queued before that buffer's write, so the bytes are
     hashed before the buffer can come back to the caller.  :attr:`hashed`
-    counts the hash jobs taken (see :class:`PendingSha`).  And *calls*
-    (:meth:`call`): work of the caller's that can run beside the walk (a
-    layered persist's index pieces), run in order with the rest, so all of
-    them are done once :meth:`drain` returns.
+    counts the hash jobs taken (see :class:`PendingSha`).
 
     The first error (ENOSPC ...) is kept and raised in the caller's thread
     by the next :meth:`swap` or :meth:`drain`; buffers after it are
@@ -138,15 +135,8 @@ class _WriterThread:
             if job is None:
                 return
             buf, n = job
-            if type(n) is not int:
-                if n is None:  # a call
-                    try:
-                        if self._error is None:
-                            buf()
-                    except BaseException as exc:  # kept and raised in the caller's thread
-                        self._error = exc
-                    continue
-                if self._error is None:  # a hash job: (sha, bytes of a buffer queued after it)
+            if type(n) is not int:  # a hash job: (sha, bytes of a buffer queued after it)
+                if self._error is None:
                     buf.update(n)
                 self.hashed += 1
                 continue
@@ -184,14 +174,6 @@ class _WriterThread:
         self.queued += 1
         self._filled.put((sha, data))
         return self.queued
-
-    def call(self, fn: Callable[[], object]) -> None:
-        """Run ``fn()`` in the writer thread after everything queued so far (done once :meth:`drain` returns).
-
-        ``fn`` must touch nothing the caller uses before then.  What it
-        raises is kept and raised in the caller's thread like a write error.
-        """
-        self._filled.put((fn, None))
 
     def write_now(self, data: bytes) -> None:
         """Write ``data`` after everything queued, and wait for it (a very long header; never in practice).
@@ -377,17 +359,6 @@ class _TarStream:
         if offload is not None and seq:
             return PendingSha(sha, seq, offload)
         return sha.hexdigest()
-
-    def beside(self, fn: Callable[[], object]) -> bool:
-        """Run ``fn()`` in the writer thread, beside the caller's walk, if that thread runs (see :meth:`_WriterThread.call`).
-
-        Returns:
-            False when no writer thread runs (the archive still fits one buffer): ``fn`` was not queued.
-        """
-        if self._writer is None:
-            return False
-        self._writer.call(fn)
-        return True
 
     def close(self) -> None:
         """End the archive as tarfile does (two zero blocks, zero-padded to a 10240-byte record), write it all.
