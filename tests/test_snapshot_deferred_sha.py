@@ -185,3 +185,40 @@ def test_persist_leaves_the_cyclic_collector_as_it_found_it(tmp_path, enabled):
             assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_the_walk_gets_ahead_of_a_slow_writer_by_at_most_max_buffers(monkeypatch):
+    """While the writer thread is behind, swap makes another buffer instead of waiting, up to _MAX_BUFFERS;
+    then it waits.  Every byte is still written once and in order."""
+    monkeypatch.setattr(snap_tar, "_WRITE_BUF_BYTES", 1024)
+    monkeypatch.setattr(snap_tar, "_MAX_BUFFERS", 4)
+    made: list[int] = []
+    real_buffer = snap_tar._buffer
+    monkeypatch.setattr(snap_tar, "_buffer", lambda: made.append(1) or real_buffer())
+    go = threading.Event()
+
+    class SlowSink:
+        def __init__(self):
+            self.data = bytearray()
+
+        def write(self, b):
+            go.wait()
+            self.data += b
+            return len(b)
+
+    sink = SlowSink()
+    tar = snap_tar._TarStream(sink)  # type: ignore[arg-type]
+    blocks = [bytes([i]) * 512 for i in range(20)]
+    feeder = threading.Thread(target=lambda: [tar.add(b) for b in blocks])
+    try:
+        feeder.start()
+        feeder.join(0.5)
+        assert feeder.is_alive() and len(made) == 4  # 4 buffers: 1 being written, 2 queued, 1 filling
+        go.set()
+        feeder.join()
+        tar.close()
+    finally:
+        go.set()
+        tar.stop()
+    assert len(made) == 4 and bytes(sink.data[:20 * 512]) == b"".join(blocks)
+    assert len(sink.data) % 10240 == 0 and not any(sink.data[20 * 512:])

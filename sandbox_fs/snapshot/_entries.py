@@ -84,7 +84,7 @@ class _Digest:
     thread (a :class:`~._tar.PendingSha`): its record, and every record
     after it, wait in :attr:`_queue` (in walk order) until it is done, so the
     digest covers the same bytes in the same order either way.  The queue
-    holds at most the files of the two write buffers in flight.
+    holds at most the files of the write buffers in flight.
 
     Attributes:
         parts: when a list, every record added is also appended to it (a layered
