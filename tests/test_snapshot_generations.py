@@ -610,3 +610,64 @@ def test_verifying_reader_raises_the_stores_error_and_close_joins_its_thread() -
     assert thread is not None and not thread.is_alive()
     with pytest.raises(ValueError):
         reader.read(1)
+
+
+@pytest.mark.parametrize("at", [0, 600, -1])
+def test_open_archive_refuses_an_object_swapped_after_its_verified_read(env, at):
+    """A hostile store serves the recorded bytes to the verifying read and others (same size) after it:
+    the reader returned never hands out the swapped archive's last byte (CRC-32 kept or not)."""
+    ws, _dst, w, _d, objects, store = env
+    _tree(ws, "a")
+    info = persist(w, store, "s").info
+    good = objects.objs[info.archive][0]
+    bad = bytearray(good)
+    bad[at] ^= 0x20
+    real, calls = objects.open_range, []
+
+    def swapping(key, start=0, length=None):
+        calls.append(key)
+        if key == info.archive and calls.count(key) == 2:  # the read after the verified one
+            data, etag, mtime = objects.objs[key]
+            objects.objs[key] = (bytes(bad), etag, mtime)
+        return real(key, start, length)
+    objects.open_range = swapping
+    f, _got = store.open_archive("s", SnapshotLimits())
+    with f, pytest.raises(SnapshotCorruptError):
+        while f.read(100):
+            pass
+
+
+@settings(max_examples=25, deadline=None)
+@given(pos=st.floats(0, 1, exclude_max=True), chunk=st.sampled_from([1, 7, 512, 4096, 1 << 20]), swap=st.booleans())
+def test_property_open_archive_reads_the_recorded_bytes_or_refuses(tmp_path_factory, pos, chunk, swap):
+    """Any read sizes: exactly the recorded bytes when the store keeps them; a refusal when any byte was swapped."""
+    ws = tmp_path_factory.mktemp("ws")
+    _tree(ws, "a")
+    objects = DictObjects()
+    store = GenerationStore(objects, keep=2)
+    with open_root(ws) as w:
+        info = persist(w, store, "s").info
+    good = objects.objs[info.archive][0]
+    real, calls = objects.open_range, []
+
+    def swapping(key, start=0, length=None):
+        calls.append(key)
+        if swap and key == info.archive and calls.count(key) == 2:
+            data, etag, mtime = objects.objs[key]
+            bad = bytearray(data)
+            bad[int(pos * len(bad))] ^= 1
+            objects.objs[key] = (bytes(bad), etag, mtime)
+        return real(key, start, length)
+    objects.open_range = swapping
+    f, _got = store.open_archive("s", SnapshotLimits())
+    out = bytearray()
+    with f:
+        if swap:
+            with pytest.raises(SnapshotCorruptError):
+                while data := f.read(chunk):
+                    out += data
+            assert len(out) < len(good)  # the last bytes never came out
+        else:
+            while data := f.read(chunk):
+                out += data
+            assert bytes(out) == good

@@ -79,7 +79,7 @@ from ._baseline import Baseline, baseline_index, read_baseline, write_baseline
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
-from ._reader import VerifyingReader
+from ._reader import VerifiedToEnd, VerifyingReader
 from ._store import PendingArchive, SnapshotStore, _HashingSink, _info_from_json, _info_to_json
 
 __all__ = ["GenerationStore", "GcReport", "MAX_CHAIN", "MAX_DELTA_RATIO", "MIN_GC_AGE_S"]
@@ -849,7 +849,7 @@ class GenerationStore:
 
         The reader's :meth:`~VerifyingReader.verify` must be called after the
         extraction and before anything the archive produced is used (hydrate
-        does): it checks size, CRC-32 and SHA-256 against the metadata.
+        does): it checks size and SHA-256 against the metadata.
 
         Args:
             name: the snapshot name.
@@ -1063,16 +1063,21 @@ class GenerationStore:
 
         Hydrate uses :meth:`open_generation` instead (one read, verified
         before the swap); this is the :class:`SnapshotStore` method for other
-        readers.
+        readers.  The store may swap the object between the two reads: the
+        returned reader verifies its own read too, before it hands out the
+        bytes that reach the recorded end (:class:`VerifiedToEnd`).
 
         Raises:
-            The errors of :meth:`open_generation`.
+            The errors of :meth:`open_generation`; the returned reader's read
+            that reaches the end raises SnapshotCorruptError when the bytes
+            read differ from the metadata's size and SHA-256.
         """
         reader, info = self.open_generation(name, limits)
         with reader:
             reader.verify(info)
         fresh, again = self.open_generation(name, limits, generation=info.generation, digest=info.digest)
-        return io.BufferedReader(fresh, _READ_CHUNK), again
+        # the second read verifies itself too: the store may have swapped the object since the first
+        return io.BufferedReader(VerifiedToEnd(fresh, again), _READ_CHUNK), again
 
     # -- removal and garbage collection
 

@@ -32,7 +32,7 @@ from typing import IO, Any
 from ._errors import SnapshotCorruptError
 from ._models import SnapshotInfo
 
-__all__ = ["VerifyingReader"]
+__all__ = ["VerifyingReader", "VerifiedToEnd"]
 
 _READ_CHUNK = 1 << 20
 #: blocks read ahead of the extractor, at most (memory: this many MiB, plus one in each thread)
@@ -194,4 +194,48 @@ class VerifyingReader(io.RawIOBase):
             self._thread.join()
         with contextlib.suppress(Exception):
             self._raw.close()
+        super().close()
+
+
+class VerifiedToEnd(io.RawIOBase):
+    """A :class:`VerifyingReader` that verifies itself: the read that reaches the recorded end verifies first.
+
+    For a reader handed to a caller who does not call
+    :meth:`VerifyingReader.verify` (``GenerationStore.open_archive``): the
+    bytes of the read that would reach ``info.archive_bytes`` (or the
+    store's end before it) are handed out only once size and SHA-256 match
+    the metadata, so a store that swaps the object after an earlier
+    verified read of it never has its archive read to the end (a check of
+    a weaker digest on the way, such as the CRC-32 a copy compares, cannot
+    be forged past it).  A reader stopped before the end got bytes not yet
+    verified.
+    """
+
+    def __init__(self, reader: VerifyingReader, info: SnapshotInfo) -> None:
+        super().__init__()
+        self._reader = reader
+        self._info = info
+        self._left = info.archive_bytes
+        self._verified = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        """Read into ``b`` (0: the end, verified).
+
+        Raises:
+            SnapshotCorruptError: this read reaches the end, and size or SHA-256 differ from the metadata.
+            SnapshotStoreError: the store failed.
+        """
+        n = self._reader.readinto(b)
+        self._left -= n
+        if not self._verified and (self._left <= 0 or not n):  # at the recorded end, or the store's
+            self._reader.verify(self._info)
+            self._verified = True
+        return n
+
+    def close(self) -> None:
+        """Close the verifying reader (its thread and the store's reader).  Idempotent."""
+        self._reader.close()
         super().close()
