@@ -158,35 +158,6 @@ def test_property_encode_listed_is_encode_header(parts, kind, mode, mtime, size,
         encode_header(MemberHeader(name, kind, mode, mtime, size, link))
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_persist_leaves_the_cyclic_collector_as_it_found_it(tmp_path, enabled):
-    """Persist pauses the collector while it builds the index (``gc_paused``), on success and on error."""
-    import gc
-
-    from sandbox_fs.snapshot import DirectorySnapshotStore, SnapshotSourceChangedError
-
-    ws_dir = tmp_path / "ws"
-    ws_dir.mkdir()
-    (ws_dir / "f").write_bytes(b"x" * 100)
-    was = gc.isenabled()
-    (gc.enable if enabled else gc.disable)()
-    try:
-        with DirectorySnapshotStore(tmp_path / "store") as store, open_root(ws_dir) as ws:
-            persist(ws, store, "s")
-            assert gc.isenabled() is enabled
-            real = snap_tar.os.readv
-            (ws_dir / "g").write_bytes(b"y" * 100)  # read by the next persist (not taken over)
-            snap_tar.os.readv = lambda fd, bufs: real(fd, bufs) + 1  # "grew": the walk raises
-            try:
-                with pytest.raises(SnapshotSourceChangedError):
-                    persist(ws, store, "s")
-            finally:
-                snap_tar.os.readv = real
-            assert gc.isenabled() is enabled
-    finally:
-        (gc.enable if was else gc.disable)()
-
-
 def test_the_walk_gets_ahead_of_a_slow_writer_by_at_most_max_buffers(monkeypatch):
     """While the writer thread is behind, swap makes another buffer instead of waiting, up to _MAX_BUFFERS;
     then it waits.  Every byte is still written once and in order."""

@@ -234,6 +234,11 @@ def gc_paused() -> Iterator[None]:
     leaves it disabled for good.)  A host that calls ``gc.disable()`` or
     ``gc.enable()`` itself while a pause is in progress gets the state from
     before the pause when the last pause ends.
+
+    Only for work bounded by what is already in memory (an index's entries,
+    a scan's records): never across I/O whose length the workspace decides
+    (a persist's walk reads every file; pausing over it stopped the host's
+    own cyclic collections for as long as the largest file took to read).
     """
     with _GC_PAUSE_LOCK:
         if not _GC_PAUSE["depth"]:

@@ -17,7 +17,6 @@ from typing import Callable, Iterable, Literal
 from ..root import Root
 from ._entries import _walk_into, fingerprint
 from ._generations import GenerationStore, _PendingGeneration
-from ._index import gc_paused
 from ._layers import Layering
 from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._store import SnapshotStore
@@ -39,9 +38,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
 
     Uses one more thread of its own once the archive outgrows one buffer
     (the archive writer, see :class:`_WriterThread`), always joined before
-    this returns or raises.  The cyclic garbage collector is paused while
-    the walk builds the index (:func:`~._index.gc_paused`, as hydrate does),
-    and enabled again after it only if it was enabled.
+    this returns or raises.
 
     Args:
         ws: the workspace Root (read through it only; never follows a symlink).
@@ -105,16 +102,14 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
                                 else None, pending.generation)
             pending.layered = layering.layered
         tar = _TarStream(pending.sink)
-        # (the index and the walk cache it keeps: thousands of objects that live on; see gc_paused)
-        with gc_paused():
-            try:
-                walked = _walk_into(ws, prune, policy, on_unrestorable, tar, progress,
-                                    layering.setup if layering is not None else None)
-                tar.close()
-            finally:
-                tar.stop()  # the writer thread is joined before the archive's fd can be closed
-            if layering is not None and isinstance(pending, _PendingGeneration):
-                pending.index = layering.index(pending.generation)
+        try:
+            walked = _walk_into(ws, prune, policy, on_unrestorable, tar, progress,
+                                layering.setup if layering is not None else None)
+            tar.close()
+        finally:
+            tar.stop()  # the writer thread is joined before the archive's fd can be closed
+        if layering is not None and isinstance(pending, _PendingGeneration):
+            pending.index = layering.index(pending.generation)
         policy.check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
         tree = walked.digest.hexdigest()
         info = SnapshotInfo(
