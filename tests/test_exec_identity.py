@@ -51,6 +51,45 @@ def lock_is_free(uid: int) -> bool:
         os.close(fd)
 
 
+def _ancestry(pid: int) -> list[int]:
+    """``pid`` and its parents up to the init of this pid namespace (what /proc shows)."""
+    out = []
+    while pid > 0 and pid not in out:
+        out.append(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:  # host-access: /proc of the test's own processes
+                pid = int(f.read().rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def lock_holders(uid: int) -> set[int]:
+    """The pids holding an flock on ``uid``'s lock file (from /proc/locks; empty when none)."""
+    st = os.stat(f"{_identity.LOCK_DIR}/{uid}")
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    pids = set()
+    with open("/proc/locks") as f:  # host-access: the kernel's lock table, read only
+        for line in f:
+            parts = [p for p in line.split() if p != "->"]  # "->": a waiter's line
+            if len(parts) < 6 or parts[1] != "FLOCK":
+                continue
+            maj, mnr, ino = parts[5].split(":")
+            if (int(maj, 16), int(mnr, 16), int(ino)) == want:
+                pids.add(int(parts[4]))
+    return pids
+
+
+def released_by(uid: int, pid: int) -> bool:
+    """True when neither ``pid`` nor any process descended from it holds ``uid``'s lock.
+
+    "Released" as a test can see it on a shared machine: another process
+    (another test run, another host) may lease the freed id at once, so
+    :func:`lock_is_free` after a release is racy; this is not.
+    """
+    return not any(pid in _ancestry(holder) for holder in lock_holders(uid))
+
+
 @pytest.fixture
 def open_tmp():
     """A temp dir every uid may search (pytest's tmp_path sits under a 0700 directory)."""
@@ -122,8 +161,9 @@ async def test_two_concurrent_sessions_get_different_ids(client):
         ra, rb = await a.exec(["id", "-u"]), await b.exec(["id", "-u"])
         assert int(ra.stdout) == a.identity[0] and int(rb.stdout) == b.identity[0]
         assert not lock_is_free(a.identity[0]) and not lock_is_free(b.identity[0])
+        assert not released_by(a.identity[0], os.getpid()) and not released_by(b.identity[0], os.getpid())
         ids = (a.identity[0], b.identity[0])
-    assert all(lock_is_free(u) for u in ids)  # released at close
+    assert all(released_by(u, os.getpid()) for u in ids)  # released at close
     await client.delete(a)
     await client.delete(b)
 
@@ -136,9 +176,9 @@ async def test_supervisor_lease_released_at_close(wsr):
     assert r1.identity == r2.identity  # one identity per supervisor (session)
     assert not lock_is_free(r1.identity[0])
     await sup.aclose()
-    assert lock_is_free(r1.identity[0])
+    assert released_by(r1.identity[0], os.getpid())
     r3 = await run(base, ws, ["true"])  # a private supervisor: leased and given back per call
-    assert lock_is_free(r3.identity[0])
+    assert released_by(r3.identity[0], os.getpid())
 
 
 def test_lease_freed_when_its_host_is_sigkilled():
@@ -154,7 +194,7 @@ def test_lease_freed_when_its_host_is_sigkilled():
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
-    assert lock_is_free(uid)
+    assert released_by(uid, p.pid)
 
 
 def test_ids_in_use_are_never_leased(monkeypatch):
