@@ -27,6 +27,7 @@ if S3_INFO=$("$VENV/bin/python" tests/_seaweed.py start "$S3_DATA"); then
     # a test may kill and restart it: the running pid is the one in weed.pid
     stop_s3() {
         kill -9 "$(cat "$S3_DATA/weed.pid" 2>/dev/null || echo "$S3_PID")" 2>/dev/null || true
+        "$VENV/bin/python" tests/_seaweed.py clean "$S3_DATA" || true  # weed's sockets in /tmp
         rm -rf --one-file-system "$S3_DATA"
     }
     trap stop_s3 EXIT

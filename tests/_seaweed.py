@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,7 @@ class Server:
             self.kill(signal.SIGKILL)
             self.proc.wait(10)
             self.proc = None
+            remove_grpc_sockets(self.ports)
         if self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -190,7 +192,7 @@ def start(data_dir: str, *, timeout: float = START_TIMEOUT, log: str | None = No
     with open(identities, "w") as f:
         json.dump({"identities": [{"name": "sfs-test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
                                    "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}, f)
-    args = [weed, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    args = [weed, f"-logdir={data_dir}", "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={master}", f"-master.port.grpc={master_grpc}",
             f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
             f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
@@ -246,9 +248,30 @@ def server() -> Server:
     return srv
 
 
+def remove_grpc_sockets(ports: list[int] | None) -> None:
+    """Remove the unix sockets a stopped ``weed server`` leaves behind: ``/tmp/seaweedfs-SVC-grpc-PORT.sock``.
+
+    weed makes one per service at that fixed path (not under ``-dir`` nor
+    ``$TMPDIR``) and never removes it; ``ports`` are :attr:`Server.ports`
+    (the order of :func:`start`).  Only sockets are removed.
+    """
+    if not ports or len(ports) != 8:
+        return
+    for svc, port in zip(("master", "volume", "filer", "s3"), ports[1::2]):
+        path = f"/tmp/seaweedfs-{svc}-grpc-{port}.sock"  # host-access: weed's own fixed socket path
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+
+
 def _main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "clean":  # after the server of DATA_DIR was killed (scripts/test.sh)
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(argv[2], "weed.ports")) as f:
+                remove_grpc_sockets([int(p) for p in f.read().split()])
+        return 0
     if len(argv) != 3 or argv[1] != "start":
-        print("usage: _seaweed.py start DATA_DIR", file=sys.stderr)
+        print("usage: _seaweed.py start|clean DATA_DIR", file=sys.stderr)
         return 2
     try:
         srv = start(argv[2])
