@@ -177,9 +177,8 @@ def test_earlier_batch_error_wins_over_a_later_member_error(layout, tmp_path, mo
     assert os.listdir(layout.ws) == []
 
 
-def test_name_appearing_in_staging_is_replaced_like_one_by_one(layout, tmp_path, monkeypatch):
-    """A queued name that exists when the batch runs (a racing process, a case-folding filesystem)
-    is replaced atomically, as the one-by-one path does; the rest of the batch is still made."""
+def race_first_queued_name(monkeypatch) -> None:
+    """Make every batch find its first queued name already made in staging ("raced") when it runs."""
     real_run = _batch.FileBatch.run
 
     def run(self, src_fd):
@@ -191,6 +190,12 @@ def test_name_appearing_in_staging_is_replaced_like_one_by_one(layout, tmp_path,
         real_run(self, src_fd)
 
     monkeypatch.setattr(_batch.FileBatch, "run", run)
+
+
+def test_name_appearing_in_staging_is_replaced_like_one_by_one(layout, tmp_path, monkeypatch):
+    """A queued name that exists when the batch runs (a racing process, a case-folding filesystem)
+    is replaced atomically, as the one-by-one path does; the rest of the batch is still made."""
+    race_first_queued_name(monkeypatch)
     data = tar_bytes([ti("d/a", data=b"archive"), ti("d/b", data=b"bbb"), ti("d/c", data=b"ccc")])
     with open_root(layout.ws) as root:
         rep = extract(root, "dest", _write(tmp_path, data))

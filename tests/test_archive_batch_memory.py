@@ -18,7 +18,7 @@ import tarfile
 from array import array
 
 import pytest
-from test_archive_batch import _many, _tree, _write
+from test_archive_batch import _many, _tree, _write, race_first_queued_name
 from test_archive_builders import tar_bytes, ti
 
 from sandbox_fs import open_root
@@ -114,16 +114,7 @@ def test_an_earlier_held_batch_error_wins_over_a_later_member_error(layout, monk
 
 
 def test_a_name_appearing_in_staging_is_replaced_with_the_held_bytes(layout, monkeypatch):
-    real_run = _batch.FileBatch.run
-
-    def run(self, src_fd):
-        name = bytes(self.names).split(b"\0")[0]
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=self.stage_fd)
-        os.write(fd, b"raced")
-        os.close(fd)
-        real_run(self, src_fd)
-
-    monkeypatch.setattr(_batch.FileBatch, "run", run)
+    race_first_queued_name(monkeypatch)
     data = tar_bytes([ti("d/a", data=b"archive"), ti("d/b", data=b"bbb"), ti("d/c", data=b"ccc")])
     with open_root(layout.ws) as root:
         assert _stream(root, "dest", data).files == 3
