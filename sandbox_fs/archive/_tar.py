@@ -51,9 +51,9 @@ import re
 import stat as _stat
 import tarfile
 import types
-import zlib
 from typing import Any, Callable
 
+from .._bytesum import byte_sum
 from ._errors import ArchiveFormatError, ArchiveLimitError
 from ._models import ArchiveLimits
 from ._streams import PARSE_ERRORS, Meter, StreamCounter
@@ -166,9 +166,8 @@ class _HeaderSums:
 
     tarfile unpacks the header into 504 ints and sums them twice, which was
     about a sixth of hydrate's parsing thread (the stdlib tree: ~0.1 s).
-    Here the unsigned sum comes from Adler-32, whose low half is one plus
-    the byte sum modulo 65521, exact for a piece of at most 256 bytes (at
-    most 65280); the signed sum (bytes >= 0x80 counted negative), which
+    Here the unsigned sum comes from :func:`~sandbox_fs._bytesum.byte_sum`
+    (Adler-32 pieces, in C); the signed sum (bytes >= 0x80 counted negative), which
     only an old or odd writer needs, is computed only when the unsigned one
     does not match.
     """
@@ -178,8 +177,7 @@ class _HeaderSums:
     def __init__(self, buf: bytes) -> None:
         self._buf = buf
         # the 8 checksum bytes (148:156) count as spaces: 8 * 0x20 = 256
-        self.unsigned = 253 + (zlib.adler32(buf[:148]) & 0xFFFF) + (zlib.adler32(buf[156:412]) & 0xFFFF) \
-            + (zlib.adler32(buf[412:512]) & 0xFFFF)
+        self.unsigned = 256 + byte_sum(buf[:148]) + byte_sum(buf[156:512])
 
     def __contains__(self, x: object) -> bool:
         return x == self.unsigned or x == self.signed()
