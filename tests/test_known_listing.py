@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandbox_fs.snapshot._layers import _Chunk, _diff_in_place
-from sandbox_fs.snapshot._walk import _SCAN_HEADER, _scan_records
+from sandbox_fs.snapshot._walk import SCAN_HEADER, _scan_records
 
 _WS_ID = b".sandbox-fs-workspace-id"
 
 
 def _rec(name: bytes, ino: int, size: int, mtime: int) -> bytes:
-    head = _SCAN_HEADER.pack(ino, 1, size, mtime, mtime, 1, 0o100644, len(name))
+    head = SCAN_HEADER.pack(ino, 1, size, mtime, mtime, 1, 0o100644, len(name))
     return head + name + b"\0" * (-len(name) % 8)
 
 

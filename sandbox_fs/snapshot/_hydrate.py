@@ -34,7 +34,7 @@ from ._generations import GenerationStore
 from ._index import Index, IndexEntry, coarse_now_ns, gc_paused
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
-from ._walk import _SCAN_HEADER
+from ._walk import SCAN_HEADER
 from ._where import refuse_store_in_workspace
 
 __all__ = ["hydrate", "is_mount_point_of"]
@@ -273,7 +273,7 @@ def _dir_stats(ws: Root, path: str) -> dict[bytes, tuple[int, ...]] | None:
     finally:
         os.close(dfd)
     out = {}
-    unpack, head = _SCAN_HEADER.unpack_from, _SCAN_HEADER.size
+    unpack, head = SCAN_HEADER.unpack_from, SCAN_HEADER.size
     off, end = 0, len(raw)
     while off < end:
         rec = unpack(raw, off)

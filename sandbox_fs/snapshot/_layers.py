@@ -54,7 +54,7 @@ from ._entries import _WalkState
 from ._index import _FORMAT, Index, IndexEntry, coarse_now_ns, stamp_latest_ns
 from ._models import SnapshotPolicy
 from ._walk import (
-    _SCAN_HEADER,
+    SCAN_HEADER,
     WORKSPACE_ID_NAME,
     StatLike,
     _classify,
@@ -603,7 +603,7 @@ class Layering:
 
 
 _WS_ID = WORKSPACE_ID_NAME.encode()
-_NAME_AT = _SCAN_HEADER.size  # a record's name starts here; its length is the 4 bytes before
+_NAME_AT = SCAN_HEADER.size  # a record's name starts here; its length is the 4 bytes before
 _NAME_LEN = struct.Struct("=I")
 
 

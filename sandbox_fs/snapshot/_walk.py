@@ -39,7 +39,7 @@ from ..paths import normalize
 from ..root import Root, kind_of
 from ._errors import SnapshotError, SnapshotLimitError, SnapshotSourceChangedError
 
-__all__ = ["WORKSPACE_ID_NAME", "parse_scan"]
+__all__ = ["WORKSPACE_ID_NAME", "SCAN_HEADER", "parse_scan"]
 
 # In-flight names (Root.atomic_write temp files, archive and hydrate staging dirs, the private directory of a
 # checked rmdir): never persisted.
@@ -108,15 +108,15 @@ _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 _MEMBER_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 
 
-_SCAN_HEADER = struct.Struct("=QQqqqQII")  # native/scan.h: ino dev size mtime_ns ctime_ns nlink mode namelen
-assert _SCAN_HEADER.size == _native.SCAN_HEADER_BYTES
+SCAN_HEADER = struct.Struct("=QQqqqQII")  # native/scan.h: ino dev size mtime_ns ctime_ns nlink mode namelen
+assert SCAN_HEADER.size == _native.SCAN_HEADER_BYTES
 
 
 def parse_scan(raw: bytes) -> list[tuple[str, _Stat]]:
     """``(name, lstat)`` of every record of a directory scan (:func:`sandbox_fs._native.scan_dir`), sorted by name."""
     out = []
-    unpack = _SCAN_HEADER.unpack_from
-    head = _SCAN_HEADER.size
+    unpack = SCAN_HEADER.unpack_from
+    head = SCAN_HEADER.size
     off, end = 0, len(raw)
     while off < end:
         ino, dev, size, mtime_ns, ctime_ns, nlink, mode, nlen = unpack(raw, off)
@@ -131,7 +131,7 @@ def _scan_records(raw: bytes) -> tuple[dict[bytes, bytes], list[int]]:
     """``(name -> its whole record (header, name, padding), each record's offset and then len(raw))`` of a scan."""
     out = {}
     offs = []
-    head = _SCAN_HEADER.size
+    head = SCAN_HEADER.size
     name_len = struct.Struct("=I").unpack_from
     off, end = 0, len(raw)
     while off < end:
@@ -146,8 +146,8 @@ def _scan_records(raw: bytes) -> tuple[dict[bytes, bytes], list[int]]:
 
 def _scan_entry(rec: bytes) -> tuple[str, _Stat]:
     """``(name, lstat)`` of one scan record (see :func:`_scan_records`)."""
-    ino, dev, size, mtime_ns, ctime_ns, nlink, mode, nlen = _SCAN_HEADER.unpack_from(rec, 0)
-    head = _SCAN_HEADER.size
+    ino, dev, size, mtime_ns, ctime_ns, nlink, mode, nlen = SCAN_HEADER.unpack_from(rec, 0)
+    head = SCAN_HEADER.size
     return os.fsdecode(rec[head:head + nlen]), _Stat(mode, ino, dev, nlink, size, mtime_ns, ctime_ns)
 
 

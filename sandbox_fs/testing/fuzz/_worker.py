@@ -105,9 +105,11 @@ def main(argv: list[str]) -> int:
     """Run the worker command in ``argv`` (see the module docstring); the exit status."""
     if len(argv) == 5 and argv[0] == "minimize":
         target = load_target(argv[1])
+        # host-access: the campaign's own input file, named by the runner in its scratch directory
         with open(argv[2], "rb") as fh:
             data = fh.read()
         small, kind = minimize(target.one_input, data, float(argv[4]))
+        # host-access: the minimized input, written where the runner asked (its scratch directory)
         with open(argv[3], "wb") as fh:
             fh.write(small)
         if kind is None:
