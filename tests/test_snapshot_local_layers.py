@@ -417,7 +417,7 @@ def test_restore_baseline_stats_each_directory_once_as_lstat_by_path_would(tmp_p
             raise OSError(27, "too large")
         monkeypatch.setattr(_hydrate._native, "scan_dir", refuse)
     with open_root(ws_dir) as ws:
-        got = {e.path: e for e in _hydrate._baseline(ws, index).entries}
+        got = {e.path: e for e in _hydrate._baseline(ws, index, _hydrate.coarse_now_ns()).entries}
     for p in ("a", "d/b", "d/e/c"):
         st = os.lstat(ws_dir / p)
         assert (got[p].ino, got[p].mtime_ns, got[p].ctime_ns, got[p].nlink) == \

@@ -214,23 +214,31 @@ class _Layers:
         """Nothing runs in the background."""
 
 
-def _baseline(ws: Root, index: Index) -> Index:
+def _baseline(ws: Root, index: Index, swapped_at: int) -> Index:
     """The restored tree's index with this workspace's inodes and times: the first persist after it is a layer.
 
-    The clock is read before the ``lstat`` pass, so an entry changed after
-    the restore carries a later ctime and is read again.  A regular file that
-    is not there as restored (other size, type or link count) is marked so
+    Its time is ``swapped_at``, the clock read before the restored tree
+    appeared in the workspace (:func:`_hydrate_staged`), not a reading
+    taken when the ``lstat`` pass begins: another process may change a
+    restored file between the swap and the pass (same size, its mtime set
+    back), and the pass records that change's stat beside the restored
+    content's SHA-256; its ctime is at or after ``swapped_at``, so the
+    next persist reads it again.  (A clock read at the pass would be later
+    than that ctime, and the change would be taken as the restored
+    content.)  Restored entries the swap renamed carry a ctime after it
+    too and are read again; the files below them kept their staging ctime.
+
+    A regular file that is not there as restored (other size, type or link count) is marked so
     that it is read again (link count 0).  The files of one directory are
     ``lstat``-ed by one native scan of it (:func:`_dir_stats`), not one
     lookup beneath the root each (7.7k files: ~0.1 s less).  Every other
     field (content, layer, mode) is the verified index's.
     """
     with gc_paused():  # each directory's records live until its files are done (see gc_paused)
-        return _with_stats(ws, index)
+        return _with_stats(ws, index, swapped_at)
 
 
-def _with_stats(ws: Root, index: Index) -> Index:
-    now = coarse_now_ns()
+def _with_stats(ws: Root, index: Index, now: int) -> Index:
     dev = ws.stat(".").st_dev
     stats: dict[str, dict[bytes, tuple[int, ...]] | None] = {}
     out: list[IndexEntry] = []
@@ -293,14 +301,18 @@ def _lstat_or_none(ws: Root, path: str) -> tuple[int, ...] | None:
 
 
 def _restore(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: SnapshotLimits, mount_points: Iterable[str],
-             check: _Check | None, keep: frozenset[tuple[int, int]]) -> None:
-    """Stage, verify and swap one archive (with kept directories guarded, see :func:`hydrate`)."""
+             check: _Check | None, keep: frozenset[tuple[int, int]]) -> int:
+    """Stage, verify and swap one archive (with kept directories guarded, see :func:`hydrate`).
+
+    Returns:
+        The coarse clock (ns) read just before the swap began (see :func:`_hydrate_staged`).
+    """
     # With kept directories (read-only grants), every write of the restore checks its fds
     # against them: a name swapped for one meanwhile is refused or kept, never entered,
     # emptied, chmod'ed or merged into.
     target = ws.with_options(deny_write_ids=keep) if keep else contextlib.nullcontext(ws)
     with target as guarded:
-        _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
+        return _hydrate_staged(guarded, f, info, limits, mount_points, check, keep)
 
 
 def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: SnapshotLimits,
@@ -331,15 +343,16 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
             try:
                 info = chain.infos[-1]
                 if chain.index is None or len(chain.readers) == 1:
-                    _restore(ws, chain.readers[0], info, limits, mount_points, chain.readers[0], keep)
+                    swapped_at = _restore(ws, chain.readers[0], info, limits, mount_points, chain.readers[0], keep)
                 else:
                     layers = _Layers.of(chain.infos, chain.readers, chain.index)
-                    _restore(ws, layers, info, limits, mount_points, layers, keep)
+                    swapped_at = _restore(ws, layers, info, limits, mount_points, layers, keep)
             finally:
                 chain.close()
             # for the next persist of this name, in this process or a new one (see _baseline): the
             # restored tree's new inodes, and whether the current generation was passed over
-            store.remember_baseline(name, info, _baseline(ws, chain.index) if chain.index is not None else None,
+            base = _baseline(ws, chain.index, swapped_at) if chain.index is not None else None
+            store.remember_baseline(name, info, base,
                                     instead_of="" if chain.current_digest == info.digest else chain.current_digest,
                                     store=True)
             return HydrateReport(info, "archive", info.generation, skipped)
@@ -354,8 +367,14 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
 
 def _hydrate_staged(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: SnapshotLimits,
                     mount_points: Iterable[str], check: _Check | None,
-                    keep_ids: frozenset[tuple[int, int]] = frozenset()) -> None:
-    """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`)."""
+                    keep_ids: frozenset[tuple[int, int]] = frozenset()) -> int:
+    """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`).
+
+    Returns:
+        The coarse clock (ns) read after the staged tree was complete and
+        before the workspace's first change: anything another process
+        changes in the restored tree carries a ctime at or after it.
+    """
     # The staging directory is reached by its name only (never through an fd of its own),
     # from the workspace fd, in every step: the extractor stages beside it and renames its
     # tree to this name (applying the exact recorded modes through the fds it makes the
@@ -403,9 +422,13 @@ def _hydrate_staged(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limi
                 ws.set_dir_meta(f"{staging}/{entry}", mode=modes[entry] | 0o700)
         keep = lambda st: (st.st_dev, st.st_ino) in keep_ids or (st.st_dev, st.st_ino) == sid \
             or is_mount(st)  # noqa: E731
+        # Read before the restored tree appears in the workspace, for the baseline (see _baseline):
+        # a change made by another process once it is there carries a later ctime.
+        swapped_at = coarse_now_ns()
         ws.clear(skip=keep, make_writable=True, keep_denied=True)  # a non-root owner empties its read-only dirs
         for entry in sub.listdir("."):
             _move_up(ws, f"{staging}/{entry}", entry, is_mount, modes.get(entry), keep_ids)
+        return swapped_at
     finally:
         # On a failure before the swap this is all that changes; after the swap it is empty.
         # Only the directory the extractor made (checked by identity) is removed, never
