@@ -229,3 +229,88 @@ def test_overlapping_gc_pauses_restore_the_collector(order):
         assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def _pause_with_handler_at(step: int, outer: int, enabled: bool) -> tuple[bool, bool, bool, int]:
+    """``outer`` nested gc_paused() with a simulated signal handler that pauses too, run at the ``step``-th
+    bytecode boundary of any gc_paused frame (as a Python signal handler runs).  Returns (fired, blocked:
+    the handler would have waited on the pause lock its own thread holds, collector enabled after, depth)."""
+    import gc
+    import sys
+
+    from sandbox_fs.snapshot import _index
+
+    code = _index.gc_paused.__wrapped__.__code__  # type: ignore[attr-defined]
+    seen = {"n": 0, "fired": False, "blocked": False}
+
+    def handler() -> None:
+        seen["fired"] = True
+        if not _index._GC_PAUSE_LOCK.acquire(blocking=False):  # a plain lock held by this thread: deadlock
+            seen["blocked"] = True
+            return
+        _index._GC_PAUSE_LOCK.release()
+        with _index.gc_paused():
+            pass
+
+    def local(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "opcode":
+            seen["n"] += 1
+            if seen["n"] == step:
+                handler()  # tracing is off inside a trace function: its pauses run untraced
+        return local
+
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        if frame.f_code is code:
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    def nest(k: int) -> None:
+        if k:
+            with _index.gc_paused():
+                nest(k - 1)
+
+    (gc.enable if enabled else gc.disable)()
+    sys.settrace(tracer)
+    try:
+        nest(outer)
+    finally:
+        sys.settrace(None)
+    return seen["fired"], seen["blocked"], gc.isenabled(), _index._GC_PAUSE["depth"]
+
+
+@pytest.mark.parametrize("outer", [1, 2])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_pause_in_a_signal_handler_at_any_bytecode_of_gc_paused_neither_deadlocks_nor_leaves_gc_off(outer, enabled):
+    """A Python signal handler runs between any two bytecodes of the thread it interrupts; a host's handler that
+    persists or hydrates pauses too.  With a plain lock, one run inside the lock's section waited for its own
+    thread for good; and a nested pause between the count's update and the collector's left it off for good
+    when it recorded the collector as disabled.  Every bytecode boundary of every gc_paused frame is tried."""
+    import gc
+
+    was = gc.isenabled()
+    try:
+        step = 1
+        while True:
+            fired, blocked, after, depth = _pause_with_handler_at(step, outer, enabled)
+            if not fired:
+                break
+            assert not blocked, f"the handler at step {step} would deadlock"
+            assert (after, depth) == (enabled, 0), f"handler at step {step}"
+            step += 1
+        assert step > 10  # the sweep reached the sections it is about
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+@settings(max_examples=40, deadline=None)
+@given(step=st.integers(1, 200), outer=st.integers(1, 4), enabled=st.booleans())
+def test_property_a_pausing_handler_anywhere_leaves_the_collector_as_the_host_set_it(step, outer, enabled):
+    import gc
+
+    was = gc.isenabled()
+    try:
+        _fired, blocked, after, depth = _pause_with_handler_at(step, outer, enabled)
+        assert not blocked and (after, depth) == (enabled, 0)
+    finally:
+        (gc.enable if was else gc.disable)()

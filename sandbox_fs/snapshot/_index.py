@@ -211,7 +211,8 @@ def max_index_bytes(policy: SnapshotPolicy) -> int:
 
 
 #: pauses in progress in any thread, and whether the collector was enabled when the first began
-_GC_PAUSE_LOCK = threading.Lock()
+#: (reentrant: a signal handler that pauses may run in the thread holding it, see gc_paused)
+_GC_PAUSE_LOCK = threading.RLock()
 _GC_PAUSE = {"depth": 0, "was": True}
 
 
@@ -239,18 +240,27 @@ def gc_paused() -> Iterator[None]:
     a scan's records): never across I/O whose length the workspace decides
     (a persist's walk reads every file; pausing over it stopped the host's
     own cyclic collections for as long as the largest file took to read).
+
+    A Python signal handler runs between any two bytecodes of the thread
+    it interrupts, so one that pauses (a host's handler that persists) may
+    run inside the lock's section: the lock is reentrant (a plain one
+    deadlocked there), and each step leaves a state a balanced nested pause
+    keeps: the count goes up before the first pause records and disables,
+    and the last one reads what to restore before the count goes down (a
+    nested pause after it records the collector as disabled).
     """
     with _GC_PAUSE_LOCK:
-        if not _GC_PAUSE["depth"]:
+        _GC_PAUSE["depth"] += 1
+        if _GC_PAUSE["depth"] == 1:
             _GC_PAUSE["was"] = gc.isenabled()
             gc.disable()
-        _GC_PAUSE["depth"] += 1
     try:
         yield
     finally:
         with _GC_PAUSE_LOCK:
+            was = _GC_PAUSE["was"]
             _GC_PAUSE["depth"] -= 1
-            if not _GC_PAUSE["depth"] and _GC_PAUSE["was"]:
+            if not _GC_PAUSE["depth"] and was:
                 gc.enable()
 
 
