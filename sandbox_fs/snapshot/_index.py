@@ -236,10 +236,13 @@ def gc_paused() -> Iterator[None]:
     ``gc.enable()`` itself while a pause is in progress gets the state from
     before the pause when the last pause ends.
 
-    Only for work bounded by what is already in memory (an index's entries,
-    a scan's records): never across I/O whose length the workspace decides
-    (a persist's walk reads every file; pausing over it stopped the host's
-    own cyclic collections for as long as the largest file took to read).
+    Only for work whose length is bounded by an entry count the snapshot's
+    limits already bound (``max_entries``): an index's entries, and
+    hydrate's baseline, which lists the directories of the tree it has just
+    restored and reads no file content.  Never across reads of file
+    content, whose length the workspace decides (a persist's walk reads
+    every file; pausing over it stopped the host's own cyclic collections
+    for as long as the largest file took to read).
 
     A Python signal handler runs between any two bytecodes of the thread
     it interrupts, so one that pauses (a host's handler that persists) may
