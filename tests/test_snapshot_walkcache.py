@@ -40,6 +40,7 @@ from sandbox_fs.snapshot import (
 )
 from sandbox_fs.snapshot import _entries, _layers, _walk
 from sandbox_fs.snapshot._index import encode_index
+from sandbox_fs.snapshot._objects_local import LocalObjects
 from tests.test_snapshot import _host_view, _move_out_and_plant
 from tests.test_snapshot_generations import DictObjects
 
@@ -179,6 +180,48 @@ def test_a_changed_file_is_the_only_entry_walked_in_its_directory(tree, monkeypa
     with open_root(out) as o:
         hydrate(o, store, "s")
     assert _host_view(out) == _host_view(ws)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_local_store_keeps_the_index_in_stored_blocks(tree, tmp_path, local):
+    """Into a local directory the walk's index segments are stored blocks; into another store, deflated.
+
+    Either way the object is the document ``encode_index`` writes, and hydrate restores through it.
+    """
+    ws, w, objects, store = tree
+    if local:
+        objects = LocalObjects(tmp_path / "store")
+        store = GenerationStore(objects, keep=2)
+    persist(w, store, "s")
+    _tick()
+    (ws / "big" / "f17").write_text("file 17, changed\n")  # a layer: a changed segment re-encoded
+    persist(w, store, "s")
+    keys = sorted(o.key for o in objects.list("s/") if o.key.endswith("/index"))
+    assert len(keys) == 2
+    for key in keys:
+        raw = objects.get_bytes(key, 1 << 24)
+        text = zlib.decompress(raw)
+        # stored blocks keep every byte of the text (and a few more); deflate shrinks it (hex digests, names)
+        assert (len(raw) > len(text)) == local
+    index = store._baselines["s"].index
+    assert zlib.decompress(objects.get_bytes(keys[-1], 1 << 24)) == \
+        zlib.decompress(encode_index(dataclasses.replace(index, encoded=None, walk_cache=None)))
+    out = tmp_path / "out"
+    out.mkdir()
+    with open_root(out) as o:
+        hydrate(o, store, "s")
+    assert _host_view(out) == _host_view(ws)
+
+
+@given(st.binary(max_size=200_000))
+@settings(max_examples=25, deadline=None)
+def test_property_stored_pieces_decode_to_their_text(text):
+    """A stored piece (one block per 64 KiB) between pieces of any kind decodes to its text in a zlib stream."""
+    head, end = _layers._deflate_piece(b"[head]"), _layers._deflate_piece(b"[end]")
+    body = _layers._stored_piece(text)
+    raw = _layers._ZLIB_HEADER + head + body + end + _layers._FINAL_BLOCK + \
+        zlib.adler32(b"[head]" + text + b"[end]").to_bytes(4, "big")
+    assert zlib.decompress(raw) == b"[head]" + text + b"[end]"
 
 
 def test_a_tree_past_the_cache_bound_is_compared_entry_by_entry(tree, monkeypatch):

@@ -18,6 +18,7 @@ from ..root import Root
 from ._entries import _walk_into, fingerprint
 from ._generations import GenerationStore, _PendingGeneration
 from ._layers import Layering
+from ._objects_local import LocalObjects
 from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._store import SnapshotStore
 from ._tar import _TarStream
@@ -99,7 +100,8 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
     try:
         if isinstance(pending, _PendingGeneration):
             layering = Layering(ws, store.parent_index(pending, policy) if isinstance(store, GenerationStore)
-                                else None, pending.generation)
+                                else None, pending.generation,
+                                stored=isinstance(getattr(store, "objects", None), LocalObjects))
             pending.layered = layering.layered
         tar = _TarStream(pending.sink)
         try:
