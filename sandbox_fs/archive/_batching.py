@@ -137,16 +137,17 @@ class BatchedFiles:
         """
         if size > BATCH_BYTES and self.check_cancel is not None:
             return False  # written one by one, cancellable once a MiB
-        path = self._admit(name, size)
-        if path is None:
+        admitted = self._admit(name, size)
+        if admitted is None:
             return False
+        path, key = admitted
         if not counter.has_data(offset_data, size):
             return False  # a short source: one by one finds where the data ends, and says so as it does
         if self._batch.n and self._batch.src_fd != counter.splice_fd:
             self._submit()  # the queued files' offsets are in another source (or in memory)
         self._parents(path, name)
         src_off, probe = counter.skip_data(offset_data, size)  # counts size as written too
-        self._enqueue(path, name, mode, mtime, src_off, size, probe)
+        self._enqueue(path, key, name, mode, mtime, src_off, size, probe)
         self._batch.src_fd = counter.splice_fd
         if self._batch.n >= BATCH_FILES or self._batch.nbytes >= BATCH_BYTES:
             self._submit()
@@ -188,9 +189,10 @@ class BatchedFiles:
         """
         if size > MEMORY_FILE_BYTES:
             return False
-        path = self._admit(name, size)
-        if path is None:
+        admitted = self._admit(name, size)
+        if admitted is None:
             return False
+        path, key = admitted
         if self._batch.n and self._batch.data is None:
             self._submit()  # the queued files are in a source file (the archive before this one)
         self._parents(path, name)
@@ -199,19 +201,22 @@ class BatchedFiles:
             b.data, self._spare = self._spare or bytearray(BATCH_BYTES + MEMORY_FILE_BYTES), None
         off = b.nbytes  # the batch's bytes so far: the buffer holds them from 0 (< BATCH_BYTES)
         if size:
-            with memoryview(b.data) as whole, whole[off:off + size] as view:
-                got = counter.read_into(view)
+            # the data and, when the stream allows, its block padding (read over by the next file's data);
+            # off + the padded size <= BATCH_BYTES - 1 + MEMORY_FILE_BYTES: within the buffer
+            with memoryview(b.data) as whole, whole[off:off + ((size + 511) & ~511)] as view:
+                got = counter.read_member_into(view, size)
             if got < size:  # the stream ends inside: one by one, from these same bytes
                 counter.unread(bytes(b.data[off:off + got]))
                 return False
         self.meter.add_written(size)
-        self._enqueue(path, name, mode, mtime, off, size, -1)
+        self._enqueue(path, key, name, mode, mtime, off, size, -1)
         if b.n >= BATCH_FILES or b.nbytes >= BATCH_BYTES:
             self._submit()
         return True
 
-    def _admit(self, name: str | bytes, size: int) -> bytes | None:
-        """The checks before a member is queued: its normalized path, or None for the one-by-one path.
+    def _admit(self, name: str | bytes, size: int) -> tuple[bytes, bytes] | None:
+        """The checks before a member is queued: its normalized path and :func:`path_key`, or None for the
+        one-by-one path.
 
         Raises:
             ArchiveFormatError: ``size`` is negative.
@@ -226,11 +231,12 @@ class BatchedFiles:
         if size > lim:
             raise ArchiveLimitError("max_member_bytes", lim, size, name,
                                     reason=f"declared size {size} > max_member_bytes {lim}")
-        return None if path_key(path) in self._kinds else path
+        key = path_key(path)
+        return None if key in self._kinds else (path, key)
 
-    def _enqueue(self, path: bytes, name: str | bytes, mode: int, mtime: float | int | None, src_off: int,
-                 size: int, probe: int) -> None:
-        """Append one admitted file (its parents made) to the queued batch."""
+    def _enqueue(self, path: bytes, key: bytes, name: str | bytes, mode: int, mtime: float | int | None,
+                 src_off: int, size: int, probe: int) -> None:
+        """Append one admitted file (its parents made; ``key``: its :func:`path_key`) to the queued batch."""
         mbits = mode & 0o7777
         mode_flags = self._mode_flags_cache.get(mbits)
         if mode_flags is None:
@@ -256,7 +262,7 @@ class BatchedFiles:
         b.members.append(name)
         b.n += 1
         b.nbytes += size
-        self._kinds[path_key(path)] = FILE
+        self._kinds[key] = FILE
         self.files += 1
 
     def _submit(self) -> None:

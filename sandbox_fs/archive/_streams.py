@@ -110,6 +110,30 @@ class Meter:
         if self.stream_bytes > self._grace:
             self._check_ratio()
 
+    def add_read(self, n: int) -> None:
+        """Count ``n`` bytes read from an uncompressed source as both input and stream bytes.
+
+        The same totals and checks, in the same order, as ``add_input(n)``
+        then ``add_stream(n)`` (one call: this runs once a read).
+
+        Raises:
+            ValueError: ``n`` is negative (an internal invariant).
+            ArchiveLimitError: ``max_input_bytes``, ``max_expansion_ratio``, ``max_cpu_seconds``.
+        """
+        if n < 0:
+            raise ValueError("Meter.add_read: negative byte count")
+        self.input_bytes += n
+        if self.input_bytes > self.limits.max_input_bytes:
+            raise ArchiveLimitError("max_input_bytes", self.limits.max_input_bytes, self.input_bytes, self.member)
+        stream = self.stream_bytes = self.stream_bytes + n
+        if self._cpu_limit is not None:
+            self.check_cpu()
+        if stream > self._grace:
+            # _over_ratio, inlined: this runs once a read
+            written = self.written_bytes
+            if (stream if stream >= written else written) > self._ratio * (self.input_bytes or 1):
+                self._check_ratio()
+
     def add_written(self, n: int) -> None:
         """Count ``n`` file bytes written to disk.
 
@@ -124,8 +148,11 @@ class Meter:
             self.check_cpu()
         if self.written_bytes > self.limits.max_total_bytes:
             raise ArchiveLimitError("max_total_bytes", self.limits.max_total_bytes, self.written_bytes, self.member)
-        if self.written_bytes > self._grace:
-            self._check_ratio()
+        written = self.written_bytes
+        if written > self._grace:
+            stream = self.stream_bytes  # _check_ratio's test, inlined: this runs once a file
+            if (stream if stream >= written else written) > self._ratio * (self.input_bytes or 1):
+                self._check_ratio()
 
     def add_skipped(self, n: int, written: int) -> None:
         """Count ``n`` archive bytes stepped over unread and ``written`` of them as file bytes.
@@ -227,6 +254,10 @@ class InputCounter:
             self._meter.add_input(n)
         return n
 
+    def passthrough(self) -> Any:
+        """The source, once the sniffed prefix is consumed (reads of it are then this counter's reads), else None."""
+        return None if self._prefix else self._raw
+
     def close(self) -> None:  # the caller owns the source
         pass
 
@@ -316,6 +347,7 @@ class StreamCounter:
         self._file_base: int | None = None  # source file offset of stream position 0, once reads are direct
         self._source_size = -1  # the source file's size when last asked (fstat)
         self._pushback = b""  # bytes already read (and counted) by peek(), returned again by the next read
+        self._direct: Any = None  # the source beneath a bare InputCounter, read without it (see _direct_source)
 
     @property
     def splice_fd(self) -> int:
@@ -467,6 +499,35 @@ class StreamCounter:
         self._pushback = data + self._pushback
         self.position -= len(data)
 
+    def _direct_source(self) -> Any:
+        """The source beneath an :class:`InputCounter` stream (uncompressed, no source file to ``pread``) once
+        its sniffed prefix is consumed, else None.
+
+        Reads then go to it straight, each counted as the InputCounter counts
+        it (:meth:`Meter.add_input` once a source read) and as this counter
+        counts (:meth:`Meter.add_stream`): :meth:`Meter.add_read` for a full
+        read.  Kept once found: the prefix never comes back.
+        """
+        stream = self._stream
+        if self._splice_fd < 0 and type(stream) is InputCounter:
+            self._direct = stream.passthrough()
+        return self._direct
+
+    def _header_bound(self) -> None:
+        """While tarfile parses a header chain: refuse it past ``max_header_bytes`` (plus slack).
+
+        Raises:
+            ArchiveLimitError: ``max_header_bytes``.
+        """
+        if self.position - self.header_start > self._meter.limits.max_header_bytes + HEADER_SLACK_BYTES:
+            raise ArchiveLimitError("max_header_bytes", self._meter.limits.max_header_bytes,
+                                    self.position - self.header_start, self._meter.member,
+                                    reason="tar header data (PAX, GNU long name or sparse map) is too large")
+
+    def _corrupt(self, exc: BaseException) -> ArchiveFormatError:
+        return ArchiveFormatError(f"corrupt compressed data: {type(exc).__name__}", member=self._meter.member,
+                                  diagnostic=str(exc))
+
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = 1 << 20  # tarfile never asks for "all"; stay bounded anyway
@@ -476,6 +537,25 @@ class StreamCounter:
             if len(data) < n and not self._pushback:
                 more = self.read(n - len(data))
                 data += more
+            return data
+        raw = self._direct
+        if raw is not None or (self._splice_fd < 0 and (raw := self._direct_source()) is not None):
+            try:
+                data = raw.read(n) or b""
+                got = len(data)
+                if got and got != n:  # short (a pipe): counted once a source read, as InputCounter counts
+                    self._meter.add_input(got)
+                    data = self._read_rest(raw, data, n)
+            except (OSError, *PARSE_ERRORS) as exc:
+                raise self._corrupt(exc) from None
+            if got:
+                if got == n:
+                    self._meter.add_read(got)
+                else:
+                    self._meter.add_stream(len(data))
+                self.position += len(data)
+                if self.header_depth:
+                    self._header_bound()
             return data
         try:
             base = self._file_base if self._file_base is not None else self._source_base()
@@ -496,16 +576,26 @@ class StreamCounter:
             else:
                 data = self._read_stream(n)
         except (OSError, *PARSE_ERRORS) as exc:
-            raise ArchiveFormatError(f"corrupt compressed data: {type(exc).__name__}", member=self._meter.member,
-                                     diagnostic=str(exc)) from None
+            raise self._corrupt(exc) from None
         if data:
             self.position += len(data)
             self._meter.add_stream(len(data))
-            if self.header_depth and self.position - self.header_start > self._meter.limits.max_header_bytes + HEADER_SLACK_BYTES:
-                raise ArchiveLimitError("max_header_bytes", self._meter.limits.max_header_bytes,
-                                        self.position - self.header_start, self._meter.member,
-                                        reason="tar header data (PAX, GNU long name or sparse map) is too large")
+            if self.header_depth:
+                self._header_bound()
         return data
+
+    def _read_rest(self, raw: Any, data: bytes, n: int) -> bytes:
+        """``data`` (a short read of the direct source) and up to ``n - len(data)`` more bytes, each read counted."""
+        parts = [data]
+        got = len(data)
+        while got < n:
+            more = raw.read(n - got)
+            if not more:
+                break
+            self._meter.add_input(len(more))
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
 
     def read_into(self, view: memoryview) -> int:
         """Read the next ``len(view)`` bytes (fewer only at the end) into ``view``; counted as :meth:`read` counts.
@@ -520,30 +610,62 @@ class StreamCounter:
         Raises:
             The errors of :meth:`read`.
         """
-        stream = self._stream
         n = len(view)
-        if self._pushback or self._splice_fd >= 0 or type(stream) is not InputCounter:
+        raw = self._direct
+        if raw is None and (self._splice_fd >= 0 or (raw := self._direct_source()) is None) \
+                or self._pushback or getattr(raw, "readinto", None) is None:
             data = self.read(n)
             view[:len(data)] = data
             return len(data)
+        meter = self._meter
         got = 0
         try:
-            while got < n:
-                k = stream.read_into(view[got:])
-                if not k:
-                    break
-                got += k
+            k = raw.readinto(view) or 0
+            if k == n:  # full: the common case
+                meter.add_read(k)
+                got = k
+            else:
+                while k:
+                    meter.add_input(k)
+                    got += k
+                    if got >= n:
+                        break
+                    k = raw.readinto(view[got:]) or 0
+                if got:
+                    meter.add_stream(got)
         except (OSError, *PARSE_ERRORS) as exc:
-            raise ArchiveFormatError(f"corrupt compressed data: {type(exc).__name__}", member=self._meter.member,
-                                     diagnostic=str(exc)) from None
+            raise self._corrupt(exc) from None
         if got:
             self.position += got
-            self._meter.add_stream(got)
-            if self.header_depth and self.position - self.header_start > self._meter.limits.max_header_bytes + HEADER_SLACK_BYTES:
-                raise ArchiveLimitError("max_header_bytes", self._meter.limits.max_header_bytes,
-                                        self.position - self.header_start, self._meter.member,
-                                        reason="tar header data (PAX, GNU long name or sparse map) is too large")
+            if self.header_depth:
+                self._header_bound()
         return got
+
+    def read_member_into(self, view: memoryview, size: int) -> int:
+        """Read a member's ``size`` data bytes into ``view`` and, from a direct source, its block padding too.
+
+        ``view`` is ``size`` rounded up to the tar block (512 bytes) long.
+        From the source beneath a bare :class:`InputCounter` (see
+        :meth:`_direct_source`; nothing pushed back) the data and the padding
+        are read at once, so tarfile's step to the next header reads nothing;
+        the padding is then counted with the data, before the caller counts
+        the written bytes (tarfile's step counted it after them: on such a
+        stream the input and stream totals are equal, so the expansion ratio
+        cannot be reached either way, and ``max_input_bytes`` is reached by
+        the same byte).  Otherwise only the data is read (:meth:`read_into`).
+
+        Returns:
+            The bytes read: fewer than ``size`` only when the stream ended
+            inside the data; more than ``size`` when padding was read (and
+            counted) too.
+
+        Raises:
+            The errors of :meth:`read`.
+        """
+        if not self._pushback and (self._direct is not None or self._direct_source() is not None):
+            return self.read_into(view)
+        with view[:size] as data:
+            return self.read_into(data)
 
     def _read_stream(self, n: int) -> bytes:
         """Read ``n`` bytes (fewer only at the end) from the decompressor or the source's reader."""

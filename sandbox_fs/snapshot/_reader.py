@@ -17,7 +17,11 @@ hydrate's median was 1284-1647 ms, and 906-919 ms with this thread.
 The extractor copies each new file's bytes (up to 1 MiB) out of these blocks
 (:meth:`~VerifyingReader.readinto`) into the buffer of a native batch that a
 helper thread writes (``archive/_batching``, ``add_new_file_data``): still
-the bytes hashed, copied in memory, never read from the store again.
+the bytes hashed, copied in memory, never read from the store again.  A read
+within the current block is one slice of that (immutable) block, and a
+``readinto`` within it one copy out of it: the tar stream reads this reader
+straight, without the InputCounter layer (``StreamCounter._direct_source``),
+a header (512 bytes) or a member with its padding at a time.
 """
 
 from __future__ import annotations
@@ -102,7 +106,9 @@ class VerifyingReader(io.RawIOBase):
         self._raw = raw
         self._size = info.archive_bytes
         self._pump = _Pump(raw, info.archive_bytes)
-        self._block = memoryview(b"")  # taken and hashed, not yet handed out
+        self._buf = b""  # the block taken and hashed; bytes from _pos on not yet handed out
+        self._pos = 0
+        self._view = memoryview(b"")  # a view of _buf, for readinto
         self._thread: threading.Thread | None = None
         self._ended = False  # the thread's end (or error) was taken from the queue
         self._error: BaseException | None = None  # the store's error, raised again by verify()
@@ -132,33 +138,49 @@ class VerifyingReader(io.RawIOBase):
             self._ended = True
             self._error = item
             raise item
-        self._block = memoryview(item)
+        self._buf, self._pos, self._view = item, 0, memoryview(item)
         return True
+
+    def _drop(self) -> None:
+        """Hand out nothing more of the block taken."""
+        self._buf, self._pos, self._view = b"", 0, memoryview(b"")
 
     # -- what the extractor calls
 
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
             size = self._size  # at most the rest: reads stop at the recorded end
-        if size <= len(self._block):
-            out = self._block[:size].tobytes()
-            self._block = self._block[size:]
-            return out
-        parts = []
-        while size > 0 and (len(self._block) or self._fill()):
-            piece = self._block[:size]
-            parts.append(piece.tobytes())
-            self._block = self._block[len(piece):]
+        buf, pos = self._buf, self._pos
+        end = pos + size
+        if end <= len(buf):  # within the block: one slice of it (the block itself when it is all of it)
+            self._pos = end
+            return buf[pos:end]
+        parts = [buf[pos:]]
+        size -= len(buf) - pos
+        self._drop()
+        while size > 0 and self._fill():
+            buf = self._buf
+            piece = buf[:size]
+            parts.append(piece)
+            self._pos = len(piece)
             size -= len(piece)
         return b"".join(parts)
 
     def readinto(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
+        view = b if type(b) is memoryview and b.format == "B" and b.ndim == 1 else memoryview(b).cast("B")
+        want = len(view)
+        pos = self._pos
+        end = pos + want
+        if end <= len(self._buf):  # within the block: one copy out of it
+            view[:] = self._view[pos:end]
+            self._pos = end
+            return want
         got = 0
-        while got < len(view) and (len(self._block) or self._fill()):
-            n = min(len(view) - got, len(self._block))
-            view[got:got + n] = self._block[:n]
-            self._block = self._block[n:]
+        while got < want and (self._pos < len(self._buf) or self._fill()):
+            pos = self._pos
+            n = min(want - got, len(self._buf) - pos)
+            view[got:got + n] = self._view[pos:pos + n]
+            self._pos = pos + n
             got += n
         return got
 
@@ -169,9 +191,9 @@ class VerifyingReader(io.RawIOBase):
             SnapshotCorruptError: size or SHA-256 differs from the metadata.
             SnapshotStoreError: the store failed mid-read.
         """
-        self._block = memoryview(b"")
+        self._drop()
         while self._fill():  # the rest, hashed by the thread
-            self._block = memoryview(b"")
+            self._drop()
         if self._error is not None:  # a store that failed mid-read is not a corrupt archive
             raise self._error
         if self._thread is not None:
@@ -188,7 +210,7 @@ class VerifyingReader(io.RawIOBase):
 
     def close(self) -> None:
         """Stop and join the reading thread, then close the store's reader.  Idempotent."""
-        self._block = memoryview(b"")
+        self._drop()
         self._pump.stop()
         if self._thread is not None:
             self._thread.join()
