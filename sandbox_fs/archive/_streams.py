@@ -477,7 +477,7 @@ class StreamCounter:
                                      member=self._meter.member)
         left = offset - self.position
         while left > 0:
-            data = self.read(min(left, 1 << 20))
+            data = self.read_chunk(min(left, 1 << 20))  # read and dropped: no copy where the source lends a view
             if not data:
                 break  # at EOF: tarfile notices the short read itself
             left -= len(data)
@@ -640,6 +640,34 @@ class StreamCounter:
             if self.header_depth:
                 self._header_bound()
         return got
+
+    def read_chunk(self, n: int) -> bytes | memoryview:
+        """The next bytes of member data, at most ``n`` (fewer: the end, or a source block's end), counted.
+
+        From a direct source (see :meth:`_direct_source`) that offers
+        ``read_view(n)`` (a read-only view of at most ``n`` next bytes, as
+        hydrate's verifying reader gives of its hashed blocks), outside a
+        header and with nothing pushed back: that view, no copy made.
+        Otherwise :meth:`read` (a full read).  Empty only at the end.
+
+        Raises:
+            The errors of :meth:`read`.
+        """
+        raw = self._direct
+        if raw is None and self._splice_fd < 0:
+            raw = self._direct_source()
+        view_of = getattr(raw, "read_view", None) if raw is not None else None
+        if view_of is None or self._pushback or self.header_depth:
+            return self.read(n)
+        try:
+            data = view_of(n)
+        except (OSError, *PARSE_ERRORS) as exc:
+            raise self._corrupt(exc) from None
+        got = len(data)
+        if got:
+            self._meter.add_read(got)
+            self.position += got
+        return data
 
     def read_member_into(self, view: memoryview, size: int) -> int:
         """Read a member's ``size`` data bytes into ``view`` and, from a direct source, its block padding too.

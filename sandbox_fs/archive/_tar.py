@@ -325,11 +325,11 @@ def _add_plain_file(name: str, mode: int, uid: int, gid: int, size: int, mtime: 
     left = size
     splice = counter.splice if size and counter.can_splice() else None
 
-    def read(n: int) -> bytes:
+    def read(n: int) -> bytes | memoryview:
         nonlocal left
         if left <= 0:
             return b""
-        data = counter.read(min(n, left))
+        data = counter.read_chunk(min(n, left))  # a view of the source's block where it lends one (hydrate)
         if not data:
             raise ArchiveFormatError("unexpected end of data", member=name)
         left -= len(data)

@@ -166,6 +166,28 @@ class VerifyingReader(io.RawIOBase):
             size -= len(piece)
         return b"".join(parts)
 
+    def read_view(self, size: int) -> memoryview:
+        """The next bytes, at most ``size``, as a read-only view of the hashed block that holds them.
+
+        Fewer bytes than asked at the block's end (the next call goes on in
+        the next block); empty at the recorded end.  No copy: the view is of
+        the very ``bytes`` object the reading thread hashed (immutable), for
+        a member's data written straight from it (``archive``'s
+        ``StreamCounter.read_chunk``).
+
+        Raises:
+            ValueError: the reader is closed.
+            The store's error, when the thread's read failed.
+        """
+        pos = self._pos
+        if pos >= len(self._buf):
+            if not self._fill():
+                return memoryview(b"")
+            pos = 0
+        end = min(pos + size, len(self._buf))
+        self._pos = end
+        return self._view[pos:end]
+
     def readinto(self, b: Any) -> int:
         view = b if type(b) is memoryview and b.format == "B" and b.ndim == 1 else memoryview(b).cast("B")
         want = len(view)
