@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -519,6 +520,52 @@ int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, ui
             close(fd);
             return e;
         }
+    }
+    return fd;
+}
+
+/* The member fast path of persist's walk: sfs_open_file for reading
+ * (O_NONBLOCK, a FIFO, socket or device refused with -ENXIO) plus what the walk asks of
+ * every regular file it reads, in one call.  out[] gets the fstat of the
+ * opened fd: st_mode, st_ino, st_dev, st_nlink, st_size, st_mtime (s, ns),
+ * st_ctime (s, ns) (the caller checks the inode and type are the listed ones);
+ * with probe != 0 and a regular file, out[9] = 0 when a read lease could be
+ * taken and released at once (no open file description can write the inode),
+ * else 1, after F_SETSIG SIGURG so a lease break never sends SIGIO (whose
+ * default action terminates).  Returns the fd or -errno. */
+int sfs_open_member(int dirfd, const char *path, uint64_t flags, uint64_t resolve, int fallback,
+                    int probe, int64_t *out)
+{
+    if (flags & O_PATH)
+        return -EINVAL;                     /* a member is read: sfs_open_file's O_PATH case never applies */
+    int fd = fallback ? sfs_open_fallback(dirfd, path, flags | O_NONBLOCK, 0, resolve)
+                      : sfs_openat2(dirfd, path, flags | O_NONBLOCK, 0, resolve);
+    if (fd < 0)
+        return fd;
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        close(fd);
+        return -ENXIO;                      /* a FIFO, socket or device (as sfs_open_file) */
+    }
+    out[0] = (int64_t)st.st_mode;
+    out[1] = (int64_t)st.st_ino;
+    out[2] = (int64_t)st.st_dev;
+    out[3] = (int64_t)st.st_nlink;
+    out[4] = (int64_t)st.st_size;
+    out[5] = (int64_t)st.st_mtim.tv_sec;   /* seconds and nanoseconds apart: a time in ns may not fit */
+    out[6] = (int64_t)st.st_mtim.tv_nsec;
+    out[7] = (int64_t)st.st_ctim.tv_sec;
+    out[8] = (int64_t)st.st_ctim.tv_nsec;
+    out[9] = 1;
+    if (probe && S_ISREG(st.st_mode) && fcntl(fd, F_SETSIG, SIGURG) == 0 &&
+            fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
+        fcntl(fd, F_SETLEASE, F_UNLCK);
+        out[9] = 0;
     }
     return fd;
 }

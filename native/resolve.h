@@ -11,6 +11,8 @@ int sfs_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint
 int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
                   int fallback, int allow_special);
+int sfs_open_member(int dirfd, const char *path, uint64_t flags, uint64_t resolve, int fallback,
+                    int probe, int64_t *out);
 int sfs_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int sfs_set_times_fd(int fd, int64_t ns);
 int sfs_fchown_fd(int fd, int64_t uid, int64_t gid);

@@ -12,7 +12,7 @@
 #pragma once
 
 /* Bumped whenever a signature changes; checked by sandbox_fs/_native.py. */
-#define SFS_ABI_VERSION 10
+#define SFS_ABI_VERSION 11
 
 #include "resolve.h"
 #include "copy.h"

@@ -24,7 +24,7 @@ from .errors import NativeUnavailableError, PathEscapeError, SymlinkRefusedError
 if TYPE_CHECKING:
     from array import array
 
-EXPECTED_ABI = 10
+EXPECTED_ABI = 11
 
 try:
     from ._sfs_native import ffi, lib  # noqa: F401  (the only import of it)
@@ -77,6 +77,12 @@ XF_STAGE_META = lib.SFS_XF_STAGE_META
 #: refuse a FIFO, socket or device with -ENXIO unless ``allow_special``;
 #: returns the new fd or -errno (see ``sfs_open_file`` in native/).
 open_file = lib.sfs_open_file
+#: ``open_member(dirfd, rel, flags, resolve, fallback, probe, out)``: :data:`open_file` for reading, and the
+#: new fd's fstat into ``out`` (an ``int64_t[MEMBER_FIELDS]``: st_mode, st_ino, st_dev, st_nlink, st_size,
+#: the mtime's seconds and nanoseconds, the ctime's, then with ``probe`` 0 when a read lease could be taken
+#: and released on a regular file, else 1); returns the new fd or -errno (see ``sfs_open_member`` in native/)
+open_member = lib.sfs_open_member
+MEMBER_FIELDS = 10
 
 # Handle calls (sandbox_fs._root_handle, see native/resolve.c): raw, each returns >= 0
 # or -errno and never raises; the caller checks its name arguments first.
@@ -375,6 +381,11 @@ def new_xfers(n: int) -> object:
 def new_int() -> object:
     """A zeroed ``int *`` out-parameter (owned by the returned cdata)."""
     return ffi.new("int *")
+
+
+def member_out(buf: bytearray) -> object:
+    """An ``int64_t *`` view of the writable ``buf`` (valid while ``buf`` lives), the ``out`` of :data:`open_member`."""
+    return ffi.from_buffer("int64_t[]", buf, require_writable=True)
 
 
 def buffer_of(buf: bytearray) -> object:

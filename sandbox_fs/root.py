@@ -65,6 +65,7 @@ _O_NOFOLLOW = os.O_NOFOLLOW
 _O_NONBLOCK = os.O_NONBLOCK
 _EINTR = errno.EINTR
 _open_file: Callable[..., int] = _native.open_file
+_open_member: Callable[..., int] = _native.open_member
 
 
 def _retry_eintr(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -800,6 +801,50 @@ class Root:
             ret = _open_file(rootfd, rel, flags, mode, self._resolve, self._fallback, allow_special)
             while ret == -_EINTR:  # signal handlers ran; retry (PEP 475)
                 ret = _open_file(rootfd, rel, flags, mode, self._resolve, self._fallback, allow_special)
+        finally:
+            self._release()
+        if ret < 0:
+            self._open_failed(-ret, rel)
+        return ret
+
+    def open_member_fd(self, path: str, flags: int, probe: bool, out: Any) -> int:
+        """Open a file for reading as :meth:`open_fd` with ``follow_symlinks=False`` does, and ``fstat`` it.
+
+        One native call (``sfs_open_member``) for a walk that opens and
+        checks many files (persist): the open beneath the root with this
+        Root's resolve flags and ``O_NOFOLLOW | O_NONBLOCK``, the refusal of a
+        FIFO, socket or device, then the ``fstat`` of the new fd, and with
+        ``probe`` a read-lease probe of a regular file; the caller checks
+        the inode and type it reads in ``out`` before it uses the fd.
+
+        Args:
+            path: relative sandbox path.
+            flags: ``os.O_*`` read flags (never ``O_PATH``, nor flags that write or create).
+            probe: also probe whether the file may be open for writing anywhere.
+            out: an ``int64_t[_native.MEMBER_FIELDS]`` (``_native.ffi``) it fills: ``st_mode, st_ino,
+                st_dev, st_nlink, st_size``, the mtime's seconds and nanoseconds and the ctime's, of
+                the fd, then 0 when the probe found the file open for writing nowhere, else 1 (see
+                ``sfs_open_member``).
+
+        Returns:
+            The new O_CLOEXEC fd (caller closes it).
+
+        Raises:
+            SpecialFileError: ``path`` is a FIFO, socket or device.
+            InvalidArgumentError: ``flags`` write, create or are ``O_PATH``.
+            FileNotFoundError, NotADirectoryError, PermissionError, OSError: as :meth:`open_fd`.
+            PathEscapeError, SymlinkRefusedError, InvalidPathError, WorkspaceClosedError: see :class:`Root`.
+        """
+        if flags & (_WRITE_FLAGS | os.O_PATH) or (flags & _O_TMPFILE) == _O_TMPFILE:
+            raise InvalidArgumentError("open_member_fd opens for reading only", sandbox_path=self._show(path),
+                                       context={"operation": "open"})
+        rel = self._rel(path)
+        flags |= _O_NOFOLLOW
+        rootfd = self._acquire()
+        try:
+            ret = _open_member(rootfd, rel, flags, self._resolve, self._fallback, probe, out)
+            while ret == -_EINTR:  # signal handlers ran; retry (PEP 475)
+                ret = _open_member(rootfd, rel, flags, self._resolve, self._fallback, probe, out)
         finally:
             self._release()
         if ret < 0:

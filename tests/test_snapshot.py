@@ -757,16 +757,16 @@ def test_interrupt_mid_persist_joins_the_writer_and_commits_nothing(layout, stor
         first = persist(ws, store, "s").info
     for i in range(40):
         (layout.ws / f"f{i:02d}").write_bytes(os.urandom(256 << 10))
-    real = snap._entries._member_stat
+    real = snap._walk.MemberOpener.open  # (opens, fstat-checks: the walk's one call per file)
     seen = []
 
-    def interrupted(fd, item):
+    def interrupted(self, src, item, dfd, probe):
         seen.append(item.path)
         if len(seen) == 20:  # several buffers already handed to the writer thread
             raise KeyboardInterrupt
-        return real(fd, item)
+        return real(self, src, item, dfd, probe)
 
-    monkeypatch.setattr(snap._entries, "_member_stat", interrupted)
+    monkeypatch.setattr(snap._walk.MemberOpener, "open", interrupted)
     with open_root(layout.ws) as ws:
         fds = _open_fds()
         with pytest.raises(KeyboardInterrupt):
@@ -845,26 +845,29 @@ def test_file_that_changes_size_while_persisted_is_refused_not_truncated(layout,
     with open_root(layout.ws) as ws:
         first = persist(ws, store, "s").info
     (layout.ws / "victim").write_bytes(b"v" * size)
-    real = snap._entries._member_stat
+    real = snap._walk.MemberOpener.open  # (opens, fstat-checks: the walk's one call per file)
+    raced = []
 
-    def racing_stat(fd, item):
-        st = real(fd, item)
+    def racing_stat(self, src, item, dfd, probe):
+        got = real(self, src, item, dfd, probe)
         if item.path == "victim":  # after the header's size is taken, before the data is read
+            raced.append(1)
             if change == "shrink":
                 os.truncate(layout.ws / "victim", size // 2)
             else:
                 with open(layout.ws / "victim", "ab") as fh:
                     fh.write(b"more")
-        return st
+        return got
 
-    monkeypatch.setattr(snap._entries, "_member_stat", racing_stat)
+    monkeypatch.setattr(snap._walk.MemberOpener, "open", racing_stat)
     with open_root(layout.ws) as ws:
         with pytest.raises(SnapshotSourceChangedError) as ei:
             persist(ws, store, "s")
+    assert raced
     assert ei.value.retryable and ei.value.sandbox_path == "victim"
     assert ("shrank" if change == "shrink" else "grew") in str(ei.value)
     assert store.info("s") == first  # the previous snapshot stays current
-    monkeypatch.setattr(snap._entries, "_member_stat", real)
+    monkeypatch.setattr(snap._walk.MemberOpener, "open", real)
     with open_root(layout.ws) as ws:  # a retry succeeds and stores the file as it is now
         info = persist(ws, store, "s").info
     with tarfile.open(layout.base / "store" / info.archive) as tar:

@@ -276,22 +276,35 @@ def _open_listed(src: Root, item: _ListedEntry, flags: int, dfd: int | None = No
         _hooks.fire("persist.open_entry", root=src, path=item.path)
     try:
         return src.open_fd(item.path, flags, follow_symlinks=False)
-    except FileNotFoundError:
+    except (OSError, SandboxError) as exc:
+        return _open_error(exc, item, dfd)
+
+
+def _open_error(exc: OSError | SandboxError, item: _ListedEntry, dfd: int | None) -> None:
+    """What an open of a listed entry by its path that raised ``exc`` means (see :func:`_open_listed`).
+
+    Returns:
+        None: the entry vanished (``ENOENT``, and gone from ``dfd`` too when held).
+
+    Raises:
+        SnapshotSourceChangedError: the entry or a parent changed (retryable).
+        OSError, SandboxError: any other failure (with its sandbox path, never a host path).
+    """
+    if isinstance(exc, FileNotFoundError):
         if dfd is not None and _still_listed(dfd, item.name):
             raise SnapshotSourceChangedError("entry is no longer at its path (a parent directory was moved "
                                              "while the workspace was being persisted)",
                                              sandbox_path=item.path) from None
         return None
-    except (OSError, SandboxError) as exc:
-        # ELOOP: a symlink now; special_file: Root refuses FIFOs/devices; ENOTDIR/EXDEV: a parent swapped
-        if getattr(exc, "code", None) in _CHANGED_CODES or \
-                getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
-            raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
-                                             sandbox_path=item.path) from None
-        if isinstance(exc, SandboxError):
-            raise
-        _native.raise_errno(exc.errno or errno.EIO, "persist", item.path)
-        raise  # unreachable
+    # ELOOP: a symlink now; special_file: Root refuses FIFOs/devices; ENOTDIR/EXDEV: a parent swapped
+    if getattr(exc, "code", None) in _CHANGED_CODES or \
+            getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
+        raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
+                                         sandbox_path=item.path) from None
+    if isinstance(exc, SandboxError):
+        raise exc
+    _native.raise_errno(exc.errno or errno.EIO, "persist", item.path)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _check_identity(fd: int, item: _ListedEntry) -> os.stat_result:
@@ -582,6 +595,58 @@ def _open_member(src: Root, item: _ListedEntry, dfd: int | None = None) -> int |
         OSError: any other failure (with its sandbox path).
     """
     return _open_listed(src, item, _MEMBER_FLAGS, dfd)
+
+
+#: the fields ``sfs_open_member`` writes (see :meth:`sandbox_fs.root.Root.open_member_fd`): the fstat of
+#: the opened fd (st_ino and st_dev unsigned; each time as seconds and nanoseconds), then the probe's answer
+_MEMBER_OUT = struct.Struct("=qQQqqqqqqq")
+assert _MEMBER_OUT.size == 8 * _native.MEMBER_FIELDS
+
+
+class MemberOpener:
+    """Opens listed regular files by path and identity-checks them, one native call each (see :meth:`open`).
+
+    Holds the buffer the native call writes the ``fstat`` into: one per walk (one thread).
+    """
+
+    __slots__ = ("_buf", "_out", "_unpack")
+
+    def __init__(self) -> None:
+        self._buf = bytearray(_MEMBER_OUT.size)
+        self._out = _native.member_out(self._buf)
+        self._unpack = _MEMBER_OUT.unpack_from
+
+    def open(self, src: Root, item: _ListedEntry, dfd: int | None,
+             probe: bool) -> tuple[int, _Stat, bool] | None:
+        """:func:`_open_member` and :func:`_member_stat` in one native call: ``(fd, its fstat, writable)``.
+
+        The file is opened by its path beneath the workspace Root now, as
+        :func:`_open_listed` opens it (``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``
+        from the Root's own fd, ``O_NOFOLLOW | O_NONBLOCK``), and the ``fstat`` of
+        that very fd must show a regular file with the listed device and
+        inode number.  ``writable``: with ``probe``, False only when a read
+        lease could be taken (and was released at once): no open file
+        description can write the inode (see ``_entries._open_for_writing``);
+        True without ``probe``.  None when the file vanished.
+
+        Raises:
+            SnapshotSourceChangedError: a symlink, a special file or another
+                inode now, or a parent swapped or moved (retryable).
+            OSError: any other failure (with its sandbox path).
+        """
+        if _hooks.current is not None:
+            _hooks.fire("persist.open_entry", root=src, path=item.path)
+        try:
+            fd = src.open_member_fd(item.path, _MEMBER_FLAGS, probe, self._out)
+        except (OSError, SandboxError) as exc:
+            return _open_error(exc, item, dfd)
+        mode, ino, dev, nlink, size, msec, mnsec, csec, cnsec, writable = self._unpack(self._buf)
+        if ino != item.st.st_ino or dev != item.st.st_dev or not _stat.S_ISREG(mode):
+            os.close(fd)
+            raise SnapshotSourceChangedError("entry was replaced while it was being persisted",
+                                             sandbox_path=item.path)
+        st = _Stat(mode, ino, dev, nlink, size, msec * 1_000_000_000 + mnsec, csec * 1_000_000_000 + cnsec)
+        return fd, st, writable != 0
 
 
 # errnos / codes of an entry changed under the walk: gone, no longer a symlink, a parent swapped
