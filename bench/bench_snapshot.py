@@ -5,8 +5,8 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
 * round trip of the standard-library tree (``sysconfig`` stdlib, without
   ``site-packages``) on ext4 (``/tmp``) and on tmpfs (``/dev/shm``):
   - ours:  ``persist`` (fd walk, index with every file's SHA-256, stream tar
-    into the store, fsync, atomic commit) + ``hydrate`` (verify SHA-256 and
-    CRC-32 of the archive, clear, extract through the archive extractor,
+    into the store, fsync, atomic commit) + ``hydrate`` (verify the SHA-256
+    of the archive, clear, extract through the archive extractor,
     restore modes, write the baseline index) through
     ``DirectorySnapshotStore``, the store a user of the library and the CLI
     gets by default (a ``GenerationStore`` over ``LocalObjects``).  Every
@@ -22,10 +22,10 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
   The arms alternate: in each round the two stores swap order, with the
   ``tar | tar`` pipe between them.
   Both use the machine's second core: the pipe runs two tar processes at
-  once; persist writes (and CRC-32s) the archive in a writer thread while
-  it walks and reads (the writer also SHA-256s files of 64 KiB or more),
-  and reads the committed archive back in two threads (the v1 store; the
-  default one SHA-256s the archive in the writer thread too); hydrate
+  once; persist writes the archive in a writer thread while it walks and
+  reads (the writer also SHA-256s files of 64 KiB or more) and digests it
+  there: the default store SHA-256s it (no CRC-32), the v1 store CRC-32s it
+  and reads the committed archive back in two threads; hydrate
   extracts while another thread reads and SHA-256s the archive (the default
   store; the v1 store's extractor copies file data from the archive's fd in
   a helper thread, and a thread CRC-32s it).  The CPU time (user + sys) of both sides is printed

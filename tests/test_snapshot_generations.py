@@ -313,7 +313,7 @@ def test_two_writers_from_one_pointer_exactly_one_wins(env):
         finally:
             tar.stop()
         t = walked.digest.hexdigest()
-        return SnapshotInfo(name="s", archive="x", archive_bytes=pending.sink.count,
+        return SnapshotInfo(version=2, name="s", archive="x", archive_bytes=pending.sink.count,
                             archive_crc32=pending.sink.hexdigest(), fingerprint=t, tree_digest=t,
                             entries=walked.entries, content_bytes=walked.content)
 

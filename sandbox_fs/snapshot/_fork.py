@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
+import zlib
 
 from ._errors import SnapshotConflictError, SnapshotCorruptError, SnapshotError
-from ._generations import GenerationStore
+from ._generations import GenerationStore, _ObjectSink
 from ._models import SnapshotInfo, SnapshotLimits, validate_name
-from ._store import SnapshotStore
+from ._store import SnapshotStore, _HashingSink
 
 __all__ = ["fork_snapshot", "copy_snapshot"]
 
@@ -73,9 +75,10 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
     (:meth:`DirectorySnapshotStore.fork` copies a version-1 source with it):
     the archive, verified by ``src.open_archive``, is streamed in 1 MiB
     chunks into ``store.begin(target)`` and committed with the source's
-    metadata.  ``src`` and ``store`` are one store, or a store and the
-    version-1 store its directory still holds ``source`` in.  Names are
-    checked by the caller.
+    metadata, once what was written matched the source's SHA-256 (CRC-32 for
+    a version-1 source; see ``_OwnDigest``).  ``src`` and ``store`` are one
+    store, or a store and the version-1 store its directory still holds
+    ``source`` in.  Names are checked by the caller.
 
     Args:
         src: the store ``source`` is read from.
@@ -108,15 +111,17 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
                                         sandbox_path=None, context=ctx)
         pending = store.begin(target)
         try:
+            own = _OwnDigest(info, pending.sink)
             left = info.archive_bytes
             while left > 0:
                 chunk = reader.read(min(_CHUNK, left))
                 if not chunk:
                     break
                 pending.stream.write(chunk)
+                own.update(chunk)
                 left -= len(chunk)
             pending.stream.flush()
-            if pending.sink.count != info.archive_bytes or pending.sink.hexdigest() != info.archive_crc32:
+            if pending.sink.count != info.archive_bytes or not own.matches():
                 raise SnapshotCorruptError("the source archive changed while it was copied; nothing was made",
                                             sandbox_path=None, context=ctx)
             copy = info.model_copy(update={"name": target, "archive": f"{target}.{secrets.token_hex(8)}.tar",
@@ -128,3 +133,36 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
     if committed is None:  # a store without generations: what was committed is ``copy``, read back
         committed = store.info(target) or copy
     return committed
+
+
+class _OwnDigest:
+    """How :func:`copy_snapshot` checks that what it wrote is the archive the source metadata describes.
+
+    With the source's ``archive_sha256`` (version 2): the SHA-256 of what the
+    target's sink received when it computes one (a :class:`GenerationStore`'s
+    ``_ObjectSink``), else of the chunks as they are written.  Without it
+    (version 1): the sink's CRC-32 against ``archive_crc32`` (a version-1
+    store's sink), else (a version-1 source copied into a generation store,
+    whose sink keeps no CRC-32) the CRC-32 of the chunks as they are written.
+    Metadata recording neither digest never matches.
+    """
+
+    def __init__(self, info: SnapshotInfo, sink: _HashingSink) -> None:
+        self.info, self.sink = info, sink
+        from_sink = isinstance(sink, _ObjectSink) if info.archive_sha256 else bool(sink.hexdigest())
+        self.sha = hashlib.sha256() if info.archive_sha256 and not from_sink else None
+        self.crc: int | None = 0 if not info.archive_sha256 and not from_sink else None
+
+    def update(self, chunk: bytes) -> None:
+        if self.sha is not None:
+            self.sha.update(chunk)
+        elif self.crc is not None:
+            self.crc = zlib.crc32(chunk, self.crc)
+
+    def matches(self) -> bool:
+        info, sink = self.info, self.sink
+        if info.archive_sha256:
+            got = self.sha.hexdigest() if self.sha is not None else sink.sha256 if isinstance(sink, _ObjectSink) else ""
+            return got == info.archive_sha256
+        got = f"{self.crc:08x}" if self.crc is not None else sink.hexdigest()
+        return bool(info.archive_crc32) and got == info.archive_crc32

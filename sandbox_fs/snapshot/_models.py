@@ -19,7 +19,7 @@ import stat as _stat
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..archive import STAGED_PATH_MAX, ArchiveLimits, ExtractPolicy, HeaderChainCheck
 from ..errors import InvalidPathError
@@ -86,7 +86,10 @@ class SnapshotInfo(BaseModel):
         name: the snapshot name (a plain token).
         archive: the store's name for the archive (``<name>.g<generation>.<token>.tar`` locally).
         archive_bytes: the archive's size, in bytes.
-        archive_crc32: its CRC-32, 8 lowercase hex digits.
+        archive_crc32: (version 1) the archive's CRC-32, 8 lowercase hex digits, required and
+            checked at every read.  Version 2 rests on ``archive_sha256`` instead: a generation
+            persisted or copied now records "" here; an older one (written before the CRC-32 was
+            dropped) carries a CRC-32, which is accepted (8 hex digits) and never relied on.
         fingerprint: :func:`fingerprint` of ``manifest_digest`` and ``tree_digest`` (64 hex digits).
         manifest_digest: the digest of the manifest the session ran with ("" when none).
         tree_digest: :func:`tree_digest` of what was persisted (64 hex digits).
@@ -121,7 +124,7 @@ class SnapshotInfo(BaseModel):
     name: str
     archive: str
     archive_bytes: int = Field(ge=0)
-    archive_crc32: str = Field(pattern=r"^[0-9a-f]{8}$")
+    archive_crc32: str = Field(default="", pattern=r"^(?:[0-9a-f]{8})?$")
     fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")
     manifest_digest: str = ""
     tree_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -141,6 +144,13 @@ class SnapshotInfo(BaseModel):
     index_sha256: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
     index_bytes: int = Field(default=0, ge=0)
     deleted: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _version_1_has_a_crc(self) -> "SnapshotInfo":
+        """Version 1 is checked by its CRC-32 alone: it must carry one (version 2 rests on ``archive_sha256``)."""
+        if self.version == 1 and not self.archive_crc32:
+            raise ValueError("version-1 snapshot metadata must record archive_crc32")
+        return self
 
 
 class SnapshotPolicy:

@@ -19,7 +19,15 @@ from ._entries import _walk_into, fingerprint
 from ._generations import GenerationStore, _PendingGeneration
 from ._layers import Layering
 from ._objects_local import LocalObjects
-from ._models import PersistReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
+from ._models import (
+    SNAPSHOT_VERSION,
+    SNAPSHOT_VERSION_OBJECTS,
+    PersistReport,
+    SnapshotInfo,
+    SnapshotLimits,
+    SnapshotPolicy,
+    validate_name,
+)
 from ._store import SnapshotStore
 from ._tar import _TarStream
 from ._walk import _Prune
@@ -114,7 +122,8 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             pending.index = layering.index(pending.generation)
         policy.check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
         tree = walked.digest.hexdigest()
-        info = SnapshotInfo(
+        info = SnapshotInfo(  # a generation (version 2) has no CRC-32: its SHA-256 is set at commit
+            version=SNAPSHOT_VERSION_OBJECTS if isinstance(pending, _PendingGeneration) else SNAPSHOT_VERSION,
             name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,
             archive_crc32=pending.sink.hexdigest(), fingerprint=fingerprint(manifest_digest, tree),
             manifest_digest=manifest_digest, tree_digest=tree, excluded=sorted(prune.excluded),

@@ -42,7 +42,9 @@ class ForgedStore:
     enabled = True
 
     def __init__(self, archive: bytes, info: Any) -> None:
-        update = {"archive_bytes": len(archive), "archive_crc32": f"{zlib.crc32(archive) & 0xFFFFFFFF:08x}"}
+        update: dict[str, Any] = {"archive_bytes": len(archive)}
+        if getattr(info, "archive_crc32", ""):  # version 1 (a version-2 generation records none)
+            update["archive_crc32"] = f"{zlib.crc32(archive) & 0xFFFFFFFF:08x}"
         if getattr(info, "archive_sha256", ""):
             update["archive_sha256"] = hashlib.sha256(archive).hexdigest()
         self._archive = archive

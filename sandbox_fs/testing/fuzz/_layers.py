@@ -179,7 +179,7 @@ def forged_store(name: str, tars: list[bytes], index_json: bytes, template: Any)
         final = g == len(tars)
         update: dict[str, Any] = {
             "version": 2, "name": name, "generation": g, "archive": f"{base}/archive.tar",
-            "archive_bytes": len(tar), "archive_crc32": f"{zlib.crc32(tar) & 0xFFFFFFFF:08x}",
+            "archive_bytes": len(tar), "archive_crc32": "",  # version 2: no CRC-32, the SHA-256 is checked
             "archive_sha256": hashlib.sha256(tar).hexdigest(), "parent_generation": g - 1,
             "parent_digest": parent_digest, "chain_length": g, "index_sha256": "", "index_bytes": 0}
         if final:
