@@ -49,12 +49,13 @@ goes one by one (the same error as ever).  Memory: a batch holds at most
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from .. import _native
 from ..errors import SandboxError
-from ._batch import BATCH_BYTES, BATCH_FILES, MEMORY_FILE_BYTES, CopyThread, FileBatch
+from ._batch import BATCH_BYTES, BATCH_FILES, MEMORY_FILE_BYTES, CopyThread, FileBatch, batch_buffer
 from ._errors import ArchiveFormatError, ArchiveLimitError, UnsafeArchiveMemberError
 from ._meta import FILE, file_mode, mtime_ns_of, path_key
 from ._names import normalize_member
@@ -93,7 +94,7 @@ class BatchedFiles:
     _threaded: bool
     _batch_failed: bool
     batch_in_memory: bool
-    _spare: bytearray | None
+    _spare: mmap.mmap | None
     _mode_flags_cache: dict[int, tuple[int, int]]
     check_cancel: Callable[[], None] | None
 
@@ -198,7 +199,7 @@ class BatchedFiles:
         self._parents(path, name)
         b = self._batch
         if b.data is None:  # a buffer of a batch already made, or a new one
-            b.data, self._spare = self._spare or bytearray(BATCH_BYTES + MEMORY_FILE_BYTES), None
+            b.data, self._spare = self._spare or batch_buffer(), None
         off = b.nbytes  # the batch's bytes so far: the buffer holds them from 0 (< BATCH_BYTES)
         if size:
             # the data and, when the stream allows, its block padding (read over by the next file's data);

@@ -55,10 +55,11 @@ class Meter:
         stream_bytes: decompressed archive-stream bytes (tar only).
         written_bytes: file bytes written to disk.
         member: the member being processed (for error messages).
+        cpu_limited: ``max_cpu_seconds`` is set.
     """
 
     __slots__ = ("limits", "input_bytes", "stream_bytes", "written_bytes", "member", "_ratio", "_grace",
-                 "_cpu_limit", "_cpu_start")
+                 "_cpu_limit", "_cpu_start", "cpu_limited")
 
     def __init__(self, limits: ArchiveLimits) -> None:
         self.limits = limits
@@ -70,6 +71,7 @@ class Meter:
         self._grace = limits.ratio_grace_bytes
         self._cpu_limit = limits.max_cpu_seconds
         self._cpu_start = time.thread_time() if self._cpu_limit is not None else 0.0
+        self.cpu_limited = self._cpu_limit is not None
 
     def check_cpu(self) -> None:
         """Enforce ``max_cpu_seconds`` (CPU time of the calling thread since this meter was made).

@@ -362,10 +362,11 @@ def _apply(tf: tarfile.TarFile, ti: tarfile.TarInfo, ex: Extractor, meter: Meter
     if ti.isreg():
         if ti.sparse is None and ti.type != tarfile.GNUTYPE_SPARSE:
             if batch and counter.position == ti.offset_data:
-                if counter.can_splice():
-                    if ex.add_new_file_from(name, ti.mode, ti.mtime, ti.size, counter, ti.offset_data):
+                if counter.splice_fd < 0:  # (can_splice() is false without a source file)
+                    if ex.add_new_file_data(name, ti.mode, ti.mtime, ti.size, counter):
                         return
-                elif counter.splice_fd < 0 and ex.add_new_file_data(name, ti.mode, ti.mtime, ti.size, counter):
+                elif counter.can_splice() and \
+                        ex.add_new_file_from(name, ti.mode, ti.mtime, ti.size, counter, ti.offset_data):
                     return
             _add_plain_file(name, ti.mode, ti.uid, ti.gid, ti.size, ti.mtime, ex, counter, ti.offset_data)
             return

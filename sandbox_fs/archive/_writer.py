@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import stat as _stat
 from typing import IO, Callable, Iterator, NamedTuple
@@ -231,7 +232,7 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
         self._batch_failed = False  # a batch error was raised: later queued files are never made
         #: new files read from a stream may be queued with their bytes (add_new_file_data): snapshot hydrate
         self.batch_in_memory = False
-        self._spare: bytearray | None = None  # the buffer of a made memory batch, for the next one
+        self._spare: mmap.mmap | None = None  # the buffer of a made memory batch, for the next one
         self._mode_flags_cache: dict[int, tuple[int, int]] = {}
         self._last_parent = b""  # the last member parent found to be a directory of this run (see _parents)
         self._exact = exact_modes or None
@@ -298,8 +299,10 @@ class Extractor(BatchedFiles, PendingSymlinks, DirMetadata):
                 ``max_cpu_seconds`` spent.
         """
         self.members += 1
-        self.meter.member = member
-        self.meter.check_cpu()
+        meter = self.meter
+        meter.member = member
+        if meter.cpu_limited:
+            meter.check_cpu()
         if self.members > self.limits.max_members:
             raise ArchiveLimitError("max_members", self.limits.max_members, self.members, member)
 
