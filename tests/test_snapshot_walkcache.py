@@ -224,6 +224,25 @@ def test_property_stored_pieces_decode_to_their_text(text):
     assert zlib.decompress(raw) == b"[head]" + text + b"[end]"
 
 
+@pytest.mark.parametrize("later_s", [0, 1, 3])
+def test_a_chunks_racy_positions_are_the_entries_changed_at_or_after_the_walks_start(tree, monkeypatch, later_s):
+    """Whether the walk begins in the tick the tree was written or seconds later (no entry can be racy: the
+    positions are not searched one by one), each chunk's racy positions are exactly those the racy rule names."""
+    from sandbox_fs.snapshot._index import coarse_now_ns, stamp_latest_ns
+
+    ws, w, objects, store = tree
+    newest = max(os.lstat(p).st_ctime_ns for p in [ws, *ws.rglob("*")])
+    began = newest + later_s * 10**9 if later_s else coarse_now_ns()
+    monkeypatch.setattr(_layers, "coarse_now_ns", lambda: began)
+    persist(w, store, "s")
+    for c in store._baselines["s"].index.walk_cache.order:
+        if c.plain:
+            assert c.racy == [k for k, e in enumerate(c.entries)
+                              if e.mtime_ns >= began or stamp_latest_ns(e.ctime_ns) >= began]
+    if later_s == 3:
+        assert all(not c.racy for c in store._baselines["s"].index.walk_cache.order)
+
+
 def test_a_tree_past_the_cache_bound_is_compared_entry_by_entry(tree, monkeypatch):
     ws, w, objects, store = tree
     monkeypatch.setattr(_layers, "_CACHE_MAX_ENTRIES", 3)

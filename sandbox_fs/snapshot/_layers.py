@@ -46,6 +46,7 @@ import stat as _stat
 import struct
 import zlib
 from array import array
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -173,6 +174,30 @@ class _Built:
     chunk: _Chunk
     old: _Chunk | None = None  # the parent's chunk it took all but ``changed`` over from
     changed: list[int] = field(default_factory=list)
+
+
+_PATH, _MTIME, _CTIME = (attrgetter(f) for f in ("path", "mtime_ns", "ctime_ns"))
+#: the latest a timestamp may stand for past itself (see :func:`._index.stamp_latest_ns`: whole seconds, 2 s)
+_STAMP_STEP_MAX_NS = 2_000_000_000
+
+
+def _fix_list(entries: list[IndexEntry], fixups: list[tuple[str, int]]) -> list[tuple[str, int] | None]:
+    """:func:`_fixup` of each of a plain chunk's ``entries``, from the fix-ups its walk recorded for them.
+
+    The walk recorded ``(path, mode)`` of exactly the entries :func:`_fixup`
+    gives one for (the same condition on the same mode), so only those are
+    placed; a fix-up of no entry here (never, for a plain chunk) falls back
+    to asking :func:`_fixup` of each.
+    """
+    fix: list[tuple[str, int] | None] = [None] * len(entries)
+    if fixups:
+        at = {e.path: k for k, e in enumerate(entries)}
+        for f in fixups:
+            k = at.get(f[0])
+            if k is None or _fixup(entries[k]) != f:
+                return [_fixup(e) for e in entries]
+            fix[k] = f
+    return fix
 
 
 def _fixup(e: IndexEntry) -> tuple[str, int] | None:
@@ -526,9 +551,12 @@ class Layering:
         entries, when aligned)."""
         entries = self.records[opened.records:end]
         now = self.time_ns
-        racy = [k for k in (opened.changed if opened.old is not None else range(len(entries)))
-                if entries[k].mtime_ns >= now or stamp_latest_ns(entries[k].ctime_ns) >= now]
-        chunk.racy = racy
+        if opened.old is None and entries and max(map(_MTIME, entries)) < now and \
+                max(map(_CTIME, entries)) + _STAMP_STEP_MAX_NS < now:
+            chunk.racy = []  # (no timestamp stands for a moment as late as the walk's start)
+        else:
+            chunk.racy = [k for k in (opened.changed if opened.old is not None else range(len(entries)))
+                          if entries[k].mtime_ns >= now or stamp_latest_ns(entries[k].ctime_ns) >= now]
         listing = opened.listing
         assert isinstance(listing, _Listing)
         old = opened.old
@@ -545,10 +573,10 @@ class Layering:
         recs = listing.records()
         chunk.offs = array("Q", listing.offsets())
         plen = len(opened.path) + 1 if opened.path else 0
-        chunk.names = [e.path[plen:].encode("utf-8", "surrogateescape") for e in entries]
-        chunk.recs = [recs[n] for n in chunk.names]
+        chunk.names = [p[plen:].encode("utf-8", "surrogateescape") for p in map(_PATH, entries)]
+        chunk.recs = list(map(recs.__getitem__, chunk.names))
         chunk.sizes = [e.size if e.kind == "file" else 0 for e in entries]
-        chunk.fix = [_fixup(e) for e in entries]
+        chunk.fix = _fix_list(entries, chunk.fixups)
 
     # -- the new index
 
