@@ -448,8 +448,8 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
     so at most the depth, never the width of the tree.
 
     Raises:
-        SnapshotSourceChangedError: a directory was replaced after its listing, or its listing gave
-            a name twice (retryable).
+        SnapshotSourceChangedError: a directory was replaced after its listing, removed after it
+            was opened (before or while it was listed), or its listing gave a name twice (retryable).
         SnapshotLimitError: a directory's listing needs more than :data:`sandbox_fs._native.SCAN_MAX_BYTES`.
         OSError: a directory cannot be read (with its sandbox path, never a host path).
     """
@@ -469,6 +469,9 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
                     raise SnapshotLimitError("directory has more names than one listing holds",
                                              sandbox_path=dpath or ".",
                                              context={"max_listing_bytes": _native.SCAN_MAX_BYTES}) from None
+                if exc.errno == errno.ENOENT:  # getdents64 of a directory removed after it was opened
+                    raise SnapshotSourceChangedError("a directory was removed while it was being persisted",
+                                                     sandbox_path=dpath or ".") from None
                 _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
             if isinstance(listing, _Listing) and not (known is not None and known(dpath, listing.raw)) \
                     and listing.repeats():  # never one path twice in a walk
