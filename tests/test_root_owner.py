@@ -207,7 +207,7 @@ def test_old_native_build_fails_with_the_abi_message(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("NativeUnavailableError native_unavailable")
     assert f"native ABI 6 does not match the Python package (expects {_native.EXPECTED_ABI}); rebuild" in out
-    assert _native.EXPECTED_ABI == _native.lib.SFS_ABI_VERSION == 10
+    assert _native.EXPECTED_ABI == _native.lib.SFS_ABI_VERSION == 11
 
 
 # ----------------------------------------------------------------- extraction
