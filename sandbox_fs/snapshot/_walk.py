@@ -287,7 +287,8 @@ def _open_error(exc: OSError | SandboxError, item: _ListedEntry, dfd: int | None
         None: the entry vanished (``ENOENT``, and gone from ``dfd`` too when held).
 
     Raises:
-        SnapshotSourceChangedError: the entry or a parent changed (retryable).
+        SnapshotSourceChangedError: the entry or a parent changed, or another process holds a write
+            lease on the file (``EAGAIN`` of the ``O_NONBLOCK`` open; retryable).
         OSError, SandboxError: any other failure (with its sandbox path, never a host path).
     """
     if isinstance(exc, FileNotFoundError):
@@ -296,6 +297,12 @@ def _open_error(exc: OSError | SandboxError, item: _ListedEntry, dfd: int | None
                                              "while the workspace was being persisted)",
                                              sandbox_path=item.path) from None
         return None
+    if getattr(exc, "errno", None) == errno.EAGAIN:
+        # O_NONBLOCK open of a file another process holds a write lease on (it is told to give it up),
+        # or a rename racing the resolution on every retry: in use or changing now, not a fault
+        raise SnapshotSourceChangedError("entry is held by another process (a file lease) or its path was "
+                                         "being renamed while the workspace was being persisted",
+                                         sandbox_path=item.path) from None
     # ELOOP: a symlink now; special_file: Root refuses FIFOs/devices; ENOTDIR/EXDEV: a parent swapped
     if getattr(exc, "code", None) in _CHANGED_CODES or \
             getattr(exc, "errno", None) in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EXDEV):
@@ -634,7 +641,8 @@ class MemberOpener:
 
         Raises:
             SnapshotSourceChangedError: a symlink, a special file or another
-                inode now, or a parent swapped or moved (retryable).
+                inode now, a parent swapped or moved, or another process holds a
+                write lease on the file (retryable).
             OSError: any other failure (with its sandbox path).
         """
         if _hooks.current is not None:
