@@ -8,10 +8,9 @@ the extractor parses are therefore exactly the bytes hashed (the archive is
 read once: a store whose object changes meanwhile cannot serve one version
 to the hash and another to the extractor), while the reads and the hashing
 (``preadv`` and ``hashlib`` release the GIL on 1 MiB) run beside
-the extraction.  The metadata's CRC-32 is not checked here: the SHA-256
-it sits beside is read from the same verified metadata and decides
-(equal SHA-256s mean equal bytes, hence equal CRC-32s), and the CRC-32
-pass cost the reading thread ~38 ms of a stdlib hydrate.  Before, they ran in the extracting thread: on the stdlib
+the extraction.  No CRC-32 is checked here: version-2 metadata records
+none (an older generation's is accepted and never relied on), and the
+SHA-256 decides.  Before, they ran in the extracting thread: on the stdlib
 tree (244 MiB, tmpfs, ``bench/bench_snapshot.py --only tmpfs``, load ~1.7)
 hydrate's median was 1284-1647 ms, and 906-919 ms with this thread.
 The extractor copies each new file's bytes (up to 1 MiB) out of these blocks
@@ -249,9 +248,9 @@ class VerifiedToEnd(io.RawIOBase):
     bytes of the read that would reach ``info.archive_bytes`` (or the
     store's end before it) are handed out only once size and SHA-256 match
     the metadata, so a store that swaps the object after an earlier
-    verified read of it never has its archive read to the end (a check of
-    a weaker digest on the way, such as the CRC-32 a copy compares, cannot
-    be forged past it).  A reader stopped before the end got bytes not yet
+    verified read of it never has its archive read to the end (no check a
+    caller makes on the way, of a weaker digest or of a digest the store
+    supplies, can be forged past it).  A reader stopped before the end got bytes not yet
     verified.
     """
 

@@ -3,7 +3,7 @@
 Memory is O(1) in workspace size: one file is open at a time and data moves
 through fixed 1 MiB buffers (at most :data:`_MAX_BUFFERS`): each file is read
 into one (``readv``), SHA-256-hashed there for the fingerprint and, with its
-header, handed to one writer thread that writes (and CRC-32s) the others
+header, handed to one writer thread that writes (and the sink digests) the others
 meanwhile, so every byte is read once and the write uses the second core.
 A file of :data:`OFFLOAD_SHA_BYTES` or more may instead be hashed by the
 writer thread, in the buffer it was read into, before that buffer is
@@ -49,7 +49,7 @@ _MAX_BUFFERS = 8
 #: a file at least this large may be SHA-256-hashed by the writer thread (``add_file(defer=True)``).  Each
 #: such file costs a queue item and a wake-up of the writer (a futex call, and GIL hand-offs); from 64 KiB on
 #: (about 35 us of hashing) that is small against the hash it moves, and on the stdlib tree the 10% of
-#: files this large hold 2/3 of the bytes, which balances the writer (write, CRC-32, those hashes) with
+#: files this large hold 2/3 of the bytes, which balances the writer (write, the sink's digest, those hashes) with
 #: the walk (16 KiB: 1/3 of the files, 89% of the bytes, the writer the slower side and ~20 ms more CPU).
 OFFLOAD_SHA_BYTES = 64 << 10
 
@@ -101,15 +101,15 @@ class _WriterThread:
     """The persist writer thread: writes filled buffers to the sink, in order.
 
     Buffering: :class:`_TarStream` fills one buffer while this thread
-    writes the others to the sink (``os.write`` and the sink's ``zlib.crc32``
-    of 1 MiB, both release the GIL, so they run on the second core while
+    writes the others to the sink (``os.write`` and the sink's digest, a
+    SHA-256 or a version-1 store's CRC-32, of 1 MiB: both release the GIL, so they run on the second core while
     the caller walks, builds headers, reads and hashes files).  Buffers go
     round through two queues (filled -> written -> free again).  There are
     two at first; :meth:`swap` makes another when none is free, up to
     :data:`_MAX_BUFFERS`, and then waits until one is written, so memory
     stays that many buffers however large the workspace.  (The walk is the
-    faster side while large files stream: this thread writes, CRC-32s and,
-    into a :class:`GenerationStore`, SHA-256s every byte; more buffers let
+    faster side while large files stream: this thread writes every byte and
+    digests it: SHA-256 into a :class:`GenerationStore`, CRC-32 into a version-1 store; more buffers let
     the walk run ahead there and this thread catch up while small files
     are walked, instead of the walk waiting.)  The SHA-256 of
     file data stays in the caller's thread: per-file hash steps each need
@@ -243,7 +243,7 @@ class _TarStream:
     SHA-256-hashed there for the fingerprint.  With a sink, there are a few
     buffers and a :class:`_WriterThread`: while this thread walks, builds
     headers and reads files into one buffer, the writer writes the others
-    to the sink (which CRC-32s and counts every byte).  The thread and the
+    to the sink (which digests and counts every byte).  The thread and the
     second buffer are started when the first buffer is full: an archive
     that fits one buffer (a layer of a few changed files) is written by
     :meth:`close` in the caller's thread, with no thread started and no
