@@ -2,21 +2,35 @@
 # Set up (scripts/setup.sh) and run every test: ruff and mypy, the pytest suite
 # with both resolvers on both cores (pytest-xdist), then bounded fuzzing of every target, the
 # sanitizer run and the shared attack cases through the CLI (when ../shared/cases is present),
-# two at a time.  Exit status is non-zero if anything failed.  The last line gives each phase's time.
+# two at a time.  Exit status is non-zero if anything failed.  The last line gives each phase's time,
+# or, on a failure, the phase that failed ("test.sh: FAILED in ...").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 times=()
 mark=$SECONDS
-took() { times+=("$1 $((SECONDS - mark)) s"); mark=$SECONDS; }
+phase=setup
+took() { times+=("$1 $((SECONDS - mark)) s"); mark=$SECONDS; phase=$2; }
+# On any exit: the S3 server stopped and every temp dir of this run removed (a failed pytest run
+# left its --basetemp, hundreds of MB, behind), and a failure says which phase it was.
+on_exit() {
+    local status=$?
+    if [ -n "${S3_PID:-}" ]; then stop_s3; fi
+    if [ -n "${BASETEMP:-}" ]; then rm -rf --one-file-system "$BASETEMP"; fi
+    if [ -n "${JOBS:-}" ]; then rm -rf "$JOBS"; fi
+    if [ "$status" != 0 ]; then
+        echo "test.sh: FAILED in $phase after $SECONDS s (exit $status); the output above says why" >&2
+    fi
+}
+trap on_exit EXIT
 bash scripts/setup.sh
-took setup
+took setup lint
 VENV=${VENV:-$PWD/.venv}
 export PATH="$VENV/bin:$PATH"
 
 # Lint and type check (ruff and mypy, configured in pyproject.toml): a few seconds.
 "$VENV/bin/ruff" check --quiet .
 "$VENV/bin/mypy"
-took lint
+took lint pytest
 
 # The S3 server of the S3 snapshot store's tests: SeaweedFS on 127.0.0.1, ports picked when it starts, data
 # in a temp dir, stopped by its pid on exit.  Where it cannot start, those tests skip and say why.
@@ -30,7 +44,6 @@ if S3_INFO=$("$VENV/bin/python" tests/_seaweed.py start "$S3_DATA"); then
         "$VENV/bin/python" tests/_seaweed.py clean "$S3_DATA" || true  # weed's sockets in /tmp
         rm -rf --one-file-system "$S3_DATA"
     }
-    trap stop_s3 EXIT
 else
     echo "test.sh: the SeaweedFS S3 server did not start; the S3 tests will try again or skip" >&2
     rm -rf --one-file-system "$S3_DATA"
@@ -43,8 +56,9 @@ BASETEMP=$(mktemp -d /tmp/sfs-pytest-XXXXXX)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$BASETEMP" \
     -n "${SFS_TEST_WORKERS:-2}" --dist loadgroup tests
 rm -rf --one-file-system "$BASETEMP"
-if [ -n "${S3_PID:-}" ]; then stop_s3; trap - EXIT; fi  # only pytest uses it
-took pytest
+BASETEMP=""
+if [ -n "${S3_PID:-}" ]; then stop_s3; S3_PID=""; fi  # only pytest uses it
+took pytest "fuzz, sanitizer and corpus"
 
 # Then, two jobs at a time (one per core), each its own process with its log in .venv/:
 #   - bounded fuzzing of every target (fuzz/run.sh; SFS_FUZZ_SECONDS each), each input checked
@@ -89,6 +103,7 @@ for job in $jobs_list; do
     esac
 done
 rm -rf "$JOBS"
+JOBS=""
 for job in $failed; do
     case $job in
         fuzz-*) echo "test.sh: fuzz target ${job#fuzz-} found a failure (minimized input in fuzz/findings/); log follows" >&2 ;;
@@ -98,6 +113,6 @@ for job in $failed; do
     tail -60 "$VENV/$job.log" >&2
 done
 [ -z "$failed" ] || exit 1
-took "fuzz, sanitizer and corpus"
+took "fuzz, sanitizer and corpus" done
 summary=$(printf '%s, ' "${times[@]}")
 echo "test.sh: all passed in $SECONDS s (${summary%, })"

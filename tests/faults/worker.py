@@ -37,6 +37,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import traceback
 from pathlib import Path
@@ -377,6 +378,11 @@ class MaterializeScenario(Scenario):
         empty_dir(self.ws)
         return problems
 
+
+# tempfile finds its directory once per process by creating, writing and removing a probe file
+# there: done here, before any fork, so a child SIGKILLed at a fault point never leaves that probe
+# behind in /tmp (each child would otherwise run the probe itself).
+tempfile.gettempdir()
 
 SCENARIOS: dict[str, type[Scenario]] = {"persist": PersistScenario, "hydrate": HydrateScenario,
                                         "extract": ExtractScenario, "materialize": MaterializeScenario}
