@@ -491,25 +491,38 @@ int sfs_open_fallback(int rootfd, const char *path, uint64_t flags, uint64_t mod
  * asked for it (it has no effect on regular files and directories).  O_PATH
  * opens are returned as they are.  fallback selects the resolver.
  */
-int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
-                  int fallback, int allow_special)
+/* Open path beneath dirfd with O_NONBLOCK added (with the resolver fallback selects) and fstat
+ * the new fd into *st; a FIFO, socket or device is refused with -ENXIO unless allow_special.
+ * Returns the fd or -errno (the fd closed on every error). */
+static int open_nonblock_stat(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
+                              int fallback, int allow_special, struct stat *st)
 {
-    int is_path = (flags & O_PATH) != 0;
-    uint64_t f = is_path ? flags : (flags | O_NONBLOCK);
-    int fd = fallback ? sfs_open_fallback(dirfd, path, f, mode, resolve)
-                      : sfs_openat2(dirfd, path, f, mode, resolve);
-    if (fd < 0 || is_path)
+    int fd = fallback ? sfs_open_fallback(dirfd, path, flags | O_NONBLOCK, mode, resolve)
+                      : sfs_openat2(dirfd, path, flags | O_NONBLOCK, mode, resolve);
+    if (fd < 0)
         return fd;
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
+    if (fstat(fd, st) < 0) {
         int e = -errno;
         close(fd);
         return e;
     }
-    if (!allow_special && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    if (!allow_special && !S_ISREG(st->st_mode) && !S_ISDIR(st->st_mode)) {
         close(fd);
         return -ENXIO;                      /* a FIFO, socket or device */
     }
+    return fd;
+}
+
+int sfs_open_file(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve,
+                  int fallback, int allow_special)
+{
+    if (flags & O_PATH)
+        return fallback ? sfs_open_fallback(dirfd, path, flags, mode, resolve)
+                        : sfs_openat2(dirfd, path, flags, mode, resolve);
+    struct stat st;
+    int fd = open_nonblock_stat(dirfd, path, flags, mode, resolve, fallback, allow_special, &st);
+    if (fd < 0)
+        return fd;
     /* open(2): O_NONBLOCK "has no effect for regular files"; restore the
      * caller's blocking mode only on special files it allowed. */
     if (!(flags & O_NONBLOCK) && !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
@@ -538,20 +551,10 @@ int sfs_open_member(int dirfd, const char *path, uint64_t flags, uint64_t resolv
 {
     if (flags & O_PATH)
         return -EINVAL;                     /* a member is read: sfs_open_file's O_PATH case never applies */
-    int fd = fallback ? sfs_open_fallback(dirfd, path, flags | O_NONBLOCK, 0, resolve)
-                      : sfs_openat2(dirfd, path, flags | O_NONBLOCK, 0, resolve);
+    struct stat st;
+    int fd = open_nonblock_stat(dirfd, path, flags, 0, resolve, fallback, 0, &st);
     if (fd < 0)
         return fd;
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int e = -errno;
-        close(fd);
-        return e;
-    }
-    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-        close(fd);
-        return -ENXIO;                      /* a FIFO, socket or device (as sfs_open_file) */
-    }
     out[0] = (int64_t)st.st_mode;
     out[1] = (int64_t)st.st_ino;
     out[2] = (int64_t)st.st_dev;

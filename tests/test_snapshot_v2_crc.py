@@ -55,18 +55,25 @@ def _restore(store: Any, name: str, dst: Path) -> dict[str, bytes]:
     return _view(dst)
 
 
+def _persisted(tmp_path: Path, text: str) -> tuple[Path, Path, SnapshotInfo]:
+    """A workspace with :func:`_tree` of ``text`` persisted as "s" into a new directory store: (ws, store dir, info)."""
+    ws, sdir = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    _tree(ws, text)
+    with DirectorySnapshotStore(sdir) as store, open_root(ws) as w:
+        info = persist(w, store, "s").info
+    assert info is not None
+    return ws, sdir, info
+
+
 def _meta_path(sdir: Path, info: SnapshotInfo) -> Path:
     return sdir / info.archive.replace("archive.tar", "meta.json")
 
 
 def test_a_new_generation_records_no_crc_and_restores_forks_and_survives_gc(tmp_path: Path) -> None:
-    ws, sdir = tmp_path / "ws", tmp_path / "store"
-    ws.mkdir()
-    _tree(ws, "one")
+    ws, sdir, info = _persisted(tmp_path, "one")
     with DirectorySnapshotStore(sdir) as store:
-        with open_root(ws) as w:
-            info = persist(w, store, "s").info
-        assert info is not None and info.version == 2 and info.archive_crc32 == ""
+        assert info.version == 2 and info.archive_crc32 == ""
         raw = json.loads(_meta_path(sdir, info).read_bytes())
         archive = (sdir / info.archive).read_bytes()
         assert raw["archive_crc32"] == "" and raw["archive_sha256"] == hashlib.sha256(archive).hexdigest()
@@ -85,20 +92,15 @@ def test_a_new_generation_records_no_crc_and_restores_forks_and_survives_gc(tmp_
 def test_an_older_generation_with_a_crc_still_restores_forks_and_layers(tmp_path: Path) -> None:
     """The metadata of an older generation (with the archive's CRC-32), made by editing the JSON and re-pinning
     the pointer's digest, as the fuzz targets forge: hydrate, fork, a layer over it and gc all take it."""
-    ws, sdir = tmp_path / "ws", tmp_path / "store"
-    ws.mkdir()
-    _tree(ws, "old")
-    with DirectorySnapshotStore(sdir) as store:
-        with open_root(ws) as w:
-            info = persist(w, store, "s").info
-        assert info is not None
-        meta = json.loads(_meta_path(sdir, info).read_bytes())
-        meta["archive_crc32"] = f"{zlib.crc32((sdir / info.archive).read_bytes()):08x}"
-        mraw = json.dumps(meta, indent=1).encode()
-        _meta_path(sdir, info).write_bytes(mraw)
-        ptr = json.loads((sdir / "s" / "current").read_bytes())
-        ptr["generations"][0]["meta_sha256"] = hashlib.sha256(mraw).hexdigest()
-        (sdir / "s" / "current").write_text(json.dumps(ptr))
+    ws, sdir, info = _persisted(tmp_path, "old")
+    # the stored objects, edited as the fuzz targets forge
+    meta = json.loads(_meta_path(sdir, info).read_bytes())
+    meta["archive_crc32"] = f"{zlib.crc32((sdir / info.archive).read_bytes()):08x}"
+    mraw = json.dumps(meta, indent=1).encode()
+    _meta_path(sdir, info).write_bytes(mraw)
+    ptr = json.loads((sdir / "s" / "current").read_bytes())
+    ptr["generations"][0]["meta_sha256"] = hashlib.sha256(mraw).hexdigest()
+    (sdir / "s" / "current").write_text(json.dumps(ptr))
     with DirectorySnapshotStore(sdir) as store:  # a new store: no remembered metadata
         old = store.info("s")
         assert old is not None and old.archive_crc32 == meta["archive_crc32"]
