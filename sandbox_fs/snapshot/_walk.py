@@ -414,6 +414,37 @@ BeginDir = Callable[[str, Sequence[tuple[str, StatLike]], int], "list[_ListedEnt
 KnownListing = Callable[[str, bytes], bool]
 
 
+def _checked_listing(dfd: int, dpath: str, known: KnownListing | None) -> Sequence[tuple[str, StatLike]]:
+    """:func:`_list_dir` of the walk's directory ``dfd`` (sandbox path ``dpath``), never one name twice.
+
+    A listing ``known`` holds unchanged (the same names in the same places as
+    one the parent walk already checked) is not searched for repeats again.
+
+    Raises:
+        SnapshotLimitError: the listing needs more than :data:`sandbox_fs._native.SCAN_MAX_BYTES`.
+        SnapshotSourceChangedError: the directory was removed after it was opened, or its listing
+            gave a name twice (retryable).
+        OSError: the directory cannot be read (with its sandbox path, never a host path).
+    """
+    try:
+        listing = _list_dir(dfd)
+    except OSError as exc:
+        if exc.errno == errno.EFBIG:  # the scan's own bound, never a kernel errno (see scan_dir)
+            raise SnapshotLimitError("directory has more names than one listing holds",
+                                     sandbox_path=dpath or ".",
+                                     context={"max_listing_bytes": _native.SCAN_MAX_BYTES}) from None
+        if exc.errno == errno.ENOENT:  # getdents64 of a directory removed after it was opened
+            raise SnapshotSourceChangedError("a directory was removed while it was being persisted",
+                                             sandbox_path=dpath or ".") from None
+        _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
+        raise AssertionError("unreachable")  # pragma: no cover
+    if isinstance(listing, _Listing) and not (known is not None and known(dpath, listing.raw)) \
+            and listing.repeats():  # never one path twice in a walk
+        raise SnapshotSourceChangedError("a directory changed while it was listed (a name came twice)",
+                                         sandbox_path=dpath or ".")
+    return listing
+
+
 def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
           admit_dir: Callable[[_ListedEntry, int], bool],
           begin_dir: BeginDir | None = None,
@@ -469,21 +500,7 @@ def _walk(ws: Root, src: Root, prune: _Prune, skipped: list[tuple[str, str]],
             frame = _DirFrame(dfd, [])
             frames.append(frame)
             cur = None
-            try:
-                listing = _list_dir(dfd)
-            except OSError as exc:
-                if exc.errno == errno.EFBIG:  # the scan's own bound, never a kernel errno (see scan_dir)
-                    raise SnapshotLimitError("directory has more names than one listing holds",
-                                             sandbox_path=dpath or ".",
-                                             context={"max_listing_bytes": _native.SCAN_MAX_BYTES}) from None
-                if exc.errno == errno.ENOENT:  # getdents64 of a directory removed after it was opened
-                    raise SnapshotSourceChangedError("a directory was removed while it was being persisted",
-                                                     sandbox_path=dpath or ".") from None
-                _native.raise_errno(exc.errno or errno.EIO, "persist", dpath or ".")
-            if isinstance(listing, _Listing) and not (known is not None and known(dpath, listing.raw)) \
-                    and listing.repeats():  # never one path twice in a walk
-                raise SnapshotSourceChangedError("a directory changed while it was listed (a name came twice)",
-                                                 sandbox_path=dpath or ".")
+            listing = _checked_listing(dfd, dpath, known)
             taken = begin_dir(dpath, listing, dfd) if begin_dir is not None else None
             if taken is not None:
                 frame.subdirs = taken
