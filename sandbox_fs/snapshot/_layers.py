@@ -41,14 +41,13 @@ stream of the document :func:`._index.encode_index` writes (:func:`_pack`).
 from __future__ import annotations
 
 import json
-import json.encoder
 import stat as _stat
 import struct
 import zlib
 from array import array
 from operator import attrgetter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..archive import extracted_dir_mode, extracted_file_mode
 from ..root import Root, kind_of
@@ -774,25 +773,9 @@ def _adler_combine(a1: int, a2: int, len2: int) -> int:
     return s1 | (s2 << 16)
 
 
-def _json_encoder() -> Callable[[Any], str]:
-    """JSON text as :func:`._index.encode_index` writes it, from one encoder made once.
-
-    ``json.dumps`` with these options makes a new encoder on every call,
-    which cost as much as encoding a segment; ``JSONEncoder.encode`` still
-    makes its C encoder (and a dict for circular checks) on every call: made
-    once here (no circular check: entries are tuples of str and int), 9 us a
-    segment of 8 entries instead of 11.  The same text either way.
-    """
-    plain = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover  (a Python without the _json accelerator)
-        return plain
-    enc = make(None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
-    join = "".join
-    return lambda obj: join(enc(obj, 0))
-
-
-_json = _json_encoder()
+#: JSON text as :func:`._index.encode_index` writes it (one encoder, made once: ``json.dumps`` with these
+#: options makes a new one on every call, which cost as much as encoding a segment)
+_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
 
 #: entries per separately deflated piece of an index (a changed entry re-encodes only its own): 8 made
 #: the stdlib tree's index 10% larger than 16 did (525 KB, not 479 KB) and each re-encoded piece cost
