@@ -131,10 +131,7 @@ class Meter:
         if self._cpu_limit is not None:
             self.check_cpu()
         if stream > self._grace:
-            # _over_ratio, inlined: this runs once a read
-            written = self.written_bytes
-            if (stream if stream >= written else written) > self._ratio * (self.input_bytes or 1):
-                self._check_ratio()
+            self._check_ratio()
 
     def add_written(self, n: int) -> None:
         """Count ``n`` file bytes written to disk.
@@ -150,11 +147,8 @@ class Meter:
             self.check_cpu()
         if self.written_bytes > self.limits.max_total_bytes:
             raise ArchiveLimitError("max_total_bytes", self.limits.max_total_bytes, self.written_bytes, self.member)
-        written = self.written_bytes
-        if written > self._grace:
-            stream = self.stream_bytes  # _check_ratio's test, inlined: this runs once a file
-            if (stream if stream >= written else written) > self._ratio * (self.input_bytes or 1):
-                self._check_ratio()
+        if self.written_bytes > self._grace:
+            self._check_ratio()
 
     def add_skipped(self, n: int, written: int) -> None:
         """Count ``n`` archive bytes stepped over unread and ``written`` of them as file bytes.
@@ -185,9 +179,11 @@ class Meter:
             self._check_ratio()
 
     def _check_ratio(self) -> None:
-        produced = max(self.stream_bytes, self.written_bytes)
-        if produced > self._grace and produced > self._ratio * max(self.input_bytes, 1):
-            observed = round(produced / max(self.input_bytes, 1), 1)
+        # (max() of two ints, spelled out: this runs once a read and once a file)
+        stream, written, read = self.stream_bytes, self.written_bytes, self.input_bytes or 1
+        produced = stream if stream >= written else written
+        if produced > self._grace and produced > self._ratio * read:
+            observed = round(produced / read, 1)
             raise ArchiveLimitError("max_expansion_ratio", self._ratio, observed, self.member,
                                     reason=f"expansion ratio {observed} > {self._ratio} "
                                            f"({produced} bytes from {self.input_bytes} compressed bytes read)")
