@@ -7,9 +7,9 @@ import secrets
 import zlib
 
 from ._errors import SnapshotConflictError, SnapshotCorruptError, SnapshotError
-from ._generations import GenerationStore, _ObjectSink
+from ._generations import GenerationStore
 from ._models import SnapshotInfo, SnapshotLimits, validate_name
-from ._store import SnapshotStore, _HashingSink
+from ._store import SnapshotStore
 
 __all__ = ["fork_snapshot", "copy_snapshot"]
 
@@ -111,7 +111,7 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
                                         sandbox_path=None, context=ctx)
         pending = store.begin(target)
         try:
-            own = _OwnDigest(info, pending.sink)
+            own = _OwnDigest(info)
             left = info.archive_bytes
             while left > 0:
                 chunk = reader.read(min(_CHUNK, left))
@@ -136,33 +136,26 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
 
 
 class _OwnDigest:
-    """How :func:`copy_snapshot` checks that what it wrote is the archive the source metadata describes.
+    """How :func:`copy_snapshot` checks that what it copied is the archive the source metadata describes.
 
-    With the source's ``archive_sha256`` (version 2): the SHA-256 of what the
-    target's sink received when it computes one (a :class:`GenerationStore`'s
-    ``_ObjectSink``), else of the chunks as they are written.  Without it
-    (version 1): the sink's CRC-32 against ``archive_crc32`` (a version-1
-    store's sink), else (a version-1 source copied into a generation store,
-    whose sink keeps no CRC-32) the CRC-32 of the chunks as they are written.
-    Metadata recording neither digest never matches.
+    The digest of the chunks as they are written: the SHA-256 against
+    ``archive_sha256`` when the metadata has one (version 2), else the CRC-32
+    against ``archive_crc32`` (version 1).  Metadata recording neither never
+    matches.
     """
 
-    def __init__(self, info: SnapshotInfo, sink: _HashingSink) -> None:
-        self.info, self.sink = info, sink
-        from_sink = isinstance(sink, _ObjectSink) if info.archive_sha256 else bool(sink.hexdigest())
-        self.sha = hashlib.sha256() if info.archive_sha256 and not from_sink else None
-        self.crc: int | None = 0 if not info.archive_sha256 and not from_sink else None
+    def __init__(self, info: SnapshotInfo) -> None:
+        self.info = info
+        self.sha = hashlib.sha256() if info.archive_sha256 else None
+        self.crc = 0
 
     def update(self, chunk: bytes) -> None:
         if self.sha is not None:
             self.sha.update(chunk)
-        elif self.crc is not None:
+        else:
             self.crc = zlib.crc32(chunk, self.crc)
 
     def matches(self) -> bool:
-        info, sink = self.info, self.sink
-        if info.archive_sha256:
-            got = self.sha.hexdigest() if self.sha is not None else sink.sha256 if isinstance(sink, _ObjectSink) else ""
-            return got == info.archive_sha256
-        got = f"{self.crc:08x}" if self.crc is not None else sink.hexdigest()
-        return bool(info.archive_crc32) and got == info.archive_crc32
+        if self.sha is not None:
+            return self.sha.hexdigest() == self.info.archive_sha256
+        return bool(self.info.archive_crc32) and f"{self.crc:08x}" == self.info.archive_crc32
