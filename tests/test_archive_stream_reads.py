@@ -17,6 +17,7 @@ import hashlib
 import io
 import tarfile
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
@@ -178,4 +179,81 @@ def test_add_read_counts_and_checks_as_add_input_then_add_stream(ops, max_input,
         assert (fused.input_bytes, fused.stream_bytes, fused.written_bytes) == \
             (layered.input_bytes, layered.stream_bytes, layered.written_bytes)
         if a is not None:
+            break
+
+
+class _RatioModel:
+    """The archive limits as written out in ArchiveLimits' docstring, one increment at a time: the reference the
+    Meter (whose ratio test is one method, _check_ratio, called from four places) must refuse at the same byte as."""
+
+    def __init__(self, limits: ArchiveLimits) -> None:
+        self.limits, self.input, self.stream, self.written = limits, 0, 0, 0
+
+    def _ratio(self) -> None:
+        produced = max(self.stream, self.written)
+        if produced > self.limits.ratio_grace_bytes and \
+                produced > self.limits.max_expansion_ratio * max(self.input, 1):
+            raise ArchiveLimitError("max_expansion_ratio", self.limits.max_expansion_ratio,
+                                    round(produced / max(self.input, 1), 1))
+
+    def add_input(self, n: int) -> None:
+        self.input += n
+        if self.input > self.limits.max_input_bytes:
+            raise ArchiveLimitError("max_input_bytes", self.limits.max_input_bytes, self.input)
+
+    def add_stream(self, n: int) -> None:
+        self.stream += n
+        if self.stream > self.limits.ratio_grace_bytes:
+            self._ratio()
+
+    def add_written(self, n: int) -> None:
+        self.written += n
+        if self.written > self.limits.max_total_bytes:
+            raise ArchiveLimitError("max_total_bytes", self.limits.max_total_bytes, self.written)
+        if self.written > self.limits.ratio_grace_bytes:
+            self._ratio()
+
+    def add_read(self, n: int) -> None:
+        self.add_input(n)
+        self.add_stream(n)
+
+    def add_skipped(self, n: int, written: int) -> None:
+        self.add_input(n)
+        self.add_stream(n)
+        self.add_written(written)
+
+
+@settings(max_examples=200, deadline=None)
+@example(ops=[("input", 10, 0), ("stream", 15, 0), ("written", 1, 0)], max_input=100, max_total=100,
+         ratio=1.5, grace=10)  # at the ratio: allowed
+@example(ops=[("input", 10, 0), ("written", 16, 0)], max_input=100, max_total=100, ratio=1.5, grace=10)
+@example(ops=[("stream", 3, 0)], max_input=100, max_total=100, ratio=1.0, grace=0)  # no input read: ratio to 1 byte
+@example(ops=[("skipped", 10, 10), ("written", 1, 0)], max_input=100, max_total=100, ratio=1.0, grace=10)
+@given(ops=st.lists(st.tuples(st.sampled_from(["input", "stream", "read", "written", "skipped"]),
+                              st.integers(0, 5000), st.integers(0, 5000)), max_size=30),
+       max_input=st.integers(1, 40_000), max_total=st.integers(0, 40_000),
+       ratio=st.sampled_from([1.0, 1.5, 3.0, 7.3]), grace=st.integers(0, 20_000))
+def test_meter_refuses_at_the_same_byte_as_the_written_out_limits(ops, max_input, max_total, ratio, grace):
+    """Every Meter count raises the limit the reference model raises, at the same call, with the same figures
+    (the expansion ratio: max(stream, written) above the grace and above ratio * max(input, 1))."""
+    limits = ArchiveLimits(max_input_bytes=max_input, max_total_bytes=max_total, max_expansion_ratio=ratio,
+                           ratio_grace_bytes=grace)
+    meter, model = Meter(limits), _RatioModel(limits)
+
+    def run(counter: Any, op: str, n: int, m: int):
+        try:
+            if op == "skipped":
+                counter.add_skipped(n, min(m, n))
+            else:
+                getattr(counter, f"add_{op}")(n)
+        except ArchiveLimitError as exc:
+            return (exc.limit, exc.allowed, exc.observed)
+        return None
+
+    for op, n, m in ops:
+        got, want = run(meter, op, n, m), run(model, op, n, m)
+        assert got == want, (op, n, m)
+        assert (meter.input_bytes, meter.stream_bytes, meter.written_bytes) == \
+            (model.input, model.stream, model.written)
+        if got is not None:
             break

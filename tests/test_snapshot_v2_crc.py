@@ -159,20 +159,21 @@ class _Source:
         return io.BytesIO(self.served), self._info
 
 
-_COPIES = [(s, t, c) for s in ("v1", "v2", "v2-old") for t in ("directory", "local") for c in (False, True)
+_COPIES = [(s, t, c) for s in ("v1", "v2", "v2-old", "v2-nosha") for t in ("directory", "local") for c in (False, True)
            if (s, t, c) != ("v2", "local", False)]  # a version-1 store commits only metadata with a CRC-32
 
 
 @pytest.mark.parametrize(("source", "target", "changed"), _COPIES)
 def test_a_copy_checks_what_it_wrote_against_the_sources_strongest_digest(tmp_path: Path, source: str, target: str,
                                                                           changed: bool) -> None:
-    """copy_snapshot compares what was written with the source's SHA-256 (the generation store's sink computes it;
-    else the copy does), or with its CRC-32 for a version-1 source (the version-1 sink's, else the copy's own, as
-    a generation store's sink keeps none).  A byte changed mid-copy is refused and nothing is made."""
+    """copy_snapshot compares the chunks it wrote with the source's SHA-256, or with its CRC-32 when the metadata
+    records no SHA-256 (a version-1 source, or version-2 metadata with an empty one).  A byte changed mid-copy is
+    refused and nothing is made."""
     data = _tar()
     crc, sha = f"{zlib.crc32(data):08x}", hashlib.sha256(data).hexdigest()
     fields = {"v1": {"version": 1, "archive_crc32": crc}, "v2": {"version": 2, "archive_sha256": sha},
-              "v2-old": {"version": 2, "archive_sha256": sha, "archive_crc32": crc}}[source]
+              "v2-old": {"version": 2, "archive_sha256": sha, "archive_crc32": crc},
+              "v2-nosha": {"version": 2, "archive_sha256": "", "archive_crc32": crc}}[source]
     info = SnapshotInfo(name="a", archive="x", archive_bytes=len(data), fingerprint=_T, tree_digest=_T, entries=1,
                         content_bytes=5, **fields)
     served = bytearray(data)
