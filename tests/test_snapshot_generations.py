@@ -184,7 +184,7 @@ def test_round_trip_and_layout(env):
     _tree(ws, "one")
     rep = persist(w, store, "s")
     info = rep.info
-    assert info.generation == 1 and info.version == 2 and len(info.archive_sha256) == 64
+    assert info.generation == 1 and info.version == 2 and len(info.archive_blake3) == 64 and info.archive_sha256 == ""
     assert len(info.digest) == 64
     keys = sorted(objects.objs)
     gen_dir = info.archive.split("/")[2]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import zlib
 
+from ._digest import archive_check
 from ._errors import SnapshotConflictError, SnapshotCorruptError, SnapshotError
 from ._generations import GenerationStore
 from ._models import SnapshotInfo, SnapshotLimits, validate_name
@@ -75,7 +75,7 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
     (:meth:`DirectorySnapshotStore.fork` copies a version-1 source with it):
     the archive, verified by ``src.open_archive``, is streamed in 1 MiB
     chunks into ``store.begin(target)`` and committed with the source's
-    metadata, once what was written matched the source's SHA-256 (CRC-32 for
+    metadata, once what was written matched the source's archive digest (CRC-32 for
     a version-1 source; see ``_OwnDigest``).  ``src`` and ``store`` are one
     store, or a store and the version-1 store its directory still holds
     ``source`` in.  Names are checked by the caller.
@@ -138,24 +138,24 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
 class _OwnDigest:
     """How :func:`copy_snapshot` checks that what it copied is the archive the source metadata describes.
 
-    The digest of the chunks as they are written: the SHA-256 against
-    ``archive_sha256`` when the metadata has one (version 2), else the CRC-32
-    against ``archive_crc32`` (version 1).  Metadata recording neither never
-    matches.
+    The digest of the chunks as they are written: the archive digest the
+    metadata records (BLAKE3 or, in an older version-2 generation, SHA-256:
+    :func:`._digest.archive_check`), else the CRC-32 against
+    ``archive_crc32`` (version 1).  Metadata recording none never matches.
     """
 
     def __init__(self, info: SnapshotInfo) -> None:
         self.info = info
-        self.sha = hashlib.sha256() if info.archive_sha256 else None
+        self.check = archive_check(info)
         self.crc = 0
 
     def update(self, chunk: bytes) -> None:
-        if self.sha is not None:
-            self.sha.update(chunk)
+        if self.check is not None:
+            self.check[0].update(chunk)
         else:
             self.crc = zlib.crc32(chunk, self.crc)
 
     def matches(self) -> bool:
-        if self.sha is not None:
-            return self.sha.hexdigest() == self.info.archive_sha256
+        if self.check is not None:
+            return self.check[0].hexdigest() == self.check[1]
         return bool(self.info.archive_crc32) and f"{self.crc:08x}" == self.info.archive_crc32

@@ -76,6 +76,7 @@ from ._errors import (
 )
 from ._holds import HeldBy, delete_quietly, held_dirs, hold_key, list_holds, write_hold
 from ._baseline import Baseline, baseline_index, read_baseline, write_baseline
+from ._digest import new_archive_hasher
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
 from ._objects import ObjectStore, ObjectWriter
@@ -196,27 +197,26 @@ def _index_key(name: str, gen_dir: str) -> str:
 
 
 class _ObjectSink(_HashingSink):
-    """Persist's sink into an :class:`ObjectWriter`: counts and SHA-256s every byte.
+    """Persist's sink into an :class:`ObjectWriter`: counts and digests every byte (BLAKE3, see :mod:`._digest`).
 
     Written from persist's one writer thread only; ``count`` and
-    :attr:`sha256` are read after it drained.  No CRC-32 (:meth:`hexdigest`
-    is ""): a version-2 generation is checked by the archive's SHA-256 at
-    every read, and that SHA-256 is in the metadata the pointer and a
-    session's MAC'd state pin, so a CRC-32 beside it would catch nothing
-    more (it cost persist's writer thread ~40-60 ms of CPU per 249 MB).
-    The writer gets each buffer once and must copy what it keeps (persist
-    reuses its buffers).
+    :attr:`archive_digest` are read after it drained.  No CRC-32
+    (:meth:`hexdigest` is ""): a version-2 generation is checked by its
+    archive digest at every read, and that digest is in the metadata the
+    pointer and a session's MAC'd state pin, so a CRC-32 beside it would
+    catch nothing more.  The writer gets each buffer once and must copy what
+    it keeps (persist reuses its buffers).
     """
 
     def __init__(self, writer: ObjectWriter) -> None:
         super().__init__(-1)
         self.writer = writer
-        self.sha = hashlib.sha256()
+        self.hasher = new_archive_hasher()
 
     def write(self, b: Any) -> int:
         view = memoryview(b).cast("B")
         self.writer.write(view)
-        self.sha.update(view)
+        self.hasher.update(view)
         self.count += len(view)
         return len(view)
 
@@ -225,8 +225,9 @@ class _ObjectSink(_HashingSink):
         return ""
 
     @property
-    def sha256(self) -> str:
-        return self.sha.hexdigest()
+    def archive_digest(self) -> str:
+        """The archive's BLAKE3, hex (its metadata's ``archive_blake3``)."""
+        return self.hasher.hexdigest()
 
 
 @dataclass
@@ -674,13 +675,13 @@ class GenerationStore:
         """Write the generation's metadata, then swap the pointer to it (the commit point).
 
         The archive upload is finished and its size checked (``head``), the
-        metadata (version 2, with the archive's SHA-256) is written and read
+        metadata (version 2, with the archive's BLAKE3) is written and read
         back, and only then is the pointer replaced, conditioned on the etag
         it had at :meth:`begin`.  The generations the new pointer no longer
         keeps are deleted after it.
 
         Returns:
-            ``info`` with ``generation``, ``archive`` (its key), ``archive_sha256``,
+            ``info`` with ``generation``, ``archive`` (its key), ``archive_blake3``,
             ``version`` and ``digest`` set.
 
         Raises:
@@ -707,7 +708,8 @@ class GenerationStore:
                                           "withdrawn and the previous generation stays current", sandbox_path=None,
                                           context=verify_ctx)
             update: dict[str, Any] = {"version": SNAPSHOT_VERSION_OBJECTS, "generation": gen,
-                                      "archive": archive_key, "archive_sha256": sink.sha256,
+                                      "archive": archive_key, "archive_blake3": sink.archive_digest,
+                                      "archive_sha256": "",  # (a copy's source may carry one: this sink's decides)
                                       "archive_bytes": sink.count, "archive_crc32": "",
                                       "chain_length": 1, "chain_bytes": 0, "base_bytes": sink.count}
             if pending.index is not None:

@@ -82,12 +82,13 @@ class SnapshotInfo(BaseModel):
 
     Attributes:
         format, version: ``"sandbox-fs-snapshot"`` and 1 (:class:`LocalSnapshotStore`) or 2
-            (:class:`GenerationStore`: ``archive_sha256`` is set and checked at every read).
+            (:class:`GenerationStore`: ``archive_blake3`` or, in older generations, ``archive_sha256``
+            is set and checked at every read).
         name: the snapshot name (a plain token).
         archive: the store's name for the archive (``<name>.g<generation>.<token>.tar`` locally).
         archive_bytes: the archive's size, in bytes.
         archive_crc32: (version 1) the archive's CRC-32, 8 lowercase hex digits, required and
-            checked at every read.  Version 2 rests on ``archive_sha256`` instead: a generation
+            checked at every read.  Version 2 rests on its archive digest instead: a generation
             persisted or copied now records "" here; an older one (written before the CRC-32 was
             dropped) carries a CRC-32, which is accepted (8 hex digits) and never relied on.
         fingerprint: :func:`fingerprint` of ``manifest_digest`` and ``tree_digest`` (64 hex digits).
@@ -101,7 +102,12 @@ class SnapshotInfo(BaseModel):
         created_ns: when persist finished the walk (``time.time_ns()``).
         generation: 1, 2, ... per name, assigned by the store at commit (0: none, e.g. a store without
             generations).
-        archive_sha256: (version 2) the archive's SHA-256, 64 lowercase hex digits ("" in version 1).
+        archive_sha256: (version 2, generations persisted before ``archive_blake3``) the archive's
+            SHA-256, 64 lowercase hex digits; "" otherwise.
+        archive_blake3: (version 2) the archive's BLAKE3 (256-bit), 64 lowercase hex digits: what a
+            generation persisted or copied now records ("" in version 1 and in older generations).
+            At most one of ``archive_sha256`` and ``archive_blake3`` is set (see
+            :mod:`~sandbox_fs.snapshot._digest`).
         digest: the SHA-256 of the stored metadata object itself, set by the store each time it
             reads it ("" for a store that does not); never stored (a value in the stored object is
             replaced).  A session's serialized state records it under its MAC, so metadata and data
@@ -135,6 +141,7 @@ class SnapshotInfo(BaseModel):
     created_ns: int = 0
     generation: int = Field(default=0, ge=0)
     archive_sha256: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
+    archive_blake3: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
     digest: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$", exclude=True)
     parent_generation: int = Field(default=0, ge=0)
     parent_digest: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
@@ -146,10 +153,14 @@ class SnapshotInfo(BaseModel):
     deleted: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
-    def _version_1_has_a_crc(self) -> "SnapshotInfo":
-        """Version 1 is checked by its CRC-32 alone: it must carry one (version 2 rests on ``archive_sha256``)."""
+    def _one_archive_check(self) -> "SnapshotInfo":
+        """Version 1 is checked by its CRC-32 alone: it must carry one; version 2 by one archive digest."""
         if self.version == 1 and not self.archive_crc32:
             raise ValueError("version-1 snapshot metadata must record archive_crc32")
+        if self.archive_sha256 and self.archive_blake3:
+            raise ValueError("snapshot metadata records one archive digest: archive_sha256 or archive_blake3")
+        if self.version == 1 and self.archive_blake3:
+            raise ValueError("version-1 snapshot metadata records no archive_blake3")
         return self
 
 

@@ -1,16 +1,17 @@
 """The verifying reader hydrate reads a generation's archive through: one read, hashed on the second core.
 
 :class:`VerifyingReader` takes the archive from the store in blocks of up
-to 1 MiB in a thread of its own (``sfs-hydrate-read``), which SHA-256s each
-block and hands that very ``bytes`` object to the reader's
+to 1 MiB in a thread of its own (``sfs-hydrate-read``), which hashes each
+block with the generation's archive digest (BLAKE3, or SHA-256 for an older
+generation: :mod:`._digest`) and hands that very ``bytes`` object to the reader's
 caller through a bounded queue (:data:`_AHEAD_BLOCKS` blocks).  The bytes
 the extractor parses are therefore exactly the bytes hashed (the archive is
 read once: a store whose object changes meanwhile cannot serve one version
 to the hash and another to the extractor), while the reads and the hashing
-(``preadv`` and ``hashlib`` release the GIL on 1 MiB) run beside
+(``preadv``, ``blake3`` and ``hashlib`` release the GIL on 1 MiB) run beside
 the extraction.  No CRC-32 is checked here: version-2 metadata records
 none (an older generation's is accepted and never relied on), and the
-SHA-256 decides.  Before, they ran in the extracting thread: on the stdlib
+archive digest decides.  Before, they ran in the extracting thread: on the stdlib
 tree (244 MiB, tmpfs, ``bench/bench_snapshot.py --only tmpfs``, load ~1.7)
 hydrate's median was 1284-1647 ms, and 906-919 ms with this thread.
 The extractor copies each new file's bytes (up to 1 MiB) out of these blocks
@@ -26,12 +27,12 @@ a header (512 bytes) or a member with its padding at a time.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import queue
 import threading
 from typing import IO, Any
 
+from ._digest import ArchiveHasher, archive_check, new_archive_hasher
 from ._errors import SnapshotCorruptError
 from ._models import SnapshotInfo
 
@@ -52,11 +53,11 @@ class _Pump:
     has room for once it has been emptied: it never blocks there.
     """
 
-    def __init__(self, raw: IO[bytes], size: int) -> None:
+    def __init__(self, raw: IO[bytes], size: int, hasher: ArchiveHasher) -> None:
         self.raw = raw
         self.left = size  # bytes not yet taken from ``raw`` (each taken one is hashed)
         self.count = 0
-        self.sha = hashlib.sha256()
+        self.hasher = hasher
         self.queue: queue.Queue[Any] = queue.Queue(_AHEAD_BLOCKS)
         self.stopped = threading.Event()
 
@@ -67,7 +68,7 @@ class _Pump:
                 data = self.raw.read(min(_READ_CHUNK, self.left))
                 if not data:
                     break
-                self.sha.update(data)
+                self.hasher.update(data)
                 self.count += len(data)
                 self.left -= len(data)
                 put(data)  # this very object is what the extractor gets
@@ -84,11 +85,11 @@ class _Pump:
 
 
 class VerifyingReader(io.RawIOBase):
-    """The archive of one generation as hydrate reads it, SHA-256'd on the way.
+    """The archive of one generation as hydrate reads it, hashed on the way (its archive digest, :mod:`._digest`).
 
     Reads end at the recorded size (the extractor never sees a byte more);
     :meth:`verify` reads whatever the extractor left (the tar's zero
-    padding) and one byte more, then compares size and SHA-256 with
+    padding) and one byte more, then compares size and archive digest with
     the metadata.  Hydrate calls it before anything in the workspace changes.
 
     The store is read in blocks of up to 1 MiB by one thread (started by the
@@ -104,7 +105,8 @@ class VerifyingReader(io.RawIOBase):
         super().__init__()
         self._raw = raw
         self._size = info.archive_bytes
-        self._pump = _Pump(raw, info.archive_bytes)
+        check = archive_check(info)  # (metadata with no archive digest is hashed anyway and never verifies)
+        self._pump = _Pump(raw, info.archive_bytes, check[0] if check is not None else new_archive_hasher())
         self._buf = b""  # the block taken and hashed; bytes from _pos on not yet handed out
         self._pos = 0
         self._view = memoryview(b"")  # a view of _buf, for readinto
@@ -209,7 +211,7 @@ class VerifyingReader(io.RawIOBase):
         """Read the rest (and one byte more) and compare with ``info``.
 
         Raises:
-            SnapshotCorruptError: size or SHA-256 differs from the metadata.
+            SnapshotCorruptError: size or archive digest differs from the metadata (or it records none).
             SnapshotStoreError: the store failed mid-read.
         """
         self._drop()
@@ -221,8 +223,10 @@ class VerifyingReader(io.RawIOBase):
             self._thread.join()  # it put its end last: its counts are final
         pump = self._pump
         extra = self._raw.read(1)
-        if extra or pump.count != info.archive_bytes or pump.sha.hexdigest() != info.archive_sha256:
-            raise SnapshotCorruptError("snapshot archive does not match its size and SHA-256 (corrupted or "
+        check = archive_check(info)
+        if extra or pump.count != info.archive_bytes or check is None or check[0].name != pump.hasher.name \
+                or pump.hasher.hexdigest() != check[1]:
+            raise SnapshotCorruptError("snapshot archive does not match its size and digest (corrupted or "
                                        "replaced in the store?)", sandbox_path=None,
                                        context={"snapshot": info.name, "generation": info.generation})
 
@@ -246,7 +250,7 @@ class VerifiedToEnd(io.RawIOBase):
     For a reader handed to a caller who does not call
     :meth:`VerifyingReader.verify` (``GenerationStore.open_archive``): the
     bytes of the read that would reach ``info.archive_bytes`` (or the
-    store's end before it) are handed out only once size and SHA-256 match
+    store's end before it) are handed out only once size and archive digest match
     the metadata, so a store that swaps the object after an earlier
     verified read of it never has its archive read to the end (no check a
     caller makes on the way, of a weaker digest or of a digest the store
@@ -268,7 +272,7 @@ class VerifiedToEnd(io.RawIOBase):
         """Read into ``b`` (0: the end, verified).
 
         Raises:
-            SnapshotCorruptError: this read reaches the end, and size or SHA-256 differ from the metadata.
+            SnapshotCorruptError: this read reaches the end, and size or archive digest differ from the metadata.
             SnapshotStoreError: the store failed.
         """
         n = self._reader.readinto(b)
