@@ -34,6 +34,8 @@ import time
 import zlib
 from typing import IO, Any, Iterator
 
+import blake3
+
 __all__ = ["MAGIC", "encode_chain", "decode_chain", "forged_store", "layered_seeds", "MemoryObjects", "TOKENS"]
 
 MAGIC = b"SFS-LAYERS\n"
@@ -179,8 +181,8 @@ def forged_store(name: str, tars: list[bytes], index_json: bytes, template: Any)
         final = g == len(tars)
         update: dict[str, Any] = {
             "version": 2, "name": name, "generation": g, "archive": f"{base}/archive.tar",
-            "archive_bytes": len(tar), "archive_crc32": "",  # version 2: no CRC-32, the SHA-256 is checked
-            "archive_sha256": hashlib.sha256(tar).hexdigest(), "parent_generation": g - 1,
+            "archive_bytes": len(tar), "archive_crc32": "",  # version 2: no CRC-32, the archive digest is checked
+            "archive_sha256": "", "archive_blake3": blake3.blake3(tar).hexdigest(), "parent_generation": g - 1,
             "parent_digest": parent_digest, "chain_length": g, "index_sha256": "", "index_bytes": 0}
         if final:
             update.update(index_sha256=hashlib.sha256(index).hexdigest(), index_bytes=len(index),
