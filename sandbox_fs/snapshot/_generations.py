@@ -682,7 +682,10 @@ class GenerationStore:
 
         Returns:
             ``info`` with ``generation``, ``archive`` (its key), ``archive_blake3``,
-            ``version`` and ``digest`` set.
+            ``version`` and ``digest`` set, and every other field about this
+            generation's own objects (the other archive digests, index, parent,
+            chain) as this commit made them, whatever ``info`` said (a copy
+            passes its source's metadata).
 
         Raises:
             SnapshotConflictError: another writer replaced the pointer since
@@ -707,11 +710,15 @@ class GenerationStore:
                 raise SnapshotVerifyError("the new snapshot archive did not read back with its size; it was "
                                           "withdrawn and the previous generation stays current", sandbox_path=None,
                                           context=verify_ctx)
+            # Every field that describes this generation's own objects is this commit's, never the
+            # caller's: a copy passes its source's metadata, which may name an index, a parent or a
+            # digest of objects this generation does not have (so: a full one, no index, until set below).
             update: dict[str, Any] = {"version": SNAPSHOT_VERSION_OBJECTS, "generation": gen,
                                       "archive": archive_key, "archive_blake3": sink.archive_digest,
-                                      "archive_sha256": "",  # (a copy's source may carry one: this sink's decides)
-                                      "archive_bytes": sink.count, "archive_crc32": "",
-                                      "chain_length": 1, "chain_bytes": 0, "base_bytes": sink.count}
+                                      "archive_sha256": "", "archive_bytes": sink.count, "archive_crc32": "",
+                                      "chain_length": 1, "chain_bytes": 0, "base_bytes": sink.count,
+                                      "parent_generation": 0, "parent_digest": "",
+                                      "index_sha256": "", "index_bytes": 0, "deleted": 0}
             if pending.index is not None:
                 iraw = encode_index(pending.index)
                 self.objects.put_bytes(index_key, iraw, if_none_match=True)

@@ -1,0 +1,131 @@
+"""Attacks on what a generation's metadata records about its own objects (the review of 8ede598, BLAKE3).
+
+A hostile store directory (it can write the store's files, it holds none of
+the host's keys) edits a version-1 snapshot's metadata before a fork copies
+it into a generation.  Whatever the source metadata says, the generation
+the copy commits records only what its own commit computed about its own
+objects: its archive's digest (BLAKE3 of the bytes written), no index it
+did not write, no parent it is not a layer over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandbox_fs import open_root
+from sandbox_fs.snapshot import (
+    DirectorySnapshotStore,
+    LocalSnapshotStore,
+    SnapshotCorruptError,
+    SnapshotInfo,
+    hydrate,
+    persist,
+)
+
+_HEX = st.text("0123456789abcdef", min_size=64, max_size=64)
+#: the fields a version-2 generation's commit owns (besides the archive's), as forged into the source metadata
+_FORGED = st.fixed_dictionaries({}, optional={
+    "index_sha256": _HEX, "index_bytes": st.integers(1, 1 << 40), "deleted": st.integers(1, 1 << 20),
+    "parent_generation": st.integers(1, 1 << 40), "parent_digest": _HEX,
+    "archive_sha256": _HEX,  # (a version-1 metadata may name one: the model allows it)
+})
+
+
+def _v1_source(tmp: Path) -> tuple[Path, Path]:
+    """A store directory holding version-1 snapshot "s" (LocalSnapshotStore) of a small tree: (dir, workspace)."""
+    sdir, ws = tmp / "store", tmp / "ws"
+    ws.mkdir()
+    (ws / "f").write_bytes(b"source content\n")
+    (ws / "d").mkdir()
+    (ws / "d" / "g").write_bytes(bytes(range(256)) * 64)
+    with LocalSnapshotStore(sdir) as local, open_root(ws) as w:
+        info = persist(w, local, "s").info
+    assert info is not None and info.version == 1
+    return sdir, ws
+
+
+def _forge(sdir: Path, fields: dict[str, Any]) -> None:
+    """Rewrite the version-1 metadata of "s" with ``fields`` (what a store directory's writer can do)."""
+    meta = json.loads((sdir / "s.json").read_bytes())
+    meta.update(fields)
+    SnapshotInfo.model_validate(meta)  # still valid metadata: only what checks it can refuse it
+    (sdir / "s.json").write_text(json.dumps(meta))
+
+
+def _view(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _fork_and_check(sdir: Path, ws: Path, target: str, out: Path) -> None:
+    """Fork "s" (a copy: it is version 1) and check the committed generation records only its own objects."""
+    with DirectorySnapshotStore(sdir) as store:
+        store.fork("s", target)
+        got = store.info(target)
+        assert got is not None and got.version == 2
+        archive = (sdir / got.archive).read_bytes()
+        assert got.archive_blake3 == blake3.blake3(archive).hexdigest() and got.archive_sha256 == ""
+        assert (got.index_sha256, got.index_bytes, got.deleted) == ("", 0, 0)  # no index was written
+        assert (got.parent_generation, got.parent_digest, got.chain_length) == (0, "", 1)  # a full generation
+        out.mkdir()
+        with open_root(out) as r:
+            rep = hydrate(r, store, target, digest=got.digest)
+        assert rep.generation == got.generation
+    assert _view(out) == _view(ws)
+
+
+def test_a_copy_never_commits_the_sources_index_or_parent(tmp_path: Path) -> None:
+    """Source metadata naming an index (and a parent) the copy never wrote: before the fix the copied generation
+    carried them, so its restore read ``TARGET/gen/<dir>/index``, an object only the store's writer could put
+    there (here: missing, so the fork never restored)."""
+    sdir, ws = _v1_source(tmp_path)
+    planted = b"an index the store's writer chose"
+    _forge(sdir, {"index_sha256": hashlib.sha256(planted).hexdigest(), "index_bytes": len(planted),
+                  "parent_generation": 7, "parent_digest": "ab" * 32, "deleted": 3})
+    _fork_and_check(sdir, ws, "t", tmp_path / "out")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fields=_FORGED, true_sha=st.booleans())
+def test_property_a_copy_records_only_what_its_commit_computed(source: tuple[Path, Path, bytes],
+                                                               fields: dict[str, Any], true_sha: bool) -> None:
+    """Any subset of the commit-owned fields forged into the source: the copy records none of them.  A forged
+    ``archive_sha256`` is what the copy checks the bytes it wrote against (the CRC-32 otherwise): a wrong one
+    refuses the copy, nothing is made."""
+    sdir, ws, original = source
+    (sdir / "s.json").write_bytes(original)
+    if "archive_sha256" in fields and true_sha:
+        fields["archive_sha256"] = hashlib.sha256((sdir / _archive_of(sdir)).read_bytes()).hexdigest()
+    _forge(sdir, fields)
+    out = sdir.parent / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        if "archive_sha256" in fields and not true_sha:
+            with DirectorySnapshotStore(sdir) as store:
+                with pytest.raises(SnapshotCorruptError, match="changed while it was copied"):
+                    store.fork("s", "t")
+                assert store.info("t") is None
+            return
+        _fork_and_check(sdir, ws, "t", out)
+    finally:
+        with DirectorySnapshotStore(sdir) as store:
+            store.remove("t")
+
+
+def _archive_of(sdir: Path) -> str:
+    return str(json.loads((sdir / "s.json").read_bytes())["archive"])
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: Any) -> tuple[Path, Path, bytes]:
+    """One version-1 source for every example: (store dir, workspace, its metadata as written)."""
+    sdir, ws = _v1_source(tmp_path_factory.mktemp("copy"))
+    return sdir, ws, (sdir / "s.json").read_bytes()
