@@ -11,6 +11,13 @@ threat of a store an attacker writes to.  The workspace starts with
 content of its own.  Checked, besides the common invariant: a hydrate that
 fails leaves that content exactly as it was (bytes and metadata).
 
+A plain archive can also be served as a version-2 generation (one
+archive, no index) through a forged
+:class:`~sandbox_fs.snapshot.GenerationStore`, its archive digest BLAKE3 or
+SHA-256, chosen by the input's last byte (see :func:`_store_for`): the
+verifying reader hydrate reads a generation through is fuzzed with both
+digest kinds.
+
 An input starting with ``SFS-LAYERS`` is a chain of layer tars and its final
 index (deletion list included), served by a forged
 :class:`~sandbox_fs.snapshot.GenerationStore` whose digests all match it
@@ -25,6 +32,8 @@ import io
 import os
 import zlib
 from typing import IO, Any
+
+import blake3
 
 from .._sentinel import OutsideSentinel
 from ._layers import TOKENS as LAYER_TOKENS
@@ -47,6 +56,8 @@ class ForgedStore:
             update["archive_crc32"] = f"{zlib.crc32(archive) & 0xFFFFFFFF:08x}"
         if getattr(info, "archive_sha256", ""):
             update["archive_sha256"] = hashlib.sha256(archive).hexdigest()
+        if getattr(info, "archive_blake3", ""):
+            update["archive_blake3"] = blake3.blake3(archive).hexdigest()
         self._archive = archive
         self._info = info.model_copy(update=update)
 
@@ -128,6 +139,24 @@ def _get_env() -> _Env:
     return _env
 
 
+def _store_for(data: bytes, env: _Env) -> Any:
+    """The forged store serving ``data``: a chain (``SFS-LAYERS``), else one archive, as version 1 or 2.
+
+    A plain archive whose last byte has bit 1 set (a byte of the
+    end-of-archive zeros in a seed, which tarfile never reads) is served as
+    a one-generation :class:`~sandbox_fs.snapshot.GenerationStore` snapshot
+    with no index, its archive digest BLAKE3 or SHA-256 by that byte's low
+    bit (:func:`~._layers.archive_digest_fields`); else as the version-1
+    store's snapshot it was persisted as (:class:`ForgedStore`).
+    """
+    chain = decode_chain(data)
+    if chain is not None:
+        return forged_store(NAME, *chain, env.layer_info)
+    if data and data[-1] & 2:
+        return forged_store(NAME, [data], None, env.layer_info)
+    return ForgedStore(data, env.info)
+
+
 def one_input(data: bytes) -> None:
     """Hydrate ``data`` as a forged snapshot into a workspace with content; raise a Finding if the invariant breaks."""
     from ... import open_root  # noqa: PLC0415
@@ -142,8 +171,7 @@ def one_input(data: bytes) -> None:
     # host-access: the fuzz scene's own workspace, built by the harness before the input runs
     os.mkdir(os.path.join(scene.ws, "mydir"))
     before = OutsideSentinel(scene.ws)
-    chain = decode_chain(data)
-    store = ForgedStore(data, env.info) if chain is None else forged_store(NAME, *chain, env.layer_info)
+    store = _store_for(data, env)
     failed = []
 
     def step() -> None:
@@ -162,10 +190,12 @@ def one_input(data: bytes) -> None:
 
 
 def seeds() -> list[bytes]:
-    """The real snapshots (persisted workspaces), one truncated, and the layered chains (see ``_layers``)."""
+    """The real snapshots (persisted workspaces), one truncated, two served as version-2 generations, and the
+    layered chains (see ``_layers``)."""
     env = _get_env()
     real = list(env.real)
-    return real + [real[0][: len(real[0]) // 2]] + env.chains
+    as_v2 = [real[0][:-1] + b"\x02", real[1][:-1] + b"\x03"]  # a BLAKE3 and a SHA-256 generation (_store_for)
+    return real + [real[0][: len(real[0]) // 2]] + as_v2 + env.chains
 
 
 TOKENS = LAYER_TOKENS + (b"ustar\x00", b"00", b"path=", b"linkpath=", b"size=", b"mode=", b"../", b"/", b".sfs-hydrate-",

@@ -8,7 +8,9 @@ list directly).  :func:`forged_store` serves it through a real
 :class:`~sandbox_fs.snapshot.GenerationStore` over an in-memory object store
 whose pointer, metadata, archive and index digests are all recomputed over
 the input (and the final tree digest over the index's entries, when they
-parse), so the input passes every store-side check and meets hydrate's own:
+parse; each archive's digest is BLAKE3 or, as older generations record it,
+SHA-256, chosen per generation by :func:`archive_digest_fields`), so the
+input passes every store-side check and meets hydrate's own:
 the chain rules, the index rules (names the extractor accepts, normalized,
 unique, nothing below a non-directory, layers within the chain, bounded
 entries and deletions) and the one-pass layered extraction.
@@ -36,7 +38,8 @@ from typing import IO, Any, Iterator
 
 import blake3
 
-__all__ = ["MAGIC", "encode_chain", "decode_chain", "forged_store", "layered_seeds", "MemoryObjects", "TOKENS"]
+__all__ = ["MAGIC", "encode_chain", "decode_chain", "forged_store", "archive_digest_fields", "layered_seeds",
+           "MemoryObjects", "TOKENS"]
 
 MAGIC = b"SFS-LAYERS\n"
 _MAX_LAYERS = 8  # GenerationStore's MAX_CHAIN
@@ -164,15 +167,33 @@ def _tree_digest(index_json: bytes) -> str | None:
         return None
 
 
-def forged_store(name: str, tars: list[bytes], index_json: bytes, template: Any) -> Any:
+def archive_digest_fields(tar: bytes, generation: int) -> dict[str, str]:
+    """The archive digest of generation ``generation`` of a forged chain: ``archive_blake3`` or ``archive_sha256``.
+
+    Both kinds a version-2 generation may record are covered (what persist
+    writes now, and what older generations carry), chosen by the low bit of
+    the tar's last byte (the end-of-archive zeros in a seed, which tarfile
+    never reads: a mutation flips the kind without changing the members)
+    and the generation's parity, so every real chain mixes both kinds.  The
+    other field is "" (metadata records one).
+    """
+    blake = ((tar[-1] if tar else 0) ^ generation) & 1
+    if blake:
+        return {"archive_blake3": blake3.blake3(tar).hexdigest(), "archive_sha256": ""}
+    return {"archive_sha256": hashlib.sha256(tar).hexdigest(), "archive_blake3": ""}
+
+
+def forged_store(name: str, tars: list[bytes], index_json: bytes | None, template: Any) -> Any:
     """A GenerationStore over :class:`MemoryObjects` holding the chain, every digest recomputed to verify.
 
+    ``index_json``: the final index (None: the final generation has none, as a plain archive).
     ``template``: a real generation's :class:`~sandbox_fs.snapshot.SnapshotInfo` (the fields not recomputed).
+    The archive digests are of both kinds (:func:`archive_digest_fields`).
     """
     from ...snapshot import GenerationStore  # noqa: PLC0415
 
     objects = MemoryObjects()
-    index = zlib.compress(index_json, 1)
+    index = zlib.compress(index_json or b"", 1)
     entries: list[dict[str, Any]] = []
     parent_digest, parent_dir = "", ""
     for g, tar in enumerate(tars, start=1):
@@ -182,9 +203,9 @@ def forged_store(name: str, tars: list[bytes], index_json: bytes, template: Any)
         update: dict[str, Any] = {
             "version": 2, "name": name, "generation": g, "archive": f"{base}/archive.tar",
             "archive_bytes": len(tar), "archive_crc32": "",  # version 2: no CRC-32, the archive digest is checked
-            "archive_sha256": "", "archive_blake3": blake3.blake3(tar).hexdigest(), "parent_generation": g - 1,
+            **archive_digest_fields(tar, g), "parent_generation": g - 1,
             "parent_digest": parent_digest, "chain_length": g, "index_sha256": "", "index_bytes": 0}
-        if final:
+        if final and index_json is not None:
             update.update(index_sha256=hashlib.sha256(index).hexdigest(), index_bytes=len(index),
                           tree_digest=_tree_digest(index_json) or template.tree_digest)
             objects.put_bytes(f"{base}/index", index)
