@@ -138,7 +138,7 @@ class SessionState(BaseModel):
             generation is refused unless ``allow_rollback``.
         snapshot_digest: (version 2) SHA-256 of that generation's stored
             metadata (:attr:`~sandbox_fs.snapshot.SnapshotInfo.digest`), which
-            names its archive's SHA-256; under the MAC, so a store that replaced
+            names its archive's digest (BLAKE3; SHA-256 in older generations); under the MAC, so a store that replaced
             a generation's metadata and data together is refused on resume.
             None when the store sets none.
     """

@@ -198,7 +198,7 @@ class SnapshotDigestMismatchError(SnapshotGenerationError):
 
     The state's MAC covers the SHA-256 of the snapshot's stored metadata
     (:attr:`~sandbox_fs.snapshot.SnapshotInfo.digest`), which names the
-    archive's SHA-256: a store that replaced both is refused.  ``context``:
+    archive's digest (BLAKE3; SHA-256 in older generations): a store that replaced both is refused.  ``context``:
     ``snapshot`` and ``generation``.  ``allow_rollback=True`` resumes anyway.
     """
 

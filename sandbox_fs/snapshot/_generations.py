@@ -25,9 +25,11 @@ that follows the pointer only ever finds complete generations, and of two
 writers that began from the same pointer exactly one commits; the other
 gets :class:`SnapshotConflictError` and its objects are deleted.  The
 pointer lists the kept generations (newest first, at most ``keep``), each
-with the SHA-256 of its metadata object; every metadata object records the
-SHA-256 of its archive (no CRC-32 since it is checked by that SHA-256;
-older generations carry one, unused).  So everything read back is checked
+with the SHA-256 of its metadata object; every metadata object records one
+digest of its archive, BLAKE3 (``archive_blake3``; generations persisted
+before it record the SHA-256, ``archive_sha256``, and are checked by that:
+see ``_digest``), and no CRC-32 since it is checked by that digest (older
+generations carry one, unused).  So everything read back is checked
 against the pointer, and the pointer itself can be checked against the
 metadata digest a session's MAC-protected state recorded
 (:attr:`SnapshotInfo.digest`).
@@ -286,7 +288,8 @@ class GenerationStore:
     Works over any object store (a local directory, an S3 bucket): the
     layout and commit protocol are in this module's docstring.  The store is
     trusted for availability only: everything read back is checked against
-    the SHA-256 digests in the pointer and the metadata, and a session checks
+    the digests in the pointer and the metadata (SHA-256 of metadata and
+    index, the archive digest of each archive), and a session checks
     the metadata digest against its MAC-protected state.  Thread-safe as far
     as the object store is: no state is kept between calls but the objects.
 
@@ -865,7 +868,7 @@ class GenerationStore:
 
         The reader's :meth:`~VerifyingReader.verify` must be called after the
         extraction and before anything the archive produced is used (hydrate
-        does): it checks size and SHA-256 against the metadata.
+        does): it checks size and archive digest against the metadata.
 
         Args:
             name: the snapshot name.
@@ -1086,7 +1089,7 @@ class GenerationStore:
         Raises:
             The errors of :meth:`open_generation`; the returned reader's read
             that reaches the end raises SnapshotCorruptError when the bytes
-            read differ from the metadata's size and SHA-256.
+            read differ from the metadata's size and archive digest.
         """
         reader, info = self.open_generation(name, limits)
         with reader:

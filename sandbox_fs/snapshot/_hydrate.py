@@ -320,7 +320,7 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
                          wanted: _Wanted) -> HydrateReport:
     """Restore from a :class:`GenerationStore`: the wanted generation, or the newest one that verifies.
 
-    Each candidate is read once, verified (size, CRC-32, SHA-256 against
+    Each candidate is read once, verified (size and archive digest against
     its metadata, the metadata against the pointer) before the swap; with
     ``fallback`` a candidate that fails verification (:class:`SnapshotCorruptError`)
     is passed over for the next older kept one.  Any other error ends the restore.

@@ -39,7 +39,8 @@ __all__ = [
 
 SNAPSHOT_FORMAT: Final = "sandbox-fs-snapshot"
 SNAPSHOT_VERSION: Final = 1
-#: the metadata version a :class:`~sandbox_fs.snapshot.GenerationStore` writes (``archive_sha256`` set)
+#: the metadata version a :class:`~sandbox_fs.snapshot.GenerationStore` writes (``archive_blake3`` set; older
+#: generations of this version have ``archive_sha256`` instead)
 SNAPSHOT_VERSION_OBJECTS: Final = 2
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 

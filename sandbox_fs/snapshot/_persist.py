@@ -122,7 +122,7 @@ def persist(ws: Root, store: SnapshotStore, name: str, *, manifest_digest: str =
             pending.index = layering.index(pending.generation)
         policy.check_archive_bytes(pending.sink.count)  # hydrate would not read a larger one
         tree = walked.digest.hexdigest()
-        info = SnapshotInfo(  # a generation (version 2) has no CRC-32: its SHA-256 is set at commit
+        info = SnapshotInfo(  # a generation (version 2) has no CRC-32: its BLAKE3 is set at commit
             version=SNAPSHOT_VERSION_OBJECTS if isinstance(pending, _PendingGeneration) else SNAPSHOT_VERSION,
             name=name, archive=f"{name}.{secrets.token_hex(8)}.tar", archive_bytes=pending.sink.count,
             archive_crc32=pending.sink.hexdigest(), fingerprint=fingerprint(manifest_digest, tree),

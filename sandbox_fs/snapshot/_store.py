@@ -92,7 +92,7 @@ class SnapshotStore(Protocol):
         (their CRC-32, 8 lowercase hex digits) once every write returned.  The
         other fields of :class:`PendingArchive` are the store's own.  (A
         :class:`GenerationStore`'s own sink returns "": its version-2
-        metadata records the archive's SHA-256 and no CRC-32.)
+        metadata records the archive's BLAKE3 and no CRC-32.)
 
         Args:
             name: the snapshot name (a plain token).

@@ -102,14 +102,14 @@ class _WriterThread:
 
     Buffering: :class:`_TarStream` fills one buffer while this thread
     writes the others to the sink (``os.write`` and the sink's digest, a
-    SHA-256 or a version-1 store's CRC-32, of 1 MiB: both release the GIL, so they run on the second core while
+    BLAKE3 or a version-1 store's CRC-32, of 1 MiB: both release the GIL, so they run on the second core while
     the caller walks, builds headers, reads and hashes files).  Buffers go
     round through two queues (filled -> written -> free again).  There are
     two at first; :meth:`swap` makes another when none is free, up to
     :data:`_MAX_BUFFERS`, and then waits until one is written, so memory
     stays that many buffers however large the workspace.  (The walk is the
     faster side while large files stream: this thread writes every byte and
-    digests it: SHA-256 into a :class:`GenerationStore`, CRC-32 into a version-1 store; more buffers let
+    digests it: BLAKE3 into a :class:`GenerationStore`, CRC-32 into a version-1 store; more buffers let
     the walk run ahead there and this thread catch up while small files
     are walked, instead of the walk waiting.)  The SHA-256 of
     file data stays in the caller's thread: per-file hash steps each need
