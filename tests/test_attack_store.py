@@ -90,14 +90,15 @@ def test_cli_restore_never_replaces_a_store_that_lies_inside_the_workspace(tmp_p
 def test_a_store_at_or_beneath_the_workspace_is_refused_before_anything_is_written(tmp_path: Path,
                                                                                  where: str) -> None:
     """persist and hydrate refuse a directory store whose directory is the workspace or lies beneath it
-    (compared by identity: a store directory moved into the workspace after it was opened too); a store
-    beside it or above it works."""
+    (compared by identity: a store directory moved into the workspace after it was opened too), or holds
+    it (the workspace's files would be store objects: ``test_attack_workspace_in_store``); a store beside
+    it works."""
     w = tmp_path / "w"
     (w / "a" / "b").mkdir(parents=True)
     (w / "f").write_text("one\n")
     sdir = {"same": w, "child": w / ".st", "deep": w / "a" / "b" / "st", "moved_in": tmp_path / "st2",
             "sibling": tmp_path / "st", "parent": tmp_path}[where]
-    refused = where in ("same", "child", "deep", "moved_in")
+    refused = where in ("same", "child", "deep", "moved_in", "parent")
     with DirectorySnapshotStore(sdir) as store, open_root(w) as r:
         if where == "moved_in":
             os.rename(sdir, w / "a" / "st")  # the store's open directory now lies inside the workspace

@@ -11,15 +11,21 @@ __all__ = ["refuse_store_in_workspace"]
 
 
 def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the workspace") -> None:
-    """Refuse a store whose directory is the workspace (or a grant's directory) or lies beneath it.
+    """Refuse a store whose directory overlaps the workspace (or a grant's directory): either lies inside the other.
 
-    Such a store is in reach of the confined command (which could read its
-    ``.state-key`` and rewrite its snapshots and baselines), is persisted
-    into its own snapshots, and is replaced by a restore of the workspace.
-    Compared by directory identity (``(st_dev, st_ino)`` of the store's
-    directory and of each one up its ``..`` chain, walked by
-    :func:`~sandbox_fs.root.is_beneath` from the store's own fd, never by path), so a symlinked or renamed
-    path to it is seen.  A store with no directory (S3) passes.
+    A store at or beneath the workspace is in reach of the confined command
+    (which could read its ``.state-key`` and rewrite its snapshots and
+    baselines), is persisted into its own snapshots, and is replaced by a
+    restore of the workspace.  A workspace beneath the store is the same
+    overlap seen from the other side: its files are store objects (with
+    ``workspaces_dir`` the store's directory, the workspace of session ``ID``
+    is the directory of snapshot ``ID``'s pointer, generations and the holds
+    its forks keep), so the command rewrites or deletes them, a restore's
+    clear deletes them, and the store's listings walk the whole workspace.
+    Compared by directory identity (``(st_dev, st_ino)`` of each directory up
+    the ``..`` chain of the store's own fd, and of the workspace's, walked by
+    :func:`~sandbox_fs.root.is_beneath`, never by path), so a symlinked or
+    renamed path to either is seen.  A store with no directory (S3) passes.
 
     Args:
         ws: the workspace Root, or a grant's (borrowed): a directory the confined command reaches.
@@ -27,7 +33,8 @@ def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the works
         what: that directory, for the message (``"the workspace"``, ``"a grant"``).
 
     Raises:
-        SnapshotStoreError: the store is that directory or lies inside it (not retryable).
+        SnapshotStoreError: the store is that directory, lies inside it, or
+            contains it (not retryable).
         OSError: a ``..`` could not be opened.
     """
     root = getattr(store, "root", None)
@@ -42,3 +49,12 @@ def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the works
         raise SnapshotStoreError(f"the snapshot store is {what} or lies inside it (a command in the "
                                  "workspace could read its key and rewrite its snapshots)",
                                  sandbox_path=None, retryable=False, context={"overlap": what})
+    fd = ws.fileno_dup()
+    try:
+        contained = is_beneath(fd, root.identity)
+    finally:
+        os.close(fd)
+    if contained:
+        raise SnapshotStoreError(f"{what} lies inside the snapshot store's directory (a command in it could "
+                                 "rewrite the store's snapshots, and a restore would delete them)",
+                                 sandbox_path=None, retryable=False, context={"overlap": what, "inside": "store"})
