@@ -479,20 +479,34 @@ class LocalObjects:
         infos = [self.head(key) for key in sorted(keys)]
         return iter([info for info in infos if info is not None])
 
-    def _collect(self, directory: str, prefix: str, out: builtins.list[str]) -> None:
-        try:
-            entries = self._root.scandir(directory or ".")
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        for entry in entries:
-            if not _COMPONENT.fullmatch(entry.name):
-                continue  # .partial, .lock, anything not made by this class
-            key = f"{directory}/{entry.name}" if directory else entry.name
-            if entry.is_dir():
-                if key.startswith(prefix) or prefix.startswith(key + "/"):
-                    self._collect(key, prefix, out)
-            elif entry.is_file() and key.startswith(prefix):
-                out.append(key)
+    def _collect(self, top: str, prefix: str, out: builtins.list[str]) -> None:
+        """Append the keys below directory ``top`` that start with ``prefix`` to ``out``.
+
+        Only what can be a key is taken: a name that is not a key component
+        (``.partial``, ``.lock``, anything not made by this class) and a path
+        longer than :data:`MAX_KEY_BYTES` are left out, never entered (as
+        :meth:`S3Objects.list` leaves out what is not a valid key); the
+        directories are walked with a list, not by recursion, so the
+        directory's shape (whoever can write it chooses it) bounds neither.
+        """
+        todo = [top]
+        while todo:
+            directory = todo.pop()
+            try:
+                entries = self._root.scandir(directory or ".")
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if not _COMPONENT.fullmatch(entry.name):
+                    continue  # .partial, .lock, anything not made by this class
+                key = f"{directory}/{entry.name}" if directory else entry.name
+                if len(key) > MAX_KEY_BYTES:
+                    continue  # no key is this long (ASCII: characters are bytes)
+                if entry.is_dir():
+                    if key.startswith(prefix) or prefix.startswith(key + "/"):
+                        todo.append(key)
+                elif entry.is_file() and key.startswith(prefix):
+                    out.append(key)
 
     # -- upkeep
 
