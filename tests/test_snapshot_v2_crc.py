@@ -168,9 +168,9 @@ _COPIES = [(s, t, c) for s in ("v1", "v2", "v2-old", "v2-nosha") for t in ("dire
 @pytest.mark.parametrize(("source", "target", "changed"), _COPIES)
 def test_a_copy_checks_what_it_wrote_against_the_sources_strongest_digest(tmp_path: Path, source: str, target: str,
                                                                           changed: bool) -> None:
-    """copy_snapshot compares the chunks it wrote with the source's SHA-256, or with its CRC-32 when the metadata
-    records no SHA-256 (a version-1 source, or version-2 metadata with an empty one).  A byte changed mid-copy is
-    refused and nothing is made."""
+    """copy_snapshot compares the chunks it wrote with the source's archive digest, or with its CRC-32 for a
+    version-1 source.  A byte changed mid-copy is refused and nothing is made; version-2 metadata with no archive
+    digest is refused before anything is copied (its CRC-32 is never relied on, as hydrate refuses it too)."""
     data = _tar()
     crc, sha = f"{zlib.crc32(data):08x}", hashlib.sha256(data).hexdigest()
     fields = {"v1": {"version": 1, "archive_crc32": crc}, "v2": {"version": 2, "archive_sha256": sha},
@@ -183,6 +183,11 @@ def test_a_copy_checks_what_it_wrote_against_the_sources_strongest_digest(tmp_pa
         served[len(data) // 3] ^= 1  # same size: only a digest tells
     store = DirectorySnapshotStore(tmp_path / "s") if target == "directory" else LocalSnapshotStore(tmp_path / "s")
     with store:
+        if source == "v2-nosha":
+            with pytest.raises(SnapshotCorruptError, match="records no archive digest"):
+                copy_snapshot(_Source(bytes(served), info), store, "a", "b", None, None, SnapshotLimits())
+            assert store.info("b") is None and store.list() == []
+            return
         if changed:
             with pytest.raises(SnapshotCorruptError, match="changed while it was copied"):
                 copy_snapshot(_Source(bytes(served), info), store, "a", "b", None, None, SnapshotLimits())

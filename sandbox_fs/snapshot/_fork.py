@@ -96,7 +96,8 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
         SnapshotConflictError: ``target`` is ``source`` or exists, or
             ``source`` is not at ``generation`` / ``digest``; nothing was made.
         SnapshotNotFoundError: no snapshot ``source`` in ``src``.
-        SnapshotCorruptError: the source does not verify, or changed while it was copied.
+        SnapshotCorruptError: the source does not verify, changed while it was copied, or its version-2
+            metadata records no archive digest.
         SnapshotLimitError: the archive is larger than ``max_archive_bytes``.
         SnapshotStoreError, OSError: a store failed; nothing was made.
     """
@@ -109,9 +110,12 @@ def copy_snapshot(src: SnapshotStore, store: SnapshotStore, source: str, target:
         if (generation is not None and info.generation != generation) or (digest is not None and info.digest != digest):
             raise SnapshotConflictError("the source snapshot changed since its state was taken; nothing was made",
                                         sandbox_path=None, context=ctx)
+        own = _OwnDigest(info)
+        if own.check is None and info.version != 1:
+            raise SnapshotCorruptError("the source snapshot's metadata records no archive digest; nothing was made",
+                                       sandbox_path=None, context=ctx)
         pending = store.begin(target)
         try:
-            own = _OwnDigest(info)
             left = info.archive_bytes
             while left > 0:
                 chunk = reader.read(min(_CHUNK, left))
@@ -141,7 +145,9 @@ class _OwnDigest:
     The digest of the chunks as they are written: the archive digest the
     metadata records (BLAKE3 or, in an older version-2 generation, SHA-256:
     :func:`._digest.archive_check`), else the CRC-32 against
-    ``archive_crc32`` (version 1).  Metadata recording none never matches.
+    ``archive_crc32`` (version 1 only: a version-2 CRC-32 is never relied
+    on, and :func:`copy_snapshot` refuses version-2 metadata with no archive
+    digest before copying, as hydrate does).  Metadata recording none never matches.
     """
 
     def __init__(self, info: SnapshotInfo) -> None:
@@ -158,4 +164,4 @@ class _OwnDigest:
     def matches(self) -> bool:
         if self.check is not None:
             return self.check[0].hexdigest() == self.check[1]
-        return bool(self.info.archive_crc32) and f"{self.crc:08x}" == self.info.archive_crc32
+        return self.info.version == 1 and bool(self.info.archive_crc32) and f"{self.crc:08x}" == self.info.archive_crc32
