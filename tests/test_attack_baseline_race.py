@@ -25,18 +25,18 @@ from sandbox_fs.snapshot import _hydrate as hydrate_mod
 
 def _race_after_swap(monkeypatch, w: Path, rel: str, new: bytes, pause_s: float) -> None:
     """Rewrite ``w/rel`` (size and mtime kept) when the baseline scan is about to run, then let time pass."""
-    real = hydrate_mod._with_stats
+    real = hydrate_mod._baseline_listings
 
-    def racing(ws, index, *args, **kwargs):
+    def racing(ws, *args, **kwargs):
         p = w / rel
         before = os.lstat(p)
         assert len(new) == before.st_size
         p.write_bytes(new)
         os.utime(p, ns=(before.st_atime_ns, before.st_mtime_ns))
         time.sleep(pause_s)  # past the coarse clock's tick: the change's ctime is before a clock read now
-        return real(ws, index, *args, **kwargs)
+        return real(ws, *args, **kwargs)
 
-    monkeypatch.setattr(hydrate_mod, "_with_stats", racing)
+    monkeypatch.setattr(hydrate_mod, "_baseline_listings", racing)
 
 
 def _round(tmp_path: Path, monkeypatch, rel: str, old: bytes, new: bytes, pause_s: float) -> bytes:

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from sandbox_fs import open_root
 from sandbox_fs.cli import main
 from sandbox_fs.client import ClientOptions, LocalSandboxClient, UnsafeKeyFileError
-from sandbox_fs.snapshot import DirectorySnapshotStore, SnapshotLimits, SnapshotPolicy, hydrate, persist
+from sandbox_fs.snapshot import DirectorySnapshotStore, hydrate, persist
+from sandbox_fs.snapshot import _hydrate
 from sandbox_fs.snapshot._baseline import Baseline, baseline_key_of, write_baseline
-from sandbox_fs.snapshot._index import Index
 
 EVIL = b"e" * 64  # the key the other user knows
 OTHER_UID = 54321
@@ -64,15 +64,10 @@ def _forge_baseline(sdir: Path, ws: Path, key: bytes) -> None:
     with DirectorySnapshotStore(sdir) as st:
         info = st.info("n")
         assert info is not None
-        ptr, _etag = st._pointer("n")
-        assert ptr is not None
-        index = st._index("n", ptr.generations[0], info, SnapshotPolicy(SnapshotLimits()),
-                          frozenset({info.generation}))
-        now = os.lstat(ws / "f")
-        entries = [e._replace(ino=now.st_ino, mtime_ns=now.st_mtime_ns, ctime_ns=now.st_ctime_ns)
-                   if e.path == "f" else e for e in index.entries]
-        forged = Index(time.time_ns() + 10**12, os.stat(ws).st_dev, entries, [])  # "walked" in the future
-        write_baseline(st.objects, "n", Baseline(info.generation, info.digest, "", forged), baseline_key_of(key))
+        with open_root(ws) as r:  # the changed file's new inode and times, "taken" in the future
+            listings = _hydrate._baseline_listings(r, time.time_ns() + 10**12, 1000)
+        write_baseline(st.objects, "n", Baseline(info.generation, info.digest, "", listings=listings),
+                       baseline_key_of(key))
 
 
 @needs_root

@@ -149,25 +149,45 @@ def test_refused_names_in_a_large_index(path):
             decode_index(doc, SnapshotPolicy(), frozenset({1}), "n")
 
 
-def test_a_local_baseline_body_is_stored_undeflated_and_decodes_to_the_same_index(tmp_path):
-    """A directory store's baseline keeps its index in stored zlib blocks (no deflate in hydrate); it reads
-    back, through its MAC and every rule of the index, as the index written."""
+def test_a_local_baseline_body_is_stored_undeflated_and_reads_back_as_the_listings_written(tmp_path):
+    """A directory store's baseline keeps its listings in stored zlib blocks (no deflate in hydrate); they read
+    back, through the MAC and the body's SHA-256, as written (each directory's records byte for byte)."""
     from sandbox_fs.snapshot import DirectorySnapshotStore
-    from sandbox_fs.snapshot._baseline import Baseline, baseline_index, read_baseline, write_baseline
-    from sandbox_fs.snapshot._index import Index
+    from sandbox_fs.snapshot._baseline import Baseline, Listings, baseline_listings, read_baseline, write_baseline
 
-    entries = [IndexEntry(f"d{i}/f", "file", i, 3, 4, 5, 0o644, SHA, 1, 1) for i in range(200)]
-    entries = [IndexEntry(f"d{i}", "dir", i, 0, 4, 5, 0o755, "", 2, 1) for i in range(200)] + entries
-    index = Index(7, 8, entries, ["gone"])
+    dirs = {"": b"\x01" * 64, "d\udcff/e": b"\x02" * 72, "d": b""}
     with DirectorySnapshotStore(tmp_path / "st") as st:
         key = st.baseline_mac_key(create=True)
-        write_baseline(st.objects, "n", Baseline(1, "a" * 64, "", index), key)
+        write_baseline(st.objects, "n", Baseline(1, "a" * 64, "", listings=Listings(7, 8, dirs)), key)
         stored = (st.objects.get_bytes("n/baseline", 1 << 20)).split(b"\n", 1)[1]
-        assert zlib.decompressobj().decompress(stored)  # a zlib stream, and mostly the text itself:
-        assert b'"d17/f","file"' in stored
+        assert zlib.decompressobj().decompress(stored)  # a zlib stream, and the records themselves:
+        assert b"\x02" * 72 in stored
         base = read_baseline(st.objects, "n", key)
-        got = baseline_index(st.objects, "n", base, SnapshotPolicy(), frozenset({1}))
-    assert got is not None and (got.time_ns, got.dev, got.entries, got.deleted) == (7, 8, entries, ["gone"])
+        got = baseline_listings(st.objects, "n", base, SnapshotPolicy())
+        assert read_baseline(st.objects, "n", b"k" * 32) is None  # another key: no listings, no header
+    assert got == Listings(7, 8, dirs)
+
+
+def test_baseline_body_parsing_refuses_truncation_and_repeats_and_stops_at_a_bad_record():
+    """The body's directory framing: a cut or a repeated path refuses the whole body; within one directory a
+    record whose name runs past the end ends the listing (nothing after it is used)."""
+    import struct
+
+    from sandbox_fs.snapshot import _baseline
+    from sandbox_fs.snapshot._walk import SCAN_HEADER
+
+    def framed(path: bytes, raw: bytes) -> bytes:
+        return struct.pack("<II", len(path), len(raw)) + path + raw
+
+    good = framed(b"d", b"") + framed(b"", b"x" * 8)
+    assert _baseline._decode(good) == {"d": b"", "": b"x" * 8}
+    for bad in (good[:-1], good[:3], good + framed(b"d", b"")):
+        with pytest.raises(ValueError):
+            _baseline._decode(bad)
+    rec = SCAN_HEADER.pack(5, 1, 3, 4, 5, 1, 0o100644, 1) + b"a" + b"\0" * 7
+    long = SCAN_HEADER.pack(6, 1, 3, 4, 5, 1, 0o100644, 200) + b"b" * 8
+    assert list(_baseline._records(rec + long + rec)) == [b"a"]
+    assert _baseline._records(rec[:-9]) == {} and _baseline._records(None) == {}
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -45,6 +45,8 @@ def saved(tmp_path):
     store = GenerationStore(LocalObjects(tmp_path / "store"))
     with open_root(str(ws)) as root:
         persist(root, store, "n")
+        (ws / "f").write_bytes(b"data, changed")
+        assert persist(root, store, "n").info.chain_length == 2  # a layer: hydrate reads its index
     with store:
         yield store, tmp_path
 
@@ -59,7 +61,8 @@ def test_forged_index_size_is_refused_before_the_read(saved, monkeypatch, index_
     asked: list[int] = []
 
     def get_bytes(key: str, limit: int) -> bytes:
-        asked.append(limit)
+        if key.endswith("/index"):
+            asked.append(limit)
         assert not key.endswith("/index") or limit <= bound, f"asked the store for {limit} bytes of {key}"
         return real(key, limit)
 
@@ -70,15 +73,24 @@ def test_forged_index_size_is_refused_before_the_read(saved, monkeypatch, index_
     with open_root(str(dest)) as root, pytest.raises(SnapshotCorruptError):
         hydrate(root, store, "n", limits=limits)
     assert os.listdir(dest) == ["keep"]
+    # the persist that chains onto it reads it with the same bound, and writes a full generation instead
+    with open_root(str(tmp_path / "ws")) as root:
+        assert persist(root, store, "n", limits=limits).info.chain_length == 1
+    assert len(asked) == 0  # (the bound refuses it before any read)
 
 
 def test_a_real_index_fits_the_bound(saved):
     store, tmp_path = saved
     dest = tmp_path / "dest"
     dest.mkdir()
-    with open_root(str(dest)) as root:
-        hydrate(root, store, "n", limits=SnapshotLimits(max_entries=1))
-    assert (dest / "f").read_bytes() == b"data"
+    with open_root(str(dest)) as root:  # the chain's two archives hold "f" twice; its index names it once
+        hydrate(root, store, "n", limits=SnapshotLimits(max_entries=2))
+    assert (dest / "f").read_bytes() == b"data, changed"
+    ptr, _etag = store._pointer("n")  # and as the persist that chains onto it reads it
+    info = store.info("n")
+    index = store._index("n", ptr.generations[0], info, SnapshotPolicy(SnapshotLimits(max_entries=1)),
+                         frozenset({1, 2}))
+    assert [e.path for e in index.entries] == ["f"]
 
 
 @settings(max_examples=25, deadline=None)

@@ -286,16 +286,12 @@ def test_a_forged_baseline_never_makes_persist_skip_a_changed_file(tmp_path, mon
     sdir = tmp_path / "store"
     dst = _restore_then_change(tmp_path, monkeypatch, sdir)
     live = os.lstat(dst / "keep")
-    with DirectorySnapshotStore(sdir) as st:
+    with DirectorySnapshotStore(sdir) as st, open_root(dst) as d:
         base = read_baseline(st.objects, "n", st.baseline_key)
-        from sandbox_fs.snapshot import SnapshotLimits, SnapshotPolicy
-        from sandbox_fs.snapshot._baseline import baseline_index
-        idx = baseline_index(st.objects, "n", base, SnapshotPolicy(SnapshotLimits()), frozenset([1]))
-        idx.entries = [e._replace(ino=live.st_ino, mtime_ns=live.st_mtime_ns, ctime_ns=live.st_ctime_ns)
-                       if e.path == "keep" else e for e in idx.entries]
         from sandbox_fs.snapshot._index import stamp_latest_ns
-        idx.time_ns = max(live.st_mtime_ns, stamp_latest_ns(live.st_ctime_ns)) + 1  # just past the change
-        base.index = idx
+        # listings taken now (the changed file's new inode and times), "taken" just past the change
+        after = max(live.st_mtime_ns, stamp_latest_ns(live.st_ctime_ns)) + 1
+        base.listings = _hydrate._baseline_listings(d, after, 1000)
         forged_key = {"the store's own": st.baseline_key, "another": b"x" * 32, "none": None}[key]
         write_baseline(st.objects, "n", base, forged_key)
     with DirectorySnapshotStore(sdir) as st, open_root(dst) as d:  # a new process's persist
@@ -390,12 +386,13 @@ def test_fuzz_hydrate_chains_pass_the_store_checks_and_reach_the_layer_rules():
 
 
 @pytest.mark.parametrize("scan_fails", [False, True])
-def test_restore_baseline_stats_each_directory_once_as_lstat_by_path_would(tmp_path, monkeypatch, scan_fails):
-    """The baseline hydrate leaves takes each directory's files from one native scan of it; what it records
-    equals an lstat of each path beneath the Root: a plain file gets its inode and times, and a file that is
-    not there as restored (hard-linked, replaced by a symlink, another size, missing, or under a parent
-    that is now a symlink to an outside directory) is marked to be read again.  With the scan failing, each
-    path is looked up instead, with the same result."""
+def test_restore_baseline_listings_give_each_file_its_lstat_or_mark_it_read_again(tmp_path, monkeypatch, scan_fails):
+    """The listings hydrate leaves (one native scan per directory, found from the workspace down), applied to
+    the generation's index, give each file what an lstat of its path beneath the Root gives: a plain file its
+    inode and times, and a file that is not there as restored (hard-linked, replaced by a symlink, another
+    size, missing, or under a parent that is now a symlink to an outside directory) is marked to be read
+    again.  With every scan failing nothing is listed, and every file is read again."""
+    from sandbox_fs.snapshot._baseline import index_with_listings
     from sandbox_fs.snapshot._index import Index, IndexEntry
 
     outside = tmp_path / "outside"
@@ -411,16 +408,148 @@ def test_restore_baseline_stats_each_directory_once_as_lstat_by_path_would(tmp_p
     (ws_dir / "d" / "was_file").symlink_to("b")
     (ws_dir / "s").symlink_to(outside)  # a parent the index names as a directory, now a symlink
     paths = ["a", "d/b", "d/e/c", "d/linked", "d/sized", "d/was_file", "d/missing", "s/x"]
-    index = Index(0, 0, [IndexEntry(p, "file", 1, 5, 1, 1, 0o644, "0" * 64, 1, 1) for p in paths], [])
+    dirs = [IndexEntry(p, "dir", 7, 0, 1, 1, 0o755, "", 2, 1) for p in ("d", "d/e", "s")]
+    index = Index(0, 0, dirs + [IndexEntry(p, "file", 1, 5, 1, 1, 0o644, "0" * 64, 1, 1) for p in paths], [])
     if scan_fails:
         def refuse(dfd: int, max_bytes: int | None = None) -> bytes:
             raise OSError(27, "too large")
         monkeypatch.setattr(_hydrate._native, "scan_dir", refuse)
     with open_root(ws_dir) as ws:
-        got = {e.path: e for e in _hydrate._baseline(ws, index, _hydrate.coarse_now_ns()).entries}
+        listings = _hydrate._baseline_listings(ws, 12345, 1000)
+    assert listings.time_ns == 12345 and listings.dev == os.stat(ws_dir).st_dev
+    made = index_with_listings(index, listings)
+    got = {e.path: e for e in made.entries}
+    assert (made.time_ns, made.dev, made.entries[:3]) == (12345, listings.dev, dirs)  # directories as indexed
+    if scan_fails:
+        assert not listings.dirs and all(got[p].nlink == 0 and got[p].ino == 1 for p in paths)
+        return
+    assert sorted(listings.dirs) == ["", "d", "d/e"]  # never through the symlink
     for p in ("a", "d/b", "d/e/c"):
         st = os.lstat(ws_dir / p)
         assert (got[p].ino, got[p].mtime_ns, got[p].ctime_ns, got[p].nlink) == \
             (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, 1), p
     for p in ("d/linked", "d/sized", "d/was_file", "d/missing", "s/x"):
         assert got[p].nlink == 0 and got[p].ino == 1, p
+
+
+def test_restore_listings_stop_at_the_record_bound_and_skip_kept_directories(tmp_path):
+    """Past ``max_records`` no directory is scanned (another process may add any number); a directory in
+    ``skip`` (a kept read-only grant, a mount point) is never entered; files not listed are read again."""
+    from sandbox_fs.snapshot._baseline import index_with_listings
+    from sandbox_fs.snapshot._index import Index, IndexEntry
+
+    ws_dir = tmp_path / "ws"
+    for d in ("a", "b", "k"):
+        (ws_dir / d).mkdir(parents=True)
+        (ws_dir / d / "f").write_text("x")
+    k = os.stat(ws_dir / "k")
+    with open_root(ws_dir) as ws:
+        skipped = _hydrate._baseline_listings(ws, 1, 1000, frozenset({(k.st_dev, k.st_ino)}))
+        bounded = _hydrate._baseline_listings(ws, 1, 2)
+    assert sorted(skipped.dirs) == ["", "a", "b"]
+    assert len(bounded.dirs) == 1  # the workspace's 3 records are already past 2
+    index = Index(0, 0, [IndexEntry(f"{d}/f", "file", 1, 1, 1, 1, 0o644, "0" * 64, 1, 1) for d in "abk"], [])
+    assert [e.nlink for e in index_with_listings(index, skipped).entries] == [1, 1, 0]
+    assert [e.nlink for e in index_with_listings(index, bounded).entries] == [0, 0, 0]
+
+
+# ------------------------------------------------------------- the stored baseline (version 2): ignored unless whole
+
+
+def _baseline_object(sdir) -> bytes:
+    return (sdir / "n" / "baseline").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["control", "truncated", "one-more-byte", "body-bit-flipped", "header-only",
+                                    "other-generation", "other-scan-layout", "version-1"])
+def test_a_damaged_or_stale_stored_baseline_makes_the_next_persist_read_more_never_less(tmp_path, monkeypatch,
+                                                                                          damage):
+    """A new process's persist after a restore: with the stored baseline whole, only the changed file is in
+    the layer; with it cut, grown, altered, for another generation, of another scan layout, or of version 1
+    (a whole index), the listings are ignored and every file is read again (none taken over).  The changed
+    file's new content is in the snapshot in every case (the sentinel)."""
+    import hashlib
+    import zlib
+
+    from sandbox_fs.snapshot import _baseline
+
+    sdir = tmp_path / "store"
+    dst = _restore_then_change(tmp_path, monkeypatch, sdir)
+    obj = sdir / "n" / "baseline"
+    raw = _baseline_object(sdir)
+    line, body = raw.split(b"\n", 1)
+    head = json.loads(line)
+    assert head["version"] == 2 and head["body_bytes"] == len(body) > 0
+    assert b"a.txt" in zlib.decompress(body)  # the listings of the restored tree
+    key = DirectorySnapshotStore(sdir).baseline_mac_key(create=False)
+
+    def resign(**changes):  # a header the store's own key signs (only the named fields changed)
+        h = dict(head, **changes)
+        h["mac"] = _baseline._mac(key, h)
+        obj.write_bytes(json.dumps(h, sort_keys=True, separators=(",", ":")).encode() + b"\n" + body)
+
+    if damage == "truncated":
+        obj.write_bytes(raw[:-1])
+    elif damage == "one-more-byte":
+        obj.write_bytes(raw + b"\0")
+    elif damage == "body-bit-flipped":
+        obj.write_bytes(line + b"\n" + body[:50] + bytes([body[50] ^ 1]) + body[51:])
+    elif damage == "header-only":
+        obj.write_bytes(line + b"\n")
+    elif damage == "other-generation":
+        resign(digest="0" * 64)
+    elif damage == "other-scan-layout":
+        resign(scan="=QQqqqQIIQ/pad8/little")
+    elif damage == "version-1":
+        resign(version=1, body_sha256=hashlib.sha256(body).hexdigest())
+    with DirectorySnapshotStore(sdir) as st, open_root(dst) as d:  # a new process's persist
+        info = persist(d, st, "n").info
+        members = _file_members(st, info)
+        out = tmp_path / "out"
+        out.mkdir()
+        with open_root(out) as o:
+            hydrate(o, st, "n")
+    assert (out / "keep").read_text() == "CHANGED!!\n"
+    assert info.chain_length == 2
+    assert members == ({"keep"} if damage == "control" else {"keep", "big", "d/a.txt"})
+
+
+def test_a_file_changed_after_a_restore_is_read_again_in_the_same_process_too(tmp_path, monkeypatch):
+    """The same store object: its in-memory listings, applied to the generation's index, take the unchanged
+    files over and read the changed one (the sentinel)."""
+    ws, dst, sdir = tmp_path / "ws", tmp_path / "dst", tmp_path / "store"
+    _seed_tree(ws)
+    dst.mkdir()
+    _tick()
+    with DirectorySnapshotStore(sdir) as st, open_root(ws) as w, open_root(dst) as d:
+        persist(w, st, "n")
+        _baseline_clock_ahead(monkeypatch)
+        hydrate(d, st, "n")
+        monkeypatch.undo()
+        time.sleep(0.024)
+        (dst / "keep").write_text("CHANGED!!\n")
+        info = persist(d, st, "n").info
+        assert info.chain_length == 2 and _file_members(st, info) == {"keep"}
+        out = tmp_path / "out"
+        out.mkdir()
+        with open_root(out) as o:
+            hydrate(o, st, "n")
+    assert (out / "keep").read_text() == "CHANGED!!\n"
+
+
+def test_a_restore_whose_generation_index_is_corrupt_still_saves_as_a_full_generation(tmp_path, monkeypatch):
+    """A full generation's index is read by the persist that chains onto it, not by the restore: one that does
+    not match its metadata makes that persist write a full generation (never a layer over it, never an error)."""
+    ws, dst, sdir = tmp_path / "ws", tmp_path / "dst", tmp_path / "store"
+    _seed_tree(ws)
+    dst.mkdir()
+    _tick()
+    with DirectorySnapshotStore(sdir) as st, open_root(ws) as w:
+        info = persist(w, st, "n").info
+    _corrupt(sdir, info.archive.replace("archive.tar", "index"))
+    with DirectorySnapshotStore(sdir) as st, open_root(dst) as d:
+        hydrate(d, st, "n")
+        (dst / "new").write_text("after the restore")
+        again = persist(d, st, "n").info
+    assert again.chain_length == 1 and again.parent_generation == 0
+    assert _file_members(DirectorySnapshotStore(sdir), again) == {"keep", "big", "d/a.txt", "new"}

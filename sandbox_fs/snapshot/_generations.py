@@ -77,7 +77,7 @@ from ._errors import (
     SnapshotVerifyError,
 )
 from ._holds import HeldBy, delete_quietly, held_dirs, hold_key, list_holds, write_hold
-from ._baseline import Baseline, baseline_index, read_baseline, write_baseline
+from ._baseline import Baseline, Listings, baseline_listings, index_with_listings, read_baseline, write_baseline
 from ._digest import new_archive_hasher
 from ._index import Index, decode_index, encode_index, index_digest, max_index_bytes
 from ._models import _TOKEN, SNAPSHOT_VERSION_OBJECTS, SnapshotInfo, SnapshotLimits, SnapshotPolicy, validate_name
@@ -105,7 +105,7 @@ _READ_CHUNK = 1 << 20
 _GEN_DIR = r"[0-9]{12,19}-[0-9a-f]{16}"
 #: the objects of one generation directory: the only keys gc ever deletes
 _GEN_OBJECT = re.compile(rf"gen/({_GEN_DIR})/(?:archive\.tar|meta\.json|index)")
-#: names whose last index (written or restored by this store object) is kept in memory for the next layer
+#: names whose baseline (the index this store object last wrote, or a restore's listings) is kept in memory
 _MAX_BASELINES = 32
 
 
@@ -257,7 +257,7 @@ class _Chain:
 
     infos: list[SnapshotInfo]
     readers: list["VerifyingReader"]
-    index: Index | None  # the final index (None: a generation recorded without one)
+    index: Index | None  # a layered chain's final index (None: one archive, or a generation recorded without one)
     current_digest: str = ""  # the metadata digest of the generation current when it was opened
 
     def close(self) -> None:
@@ -573,9 +573,8 @@ class GenerationStore:
         parent: _PointerEntry | None = ptr.generations[0]
         base = self._baseline(name)
         if base is not None and base.instead_of and base.instead_of == ptr.generations[0].meta_sha256:
-            trusted = base.index is not None or base.body is not None
             parent = next((e for e in ptr.generations[:ptr.restore_points] if e.meta_sha256 == base.digest
-                           and e.generation == base.generation), None) if trusted else None
+                           and e.generation == base.generation), None) if base.trusted else None
         if parent is None:
             return None, None
         try:
@@ -603,13 +602,16 @@ class GenerationStore:
     def parent_index(self, pending: _PendingGeneration, policy: SnapshotPolicy) -> Index | None:
         """The index a layer is computed against: the parent's, or the baseline hydrate left for it.
 
-        None when ``pending`` writes a full generation.  A baseline (see
-        :meth:`remember_baseline`) is used when it was taken for exactly the
-        parent generation (same metadata digest); otherwise the parent's
-        stored index, checked against its metadata's SHA-256.
+        None when ``pending`` writes a full generation, or when the parent's
+        index does not verify (a full generation is written instead: a layer
+        is never computed against an index that is missing or does not match
+        its metadata).  A baseline (see :meth:`remember_baseline`) is used
+        when it was taken for exactly the parent generation (same metadata
+        digest): its index, or its listings applied to the parent's own
+        verified index (:func:`~._baseline.index_with_listings`); otherwise
+        the parent's stored index, checked against its metadata's SHA-256.
 
         Raises:
-            SnapshotCorruptError: the parent's index is missing or not valid.
             SnapshotStoreError: the store failed.
         """
         if not pending.layered or pending.parent_info is None or pending.pointer is None \
@@ -619,22 +621,32 @@ class GenerationStore:
         chain = frozenset(e.generation for e in pending.pointer.chain(pending.parent))
         with self._lock:
             base = self._baselines.get(pending.name)
-        if base is not None and base.digest == info.digest:
-            index = baseline_index(self.objects, pending.name, base, policy, chain)
-            if index is not None:
-                return index
-        return self._index(pending.name, pending.parent, info, policy, chain)
+        try:
+            if base is not None and base.digest == info.digest:
+                if base.index is not None:
+                    return base.index
+                listings = baseline_listings(self.objects, pending.name, base, policy)
+                if listings is not None:
+                    source = base.source if base.source is not None else \
+                        self._index(pending.name, pending.parent, info, policy, chain)
+                    base.index, base.listings, base.source = index_with_listings(source, listings), None, None
+                    return base.index
+            return self._index(pending.name, pending.parent, info, policy, chain)
+        except SnapshotCorruptError:
+            return None  # never a layer over an index that does not verify: a full generation
 
     def remember_baseline(self, name: str, info: SnapshotInfo, index: Index | None, *, instead_of: str = "",
-                          store: bool = False) -> None:
-        """Keep ``index`` (the tree of generation ``info`` with this workspace's inodes) for the next layer.
+                          store: bool = False, listings: Listings | None = None,
+                          source: Index | None = None) -> None:
+        """Keep what the next layer of ``name`` compares against: an index, or a restore's listings.
 
-        Hydrate calls this after a restore, so the first persist after a
-        resume compares against the inodes it made, not those of the machine
-        that persisted; a commit calls it with the index it wrote (no re-read
-        and re-check of it next time).  Kept in memory for this store object
-        (the :data:`_MAX_BASELINES` names used last) and, with ``store``, in
-        the store as ``NAME/baseline`` (its index authenticated with
+        Hydrate calls this after a restore with the restored tree's listings
+        (see :mod:`._baseline`), so the first persist after a resume compares
+        against the inodes it made, not those of the machine that persisted;
+        a commit calls it with the index it wrote (no re-read and re-check
+        of it next time).  Kept in memory for this store object (the
+        :data:`_MAX_BASELINES` names used last) and, with ``store``, in the
+        store as ``NAME/baseline`` (its listings authenticated with
         :meth:`baseline_mac_key`, or left out without one; best effort).
 
         Args:
@@ -645,8 +657,13 @@ class GenerationStore:
                 when ``info``'s was restored, if another one ("" otherwise):
                 the next persist never chains onto it.
             store: also write it to the store (hydrate does; a commit does not).
+            listings: the restored tree's directory scans (hydrate), or None.
+            source: the generation's verified index when the restore decoded
+                it (a layered chain): the next persist in this process need
+                not read it again.
         """
-        base = Baseline(info.generation, info.digest, instead_of, index)
+        base = Baseline(info.generation, info.digest, instead_of, index, listings=listings,
+                        source=source if listings is not None else None)
         self._keep_baseline(name, base)
         if store:
             write_baseline(self.objects, name, base, self.baseline_mac_key(create=True))
@@ -1016,9 +1033,11 @@ class GenerationStore:
 
         Each metadata object is checked against the pointer, each layer's
         ``parent_digest`` against its parent's metadata (so ``digest``, the
-        newest one's, covers the chain), the index against the newest
+        newest one's, covers the chain), a layer's index against the newest
         metadata and its tree digest; each reader verifies its archive
-        (:meth:`VerifyingReader.verify`) once read.
+        (:meth:`VerifyingReader.verify`) once read.  A full generation's
+        index is not read (its archive is all a restore needs): the persist
+        that chains onto it reads and checks it (:meth:`parent_index`).
 
         Args:
             name: the snapshot name.
@@ -1043,7 +1062,7 @@ class GenerationStore:
             raise SnapshotLimitError("snapshot archives are larger than max_archive_bytes", sandbox_path=None,
                                      context={**ctx, "max_archive_bytes": limits.max_archive_bytes})
         index = None
-        if info.index_sha256:
+        if info.index_sha256 and len(infos) > 1:  # (a full generation's is read by the persist that chains on it)
             policy = SnapshotPolicy(limits)
             index = self._index(name, members[-1], info, policy, frozenset(i.generation for i in infos))
             if index_digest(index.entries) != info.tree_digest:

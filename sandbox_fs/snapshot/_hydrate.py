@@ -21,6 +21,7 @@ import contextlib
 import os
 import secrets
 import stat as _stat
+import struct
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Protocol
 
@@ -31,7 +32,8 @@ from ..errors import InvalidPathError, SandboxError
 from ..root import Root, Subtree
 from ._errors import SnapshotCorruptError, SnapshotError, SnapshotNotFoundError, SnapshotSourceChangedError
 from ._generations import GenerationStore
-from ._index import Index, IndexEntry, coarse_now_ns, gc_paused
+from ._baseline import Listings
+from ._index import Index, coarse_now_ns
 from ._models import HydrateReport, SnapshotInfo, SnapshotLimits, SnapshotPolicy
 from ._store import LocalSnapshotStore, SnapshotStore, _CrcCheck
 from ._walk import SCAN_HEADER
@@ -48,6 +50,12 @@ def is_mount_point_of(ws: Root, mount_points: Iterable[str] = ()) -> Callable[[o
     by ``(st_dev, st_ino)`` taken now.
     """
     dev = ws.stat(".").st_dev
+    ids = _mount_ids(ws, mount_points)
+    return lambda st: st.st_dev != dev or (st.st_dev, st.st_ino) in ids
+
+
+def _mount_ids(ws: Root, mount_points: Iterable[str]) -> frozenset[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of each of ``mount_points`` (sandbox paths) there now."""
     ids = set()
     for p in mount_points:
         try:
@@ -55,7 +63,7 @@ def is_mount_point_of(ws: Root, mount_points: Iterable[str] = ()) -> Callable[[o
         except (FileNotFoundError, NotADirectoryError):
             continue
         ids.add((st.st_dev, st.st_ino))
-    return lambda st: st.st_dev != dev or (st.st_dev, st.st_ino) in ids
+    return frozenset(ids)
 
 
 def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits | None = None,
@@ -136,6 +144,7 @@ def hydrate(ws: Root, store: SnapshotStore, name: str, *, limits: SnapshotLimits
     """
     limits = limits or SnapshotLimits()
     keep = frozenset(keep_identities)
+    mount_points = tuple(mount_points)  # read by each step (and each fallback candidate)
     refuse_store_in_workspace(ws, store)
     if isinstance(store, GenerationStore) and (legacy := store.legacy_store(name)) is not None:
         store = legacy  # a version-1 snapshot in a directory store, from before its first generation
@@ -214,90 +223,79 @@ class _Layers:
         """Nothing runs in the background."""
 
 
-def _baseline(ws: Root, index: Index, swapped_at: int) -> Index:
-    """The restored tree's index with this workspace's inodes and times: the first persist after it is a layer.
+def _baseline_listings(ws: Root, swapped_at: int, max_records: int,
+                       skip: frozenset[tuple[int, int]] = frozenset()) -> Listings:
+    """The restored tree's directory scans, for the next persist: the first persist after it is a layer.
 
-    Its time is ``swapped_at``, the clock read before the restored tree
+    Their time is ``swapped_at``, the clock read before the restored tree
     appeared in the workspace (:func:`_hydrate_staged`), not a reading
-    taken when the ``lstat`` pass begins: another process may change a
-    restored file between the swap and the pass (same size, its mtime set
-    back), and the pass records that change's stat beside the restored
-    content's SHA-256; its ctime is at or after ``swapped_at``, so the
-    next persist reads it again.  (A clock read at the pass would be later
-    than that ctime, and the change would be taken as the restored
-    content.)  Restored entries the swap renamed carry a ctime after it
-    too and are read again; the files below them kept their staging ctime.
+    taken when the scans begin: another process may change a restored file
+    between the swap and its scan (same size, its mtime set back), and the
+    scan records that change's stat; the next persist takes a file as
+    restored only when its stat is the scan's *and* strictly older than
+    ``swapped_at``, and that change's ctime is at or after it, so it is read
+    again.  (A clock read at the scan would be later than that ctime, and
+    the change would be taken as the restored content.)  Restored entries
+    the swap renamed carry a ctime after it too and are read again; the
+    files below them kept their staging ctime.
 
-    A regular file that is not there as restored (other size, type or link count) is marked so
-    that it is read again (link count 0).  The files of one directory are
-    ``lstat``-ed by one native scan of it (:func:`_dir_stats`), not one
-    lookup beneath the root each (7.7k files: ~0.1 s less).  Every other
-    field (content, layer, mode) is the verified index's.
+    No index is read here (see :mod:`._baseline`): the directories are found
+    by their scans, from the workspace down, each opened by its path beneath
+    ``ws`` and checked to be the directory its parent's scan listed (device
+    and inode), never one on another device or in ``skip`` (kept read-only
+    grants, mount points); one native call lists and ``lstat``-s each
+    (:func:`sandbox_fs._native.scan_dir`).  A directory that cannot be
+    opened, listed or identified is left out (its files are read again),
+    and so is everything past ``max_records`` records (the restore's
+    ``max_entries``: more is what another process added).
     """
-    with gc_paused():  # each directory's records live until its files are done (see gc_paused)
-        return _with_stats(ws, index, swapped_at)
-
-
-def _with_stats(ws: Root, index: Index, now: int) -> Index:
     dev = ws.stat(".").st_dev
-    stats: dict[str, dict[bytes, tuple[int, ...]] | None] = {}
-    out: list[IndexEntry] = []
-    append, new = out.append, tuple.__new__
-    for e in index.entries:
-        path, kind, ino, size, mtime_ns, ctime_ns, mode, content, nlink, layer = e
-        if kind != "file":
-            append(e)
+    dirs: dict[str, bytes] = {}
+    todo: list[tuple[str, tuple[int, int] | None]] = [("", None)]
+    mode_len, ino_dev, head = _MODE_AND_NAME_LEN.unpack_from, _INO_AND_DEV.unpack_from, SCAN_HEADER.size
+    count = 0
+    while todo and count <= max_records:
+        path, ident = todo.pop()
+        raw = _scan(ws, path, ident)
+        if raw is None:
             continue
-        parent, _, leaf = path.rpartition("/")
-        in_dir = stats[parent] if parent in stats else stats.setdefault(parent, _dir_stats(ws, parent))
-        st = in_dir.get(leaf.encode("utf-8", "surrogateescape")) if in_dir is not None else _lstat_or_none(ws, path)
-        # st: the scan's (ino, dev, size, mtime_ns, ctime_ns, nlink, mode, name length)
-        if st is None or not _stat.S_ISREG(st[6]) or st[2] != size or st[5] != 1:
-            append(new(IndexEntry, (path, kind, ino, size, mtime_ns, ctime_ns, mode, content, 0, layer)))
-        else:
-            append(new(IndexEntry, (path, kind, st[0], size, st[3], st[4], mode, content, nlink, layer)))
-    return Index(now, dev, out, [])
+        dirs[path] = raw
+        off, end = 0, len(raw)
+        while off < end:
+            mode, nlen = mode_len(raw, off + head - 8)
+            start = off + head
+            if mode & 0o170000 == _stat.S_IFDIR:
+                ino, rdev = ino_dev(raw, off)
+                if rdev == dev and (dev, ino) not in skip:
+                    name = raw[start:start + nlen].decode("utf-8", "surrogateescape")
+                    if not name.startswith(_HYDRATE_PREFIX):
+                        todo.append((f"{path}/{name}" if path else name, (dev, ino)))
+            off = start + ((nlen + 7) & ~7)
+            count += 1
+    return Listings(swapped_at, dev, dirs)
 
 
-def _dir_stats(ws: Root, path: str) -> dict[bytes, tuple[int, ...]] | None:
-    """``name -> lstat`` of every entry of directory ``path`` (opened beneath ``ws``), or None when it cannot be scanned.
+_MODE_AND_NAME_LEN = struct.Struct("=II")  # the last two fields of a SCAN_HEADER
+_INO_AND_DEV = struct.Struct("=QQ")  # its first two
+assert SCAN_HEADER.format == "=QQqqqQII"
 
-    The directory is opened by its path beneath the Root (no symlink
-    followed, as :meth:`Root.lstat` resolves one), and its entries
-    ``fstatat``-ed relative to that fd with ``AT_SYMLINK_NOFOLLOW`` (one
-    native call).  Each ``lstat`` is the scan record's header: ``(ino, dev,
-    size, mtime_ns, ctime_ns, nlink, mode, name length)``.  None (the caller
-    then ``lstat``s each entry by its path): it cannot be opened for reading
-    (a restored mode without read permission), or it is too large for one scan.
-    """
+
+def _scan(ws: Root, path: str, ident: tuple[int, int] | None) -> bytes | None:
+    """The scan records of directory ``path`` beneath ``ws`` (it must be ``ident``), or None when it cannot be had."""
     try:
         dfd = ws.open_dir_fd(path or ".")
     except (OSError, SandboxError):
         return None
     try:
-        raw = _native.scan_dir(dfd)
+        if ident is not None:
+            st = os.fstat(dfd)
+            if (st.st_dev, st.st_ino) != ident:
+                return None  # swapped since its parent was listed
+        return _native.scan_dir(dfd)
     except OSError:
         return None
     finally:
         os.close(dfd)
-    out = {}
-    unpack, head = SCAN_HEADER.unpack_from, SCAN_HEADER.size
-    off, end = 0, len(raw)
-    while off < end:
-        rec = unpack(raw, off)
-        start = off + head
-        out[raw[start:start + rec[7]]] = rec
-        off = start + ((rec[7] + 7) & ~7)
-    return out
-
-
-def _lstat_or_none(ws: Root, path: str) -> tuple[int, ...] | None:
-    """:func:`_dir_stats`' record of one path's ``lstat``, or None."""
-    try:
-        st = ws.lstat(path)
-    except (OSError, SandboxError):
-        return None
-    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_mode, 0)
 
 
 def _restore(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: SnapshotLimits, mount_points: Iterable[str],
@@ -349,10 +347,11 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
                     swapped_at = _restore(ws, layers, info, limits, mount_points, layers, keep)
             finally:
                 chain.close()
-            # for the next persist of this name, in this process or a new one (see _baseline): the
-            # restored tree's new inodes, and whether the current generation was passed over
-            base = _baseline(ws, chain.index, swapped_at) if chain.index is not None else None
-            store.remember_baseline(name, info, base,
+            # for the next persist of this name, in this process or a new one (see _baseline_listings):
+            # the restored tree's new inodes, and whether the current generation was passed over
+            listings = _baseline_listings(ws, swapped_at, limits.max_entries, keep | _mount_ids(ws, mount_points)) \
+                if info.index_sha256 else None
+            store.remember_baseline(name, info, None, listings=listings, source=chain.index,
                                     instead_of="" if chain.current_digest == info.digest else chain.current_digest,
                                     store=True)
             return HydrateReport(info, "archive", info.generation, skipped)

@@ -239,9 +239,9 @@ def gc_paused() -> Iterator[None]:
     before the pause when the last pause ends.
 
     Only for work whose length is bounded by an entry count the snapshot's
-    limits already bound (``max_entries``): an index's entries, and
-    hydrate's baseline, which lists the directories of the tree it has just
-    restored and reads no file content.  Never across reads of file
+    limits already bound (``max_entries``): an index's entries, and the
+    baseline index made from a restore's directory listings (one entry per
+    index entry; no file content read).  Never across reads of file
     content, whose length the workspace decides (a persist's walk reads
     every file; pausing over it stopped the host's own cyclic collections
     for as long as the largest file took to read).
