@@ -7,7 +7,7 @@ What is measured (alternating ours / GNU tar in one run, medians printed):
   - ours:  ``persist`` (fd walk, index with every file's SHA-256, stream tar
     into the store, fsync, atomic commit) + ``hydrate`` (verify the SHA-256
     of the archive, clear, extract through the archive extractor,
-    restore modes, write the baseline index) through
+    restore modes, scan the restored tree for the baseline) through
     ``DirectorySnapshotStore``, the store a user of the library and the CLI
     gets by default (a ``GenerationStore`` over ``LocalObjects``).  Every
     round persists under a *new snapshot name* in one store directory (the
