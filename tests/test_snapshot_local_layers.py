@@ -460,14 +460,30 @@ def _baseline_object(sdir) -> bytes:
     return (sdir / "n" / "baseline").read_bytes()
 
 
-@pytest.mark.parametrize("damage", ["control", "truncated", "one-more-byte", "body-bit-flipped", "header-only",
+def _padding_byte(flat: bytes) -> int:
+    """The offset of a zero padding byte after a record's name in a baseline body (see ``_baseline``)."""
+    import struct
+
+    from sandbox_fs.snapshot._walk import SCAN_HEADER
+
+    plen, rlen = struct.unpack_from("<II", flat, 0)
+    off, end = 8 + plen, 8 + plen + rlen
+    while off < end:
+        nlen = SCAN_HEADER.unpack_from(flat, off)[7]
+        if nlen % 8:
+            return off + SCAN_HEADER.size + nlen
+        off += SCAN_HEADER.size + ((nlen + 7) & ~7)
+    raise AssertionError("no record with padding")
+
+
+@pytest.mark.parametrize("damage", ["control", "truncated", "one-more-byte", "body-altered", "header-only",
                                     "other-generation", "other-scan-layout", "version-1"])
 def test_a_damaged_or_stale_stored_baseline_makes_the_next_persist_read_more_never_less(tmp_path, monkeypatch,
                                                                                           damage):
     """A new process's persist after a restore: with the stored baseline whole, only the changed file is in
-    the layer; with it cut, grown, altered, for another generation, of another scan layout, or of version 1
-    (a whole index), the listings are ignored and every file is read again (none taken over).  The changed
-    file's new content is in the snapshot in every case (the sentinel)."""
+    the layer; with it cut, grown, altered (same size, parsing as the same listings), for another generation,
+    of another scan layout, or of version 1 (a whole index), the listings are ignored and every file is read
+    again (none taken over).  The changed file's new content is in the snapshot in every case (the sentinel)."""
     import hashlib
     import zlib
 
@@ -492,8 +508,12 @@ def test_a_damaged_or_stale_stored_baseline_makes_the_next_persist_read_more_nev
         obj.write_bytes(raw[:-1])
     elif damage == "one-more-byte":
         obj.write_bytes(raw + b"\0")
-    elif damage == "body-bit-flipped":
-        obj.write_bytes(line + b"\n" + body[:50] + bytes([body[50] ^ 1]) + body[51:])
+    elif damage == "body-altered":  # one padding byte of a record flipped: parses as the same listings
+        flat = bytearray(zlib.decompress(body))
+        flat[_padding_byte(bytes(flat))] ^= 1
+        forged = zlib.compress(bytes(flat), 0)
+        assert len(forged) == len(body)
+        obj.write_bytes(line + b"\n" + forged)
     elif damage == "header-only":
         obj.write_bytes(line + b"\n")
     elif damage == "other-generation":
