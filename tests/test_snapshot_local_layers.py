@@ -573,3 +573,42 @@ def test_a_restore_whose_generation_index_is_corrupt_still_saves_as_a_full_gener
         again = persist(d, st, "n").info
     assert again.chain_length == 1 and again.parent_generation == 0
     assert _file_members(DirectorySnapshotStore(sdir), again) == {"keep", "big", "d/a.txt", "new"}
+
+
+def test_a_restore_by_the_store_object_that_committed_a_layer_uses_the_index_it_wrote(tmp_path, monkeypatch):
+    """A commit's index is kept in memory: a restore of that layer by the same store object, and the persist
+    after it, use it without reading it back; another store object reads and checks the stored one.  What
+    each restores is the same, and a change after the restore is in the next snapshot (the sentinel)."""
+    ws, dst, dst2, sdir = tmp_path / "ws", tmp_path / "dst", tmp_path / "dst2", tmp_path / "store"
+    _seed_tree(ws)
+    dst.mkdir()
+    dst2.mkdir()
+    _tick()
+    reads: list[str] = []
+
+    def counting(st):
+        real = st.objects.get_bytes
+
+        def get_bytes(key, limit):
+            if key.endswith("/index"):
+                reads.append(key)
+            return real(key, limit)
+        monkeypatch.setattr(st.objects, "get_bytes", get_bytes)
+
+    with DirectorySnapshotStore(sdir) as st, open_root(ws) as w, open_root(dst) as d:
+        persist(w, st, "n")
+        _tick()
+        (ws / "d" / "a.txt").write_text("layer\n")
+        assert persist(w, st, "n").info.chain_length == 2
+        counting(st)
+        _baseline_clock_ahead(monkeypatch)
+        hydrate(d, st, "n")
+        time.sleep(0.024)
+        (dst / "keep").write_text("CHANGED!!\n")
+        info = persist(d, st, "n").info
+        assert reads == [] and info.chain_length == 3 and _file_members(st, info) == {"keep"}
+    with DirectorySnapshotStore(sdir) as st2, open_root(dst2) as d2:
+        counting(st2)
+        hydrate(d2, st2, "n")
+    assert len(reads) == 1  # the new store object read the layer's index
+    assert (dst2 / "keep").read_text() == "CHANGED!!\n" and (dst2 / "d" / "a.txt").read_text() == "layer\n"

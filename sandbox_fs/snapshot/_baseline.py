@@ -145,6 +145,9 @@ class Baseline:
         listings: the restored tree's listings (None: not known, or not trusted).
         source: the generation's verified index, when the restore decoded it
             (a layered chain): the next persist need not read it again.
+        written: the index this store object's commit of the generation
+            wrote, kept in memory (its stored bytes are that object's
+            encoding), also across a restore of that generation; None otherwise.
     """
 
     generation: int
@@ -154,6 +157,7 @@ class Baseline:
     body: _Body | None = None
     listings: Listings | None = None
     source: Index | None = None
+    written: Index | None = None
 
     @property
     def trusted(self) -> bool:

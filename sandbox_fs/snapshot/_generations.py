@@ -627,7 +627,7 @@ class GenerationStore:
                     return base.index
                 listings = baseline_listings(self.objects, pending.name, base, policy)
                 if listings is not None:
-                    source = base.source if base.source is not None else \
+                    source = base.source or base.written or \
                         self._index(pending.name, pending.parent, info, policy, chain)
                     base.index, base.listings, base.source = index_with_listings(source, listings), None, None
                     return base.index
@@ -637,7 +637,7 @@ class GenerationStore:
 
     def remember_baseline(self, name: str, info: SnapshotInfo, index: Index | None, *, instead_of: str = "",
                           store: bool = False, listings: Listings | None = None,
-                          source: Index | None = None) -> None:
+                          source: Index | None = None, written: Index | None = None) -> None:
         """Keep what the next layer of ``name`` compares against: an index, or a restore's listings.
 
         Hydrate calls this after a restore with the restored tree's listings
@@ -661,9 +661,16 @@ class GenerationStore:
             source: the generation's verified index when the restore decoded
                 it (a layered chain): the next persist in this process need
                 not read it again.
+            written: the index this store object's commit of ``info`` wrote
+                (a commit passes it; a restore of that generation by this store
+                object keeps the one its commit left, see :meth:`open_chain`).
         """
+        with self._lock:
+            prev = self._baselines.get(name)
+        if written is None and prev is not None and prev.digest == info.digest:
+            written = prev.written
         base = Baseline(info.generation, info.digest, instead_of, index, listings=listings,
-                        source=source if listings is not None else None)
+                        source=source if listings is not None else None, written=written)
         self._keep_baseline(name, base)
         if store:
             write_baseline(self.objects, name, base, self.baseline_mac_key(create=True))
@@ -763,8 +770,8 @@ class GenerationStore:
             self._delete_quietly([archive_key, meta_key, index_key])
             raise
         committed = info.model_copy(update={"digest": digest})
-        if pending.index is not None:  # the next layer of this name compares against it, without a re-read
-            self.remember_baseline(name, committed, pending.index)
+        if pending.index is not None:  # the next layer (or a restore) of this name uses it, without a re-read
+            self.remember_baseline(name, committed, pending.index, written=pending.index)
         return committed
 
     def _next_pointer(self, name: str, old: _Pointer | None, entry: _PointerEntry) -> _Pointer:
@@ -1037,7 +1044,9 @@ class GenerationStore:
         metadata and its tree digest; each reader verifies its archive
         (:meth:`VerifyingReader.verify`) once read.  A full generation's
         index is not read (its archive is all a restore needs): the persist
-        that chains onto it reads and checks it (:meth:`parent_index`).
+        that chains onto it reads and checks it (:meth:`parent_index`); a
+        layer this store object committed itself is restored with the index
+        that commit wrote, kept in memory (:meth:`_written_index`).
 
         Args:
             name: the snapshot name.
@@ -1063,6 +1072,8 @@ class GenerationStore:
                                      context={**ctx, "max_archive_bytes": limits.max_archive_bytes})
         index = None
         if info.index_sha256 and len(infos) > 1:  # (a full generation's is read by the persist that chains on it)
+            index = self._written_index(name, info, limits)
+        if index is None and info.index_sha256 and len(infos) > 1:
             policy = SnapshotPolicy(limits)
             index = self._index(name, members[-1], info, policy, frozenset(i.generation for i in infos))
             if index_digest(index.entries) != info.tree_digest:
@@ -1077,6 +1088,21 @@ class GenerationStore:
                 r.close()
             raise
         return _Chain(infos, readers, index, ptr.generations[0].meta_sha256)
+
+    def _written_index(self, name: str, info: SnapshotInfo, limits: SnapshotLimits) -> Index | None:
+        """The index this store object's own commit of generation ``info`` wrote, kept in memory (None: none).
+
+        It is the object whose bytes that commit stored and whose SHA-256 the
+        metadata records (``info``'s digest names exactly that metadata), and
+        it never left this process: reading it back from the store and
+        checking it again would prove nothing more.  Only within ``limits``'
+        entry count (else the stored one is read, and refused as it would be).
+        """
+        with self._lock:
+            base = self._baselines.get(name)
+        index = base.written if base is not None and base.digest == info.digest else None
+        return index if index is not None and max(len(index.entries), len(index.deleted)) <= limits.max_entries \
+            else None
 
     def _open_reader(self, info: SnapshotInfo) -> "VerifyingReader":
         """A verifying reader of one generation's archive.
