@@ -9,9 +9,9 @@ process (a session resumed by another client object, ``snapshot restore``
 then ``snapshot save``) finds it.
 
 What it holds (version 2): the metadata digest of the generation restored,
-the clock read before the restored tree appeared in the workspace (its
-``time_ns``, see ``_hydrate._baseline_listings``), the workspace's device,
-and one native scan (:func:`sandbox_fs._native.scan_dir`: per entry its
+the clock read before the restore's staging directory (inside the
+workspace) was made (its ``time_ns``, see ``_hydrate._baseline_listings``),
+the workspace's device, and one native scan (:func:`sandbox_fs._native.scan_dir`: per entry its
 ``lstat`` and name) of each directory of the restored tree, taken after the
 swap.  Not an index: the next persist that chains onto that generation
 applies the listings to the generation's *own* index, read through the
@@ -104,8 +104,9 @@ class Listings:
     """The restored tree's directory scans, taken after a hydrate's swap.
 
     Attributes:
-        time_ns: the coarse clock read before the restored tree appeared in
-            the workspace (nanoseconds): the baseline's time for the racy rule.
+        time_ns: the coarse clock read before the restore's staging
+            directory was made in the workspace (nanoseconds): the
+            baseline's time for the racy rule.
         dev: ``st_dev`` of the workspace.
         dirs: sandbox path of each directory scanned (``""``: the workspace)
             -> its :func:`sandbox_fs._native.scan_dir` records.  A directory
@@ -336,16 +337,24 @@ def index_with_listings(index: Index, listings: Listings) -> Index:
     """``index`` (a generation's verified index) with the inodes and times of the restored tree: the baseline index.
 
     A regular file listed in its directory's scan, with the index's size,
-    one link and on the listings' device, takes the scan's inode, mtime and
-    ctime; any other file (not listed, its directory not scanned, another
-    size, type or link count) is marked to be read again (link count 0).
+    one link, on the listings' device and a ctime at or after the listings'
+    time, takes the scan's inode, mtime and ctime; any other file (not
+    listed, its directory not scanned, another size, type or link count) is
+    marked to be read again (link count 0).  So is one whose ctime is older
+    than the listings' time: the restore did not make it (a directory moved
+    into the restored tree keeps its files' ctimes, and the staged tree is
+    reachable by other processes in the workspace), so its stat says
+    nothing about the index's content.  (A file the restore made has a ctime
+    at or after that time, which the next persist's racy rule reads again:
+    nothing a process in the workspace sets up during the restore is
+    skipped.)
     Every other field (content, layer, mode), and every directory and
     symlink entry, is the index's.  Its time is the listings' (the clock
-    read before the swap), its device theirs.
+    read before the restore staged anything), its device theirs.
     """
     with gc_paused():  # one tuple per entry, alive until the index is (see gc_paused)
         dirs = listings.dirs
-        dev = listings.dev
+        dev, time_ns = listings.dev, listings.time_ns
         parsed: dict[str, dict[bytes, tuple[int, ...]]] = {}
         out: list[IndexEntry] = []
         append, new = out.append, tuple.__new__
@@ -358,7 +367,8 @@ def index_with_listings(index: Index, listings: Listings) -> Index:
             in_dir = parsed[parent] if parent in parsed else parsed.setdefault(parent, _records(dirs.get(parent)))
             st = in_dir.get(leaf.encode("utf-8", "surrogateescape"))
             # st: the scan's (ino, dev, size, mtime_ns, ctime_ns, nlink, mode, name length)
-            if st is None or not _stat.S_ISREG(st[6]) or st[2] != size or st[5] != 1 or st[1] != dev:
+            if st is None or not _stat.S_ISREG(st[6]) or st[2] != size or st[5] != 1 or st[1] != dev \
+                    or st[4] < time_ns:
                 append(new(IndexEntry, (path, kind, ino, size, mtime_ns, ctime_ns, mode, content, 0, layer)))
             else:
                 append(new(IndexEntry, (path, kind, st[0], size, st[3], st[4], mode, content, nlink, layer)))

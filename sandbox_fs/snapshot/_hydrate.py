@@ -223,21 +223,25 @@ class _Layers:
         """Nothing runs in the background."""
 
 
-def _baseline_listings(ws: Root, swapped_at: int, max_records: int,
+def _baseline_listings(ws: Root, started_at: int, max_records: int,
                        skip: frozenset[tuple[int, int]] = frozenset()) -> Listings:
     """The restored tree's directory scans, for the next persist: the first persist after it is a layer.
 
-    Their time is ``swapped_at``, the clock read before the restored tree
-    appeared in the workspace (:func:`_hydrate_staged`), not a reading
-    taken when the scans begin: another process may change a restored file
-    between the swap and its scan (same size, its mtime set back), and the
+    Their time is ``started_at``, the clock read before the staging
+    directory was made (:func:`_hydrate_staged`), not a reading taken at the
+    swap or when the scans begin: the staged tree is inside the workspace,
+    so another process may change a file from the moment the extractor makes
+    it, before the swap as after it (same size, its mtime set back), and the
     scan records that change's stat; the next persist takes a file as
     restored only when its stat is the scan's *and* strictly older than
-    ``swapped_at``, and that change's ctime is at or after it, so it is read
-    again.  (A clock read at the scan would be later than that ctime, and
-    the change would be taken as the restored content.)  Restored entries
-    the swap renamed carry a ctime after it too and are read again; the
-    files below them kept their staging ctime.
+    ``started_at``, and that change's ctime is at or after it, so it is read
+    again.  (A clock read at the swap or the scan would be later than that
+    ctime, and the change would be taken as the restored content.)  The
+    restored files themselves carry a ctime at or after ``started_at`` too:
+    the next persist hashes each of them once (it writes a file again only
+    when its content is not the index's), so what it records is always
+    content it read, never a stat that a process in the workspace could
+    have set up.
 
     No index is read here (see :mod:`._baseline`): the directories are found
     by their scans, from the workspace down, each opened by its path beneath
@@ -272,7 +276,7 @@ def _baseline_listings(ws: Root, swapped_at: int, max_records: int,
                         todo.append((f"{path}/{name}" if path else name, (dev, ino)))
             off = start + ((nlen + 7) & ~7)
             count += 1
-    return Listings(swapped_at, dev, dirs)
+    return Listings(started_at, dev, dirs)
 
 
 _MODE_AND_NAME_LEN = struct.Struct("=II")  # the last two fields of a SCAN_HEADER
@@ -303,7 +307,7 @@ def _restore(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limits: Sna
     """Stage, verify and swap one archive (with kept directories guarded, see :func:`hydrate`).
 
     Returns:
-        The coarse clock (ns) read just before the swap began (see :func:`_hydrate_staged`).
+        The coarse clock (ns) read before the staging directory was made (see :func:`_hydrate_staged`).
     """
     # With kept directories (read-only grants), every write of the restore checks its fds
     # against them: a name swapped for one meanwhile is refused or kept, never entered,
@@ -341,15 +345,15 @@ def _hydrate_generations(ws: Root, store: GenerationStore, name: str, limits: Sn
             try:
                 info = chain.infos[-1]
                 if chain.index is None or len(chain.readers) == 1:
-                    swapped_at = _restore(ws, chain.readers[0], info, limits, mount_points, chain.readers[0], keep)
+                    started_at = _restore(ws, chain.readers[0], info, limits, mount_points, chain.readers[0], keep)
                 else:
                     layers = _Layers.of(chain.infos, chain.readers, chain.index)
-                    swapped_at = _restore(ws, layers, info, limits, mount_points, layers, keep)
+                    started_at = _restore(ws, layers, info, limits, mount_points, layers, keep)
             finally:
                 chain.close()
             # for the next persist of this name, in this process or a new one (see _baseline_listings):
             # the restored tree's new inodes, and whether the current generation was passed over
-            listings = _baseline_listings(ws, swapped_at, limits.max_entries, keep | _mount_ids(ws, mount_points)) \
+            listings = _baseline_listings(ws, started_at, limits.max_entries, keep | _mount_ids(ws, mount_points)) \
                 if info.index_sha256 else None
             store.remember_baseline(name, info, None, listings=listings, source=chain.index,
                                     instead_of="" if chain.current_digest == info.digest else chain.current_digest,
@@ -370,9 +374,10 @@ def _hydrate_staged(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limi
     """Extract into a staging directory, verify (``check``), then swap it in (see :func:`hydrate`).
 
     Returns:
-        The coarse clock (ns) read after the staged tree was complete and
-        before the workspace's first change: anything another process
-        changes in the restored tree carries a ctime at or after it.
+        The coarse clock (ns) read before the staging directory was made
+        (the first moment another process can reach a restored file):
+        anything another process changes in the restored tree, staged or
+        swapped in, carries a ctime at or after it.
     """
     # The staging directory is reached by its name only (never through an fd of its own),
     # from the workspace fd, in every step: the extractor stages beside it and renames its
@@ -383,6 +388,10 @@ def _hydrate_staged(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limi
     staging = f"{_HYDRATE_PREFIX}{secrets.token_hex(8)}"
     made: list[tuple[int, int]] = []  # the identity of the directory the extractor made at ``staging``
     exact = {p.encode("utf-8", "surrogateescape"): SnapshotPolicy.mode(m) for p, m in info.mode_fixups}
+    # Read before the staging directory exists (the baseline's time, see _baseline_listings): the
+    # staged tree is in the workspace, so another process can change a staged file from the moment
+    # the extractor makes it; such a change carries a ctime at or after this reading.
+    started_at = coarse_now_ns()
     try:
         try:
             _extract_with_archive(ws, staging, f, limits, info.archive_bytes, made, exact)
@@ -421,13 +430,10 @@ def _hydrate_staged(ws: Root, f: "IO[bytes] | _Layers", info: SnapshotInfo, limi
                 ws.set_dir_meta(f"{staging}/{entry}", mode=modes[entry] | 0o700)
         keep = lambda st: (st.st_dev, st.st_ino) in keep_ids or (st.st_dev, st.st_ino) == sid \
             or is_mount(st)  # noqa: E731
-        # Read before the restored tree appears in the workspace, for the baseline (see _baseline):
-        # a change made by another process once it is there carries a later ctime.
-        swapped_at = coarse_now_ns()
         ws.clear(skip=keep, make_writable=True, keep_denied=True)  # a non-root owner empties its read-only dirs
         for entry in sub.listdir("."):
             _move_up(ws, f"{staging}/{entry}", entry, is_mount, modes.get(entry), keep_ids)
-        return swapped_at
+        return started_at
     finally:
         # On a failure before the swap this is all that changes; after the swap it is empty.
         # Only the directory the extractor made (checked by identity) is removed, never
