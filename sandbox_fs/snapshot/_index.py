@@ -415,10 +415,10 @@ def _names_ok(paths: list[str], limits: ArchiveLimits) -> bool:
 
 def _normalized(path: str, limits: ArchiveLimits) -> bool:
     """:func:`normalize_member_name` accepts ``path``, unchanged and not empty."""
-    raw = path.encode("utf-8", "surrogateescape")
     try:
+        raw = path.encode("utf-8", "surrogateescape")
         return normalize_member_name(name=raw, limits=limits) == raw != b""
-    except (UnsafeArchiveMemberError, ArchiveLimitError):
+    except (UnsafeArchiveMemberError, ArchiveLimitError, UnicodeEncodeError):
         return False
 
 
@@ -455,7 +455,11 @@ def _check_each_name(names: list[str], policy: SnapshotPolicy, ctx: dict[str, ob
         SnapshotCorruptError: the first name breaking one.
     """
     for path in names:
-        raw = path.encode("utf-8", "surrogateescape")
+        try:
+            raw = path.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a lone surrogate a JSON escape made: no file name is one
+            raise SnapshotCorruptError("a generation's index names a path that is no file name", sandbox_path=None,
+                                       context={**ctx, "rule": "not_a_file_name"}) from None
         try:
             norm = normalize_member_name(name=raw, limits=policy.archive)
         except (UnsafeArchiveMemberError, ArchiveLimitError) as exc:
