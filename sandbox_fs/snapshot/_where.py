@@ -40,21 +40,20 @@ def refuse_store_in_workspace(ws: Root, store: object, *, what: str = "the works
     root = getattr(store, "root", None)
     if not isinstance(root, Root):
         return
-    fd = root.fileno_dup()
-    try:
-        inside = is_beneath(fd, ws.identity)
-    finally:
-        os.close(fd)
-    if inside:
+    if _beneath(root, ws):
         raise SnapshotStoreError(f"the snapshot store is {what} or lies inside it (a command in the "
                                  "workspace could read its key and rewrite its snapshots)",
                                  sandbox_path=None, retryable=False, context={"overlap": what})
-    fd = ws.fileno_dup()
-    try:
-        contained = is_beneath(fd, root.identity)
-    finally:
-        os.close(fd)
-    if contained:
+    if _beneath(ws, root):
         raise SnapshotStoreError(f"{what} lies inside the snapshot store's directory (a command in it could "
                                  "rewrite the store's snapshots, and a restore would delete them)",
                                  sandbox_path=None, retryable=False, context={"overlap": what, "inside": "store"})
+
+
+def _beneath(inner: Root, outer: Root) -> bool:
+    """True when ``inner``'s directory is ``outer``'s or lies inside it (by identity up ``inner``'s ``..`` chain)."""
+    fd = inner.fileno_dup()
+    try:
+        return is_beneath(fd, outer.identity)
+    finally:
+        os.close(fd)
