@@ -129,3 +129,39 @@ def source(tmp_path_factory: Any) -> tuple[Path, Path, bytes]:
     """One version-1 source for every example: (store dir, workspace, its metadata as written)."""
     sdir, ws = _v1_source(tmp_path_factory.mktemp("copy"))
     return sdir, ws, (sdir / "s.json").read_bytes()
+
+
+@pytest.mark.parametrize("path", ["f\ud800", "\udc00", "d/\udfff"])
+def test_metadata_naming_a_mode_fixup_that_is_no_file_name_is_corrupt(tmp_path: Path, path: str) -> None:
+    """A store's writer puts a lone surrogate (a JSON escape outside surrogateescape's range) in ``mode_fixups``:
+    before the fix hydrate's encoding of it raised a bare UnicodeEncodeError (no SandboxError, no fallback);
+    now the metadata is refused as not valid, and the workspace is unchanged (the sentinel)."""
+    sdir, _ws = _v1_source(tmp_path)
+    meta = json.loads((sdir / "s.json").read_bytes())
+    meta["mode_fixups"] = [["f", 0o600], [path, 0o644]]
+    (sdir / "s.json").write_text(json.dumps(meta))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sentinel").write_bytes(b"kept\n")
+    with LocalSnapshotStore(sdir) as local, open_root(out) as r, pytest.raises(SnapshotCorruptError):
+        hydrate(r, local, "s")
+    assert _view(out) == {"sentinel": b"kept\n"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(paths=st.lists(st.text(alphabet="a/.\udc80\udcff\ud800\udc00\udfff\u00e9", max_size=6), max_size=4))
+def test_property_valid_metadata_has_only_encodable_mode_fixups(paths: list[str]) -> None:
+    """Metadata parses only when every ``mode_fixups`` path encodes as hydrate encodes it (else ValueError)."""
+    meta = {"name": "s", "archive": "s.tar", "archive_bytes": 1, "fingerprint": "0" * 64, "tree_digest": "0" * 64,
+            "entries": 1, "content_bytes": 1, "version": 2, "archive_blake3": "0" * 64,
+            "mode_fixups": [[p, 0o644] for p in paths]}
+    parsed = json.loads(json.dumps(paths))  # (the JSON text joins an escaped surrogate pair into one character)
+    try:
+        info = SnapshotInfo.model_validate(json.loads(json.dumps(meta)))
+    except ValueError:
+        with pytest.raises(UnicodeEncodeError):
+            for p in parsed:
+                p.encode("utf-8", "surrogateescape")
+        return
+    assert [p.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape") for p, _m in info.mode_fixups] \
+        == parsed

@@ -19,7 +19,7 @@ import stat as _stat
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..archive import STAGED_PATH_MAX, ArchiveLimits, ExtractPolicy, HeaderChainCheck
 from ..errors import InvalidPathError
@@ -152,6 +152,14 @@ class SnapshotInfo(BaseModel):
     index_sha256: str = Field(default="", pattern=r"^(?:[0-9a-f]{64})?$")
     index_bytes: int = Field(default=0, ge=0)
     deleted: int = Field(default=0, ge=0)
+
+    @field_validator("mode_fixups", mode="after")
+    @classmethod
+    def _fixups_are_file_names(cls, v: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Each path is a file name (hydrate encodes it with ``surrogateescape``): not a lone surrogate a JSON escape made."""
+        for path, _mode in v:
+            path.encode("utf-8", "surrogateescape")  # UnicodeEncodeError is a ValueError: a validation error
+        return v
 
     @model_validator(mode="after")
     def _one_archive_check(self) -> "SnapshotInfo":
