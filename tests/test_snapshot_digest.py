@@ -18,16 +18,17 @@ import hashlib
 import io
 import json
 import os
-import tarfile
 import zlib
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import Any, Callable
 
 import blake3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+
+from _copy_source import ServedSource, one_file_tar
 
 from sandbox_fs import open_root
 from sandbox_fs.snapshot import (
@@ -150,37 +151,22 @@ def test_a_new_generation_records_the_blake3_of_its_stored_archive_and_no_sha256
         assert _restore(store, "s", tmp_path / "r") == _files(ws)
 
 
-def _tar() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        ti = tarfile.TarInfo("f")
-        ti.size = 5
-        tar.addfile(ti, io.BytesIO(b"hello"))
-    return buf.getvalue()
 
 
-class _Source:
-    """A source store serving ``data`` under ``info`` (what another store's ``open_archive`` verified)."""
-
-    def __init__(self, data: bytes, info: SnapshotInfo) -> None:
-        self.data, self._info = data, info
-
-    def open_archive(self, name: str, limits: Any) -> tuple[IO[bytes], SnapshotInfo]:
-        return io.BytesIO(self.data), self._info
 
 
 @pytest.mark.parametrize("kind", ["sha256", "sha256+crc32"])
 def test_a_copy_of_a_sha256_only_source_records_blake3_and_no_sha256(tmp_path: Path, kind: str) -> None:
     """copy_snapshot into a GenerationStore from an older source (its SHA-256 only): the copy's metadata records
     the BLAKE3 of what was stored and clears the SHA-256 the source's metadata carried."""
-    data = _tar()
+    data = one_file_tar()
     fields: dict[str, Any] = {"archive_sha256": _sha(data)}
     if kind == "sha256+crc32":
         fields["archive_crc32"] = f"{zlib.crc32(data):08x}"
     info = SnapshotInfo(name="a", archive="x", archive_bytes=len(data), fingerprint=_T, tree_digest=_T, entries=1,
                         content_bytes=5, version=2, **fields)
     with DirectorySnapshotStore(tmp_path / "s") as store:
-        got = copy_snapshot(_Source(data, info), store, "a", "b", None, None, SnapshotLimits())
+        got = copy_snapshot(ServedSource(data, info), store, "a", "b", None, None, SnapshotLimits())
         stored = (tmp_path / "s" / got.archive).read_bytes()
         assert stored == data and got.archive_sha256 == "" and got.archive_blake3 == _b3(data)
         raw = json.loads((tmp_path / "s" / got.archive.replace("archive.tar", "meta.json")).read_bytes())
@@ -345,7 +331,7 @@ def test_version_1_metadata_with_a_blake3_is_refused_on_read(tmp_path: Path) -> 
 def test_the_reader_refuses_metadata_naming_another_kind_than_it_hashed() -> None:
     """verify() with metadata of the other kind (its field holding the digest the reader did compute) is refused:
     a digest is compared only with the one computed by its own algorithm."""
-    data = _tar() * 3
+    data = one_file_tar() * 3
     common = {"name": "s", "archive": "x", "archive_bytes": len(data), "fingerprint": _T, "tree_digest": _T,
               "entries": 0, "content_bytes": 0, "version": 2}
     for hashed, claimed in ((SnapshotInfo(archive_blake3=_b3(data), **common),

@@ -11,17 +11,17 @@ gc.  Version-1 metadata must carry its CRC-32 (it is all that checks it).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import tarfile
 import time
 import zlib
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import blake3
 import pytest
 from pydantic import ValidationError
+
+from _copy_source import ServedSource, one_file_tar
 
 from sandbox_fs import open_root
 from sandbox_fs.snapshot import (
@@ -142,23 +142,8 @@ def test_metadata_crc_rule_is_strict(fields: dict[str, Any], ok: bool) -> None:
             SnapshotInfo.model_validate(data)
 
 
-def _tar() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        ti = tarfile.TarInfo("f")
-        ti.size = 5
-        tar.addfile(ti, io.BytesIO(b"hello"))
-    return buf.getvalue()
 
 
-class _Source:
-    """A source store whose reader serves ``served`` under metadata recorded for other bytes (a change mid-copy)."""
-
-    def __init__(self, served: bytes, info: SnapshotInfo) -> None:
-        self.served, self._info = served, info
-
-    def open_archive(self, name: str, limits: Any) -> tuple[IO[bytes], SnapshotInfo]:
-        return io.BytesIO(self.served), self._info
 
 
 _COPIES = [(s, t, c) for s in ("v1", "v2", "v2-old", "v2-nosha") for t in ("directory", "local") for c in (False, True)
@@ -171,7 +156,7 @@ def test_a_copy_checks_what_it_wrote_against_the_sources_strongest_digest(tmp_pa
     """copy_snapshot compares the chunks it wrote with the source's archive digest, or with its CRC-32 for a
     version-1 source.  A byte changed mid-copy is refused and nothing is made; version-2 metadata with no archive
     digest is refused before anything is copied (its CRC-32 is never relied on, as hydrate refuses it too)."""
-    data = _tar()
+    data = one_file_tar()
     crc, sha = f"{zlib.crc32(data):08x}", hashlib.sha256(data).hexdigest()
     fields = {"v1": {"version": 1, "archive_crc32": crc}, "v2": {"version": 2, "archive_sha256": sha},
               "v2-old": {"version": 2, "archive_sha256": sha, "archive_crc32": crc},
@@ -185,14 +170,14 @@ def test_a_copy_checks_what_it_wrote_against_the_sources_strongest_digest(tmp_pa
     with store:
         if source == "v2-nosha":
             with pytest.raises(SnapshotCorruptError, match="records no archive digest"):
-                copy_snapshot(_Source(bytes(served), info), store, "a", "b", None, None, SnapshotLimits())
+                copy_snapshot(ServedSource(bytes(served), info), store, "a", "b", None, None, SnapshotLimits())
             assert store.info("b") is None and store.list() == []
             return
         if changed:
             with pytest.raises(SnapshotCorruptError, match="changed while it was copied"):
-                copy_snapshot(_Source(bytes(served), info), store, "a", "b", None, None, SnapshotLimits())
+                copy_snapshot(ServedSource(bytes(served), info), store, "a", "b", None, None, SnapshotLimits())
             assert store.info("b") is None and store.list() == []
             return
-        got = copy_snapshot(_Source(data, info), store, "a", "b", None, None, SnapshotLimits())
+        got = copy_snapshot(ServedSource(data, info), store, "a", "b", None, None, SnapshotLimits())
         assert got.archive_crc32 == ("" if target == "directory" else crc)
         assert _restore(store, "b", tmp_path / "r") == {"f": b"hello"}
