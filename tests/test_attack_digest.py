@@ -165,3 +165,73 @@ def test_property_valid_metadata_has_only_encodable_mode_fixups(paths: list[str]
         return
     assert [p.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape") for p, _m in info.mode_fixups] \
         == parsed
+
+
+def _forge_archive(sdir: Path, archive: str) -> None:
+    """Rewrite the version-1 metadata of "s" to name ``archive`` (JSON-escaped, as the store's writer can)."""
+    meta = json.loads((sdir / "s.json").read_bytes())
+    meta["archive"] = archive
+    (sdir / "s.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("archive", ["s.\ud800", "s.\udc00.tar", "s.\udfff"])
+@pytest.mark.parametrize("action", ["restore", "save", "fork"])
+def test_metadata_naming_an_archive_that_is_no_file_name_is_corrupt(tmp_path: Path, archive: str, action: str) -> None:
+    """A store's writer names a version-1 archive with a lone surrogate (``s.\\ud800``: it starts with ``s.`` and
+    holds no ``/``, all the store checked): before the fix the Root's encoding of it raised a bare
+    UnicodeEncodeError in restore, fork and the save that replaces the version-1 files; now the metadata is
+    refused as not valid, and the workspace (the sentinel) is unchanged."""
+    sdir, ws = _v1_source(tmp_path)
+    _forge_archive(sdir, archive)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sentinel").write_bytes(b"kept\n")
+    with DirectorySnapshotStore(sdir) as store, open_root(out) as r, pytest.raises(SnapshotCorruptError):
+        if action == "restore":
+            hydrate(r, store, "s")
+        elif action == "save":
+            persist(r, store, "s")
+        else:
+            store.fork("s", "t")
+    assert _view(out) == {"sentinel": b"kept\n"}
+    with DirectorySnapshotStore(sdir) as store:
+        assert store.info("t") is None  # no fork was made
+
+
+def test_cli_restore_of_an_archive_that_is_no_file_name_is_one_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The command line: one ``snapshot_corrupt`` line (exit 1), not the internal error (exit 70), no host path."""
+    from sandbox_fs.cli import main
+
+    sdir, ws = _v1_source(tmp_path)
+    _forge_archive(sdir, "s.\ud800")
+    capsys.readouterr()
+    rc = main(["snapshot", "restore", "--store", str(sdir), "--workspace", str(ws), "--name", "s"])
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "snapshot_corrupt" in err, err
+    assert str(tmp_path) not in err and "Traceback" not in err
+    assert (ws / "f").read_bytes() == b"source content\n"
+
+
+_NAMES = st.text(alphabet="s./a\udc80\udcff\ud800\udc00\udfff\u00e9", max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=_NAMES, archive=_NAMES, excluded=st.lists(_NAMES, max_size=3), fixups=st.lists(_NAMES, max_size=3))
+def test_property_valid_metadata_has_only_encodable_names(name: str, archive: str, excluded: list[str],
+                                                          fixups: list[str]) -> None:
+    """Metadata parses only when its name, archive, excluded and mode_fixups paths all encode as a Root encodes
+    them (``surrogateescape``; else ValueError), and then they are what the JSON text holds."""
+    meta = {"name": name, "archive": archive, "archive_bytes": 1, "fingerprint": "0" * 64,
+            "tree_digest": "0" * 64, "entries": 1, "content_bytes": 1, "version": 2, "archive_blake3": "0" * 64,
+            "excluded": excluded, "mode_fixups": [[p, 0o644] for p in fixups]}
+    parsed = json.loads(json.dumps([name, archive, *excluded, *fixups]))  # (an escaped pair joins into one)
+    try:
+        info = SnapshotInfo.model_validate(json.loads(json.dumps(meta)))
+    except ValueError:
+        with pytest.raises(UnicodeEncodeError):
+            for p in parsed:
+                p.encode("utf-8", "surrogateescape")
+        return
+    got = [info.name, info.archive, *info.excluded, *(p for p, _m in info.mode_fixups)]
+    assert [p.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape") for p in got] == parsed

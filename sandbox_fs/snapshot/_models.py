@@ -153,11 +153,20 @@ class SnapshotInfo(BaseModel):
     index_bytes: int = Field(default=0, ge=0)
     deleted: int = Field(default=0, ge=0)
 
-    @field_validator("mode_fixups", mode="after")
+    @field_validator("name", "archive", "excluded", "mode_fixups", mode="after")
     @classmethod
-    def _fixups_are_file_names(cls, v: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        """Each path is a file name (hydrate encodes it with ``surrogateescape``): not a lone surrogate a JSON escape made."""
-        for path, _mode in v:
+    def _are_file_names(cls, v: str | list[str] | list[tuple[str, int]]) -> str | list[str] | list[tuple[str, int]]:
+        """Each name or path is a file name, not a lone surrogate a JSON escape made.
+
+        Every reader encodes them with ``surrogateescape``: hydrate the
+        ``mode_fixups`` paths, a :class:`~sandbox_fs.root.Root` the
+        ``archive`` a version-1 snapshot is opened, removed or copied by.
+        ``'\ud800'`` there raised a bare UnicodeEncodeError (no SandboxError,
+        the CLI's internal error); here it is a validation error, so every
+        reader of the metadata gets SnapshotCorruptError.
+        """
+        for item in [v] if isinstance(v, str) else v:
+            path = item if isinstance(item, str) else item[0]
             path.encode("utf-8", "surrogateescape")  # UnicodeEncodeError is a ValueError: a validation error
         return v
 
