@@ -68,7 +68,7 @@ _VALUES = st.one_of(
     st.integers(-3, 3), st.sampled_from([0o777, 0o1000, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, 1 << 64, -(1 << 63)]),
     st.booleans(), st.none(), st.floats(allow_nan=False, width=16),
     st.sampled_from(["", "file", "dir", "symlink", "File", "fifo", SHA, SHA.upper(), SHA[:-1], SHA + "0",
-                     SHA[:-1] + "g", SHA[:-1] + "\u0660", "a", "a/b", "\udcff"]),
+                     SHA[:-1] + "g", SHA[:-1] + "\u0660", "a", "a/b", "\udcff", "\ud800", "a\udc00"]),
     st.lists(st.integers(), max_size=2),
 )
 
@@ -81,7 +81,8 @@ _ENTRY = st.one_of(
     st.tuples(st.sampled_from(["file", "dir", "symlink"]), st.integers(0, 9), _VALUES).map(
         lambda t: _good_entry(t[0])[:t[1]] + [t[2]] + _good_entry(t[0])[t[1] + 1:]),
     st.sampled_from(["file", "dir", "symlink"]).map(_good_entry),
-    st.tuples(st.sampled_from(["file", "dir", "symlink"]), st.sampled_from([SHA, "", "t", SHA.upper(), SHA[:-1], SHA + "0"])).map(
+    st.tuples(st.sampled_from(["file", "dir", "symlink"]),
+              st.sampled_from([SHA, "", "t", SHA.upper(), SHA[:-1], SHA + "0", "\ud800", "t\udfff", "\udc80"])).map(
         lambda t: _good_entry(t[0])[:7] + [t[1]] + _good_entry(t[0])[8:]),  # content of another kind
     st.lists(_VALUES, min_size=9, max_size=11),
     _VALUES,
@@ -146,6 +147,18 @@ def test_refused_names_in_a_large_index(path):
     bad = [path] + _good_entry("file")[1:]
     for doc in (_doc(good[:150] + [bad] + good[150:], []), _doc(good, [path])):
         with pytest.raises(SnapshotCorruptError):
+            decode_index(doc, SnapshotPolicy(), frozenset({1}), "n")
+
+
+@pytest.mark.parametrize("target", ["\ud800", "d/\udc00", "\udfff", "a\udbff"])
+def test_symlink_targets_that_are_no_file_names_in_a_large_index(target):
+    """A symlink entry whose target is a lone surrogate (a JSON escape outside surrogateescape's range), among many
+    good entries (the fast check) and alone (the per-entry check): the index is not valid.  Before, it was
+    accepted and index_digest's encoding raised a bare UnicodeEncodeError in a layered chain's restore."""
+    good = [[f"d{i}"] + _good_entry("symlink")[1:] for i in range(300)]
+    bad = ["bad"] + _good_entry("symlink")[1:7] + [target] + _good_entry("symlink")[8:]
+    for doc in (_doc(good[:150] + [bad] + good[150:], []), _doc([bad], [])):
+        with pytest.raises(SnapshotCorruptError, match="not valid"):
             decode_index(doc, SnapshotPolicy(), frozenset({1}), "n")
 
 

@@ -275,7 +275,7 @@ def _forge(objects: DictObjects, store: GenerationStore, info, mutate, tree=None
     from sandbox_fs.snapshot._index import IndexEntry
     try:
         meta["tree_digest"] = index_digest([IndexEntry(*e) for e in doc["entries"]]) if tree is None else tree
-    except TypeError:
+    except (TypeError, UnicodeEncodeError):  # (not an index; a symlink target that is no file name)
         pass
     mraw = json.dumps(meta).encode()
     objects.objs[meta_key] = (mraw, "f2", 0)
@@ -300,6 +300,14 @@ def _rename_first_file(doc, name):
             e[0] = name
 
 
+def _retarget_symlinks(doc, target):
+    """Every symlink entry's target becomes ``target`` (a lone surrogate: a bare UnicodeEncodeError before)."""
+    links = [e for e in doc["entries"] if e[1] == "symlink"]
+    assert links
+    for e in links:
+        e[7] = target
+
+
 @pytest.mark.parametrize("mutate", [
     pytest.param(lambda doc: _rename_first_file(doc, "../escape"), id="dotdot-entry"),
     pytest.param(lambda doc: _rename_first_file(doc, "/etc/passwd"), id="absolute-entry"),
@@ -316,6 +324,8 @@ def _rename_first_file(doc, name):
     pytest.param(lambda doc: doc["entries"][0].__setitem__(1, "fifo"), id="unknown-kind"),
     pytest.param(lambda doc: doc["entries"][0].__setitem__(2, -1), id="negative-inode"),
     pytest.param(lambda doc: doc.__setitem__("deleted", "keep"), id="deletion-list-not-a-list"),
+    pytest.param(lambda doc: _retarget_symlinks(doc, "\ud800"), id="symlink-target-lone-surrogate"),
+    pytest.param(lambda doc: _retarget_symlinks(doc, "d/\udc00"), id="symlink-target-low-surrogate"),
 ])
 def test_forged_indexes_are_refused_before_the_workspace_changes(env, mutate):
     ws, dst, w, d, objects, store = env

@@ -72,7 +72,7 @@ _MAX_I64 = (1 << 63) - 1
 #: most bytes an index may decompress to per allowed entry (a path of PATH_MAX plus its fields)
 _BYTES_PER_ENTRY = 4096 + 512
 _KIND_SET = frozenset(_KINDS)
-_FILE, _DIR = "file", "dir"
+_FILE, _DIR, _SYMLINK = "file", "dir", "symlink"
 #: (field, largest value) of the number fields of an entry, as :func:`_entry` checks them
 _INT_FIELDS = ((2, _MAX_U64), (3, _MAX_I64), (4, _MAX_I64), (5, _MAX_I64), (6, 0o777), (8, _MAX_U64), (9, _MAX_I64))
 #: the archive's longest name component (NAME_MAX; ``normalize_member_name`` refuses a longer one)
@@ -360,7 +360,10 @@ def _entries_ok(raw: list[object], layers: frozenset[int]) -> bool:
     shas = list(compress(contents, map(_FILE.__eq__, kinds)))  # each must be 64 lowercase hex digits
     if not set(map(len, shas)) <= {64}:
         return False
+    targets = "".join(compress(contents, map(_SYMLINK.__eq__, kinds)))  # each a file name (see _entry)
     try:
+        if not targets.isascii():
+            targets.encode("utf-8", "surrogateescape")
         return not "".join(shas).encode("ascii").translate(None, b"0123456789abcdef")
     except UnicodeEncodeError:
         return False
@@ -378,6 +381,8 @@ def _entry(e: object, layers: frozenset[int]) -> IndexEntry:
         raise ValueError("a file's content must be its SHA-256; a directory has none")
     if ent.layer not in layers:
         raise ValueError("an entry names a layer outside the chain")
+    if ent.kind == _SYMLINK:  # its target is hashed into the tree digest as a file name (index_digest)
+        ent.content.encode("utf-8", "surrogateescape")  # a lone surrogate a JSON escape made: UnicodeEncodeError
     return ent
 
 
