@@ -82,6 +82,8 @@ from pydantic import (
     model_validator,
 )
 
+from pydantic_core import PydanticSerializationError
+
 from . import _hosts
 from .errors import SandboxError
 from .paths import GRANT_NAME_PATTERN
@@ -563,6 +565,10 @@ class EnvValue(BaseModel):
     def _no_nul(cls, v: str) -> str:
         if "\0" in v:
             raise ValueError("environment values may not contain NUL")
+        try:  # what execve's os.fsencode does: a lone surrogate outside \udc80-\udcff is no byte string
+            v.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise ValueError("environment values must be encodable (no lone surrogate)") from None
         return v
 
     @field_serializer("value")
@@ -680,6 +686,21 @@ class Manifest(BaseModel):
                                         field=fe.field + ".content", sandbox_path=fe.path)
         return self
 
+    @model_validator(mode="after")
+    def _serializable(self) -> "Manifest":
+        """Every text field serializes, as the session's saved state and :meth:`digest` will serialize it.
+
+        A lone surrogate (a JSON escape such as ``"\\ud800"``) in a
+        description or a symlink target parsed, and the session then ran the
+        command and failed to save its state (an internal error, nothing
+        persisted): refused here, before anything is materialized or run.
+        """
+        try:
+            self.model_dump_json(context={"reveal_secrets": True})
+        except PydanticSerializationError:
+            raise ManifestError("a text field holds a lone surrogate (no UTF-8 text)", field="manifest") from None
+        return self
+
     # ------------------------------------------------------------------ views
 
     def iter_entries(self) -> Iterator[FlatEntry]:
@@ -762,9 +783,13 @@ class Manifest(BaseModel):
 
         ``root`` is left out (the same manifest materialized elsewhere has the
         same digest) and secret values are redacted (a digest must not become
-        an oracle for guessing a low-entropy secret).
+        an oracle for guessing a low-entropy secret).  The text is encoded
+        as UTF-8 with ``surrogatepass``: a lone surrogate (a symlink target
+        or description a JSON escape or ``surrogateescape`` made) is digested
+        as its own three bytes, never an error (``surrogatepass`` is
+        injective, and text without surrogates encodes as plain UTF-8).
         """
-        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
+        return hashlib.sha256(self.canonical_json().encode("utf-8", "surrogatepass")).hexdigest()
 
     def __repr__(self) -> str:
         return f"Manifest(entries={len(self.entries)}, environment={sorted(self.environment)!r}, root={self.root!r})"

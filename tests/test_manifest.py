@@ -368,3 +368,62 @@ def test_property_every_ld_variable_is_refused(name):
     with pytest.raises(ManifestTrustError, match=name):
         load_manifest({"environment": {name: "x"}})
     check_untrusted_environment(["LANG", 3, None])  # non-strings are left to the model's own checks
+
+
+# ------------------------------------------------------------- lone surrogates in text fields
+_SURROGATE_DOCS = [
+    pytest.param({"description": "\ud800", "entries": {}}, id="description"),
+    pytest.param({"entries": {"a": {"type": "symlink", "target": "b\udc80"}}}, id="symlink-target-escape"),
+    pytest.param({"entries": {"a": {"type": "symlink", "target": "\udfff"}}}, id="symlink-target-lone"),
+    pytest.param({"environment": {"A": "x\ud800"}, "entries": {}}, id="env-value"),
+    pytest.param({"environment": {"A": {"value": "\udc00", "secret": True}}, "entries": {}}, id="secret-env-value"),
+]
+
+
+@pytest.mark.parametrize("doc", _SURROGATE_DOCS)
+def test_a_text_field_with_a_lone_surrogate_is_refused_at_load(doc):
+    """A JSON escape makes a lone surrogate in a description, symlink target or environment value: before,
+    the manifest loaded, ``run`` ran the command and then failed to save the session (its state's JSON and
+    :meth:`Manifest.digest` could not encode it: an internal error, nothing persisted).  Now it is refused
+    where it is parsed, from JSON text as from a mapping."""
+    for data in (json.dumps({"version": 1, **doc}), {"version": 1, **doc}):
+        with pytest.raises(ManifestError):
+            load_manifest(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet="a/.\udc80\udcff\ud800\udc00\udfff\u00e9", max_size=5),
+       where=st.sampled_from(["description", "target", "env", "secret"]))
+def test_property_a_loaded_manifest_always_serializes_and_digests(text, where):
+    """Whatever text a field holds: either the manifest is refused at load, or its state JSON round-trips
+    and its digest is computed (no error after load, where a session would already have run its command)."""
+    doc: dict = {"version": 1, "entries": {}}
+    if where == "description":
+        doc["description"] = text
+    elif where == "target":
+        doc["entries"] = {"a": {"type": "symlink", "target": "t" + text.replace("/", "")}}
+    else:
+        doc["environment"] = {"A": {"value": text, "secret": where == "secret"}}
+    try:
+        m = load_manifest(json.dumps(doc))
+    except ManifestError:
+        assert any(0xD800 <= ord(c) <= 0xDFFF for c in json.loads(json.dumps(text)))
+        return
+    assert load_manifest(m.to_json(reveal_secrets=True)) == m
+    assert len(m.digest()) == 64
+
+
+def test_cli_run_of_a_manifest_with_a_lone_surrogate_is_one_line_and_runs_nothing(tmp_path, capsys):
+    """The command line: ``invalid_manifest`` (exit 1) before any workspace is made or command run; before the
+    fix the command ran, then ``internal error`` (exit 70) and nothing was persisted."""
+    from sandbox_fs.cli import main
+
+    m, wdir, out = tmp_path / "m.json", tmp_path / "w", tmp_path / "ran"
+    m.write_text(json.dumps({"version": 1, "description": "\ud800", "entries": {}}))
+    wdir.mkdir()
+    rc = main(["run", "--manifest", str(m), "--workspaces-dir", str(wdir), "--store", str(tmp_path / "st"),
+               "--", "/bin/sh", "-c", f"touch {out}"])
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "invalid_manifest" in err, err
+    assert "Traceback" not in err and str(tmp_path) not in err
+    assert not out.exists() and list(wdir.iterdir()) == []
