@@ -721,7 +721,8 @@ class LocalSandboxClient:
         mac = payload.pop("mac", None)
         if self._state_key is not None:
             want = _mac(self._state_key, payload)
-            if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
+            # (compare_digest raises TypeError for a str that is not ASCII: the state is untrusted)
+            if not isinstance(mac, str) or not mac.isascii() or not hmac.compare_digest(mac, want):
                 raise SessionStateTamperedError("session state HMAC is missing or does not match", sandbox_path=None)
         try:
             return SessionState.model_validate(payload)

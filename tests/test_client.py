@@ -163,7 +163,8 @@ async def test_hmac_protected_state(tmp_path):
         assert len(state["mac"]) == 64
         assert client.deserialize_state(state).session_id == s.id
         for bad in (dict(state, workspace_root_ready=False), dict(state, snapshot="other"),
-                    {k: v for k, v in state.items() if k != "mac"}, dict(state, mac="0" * 64)):
+                    {k: v for k, v in state.items() if k != "mac"}, dict(state, mac="0" * 64),
+                    dict(state, mac="\u00e9" * 64), dict(state, mac="\ud800" + "0" * 63), dict(state, mac=None)):
             with pytest.raises(SessionStateTamperedError):
                 client.deserialize_state(bad)
         await client.delete(client.resume(state))

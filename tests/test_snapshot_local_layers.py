@@ -15,6 +15,9 @@ import tarfile
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_snapshot_generations import DictObjects
 
 from sandbox_fs import open_root
 from sandbox_fs.client import ClientOptions, LocalSandboxClient
@@ -464,7 +467,8 @@ def _padding_byte(flat: bytes) -> int:
 
 
 @pytest.mark.parametrize("damage", ["control", "truncated", "one-more-byte", "body-altered", "header-only",
-                                    "other-generation", "other-scan-layout", "version-1"])
+                                    "other-generation", "other-scan-layout", "version-1", "mac-not-ascii",
+                                    "mac-lone-surrogate"])
 def test_a_damaged_or_stale_stored_baseline_makes_the_next_persist_read_more_never_less(tmp_path, monkeypatch,
                                                                                           damage):
     """A new process's persist after a restore: with the stored baseline whole, only the changed file is in
@@ -509,6 +513,9 @@ def test_a_damaged_or_stale_stored_baseline_makes_the_next_persist_read_more_nev
         resign(scan="=QQqqqQIIQ/pad8/little")
     elif damage == "version-1":
         resign(version=1, body_sha256=hashlib.sha256(body).hexdigest())
+    elif damage.startswith("mac-"):  # hmac.compare_digest raised TypeError for a non-ASCII str: persist failed
+        mac = "\u00e9" * 64 if damage == "mac-not-ascii" else "\ud800" + "0" * 63
+        obj.write_bytes(json.dumps(dict(head, mac=mac), sort_keys=True, separators=(",", ":")).encode() + b"\n" + body)
     with DirectorySnapshotStore(sdir) as st, open_root(dst) as d:  # a new process's persist
         info = persist(d, st, "n").info
         members = _file_members(st, info)
@@ -596,3 +603,29 @@ def test_a_restore_by_the_store_object_that_committed_a_layer_uses_the_index_it_
         hydrate(d2, st2, "n")
     assert len(reads) == 1  # the new store object read the layer's index
     assert (dst2 / "keep").read_text() == "CHANGED!!\n" and (dst2 / "d" / "a.txt").read_text() == "layer\n"
+
+
+_JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.text(
+    alphabet="0af\u00e9\ud800\udc80", max_size=66), st.lists(st.integers(0, 1), max_size=2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from(["mac", "digest", "instead_of", "body_sha256", "generation",
+                                               "body_bytes", "name", "version"]), _JSON_VALUES, max_size=3),
+       keyed=st.booleans())
+def test_property_reading_a_stored_baseline_header_never_raises(fields, keyed):
+    """A store's writer sets any header field to any JSON value (a non-ASCII or lone-surrogate ``mac`` made
+    hmac.compare_digest raise TypeError, and the persist after a restore failed): read_baseline returns a
+    baseline or None, never raises, and with a key returns one only when the MAC verifies."""
+    from sandbox_fs.snapshot._baseline import _mac, read_baseline
+
+    key = b"k" * 32
+    head = {"body_bytes": 0, "body_sha256": "0" * 64, "digest": "1" * 64, "format": "sandbox-fs-baseline",
+            "generation": 1, "instead_of": "", "name": "n", "version": 2}
+    head["mac"] = _mac(key, head)
+    head.update(fields)
+    objects = DictObjects()
+    objects.put_bytes("n/baseline", json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    got = read_baseline(objects, "n", key if keyed else None)
+    if got is not None and keyed:
+        assert head["mac"] == _mac(key, head)

@@ -238,8 +238,9 @@ def read_baseline(objects: ObjectStore, name: str, key: bytes | None) -> Baselin
         size, sha, mac = head["body_bytes"], head["body_sha256"], head["mac"]
         if not (isinstance(gen, int) and isinstance(size, int) and gen >= 1 and size >= 0
                 and isinstance(digest, str) and _HEX64.fullmatch(digest) and isinstance(instead, str)
-                and (instead == "" or _HEX64.fullmatch(instead)) and isinstance(sha, str) and isinstance(mac, str)):
-            return None
+                and (instead == "" or _HEX64.fullmatch(instead)) and isinstance(sha, str) and isinstance(mac, str)
+                and (mac == "" or _HEX64.fullmatch(mac))):  # ("": written without a key; hex before
+            return None                                          # compare_digest, which raises for non-ASCII)
     except (SnapshotError, ValueError, KeyError, TypeError, OSError):
         return None
     base = Baseline(gen, digest, instead)

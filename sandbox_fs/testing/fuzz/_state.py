@@ -84,7 +84,7 @@ def one_input(data: bytes) -> None:
         return  # not JSON: the state file reader refuses it before the client sees it
     if mode & 1 and isinstance(obj, dict):
         obj = env.client.sign_state(obj)
-    signed = isinstance(obj, dict) and isinstance(obj.get("mac"), str) and hmac.compare_digest(
+    signed = isinstance(obj, dict) and isinstance(obj.get("mac"), str) and obj["mac"].isascii() and hmac.compare_digest(
         obj["mac"], env.client.sign_state(obj).get("mac", ""))
 
     def step() -> None:
